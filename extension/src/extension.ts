@@ -1,0 +1,39 @@
+// Entry point of the ModelTrace extension: wires the log channel, the status item,
+// the language server and the client-side commands together.
+import type * as vscode from "vscode";
+import { ServerManager } from "./client";
+import { settingsSection } from "./settings";
+import { TraceStatus } from "./status";
+import * as vscodeapi from "./vscodeapi";
+
+let serverManager: ServerManager | undefined;
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+    const outputChannel: vscode.LogOutputChannel = vscodeapi.createLogOutputChannel("ModelTrace");
+    const status: TraceStatus = new TraceStatus();
+    const manager: ServerManager = new ServerManager(outputChannel, status);
+    serverManager = manager;
+    context.subscriptions.push(
+        outputChannel,
+        status,
+        manager,
+        vscodeapi.registerCommand("modelTrace.restartServer", () => manager.restart()),
+        vscodeapi.registerCommand("modelTrace.showLogs", () => outputChannel.show()),
+        vscodeapi.onDidChangeConfiguration((event: vscode.ConfigurationChangeEvent) => {
+            // Other settings reach the running server through didChangeConfiguration.
+            if (event.affectsConfiguration(`${settingsSection}.python`)) {
+                void manager.restart();
+            }
+        }),
+        vscodeapi.onDidGrantWorkspaceTrust(() => {
+            outputChannel.info("Workspace trusted: restarting the server with tracing enabled.");
+            void manager.restart();
+        }),
+    );
+    await manager.restart();
+}
+
+export async function deactivate(): Promise<void> {
+    await serverManager?.stop();
+    serverManager = undefined;
+}

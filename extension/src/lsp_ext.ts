@@ -1,0 +1,71 @@
+// The ModelTrace server's custom LSP methods and command names, mirrored one-to-one.
+// Keep in sync with pyserver/modeltrace/lsp/: every `modelTrace/...` method lives here and nowhere else.
+// NOTE: from the protocol package, not vscode-languageclient, so that unit tests can load it without `vscode`.
+import * as lc from "vscode-languageserver-protocol";
+
+/** Commands the server advertises through `workspace/executeCommand`. */
+export const serverCommands = {
+    /** Arguments: [documentUri: string, className?: string]. */
+    trace: "modelTrace.trace",
+    /** Arguments: [documentUri: string]. */
+    clear: "modelTrace.clear",
+    /** Arguments: [documentUri: string, path: string] (a trace folder or transformers debugger output). */
+    setReference: "modelTrace.setReference",
+    /** Arguments: [documentUri: string]. */
+    pinReference: "modelTrace.pinReference",
+} as const;
+
+export type ServerCommand = (typeof serverCommands)[keyof typeof serverCommands];
+
+export type ServerState = "idle" | "tracing" | "stale" | "error";
+
+export interface StatusParams {
+    state: ServerState;
+    message?: string;
+    /** The document the status is about, when it is about one. */
+    uri?: string;
+}
+
+/** Server → client: what the server is doing, for the language status item. */
+export const status = new lc.NotificationType<StatusParams>("modelTrace/status");
+
+export type LineDiffStatus = "match" | "mismatch" | "divergence" | "not_compared";
+
+export interface LineStatus {
+    /** 0-based line in the document. */
+    line: number;
+    status: LineDiffStatus;
+}
+
+export interface LineStatusParams {
+    uri: string;
+    lines: LineStatus[];
+}
+
+/** Server → client: per-line diff status of a document against its reference trace (gutters). */
+export const lineStatus = new lc.NotificationType<LineStatusParams>("modelTrace/lineStatus");
+
+export interface SourceLocation {
+    file: string;
+    /** 1-based, as in the trace JSON. */
+    line: number;
+}
+
+export interface TraceTreeNode {
+    /** The module's name in `named_modules()`; "" for the root. */
+    path: string;
+    class: string;
+    callIndex: number;
+    definedAt?: SourceLocation;
+    calledAt?: SourceLocation;
+    /** Diff status of this call against the reference trace, when there is one. */
+    status?: LineDiffStatus;
+    children: TraceTreeNode[];
+}
+
+export interface TraceTreeParams {
+    uri: string;
+}
+
+/** Client → server: the module call tree of a document's trace; null when the document has no trace. */
+export const traceTree = new lc.RequestType<TraceTreeParams, TraceTreeNode | null, void>("modelTrace/traceTree");

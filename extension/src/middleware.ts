@@ -1,0 +1,57 @@
+// What the client does around the server's commands before sending them: fill in the
+// active document for palette invocations, and refuse tracing in an untrusted workspace.
+import type * as vscode from "vscode";
+import { serverCommands } from "./lsp_ext";
+import * as vscodeapi from "./vscodeapi";
+
+export const untrustedTraceMessage: string =
+    "ModelTrace: tracing runs this workspace's model code; trust the workspace to enable it.";
+export const noDocumentMessage: string = "ModelTrace: open a Python modeling file first, then run this command.";
+
+const manageTrust: string = "Manage Workspace Trust";
+const documentCommands: ReadonlySet<string> = new Set<string>(Object.values(serverCommands));
+
+/**
+ * The arguments to send for `command`: unchanged when they already start with a document URI,
+ * else the active editor's URI in front. undefined when a URI is needed and there is none.
+ */
+export function fillDocumentArgument(
+    command: string,
+    args: readonly unknown[],
+    activeDocument: vscode.TextDocument | undefined,
+): unknown[] | undefined {
+    if (!documentCommands.has(command) || typeof args[0] === "string") {
+        return [...args];
+    }
+    if (activeDocument === undefined || activeDocument.languageId !== "python") {
+        return undefined;
+    }
+    // NOTE: a command run from a menu gets the editor's Uri object first; the server wants the string.
+    const rest: readonly unknown[] = isUri(args[0]) ? args.slice(1) : args;
+    return [activeDocument.uri.toString(), ...rest];
+}
+
+function isUri(value: unknown): boolean {
+    return typeof value === "object" && value !== null && "scheme" in value && "path" in value;
+}
+
+export type ExecuteCommandNext = (command: string, args: unknown[]) => Promise<unknown>;
+
+/** languageclient `middleware.executeCommand`. */
+export async function executeCommand(command: string, args: unknown[], next: ExecuteCommandNext): Promise<unknown> {
+    // NOTE: messages are not awaited: a notification's promise stays pending until the user closes it.
+    if (command === serverCommands.trace && !vscodeapi.isWorkspaceTrusted()) {
+        void vscodeapi.showWarningMessage(untrustedTraceMessage, manageTrust).then((choice: string | undefined) => {
+            if (choice === manageTrust) {
+                void vscodeapi.executeCommand("workbench.trust.manage");
+            }
+        });
+        return undefined;
+    }
+    const filled: unknown[] | undefined = fillDocumentArgument(command, args, vscodeapi.activeTextEditor()?.document);
+    if (filled === undefined) {
+        void vscodeapi.showWarningMessage(noDocumentMessage);
+        return undefined;
+    }
+    return next(command, filled);
+}

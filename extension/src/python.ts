@@ -1,0 +1,178 @@
+// Finds the Python interpreter that runs the ModelTrace server, and checks it can.
+// Order: the `modelTrace.python` setting, the Python extension's selected environment, `python3`.
+import { execFile } from "node:child_process";
+import * as os from "node:os";
+import * as path from "node:path";
+import type * as vscode from "vscode";
+import * as vscodeapi from "./vscodeapi";
+
+export const pythonExtensionId = "ms-python.python";
+export const minimumPythonVersion: readonly [number, number] = [3, 10];
+
+export type InterpreterSource = "setting" | "python-extension" | "default";
+
+export interface Interpreter {
+    /** What to run: an absolute path, or a bare command looked up on PATH. */
+    path: string;
+    source: InterpreterSource;
+}
+
+/** The part of the Python extension's API (`ms-python.python` exports) that we use. */
+export interface PythonExtensionApi {
+    environments: {
+        getActiveEnvironmentPath(resource?: vscode.Uri): { id: string; path: string };
+        resolveEnvironment(
+            environment: { id: string; path: string } | string,
+        ): Promise<{ executable: { uri?: vscode.Uri } } | undefined>;
+    };
+}
+
+export function defaultPythonCommand(platform: NodeJS.Platform = process.platform): string {
+    return platform === "win32" ? "python" : "python3";
+}
+
+/** Expands `${workspaceFolder}`, `${userHome}` and `~`, and resolves relative paths against the workspace folder. */
+export function expandSettingPath(value: string, workspaceFolder: string | undefined): string {
+    let expanded: string = value.replace(/\$\{userHome\}/g, os.homedir());
+    if (workspaceFolder !== undefined) {
+        expanded = expanded.replace(/\$\{workspaceFolder\}/g, workspaceFolder);
+    }
+    if (expanded === "~" || expanded.startsWith("~/")) {
+        expanded = path.join(os.homedir(), expanded.slice(1));
+    }
+    const looksLikePath: boolean = expanded.includes("/") || expanded.includes("\\");
+    if (looksLikePath && !path.isAbsolute(expanded) && workspaceFolder !== undefined) {
+        expanded = path.resolve(workspaceFolder, expanded);
+    }
+    return expanded;
+}
+
+async function interpreterFromPythonExtension(resource: vscode.Uri | undefined): Promise<string | undefined> {
+    const extension: vscode.Extension<PythonExtensionApi> | undefined =
+        vscodeapi.getExtension<PythonExtensionApi>(pythonExtensionId);
+    if (extension === undefined) {
+        return undefined;
+    }
+    const api: PythonExtensionApi = extension.isActive ? extension.exports : await extension.activate();
+    if (api?.environments === undefined) {
+        return undefined;
+    }
+    const active: { id: string; path: string } = api.environments.getActiveEnvironmentPath(resource);
+    const resolved = await api.environments.resolveEnvironment(active);
+    return resolved?.executable.uri?.fsPath;
+}
+
+/** Picks the interpreter to run; never fails (the last resort is `python3`). Errors are logged by the caller's `log`. */
+export async function findInterpreter(
+    pythonSetting: string,
+    log: (message: string) => void = () => undefined,
+): Promise<Interpreter> {
+    const folder: vscode.WorkspaceFolder | undefined = vscodeapi.workspaceFolders()[0];
+    if (pythonSetting !== "") {
+        return { path: expandSettingPath(pythonSetting, folder?.uri.fsPath), source: "setting" };
+    }
+    try {
+        const fromExtension: string | undefined = await interpreterFromPythonExtension(folder?.uri);
+        if (fromExtension !== undefined && fromExtension !== "") {
+            return { path: fromExtension, source: "python-extension" };
+        }
+    } catch (error) {
+        log(`The Python extension did not give an interpreter: ${String(error)}`);
+    }
+    return { path: defaultPythonCommand(), source: "default" };
+}
+
+export function describeSource(source: InterpreterSource): string {
+    switch (source) {
+        case "setting":
+            return "from the modelTrace.python setting";
+        case "python-extension":
+            return "the Python extension's selected interpreter";
+        case "default":
+            return "the default; set modelTrace.python to choose another";
+    }
+}
+
+/** What the check script prints, as JSON on one line. */
+export interface InterpreterProbe {
+    version: [number, number, number];
+    executable: string;
+    /** modeltrace's `__version__` ("unknown" when it has none), or null when it could not be imported. */
+    modeltrace: string | null;
+    /** Why `import modeltrace` failed. */
+    error: string | null;
+}
+
+// NOTE: kept valid Python 2 so that an old interpreter reports its version instead of a SyntaxError.
+export const probeScript: string = [
+    "import sys, json",
+    "info = {'version': list(sys.version_info[:3]), 'executable': sys.executable, 'modeltrace': None, 'error': None}",
+    "if sys.version_info >= (3, 10):",
+    "    try:",
+    "        import modeltrace",
+    "        info['modeltrace'] = str(getattr(modeltrace, '__version__', 'unknown'))",
+    "    except Exception as e:",
+    "        info['error'] = '%s: %s' % (type(e).__name__, e)",
+    "print(json.dumps(info))",
+].join("\n");
+
+export interface ProcessResult {
+    stdout: string;
+    stderr: string;
+    /** Set when the process could not be started (code "ENOENT", ...) or exited with an error (numeric code). */
+    error?: { code?: string | number | null; message: string };
+}
+
+export type RunProcess = (command: string, args: string[]) => Promise<ProcessResult>;
+
+export const runProcess: RunProcess = (command: string, args: string[]): Promise<ProcessResult> =>
+    new Promise((resolve) => {
+        execFile(command, args, { timeout: 30_000, windowsHide: true }, (error, stdout, stderr) => {
+            resolve({ stdout: String(stdout), stderr: String(stderr), error: error ?? undefined });
+        });
+    });
+
+export type InterpreterCheck =
+    | { ok: true; probe: InterpreterProbe }
+    | { ok: false; problem: string };
+
+/** Runs the interpreter once: is it there, is it Python >= 3.10, can it `import modeltrace`? Says plainly what is missing. */
+export async function checkInterpreter(interpreter: Interpreter, run: RunProcess = runProcess): Promise<InterpreterCheck> {
+    const name: string = `${interpreter.path} (${describeSource(interpreter.source)})`;
+    const result: ProcessResult = await run(interpreter.path, ["-c", probeScript]);
+    if (result.error?.code === "ENOENT") {
+        return {
+            ok: false,
+            problem:
+                `ModelTrace: cannot find the Python interpreter ${name}. ` +
+                `Set modelTrace.python to a Python ${minimumPythonVersion.join(".")}+ interpreter that has modeltrace installed.`,
+        };
+    }
+    let probe: InterpreterProbe;
+    try {
+        probe = JSON.parse(result.stdout.trim().split("\n").pop() ?? "") as InterpreterProbe;
+    } catch {
+        const detail: string = (result.stderr.trim() || result.error?.message || "no output").split("\n").slice(-3).join(" ");
+        return { ok: false, problem: `ModelTrace: could not run the Python interpreter ${name}: ${detail}` };
+    }
+    const [major, minor] = probe.version;
+    const [minimumMajor, minimumMinor] = minimumPythonVersion;
+    if (major < minimumMajor || (major === minimumMajor && minor < minimumMinor)) {
+        return {
+            ok: false,
+            problem:
+                `ModelTrace: ${name} is Python ${probe.version.join(".")}; ModelTrace needs Python ${minimumMajor}.${minimumMinor} or newer. ` +
+                "Set modelTrace.python to a newer interpreter.",
+        };
+    }
+    if (probe.modeltrace === null) {
+        return {
+            ok: false,
+            problem:
+                `ModelTrace: ${name} cannot import modeltrace (${probe.error ?? "unknown error"}). ` +
+                `Install it into that environment with \`${interpreter.path} -m pip install -e <ModelTrace checkout>/pyserver\`, ` +
+                "or set modelTrace.python to an interpreter that has it.",
+        };
+    }
+    return { ok: true, probe };
+}

@@ -1,0 +1,60 @@
+// Typed view of the `modelTrace.*` settings and the initializationOptions sent to the server.
+// The server gets every setting once at start, then `workspace/didChangeConfiguration` on changes.
+import type * as vscode from "vscode";
+
+export const settingsSection = "modelTrace";
+
+export type TraceDtype = "float32" | "float16" | "bfloat16";
+export type HintDetail = "shape" | "dtype" | "stats";
+
+export interface ModelTraceSettings {
+    /** Interpreter path; "" means: ask the Python extension, else python3. */
+    python: string;
+    device: string;
+    dtype: TraceDtype;
+    hintDetail: HintDetail;
+    traceOnSave: boolean;
+    /** Seconds. */
+    timeout: number;
+}
+
+export const defaultSettings: Readonly<ModelTraceSettings> = {
+    python: "",
+    device: "cpu",
+    dtype: "float32",
+    hintDetail: "dtype",
+    traceOnSave: false,
+    timeout: 120,
+};
+
+export interface InitializationOptions {
+    settings: ModelTraceSettings;
+    workspaceTrusted: boolean;
+}
+
+const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
+const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
+
+function oneOf<T extends string>(value: unknown, allowed: readonly T[], fallback: T): T {
+    return typeof value === "string" && (allowed as readonly string[]).includes(value) ? (value as T) : fallback;
+}
+
+/** Reads the settings, replacing values of the wrong type or out of range by their defaults. */
+export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, "get">): ModelTraceSettings {
+    const python: unknown = configuration.get("python");
+    const device: unknown = configuration.get("device");
+    const traceOnSave: unknown = configuration.get("traceOnSave");
+    const timeout: unknown = configuration.get("timeout");
+    return {
+        python: typeof python === "string" ? python.trim() : defaultSettings.python,
+        device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
+        dtype: oneOf(configuration.get("dtype"), dtypes, defaultSettings.dtype),
+        hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
+        traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
+        timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
+    };
+}
+
+export function initializationOptions(settings: ModelTraceSettings, workspaceTrusted: boolean): InitializationOptions {
+    return { settings: { ...settings }, workspaceTrusted };
+}

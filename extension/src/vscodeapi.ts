@@ -1,0 +1,55 @@
+// Thin wrappers over the `vscode` API that the rest of the client calls at run time.
+// Unit tests replace the `vscode` module with a fake; these keep what they must fake small and explicit.
+import * as vscode from "vscode";
+
+export function getConfiguration(section: string, scope?: vscode.ConfigurationScope): vscode.WorkspaceConfiguration {
+    return vscode.workspace.getConfiguration(section, scope);
+}
+
+export function isWorkspaceTrusted(): boolean {
+    return vscode.workspace.isTrusted;
+}
+
+export function workspaceFolders(): readonly vscode.WorkspaceFolder[] {
+    return vscode.workspace.workspaceFolders ?? [];
+}
+
+export function activeTextEditor(): vscode.TextEditor | undefined {
+    return vscode.window.activeTextEditor;
+}
+
+export function getExtension<T>(extensionId: string): vscode.Extension<T> | undefined {
+    return vscode.extensions.getExtension<T>(extensionId);
+}
+
+export function showErrorMessage(message: string, ...items: string[]): Thenable<string | undefined> {
+    return vscode.window.showErrorMessage(message, ...items);
+}
+
+export function showWarningMessage(message: string, ...items: string[]): Thenable<string | undefined> {
+    return vscode.window.showWarningMessage(message, ...items);
+}
+
+export function executeCommand<T>(command: string, ...args: unknown[]): Thenable<T> {
+    return vscode.commands.executeCommand<T>(command, ...args);
+}
+
+export function registerCommand(command: string, callback: (...args: unknown[]) => unknown): vscode.Disposable {
+    return vscode.commands.registerCommand(command, callback);
+}
+
+export function createLogOutputChannel(name: string): vscode.LogOutputChannel {
+    return vscode.window.createOutputChannel(name, { log: true });
+}
+
+export function createLanguageStatusItem(id: string, selector: vscode.DocumentSelector): vscode.LanguageStatusItem {
+    return vscode.languages.createLanguageStatusItem(id, selector);
+}
+
+export function onDidChangeConfiguration(listener: (event: vscode.ConfigurationChangeEvent) => void): vscode.Disposable {
+    return vscode.workspace.onDidChangeConfiguration(listener);
+}
+
+export function onDidGrantWorkspaceTrust(listener: () => void): vscode.Disposable {
+    return vscode.workspace.onDidGrantWorkspaceTrust(listener);
+}

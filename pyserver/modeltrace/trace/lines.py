@@ -1,0 +1,113 @@
+"""Per-line view of a trace: which module calls each source line made, and the one-line label shown for it.
+
+A line that runs many times (the decoder layer's lines, once per layer) gets one entry aggregating all its
+calls: `[1, 7, 64] float32 ×2`. Where one line makes several calls
+(`self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`) the label shows the call that runs last
+on the line (the outermost one: what the line produced); the others stay available for hovers. Used by both
+the CLI listing and the language server, so the terminal and the editor always say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+
+from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
+
+
+class HintDetail(str, Enum):
+    """How much a line label says: the `modelTrace.hintDetail` setting."""
+
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    STATS = "stats"
+
+
+@dataclass(slots=True)
+class LineEntry:
+    """Everything traced on one source line: `calls` produced the line's value, `inner_calls` fed it."""
+
+    file: str
+    line: int
+    calls: list[ModuleCall] = field(default_factory=list)
+    inner_calls: list[ModuleCall] = field(default_factory=list)
+
+
+def index_module_calls(trace: Trace) -> dict[str, dict[int, LineEntry]]:
+    """Group the trace's module calls by `called_at` file and line: `{file: {line: LineEntry}}`."""
+    by_line: dict[tuple[str, int], list[ModuleCall]] = defaultdict(list)
+    for record in trace.modules:
+        if record.called_at is not None:
+            by_line[(record.called_at.file, record.called_at.line)].append(record)
+    index: dict[str, dict[int, LineEntry]] = defaultdict(dict)
+    for (file, line), records in by_line.items():
+        last_site = max(_site(record) for record in records)
+        entry = LineEntry(file=file, line=line)
+        for record in records:
+            (entry.calls if _site(record) == last_site else entry.inner_calls).append(record)
+        index[file][line] = entry
+    return dict(index)
+
+
+def _site(record: ModuleCall) -> int:
+    return record.call_site if record.call_site is not None else -1
+
+
+def format_shape(shape: list[int]) -> str:
+    return "[" + ", ".join(str(size) for size in shape) + "]"
+
+
+def format_number(value: float | None) -> str:
+    """Compact, fixed-width-ish number for labels and tables (`0.0123`, `-1.2e+05`, `nan`)."""
+    if value is None:
+        return "–"
+    if value != value:
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if value == 0 or 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    return f"{value:.2e}"
+
+
+def format_tensor(summary: TensorSummary, detail: HintDetail) -> str:
+    """`[1, 7, 64] float32` (with `μ… σ…` at stats detail) for one tensor leaf."""
+    text = format_shape(summary.shape)
+    if detail != HintDetail.SHAPE:
+        text += f" {summary.dtype}"
+    if detail == HintDetail.STATS and summary.mean is not None:
+        text += f" μ={format_number(summary.mean)} σ={format_number(summary.std)}"
+    if summary.nan_count or summary.inf_count:
+        text += f" ⚠ {summary.nan_count} NaN {summary.inf_count} Inf"
+    return text
+
+
+def format_outputs(record: ModuleCall, detail: HintDetail) -> str:
+    """All tensor outputs of one call, comma-separated; `(no tensor)` when it returned none."""
+    if not record.outputs:
+        return "(no tensor)"
+    return ", ".join(format_tensor(summary, detail) for summary in record.outputs)
+
+
+def line_label(entry: LineEntry, detail: HintDetail = HintDetail.DTYPE) -> str:
+    """The label for a line: distinct output signatures in first-seen order, each with `×N` when repeated.
+
+    At stats detail, calls are not merged (their statistics differ); the first call's statistics are shown
+    and the count tells how many calls the hover lists.
+    """
+    signature_detail = HintDetail.DTYPE if detail == HintDetail.STATS else detail
+    groups: dict[str, list[ModuleCall]] = {}
+    for record in entry.calls:
+        groups.setdefault(format_outputs(record, signature_detail), []).append(record)
+    parts = []
+    for signature, records in groups.items():
+        text = format_outputs(records[0], detail) if detail == HintDetail.STATS else signature
+        parts.append(text + (f" ×{len(records)}" if len(records) > 1 else ""))
+    return " | ".join(parts)
+
+
+def layer_label(record: ModuleCall) -> str:
+    """How a call is named in per-call tables: its module path, with the call number when a module ran twice."""
+    name = record.path or "(root)"
+    return f"{name} #{record.call_index}" if record.call_index else name

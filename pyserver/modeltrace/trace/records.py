@@ -1,0 +1,215 @@
+"""The trace data model: tensor summaries, module call records, line records, and their JSON form.
+
+These types are plain data with no torch dependency: the worker fills them, `storage` writes them as msgpack,
+the language server and the CLI read them back. `to_json` / `from_json` follow the `modeltrace.trace/1`
+contract of DESIGN.md (`show --format json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+SCHEMA = "modeltrace.trace/1"
+
+
+@dataclass(slots=True)
+class TensorSummary:
+    """Statistics of one tensor leaf, found at `key` inside a module's inputs or outputs.
+
+    `key` is a dotted path: `""` for a bare tensor, `"0"` / `"1.0"` inside tuples, `"last_hidden_state"` inside
+    dicts and ModelOutputs, the parameter name for inputs (`"hidden_states"`, `"position_embeddings.0"`).
+    Statistics are `None` where they cannot be computed (meta tensors in shape-only mode, empty tensors).
+    `tensor` names the full tensor in the trace's safetensors file when full tensors were captured.
+    """
+
+    key: str
+    shape: list[int]
+    dtype: str
+    device: str = "cpu"
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    abs_max: float | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+    positive_fraction: float | None = None
+    tensor: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "key": self.key,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "device": self.device,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+            "abs_max": self.abs_max,
+            "nan_count": self.nan_count,
+            "inf_count": self.inf_count,
+            "positive_fraction": self.positive_fraction,
+        }
+        if self.tensor is not None:
+            data["tensor"] = self.tensor
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSummary:
+        return cls(
+            key=str(data["key"]),
+            shape=[int(size) for size in data["shape"]],
+            dtype=str(data["dtype"]),
+            device=str(data.get("device", "cpu")),
+            mean=data.get("mean"),
+            std=data.get("std"),
+            min=data.get("min"),
+            max=data.get("max"),
+            abs_max=data.get("abs_max"),
+            nan_count=int(data.get("nan_count") or 0),
+            inf_count=int(data.get("inf_count") or 0),
+            positive_fraction=data.get("positive_fraction"),
+            tensor=data.get("tensor"),
+        )
+
+
+@dataclass(slots=True)
+class SourceLocation:
+    """A 1-based line (and 0-based column, when known) in an absolute file path."""
+
+    file: str
+    line: int
+    column: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"file": self.file, "line": self.line}
+        if self.column is not None:
+            data["column"] = self.column
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> SourceLocation | None:
+        if data is None:
+            return None
+        return cls(file=str(data["file"]), line=int(data["line"]), column=data.get("column"))
+
+
+@dataclass(slots=True)
+class ModuleCall:
+    """One call of one submodule during the forward pass.
+
+    Records are stored in the order calls started (a pre-order walk of the call tree); `parent` is the index of
+    the enclosing call (-1 for the root) and `finish_order` the position at which this call returned, which is
+    the order the diff walks to find the innermost diverging module. `call_index` counts calls of the same
+    `path` (0 for the first). `call_site` distinguishes several calls written on the same source line (the
+    bytecode offset of the call in the caller's code): the line's hint shows the call that runs last there.
+    """
+
+    index: int
+    path: str
+    class_name: str
+    defined_at: SourceLocation | None
+    called_at: SourceLocation | None
+    call_index: int
+    parent: int
+    finish_order: int = -1
+    call_site: int | None = None
+    inputs: list[TensorSummary] = field(default_factory=list)
+    outputs: list[TensorSummary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "path": self.path,
+            "class": self.class_name,
+            "defined_at": self.defined_at.to_json() if self.defined_at else None,
+            "called_at": self.called_at.to_json() if self.called_at else None,
+            "call_index": self.call_index,
+            "parent": self.parent,
+            "finish_order": self.finish_order,
+            "call_site": self.call_site,
+            "inputs": [summary.to_json() for summary in self.inputs],
+            "outputs": [summary.to_json() for summary in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModuleCall:
+        return cls(
+            index=int(data["index"]),
+            path=str(data["path"]),
+            class_name=str(data["class"]),
+            defined_at=SourceLocation.from_json(data.get("defined_at")),
+            called_at=SourceLocation.from_json(data.get("called_at")),
+            call_index=int(data.get("call_index", 0)),
+            parent=int(data.get("parent", -1)),
+            finish_order=int(data.get("finish_order", -1)),
+            call_site=data.get("call_site"),
+            inputs=[TensorSummary.from_json(item) for item in data.get("inputs", [])],
+            outputs=[TensorSummary.from_json(item) for item in data.get("outputs", [])],
+        )
+
+
+@dataclass(slots=True)
+class LineRecord:
+    """A tensor-valued local variable assigned on one executed source line (line-level capture)."""
+
+    file: str
+    line: int
+    name: str
+    call_index: int
+    tensor: TensorSummary
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "name": self.name,
+            "call_index": self.call_index,
+            "tensor": self.tensor.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LineRecord:
+        return cls(
+            file=str(data["file"]),
+            line=int(data["line"]),
+            name=str(data["name"]),
+            call_index=int(data.get("call_index", 0)),
+            tensor=TensorSummary.from_json(data["tensor"]),
+        )
+
+
+@dataclass(slots=True)
+class Trace:
+    """A whole trace: `model` is the header (class, file, config, inputs, versions, source hashes, options)."""
+
+    model: dict[str, Any]
+    modules: list[ModuleCall] = field(default_factory=list)
+    lines: list[LineRecord] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "model": self.model,
+            "modules": [record.to_json() for record in self.modules],
+            "lines": [record.to_json() for record in self.lines],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trace:
+        return cls(
+            schema=str(data["schema"]),
+            model=dict(data.get("model") or {}),
+            modules=[ModuleCall.from_json(item) for item in data.get("modules", [])],
+            lines=[LineRecord.from_json(item) for item in data.get("lines", [])],
+        )
+
+    def files(self) -> set[str]:
+        """Every source file a record points at (modeling file, files of its dependencies)."""
+        found = {loc.file for record in self.modules for loc in (record.called_at, record.defined_at) if loc}
+        found.update(record.file for record in self.lines)
+        return found

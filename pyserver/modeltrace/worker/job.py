@@ -1,0 +1,163 @@
+"""One trace, run inside a forked worker child: build the model, run it under capture, write the trace.
+
+`run_trace_job` takes the request frame and returns the result frame; `describe_failure` turns any exception
+into the structured error frame, located at the innermost frame of the user's own code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import modeltrace
+from modeltrace.errors import ModelTraceError
+from modeltrace.trace.records import Trace
+from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker.build import BuiltModel, build_from_file, build_from_recipe
+from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
+from modeltrace.worker.source_map import real_path
+from modeltrace.worker.stats import summarize
+
+
+ProgressCallback = Callable[[str], None]
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def _build(request: dict[str, Any]) -> BuiltModel:
+    if request.get("recipe"):
+        return build_from_recipe(Path(request["recipe"]), int(request.get("seed", 0)))
+    return build_from_file(
+        Path(request["file"]),
+        request.get("model"),
+        Path(request["config"]) if request.get("config") else None,
+        int(request.get("seed", 0)),
+        request.get("attention") or "eager",
+    )
+
+
+def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
+    dtype = _DTYPES.get(dtype_name)
+    if dtype is None:
+        raise ModelTraceError(f"--dtype {dtype_name!r}: choose one of {', '.join(_DTYPES)}")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise ModelTraceError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
+    built.model.to(device=target, dtype=dtype)
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(device=target, dtype=dtype) if value.is_floating_point() else value.to(target)
+        return value
+
+    built.args = tuple(move(value) for value in built.args)
+    built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
+
+
+def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
+    """Build, run and write one trace; returns the `result` frame."""
+    started = time.perf_counter()
+    source = request.get("recipe") or request["file"]
+    progress(f"building the model from {Path(source).name}")
+    built = _build(request)
+    _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    built_at = time.perf_counter()
+    progress(f"running {built.model_class}.forward")
+    with torch.no_grad(), ModuleCapture(built.model, full_tensors=bool(request.get("full_tensors"))) as capture:
+        built.model(*built.args, **built.kwargs)
+    finished_at = time.perf_counter()
+    trace = Trace(
+        model={
+            "class": built.model_class,
+            "file": real_path(request["file"]),
+            "recipe": real_path(request["recipe"]) if request.get("recipe") else None,
+            "config": built.config,
+            "inputs": [summary.to_json() for summary in _input_summaries(built)],
+            "options": {
+                "seed": int(request.get("seed", 0)),
+                "device": request.get("device") or "cpu",
+                "dtype": request.get("dtype") or "float32",
+                "full_tensors": bool(request.get("full_tensors")),
+                "attention": request.get("attention") or "eager",
+            },
+            "versions": {
+                "modeltrace": modeltrace.__version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+            },
+            "seconds": {"build": built_at - started, "forward": finished_at - built_at},
+        },
+        modules=capture.records,
+    )
+    trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(trace.files() | {trace.model["file"]})}
+    progress("writing the trace")
+    write_extra = None
+    if capture.tensors:
+        from safetensors.torch import save_file
+
+        def write_extra(folder: Path) -> None:
+            save_file(capture.tensors, str(folder / TENSORS_FILE))
+
+    destination = write_trace(trace, Path(request["out"]), write_extra)
+    return {
+        "type": "result",
+        "trace": str(destination),
+        "model_class": built.model_class,
+        "modules": len(trace.modules),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _input_summaries(built: BuiltModel) -> list:
+    named = [(f"args.{position}", value) for position, value in enumerate(built.args)] + list(built.kwargs.items())
+    return [summarize(tensor, key) for name, value in named for key, tensor in iter_tensor_leaves(value, name)]
+
+
+def _sha256(file: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str, Any]:
+    """The `error` frame for an exception: type, message, and the file/line inside the user's code."""
+    roots = [str(Path(request[name]).resolve().parent) for name in ("file", "recipe") if request.get(name)]
+    file, line = None, None
+    if isinstance(error, SyntaxError) and error.filename:
+        file, line = real_path(error.filename), error.lineno
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        inside_user_code = [frame for frame in frames if any(real_path(frame.filename).startswith(root) for root in roots)]
+        chosen = inside_user_code[-1] if inside_user_code else (frames[-1] if frames else None)
+        if chosen is not None and not isinstance(error, ModelTraceError):
+            file, line = real_path(chosen.filename), chosen.lineno
+    return {
+        "type": "error",
+        "error": {
+            "type": "ModelTraceError" if isinstance(error, ModelTraceError) else type(error).__name__,
+            "message": str(error),
+            "file": file,
+            "line": line,
+            "traceback": "".join(traceback.format_exception(error)),
+        },
+    }
+
+
+def flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass

@@ -1,0 +1,68 @@
+"""Frames between the worker client and the worker: a 4-byte big-endian length, then one msgpack map.
+
+Used on both sides of the pipes (no torch here). Every frame is a dict with a `type`: requests `trace`,
+`cancel`, `shutdown`; replies `ready`, `progress`, `result`, `error`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import msgpack
+
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """The other side sent something that is not a frame (or closed the pipe mid-frame)."""
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    payload = msgpack.packb(message, use_bin_type=True)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def write_frame(fd: int, message: dict[str, Any]) -> None:
+    data = encode_frame(message)
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks = []
+    remaining = size
+    while remaining:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            if remaining == size:
+                return None
+            raise ProtocolError(f"pipe closed after {size - remaining} of {size} bytes")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> dict[str, Any] | None:
+    """The next frame from `fd`, or None at a clean end of stream."""
+    header = _read_exactly(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    payload = _read_exactly(fd, size)
+    if payload is None:
+        raise ProtocolError("pipe closed before the frame's payload")
+    try:
+        message = msgpack.unpackb(payload, raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+        raise ProtocolError(f"undecodable frame: {error}") from None
+    if not isinstance(message, dict) or "type" not in message:
+        raise ProtocolError("frame is not a message (a map with a 'type')")
+    return message

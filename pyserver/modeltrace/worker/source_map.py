@@ -1,0 +1,96 @@
+"""Which source line made a module call (`called_at`) and where a module class is defined (`defined_at`).
+
+A forward pre-hook runs several frames below the user's `self.mlp(hidden_states)`: torch's `_call_impl`,
+transformers' `GradientCheckpointingLayer.__call__`, decorator wrappers. We walk up past those frames to the
+first one of model code. Children of `nn.Sequential` (whose loop lives inside torch) map to the line that
+called the Sequential. Decisions are cached per file and per code object, since this runs on every call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from types import CodeType, FrameType
+
+import torch
+import transformers
+
+import modeltrace
+from modeltrace.trace.records import SourceLocation
+
+
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+_TRANSFORMERS_DIR = os.path.dirname(os.path.realpath(transformers.__file__)) + os.sep
+_MODELTRACE_DIR = os.path.dirname(os.path.realpath(modeltrace.__file__)) + os.sep
+# NOTE: transformers wraps modules and forwards in generic helpers (`GradientCheckpointingLayer.__call__`,
+# `capture_outputs`'s `wrapper`, `deprecate_kwarg`'s `wrapped_func`): those frames are plumbing, not the call
+# the user wrote, while real model code in transformers (modeling_*.py, `GenericFor*` heads) must stay visible.
+_TRANSFORMERS_WRAPPER_NAMES = frozenset({"__call__", "wrapper", "wrapped_func", "inner", "_inner", "decorator"})
+
+_realpath_cache: dict[str, str] = {}
+_file_kind_cache: dict[str, str] = {}
+_column_cache: dict[CodeType, list[int | None]] = {}
+_defined_at_cache: dict[type, SourceLocation | None] = {}
+
+
+def real_path(filename: str) -> str:
+    """Absolute, symlink-free path, cached (the editor and the trace must agree on file names)."""
+    cached = _realpath_cache.get(filename)
+    if cached is None:
+        cached = _realpath_cache[filename] = os.path.realpath(filename)
+    return cached
+
+
+def _is_plumbing(code: CodeType) -> bool:
+    filename = code.co_filename
+    kind = _file_kind_cache.get(filename)
+    if kind is None:
+        path = real_path(filename)
+        if path.startswith(_TORCH_DIR) or path.startswith(_MODELTRACE_DIR) or filename.startswith("<"):
+            kind = "plumbing"
+        elif path.startswith(_TRANSFORMERS_DIR):
+            kind = "transformers"
+        else:
+            kind = "model"
+        _file_kind_cache[filename] = kind
+    if kind == "transformers":
+        return code.co_name in _TRANSFORMERS_WRAPPER_NAMES
+    return kind == "plumbing"
+
+
+def _column(code: CodeType, instruction_offset: int) -> int | None:
+    columns = _column_cache.get(code)
+    if columns is None:
+        columns = _column_cache[code] = [position[2] for position in code.co_positions()]
+    index = instruction_offset // 2
+    return columns[index] if 0 <= index < len(columns) else None
+
+
+def caller_location(start_depth: int = 2) -> tuple[SourceLocation | None, int | None]:
+    """The first non-plumbing frame above the hook: its location and the bytecode offset of the call."""
+    frame: FrameType | None = sys._getframe(start_depth)
+    while frame is not None:
+        code = frame.f_code
+        if not _is_plumbing(code):
+            offset = frame.f_lasti
+            location = SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset))
+            return location, offset
+        frame = frame.f_back
+    return None, None
+
+
+def defined_at(module_class: type) -> SourceLocation | None:
+    """File and line of `class X(...)`, or None for classes without source (built-ins, dynamic classes)."""
+    if module_class in _defined_at_cache:
+        return _defined_at_cache[module_class]
+    location = None
+    try:
+        filename = inspect.getsourcefile(module_class)
+        if filename is not None:
+            _, line = inspect.getsourcelines(module_class)
+            location = SourceLocation(real_path(filename), line)
+    except (OSError, TypeError):
+        location = None
+    _defined_at_cache[module_class] = location
+    return location

@@ -1,0 +1,163 @@
+"""The worker process: imports torch and transformers once, then forks one child per trace.
+
+Importing torch + transformers costs seconds; forking a process that already has them costs milliseconds,
+and each child starts with none of the user's modules imported, so every trace sees the files as they are
+on disk now. The child runs the trace and streams frames back through a pipe; this process relays them,
+enforces the timeout, kills the child on `cancel`, and turns a child that died without answering (segfault,
+`os._exit`, the OOM killer) into a structured error. NOTE: nothing here may run a torch operation before
+forking: an initialised OpenMP thread pool does not survive `fork`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+from modeltrace.worker.protocol import ProtocolError, read_frame, write_frame
+
+
+def _preload() -> None:
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import PreTrainedModel  # noqa: F401  - pulls modeling_utils, the heavy part
+
+    import modeltrace.worker.job  # noqa: F401
+
+
+def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+        if number == signal.SIGSEGV:
+            message = "the model code crashed the worker process (segmentation fault)"
+        elif number == signal.SIGKILL:
+            message = "the worker process was killed (SIGKILL: out of memory, or killed from outside)"
+        else:
+            message = f"the worker process died from signal {name}"
+        return {"type": "WorkerCrashed", "message": message, "signal": name}
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return {
+        "type": "WorkerExited",
+        "message": f"the model code ended the worker process with exit code {code} (os._exit or sys.exit) "
+        "before the trace finished",
+        "exit_code": code,
+    }
+
+
+class Zygote:
+    def __init__(self, frames_in: int, frames_out: int) -> None:
+        self.frames_in = frames_in
+        self.frames_out = frames_out
+
+    def serve(self) -> None:
+        write_frame(self.frames_out, {"type": "ready", "pid": os.getpid()})
+        while True:
+            message = read_frame(self.frames_in)
+            if message is None or message["type"] == "shutdown":
+                return
+            if message["type"] == "trace":
+                if not self._run(message):
+                    return
+            elif message["type"] == "ping":
+                write_frame(self.frames_out, {"type": "pong"})
+
+    def _run(self, request: dict[str, Any]) -> bool:
+        """Run one trace in a child; False when the client went away (time to exit)."""
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(read_end)
+            self._child(request, write_end)
+        os.close(write_end)
+        timeout = float(request.get("timeout") or 120)
+        deadline = time.monotonic() + timeout
+        answered = False
+        client_alive = True
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._kill(child)
+                    self._send_error({"type": "TimeoutError", "message": f"the trace ran past its {timeout:g} s timeout and was stopped"})
+                    answered = True
+                    break
+                readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
+                if self.frames_in in readable:
+                    message = read_frame(self.frames_in)
+                    if message is None or message["type"] in ("cancel", "shutdown"):
+                        self._kill(child)
+                        if message is None or message["type"] == "shutdown":
+                            client_alive = False
+                            break
+                        self._send_error({"type": "Cancelled", "message": "the trace was cancelled"})
+                        answered = True
+                        break
+                if read_end in readable:
+                    try:
+                        frame = read_frame(read_end)
+                    except ProtocolError as error:
+                        frame = {"type": "error", "error": {"type": "WorkerCrashed", "message": f"the worker process broke off its reply ({error})"}}
+                    if frame is None:
+                        break
+                    write_frame(self.frames_out, frame)
+                    if frame["type"] in ("result", "error"):
+                        answered = True
+        finally:
+            os.close(read_end)
+            _, status = os.waitpid(child, 0)
+        if not answered and client_alive:
+            self._send_error(_death_message(status, timeout))
+        return client_alive
+
+    def _send_error(self, error: dict[str, Any]) -> None:
+        write_frame(self.frames_out, {"type": "error", "error": error})
+
+    @staticmethod
+    def _kill(child: int) -> None:
+        # The child leads its own process group: this also stops anything the model code started.
+        for target in (lambda: os.killpg(child, signal.SIGKILL), lambda: os.kill(child, signal.SIGKILL)):
+            try:
+                target()
+                return
+            except (ProcessLookupError, PermissionError):
+                continue
+
+    def _child(self, request: dict[str, Any], write_end: int) -> None:
+        os.setpgid(0, 0)
+        os.close(self.frames_in)
+        os.close(self.frames_out)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        from modeltrace.worker.job import describe_failure, flush_standard_streams, run_trace_job
+
+        exit_code = 0
+        try:
+            result = run_trace_job(request, lambda text: write_frame(write_end, {"type": "progress", "message": text}))
+            write_frame(write_end, result)
+        except BaseException as error:  # noqa: BLE001 - every failure becomes an error frame
+            try:
+                write_frame(write_end, describe_failure(error, request))
+            except BaseException:  # noqa: BLE001
+                exit_code = 3
+        finally:
+            flush_standard_streams()
+            os._exit(exit_code)
+
+
+def main() -> None:
+    # Frames travel on the original stdout; fd 1 becomes stderr so that prints in model code cannot
+    # corrupt the stream.
+    frames_out = os.dup(1)
+    os.dup2(2, 1)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _preload()
+    except BaseException as error:  # noqa: BLE001
+        write_frame(frames_out, {"type": "error", "error": {"type": type(error).__name__, "message": f"the worker cannot import torch/transformers: {error}"}})
+        sys.exit(2)
+    Zygote(0, frames_out).serve()

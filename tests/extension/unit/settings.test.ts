@@ -1,0 +1,63 @@
+// Settings as read from the configuration, and the initializationOptions the server receives.
+import { vscodeFake } from "./vscode_fake";
+import * as assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { defaultSettings, initializationOptions, readSettings, settingsSection } from "../../../extension/src/settings";
+import * as vscodeapi from "../../../extension/src/vscodeapi";
+
+describe("settings", () => {
+    beforeEach(() => vscodeFake.reset());
+
+    it("reads every modelTrace setting into the initializationOptions, with the trust flag", () => {
+        vscodeFake.settings.set("modelTrace.python", " /venv/bin/python ");
+        vscodeFake.settings.set("modelTrace.device", "cuda:1");
+        vscodeFake.settings.set("modelTrace.dtype", "bfloat16");
+        vscodeFake.settings.set("modelTrace.hintDetail", "stats");
+        vscodeFake.settings.set("modelTrace.traceOnSave", true);
+        vscodeFake.settings.set("modelTrace.timeout", 30);
+        const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
+        assert.deepEqual(options, {
+            settings: {
+                python: "/venv/bin/python",
+                device: "cuda:1",
+                dtype: "bfloat16",
+                hintDetail: "stats",
+                traceOnSave: true,
+                timeout: 30,
+            },
+            workspaceTrusted: false,
+        });
+    });
+
+    it("replaces missing, mistyped and out-of-range values by the defaults", () => {
+        vscodeFake.settings.set("modelTrace.device", "  ");
+        vscodeFake.settings.set("modelTrace.dtype", "float64");
+        vscodeFake.settings.set("modelTrace.hintDetail", 3);
+        vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
+        vscodeFake.settings.set("modelTrace.timeout", -5);
+        assert.deepEqual(readSettings(vscodeapi.getConfiguration(settingsSection)), defaultSettings);
+    });
+
+    it("matches what package.json contributes: same names, same defaults", () => {
+        const manifest = JSON.parse(readFileSync(join(__dirname, "../../../package.json"), "utf8")) as {
+            contributes: { configuration: { properties: Record<string, { default: unknown; enum?: string[] }> } };
+        };
+        const contributed = manifest.contributes.configuration.properties;
+        const fromManifest: Record<string, unknown> = {};
+        for (const [key, property] of Object.entries(contributed)) {
+            fromManifest[key.replace(/^modelTrace\./, "")] = property.default;
+        }
+        assert.deepEqual(fromManifest, { ...defaultSettings });
+        assert.deepEqual(contributed["modelTrace.dtype"]?.enum, ["float32", "float16", "bfloat16"]);
+        assert.deepEqual(contributed["modelTrace.hintDetail"]?.enum, ["shape", "dtype", "stats"]);
+    });
+
+    it("keeps modelTrace.python out of reach of untrusted workspace settings", () => {
+        const manifest = JSON.parse(readFileSync(join(__dirname, "../../../package.json"), "utf8")) as {
+            capabilities: { untrustedWorkspaces: { supported: string; restrictedConfigurations: string[] } };
+        };
+        assert.equal(manifest.capabilities.untrustedWorkspaces.supported, "limited");
+        assert.deepEqual(manifest.capabilities.untrustedWorkspaces.restrictedConfigurations, ["modelTrace.python"]);
+    });
+});

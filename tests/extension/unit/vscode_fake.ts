@@ -1,0 +1,144 @@
+// A fake `vscode` module for unit tests on plain Node: `require("vscode")` returns `vscodeFake`.
+// Tests set its fields (settings, trust, active editor, extensions) and read what the client did (messages, items).
+import Module from "node:module";
+
+export interface FakeLanguageStatusItem {
+    id: string;
+    selector: unknown;
+    name: string | undefined;
+    text: string;
+    detail: string | undefined;
+    busy: boolean;
+    severity: number;
+    command: { command: string; title: string } | undefined;
+    disposed: boolean;
+    dispose(): void;
+}
+
+export interface FakeExtension {
+    isActive: boolean;
+    exports: unknown;
+    activate(): Promise<unknown>;
+}
+
+export interface FakeUri {
+    scheme: string;
+    path: string;
+    fsPath: string;
+    toString(): string;
+}
+
+function fileUri(path: string): FakeUri {
+    return { scheme: "file", path, fsPath: path, toString: () => `file://${path}` };
+}
+
+function createFake() {
+    const fake = {
+        /** What each `getConfiguration(section).get(key)` returns, by "section.key". */
+        settings: new Map<string, unknown>(),
+        trusted: true,
+        folders: [] as { uri: FakeUri; name: string; index: number }[],
+        activeEditor: undefined as { document: { uri: FakeUri; languageId: string } } | undefined,
+        installedExtensions: new Map<string, FakeExtension>(),
+        /** Replies the next message boxes give, in order ("button clicked"). */
+        messageReplies: [] as (string | undefined)[],
+        warnings: [] as string[],
+        errors: [] as string[],
+        executedCommands: [] as { command: string; args: unknown[] }[],
+        statusItems: [] as FakeLanguageStatusItem[],
+
+        reset(): void {
+            fake.settings.clear();
+            fake.trusted = true;
+            fake.folders = [];
+            fake.activeEditor = undefined;
+            fake.installedExtensions.clear();
+            fake.messageReplies = [];
+            fake.warnings = [];
+            fake.errors = [];
+            fake.executedCommands = [];
+            fake.statusItems = [];
+        },
+    };
+
+    const message = (store: "warnings" | "errors") =>
+        (text: string): Promise<string | undefined> => {
+            fake[store].push(text);
+            return Promise.resolve(fake.messageReplies.shift());
+        };
+
+    const vscode = {
+        LanguageStatusSeverity: { Information: 0, Warning: 1, Error: 2 },
+        Uri: { file: fileUri, parse: (value: string) => fileUri(value.replace(/^file:\/\//, "")) },
+        workspace: {
+            get isTrusted(): boolean {
+                return fake.trusted;
+            },
+            get workspaceFolders() {
+                return fake.folders.length === 0 ? undefined : fake.folders;
+            },
+            getConfiguration: (section: string) => ({
+                get: (key: string): unknown => fake.settings.get(`${section}.${key}`),
+            }),
+            onDidChangeConfiguration: () => ({ dispose: () => undefined }),
+            onDidGrantWorkspaceTrust: () => ({ dispose: () => undefined }),
+        },
+        window: {
+            get activeTextEditor() {
+                return fake.activeEditor;
+            },
+            showWarningMessage: message("warnings"),
+            showErrorMessage: message("errors"),
+        },
+        extensions: {
+            getExtension: (id: string): FakeExtension | undefined => fake.installedExtensions.get(id),
+        },
+        commands: {
+            executeCommand: (command: string, ...args: unknown[]): Promise<unknown> => {
+                fake.executedCommands.push({ command, args });
+                return Promise.resolve(undefined);
+            },
+            registerCommand: () => ({ dispose: () => undefined }),
+        },
+        languages: {
+            createLanguageStatusItem: (id: string, selector: unknown): FakeLanguageStatusItem => {
+                const item: FakeLanguageStatusItem = {
+                    id,
+                    selector,
+                    name: undefined,
+                    text: "",
+                    detail: undefined,
+                    busy: false,
+                    severity: 0,
+                    command: undefined,
+                    disposed: false,
+                    dispose(): void {
+                        item.disposed = true;
+                    },
+                };
+                fake.statusItems.push(item);
+                return item;
+            },
+        },
+    };
+    return { fake, vscode };
+}
+
+type Fakes = ReturnType<typeof createFake>;
+const globalKey = "__modelTraceVscodeFake";
+const holder = globalThis as unknown as Record<string, Fakes | undefined>;
+// NOTE: each test bundle has its own copy of this file; one shared instance lives on globalThis.
+const fakes: Fakes = holder[globalKey] ?? (holder[globalKey] = createFake());
+
+type Load = (request: string, parent: unknown, isMain: boolean) => unknown;
+const moduleWithLoad = Module as unknown as { _load: Load & { __vscodeFake?: true } };
+if (moduleWithLoad._load.__vscodeFake !== true) {
+    const originalLoad: Load = moduleWithLoad._load;
+    const load = ((request: string, parent: unknown, isMain: boolean): unknown =>
+        request === "vscode" ? fakes.vscode : originalLoad(request, parent, isMain)) as Load & { __vscodeFake?: true };
+    load.__vscodeFake = true;
+    moduleWithLoad._load = load;
+}
+
+export const vscodeFake = fakes.fake;
+export { fileUri };
