@@ -33,4 +33,6 @@ def format_worker_error(error: dict) -> str:
     first_line = message[0] if message else ""
     if kind in ("ModelTraceError", "TraceFormatError"):
         return f"{first_line}{location}"
+    if error.get("model_class"):
+        return f"{error['model_class']}.forward raised {kind}: {first_line}{location}"
     return f"{kind}: {first_line}{location}"

@@ -58,7 +58,6 @@ class BuiltModel:
     kwargs: dict[str, Any] = field(default_factory=dict)
     model_class: str = ""
     config: dict[str, Any] = field(default_factory=dict)
-    user_files: list[str] = field(default_factory=list)
 
 
 def import_user_file(path: Path) -> ModuleType:
@@ -305,7 +304,6 @@ def build_from_file(
         kwargs=kwargs,
         model_class=model_class.__name__,
         config=_jsonable(config.to_dict()),
-        user_files=[str(Path(file).resolve().parent)],
     )
 
 
@@ -318,6 +316,8 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
     if spec is None or spec.loader is None:
         raise ModelTraceError(f"{recipe}: cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
+    # Registered like any import, so that inspect (and so `defined_at`) finds the recipe's classes.
+    sys.modules[spec.name] = module
     sys.path.insert(0, str(recipe.parent))
     try:
         spec.loader.exec_module(module)
@@ -355,7 +355,6 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         kwargs=kwargs,
         model_class=type(model).__name__,
         config=_jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
-        user_files=[str(recipe.parent), str(Path(inspect.getsourcefile(type(model)) or recipe).resolve().parent)],
     )
 
 

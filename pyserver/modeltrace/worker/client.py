@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -42,6 +43,7 @@ class WorkerClient:
         self._process: subprocess.Popen | None = None
         self._write_lock = threading.Lock()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
+        self._child_pid: int | None = None
 
     @property
     def running(self) -> bool:
@@ -63,7 +65,10 @@ class WorkerClient:
             start_new_session=True,
         )
         threading.Thread(target=self._drain_stderr, args=(self._process,), daemon=True).start()
-        ready = self._read(STARTUP_TIMEOUT_SECONDS)
+        try:
+            ready = self._read(STARTUP_TIMEOUT_SECONDS)
+        except EOFError:
+            ready = None
         if ready is None or ready.get("type") != "ready":
             error = (ready or {}).get("error") or {
                 "type": "WorkerStartFailed",
@@ -90,16 +95,22 @@ class WorkerClient:
             self._process.stdin.flush()
 
     def _read(self, timeout: float) -> dict[str, Any] | None:
-        """The next frame, or None if the worker closed its output or stayed silent for `timeout` seconds."""
+        """The next frame, or None if the worker stayed silent for `timeout` seconds.
+
+        Raises EOFError when the worker closed its output (it died, or broke off a frame).
+        """
         assert self._process is not None and self._process.stdout is not None
         fd = self._process.stdout.fileno()
         readable, _, _ = select.select([fd], [], [], max(timeout, 0))
         if not readable:
             return None
         try:
-            return read_frame(fd)
+            frame = read_frame(fd)
         except ProtocolError:
-            return None
+            frame = None
+        if frame is None:
+            raise EOFError
+        return frame
 
     def trace(
         self,
@@ -116,21 +127,42 @@ class WorkerClient:
             raise TraceFailed({"type": "WorkerCrashed", "message": "the worker process is gone; try again"}) from None
         deadline = time.monotonic() + timeout + HARD_TIMEOUT_GRACE_SECONDS
         while True:
-            frame = self._read(deadline - time.monotonic())
-            if frame is None:
-                hung = self.running
+            try:
+                frame = self._read(deadline - time.monotonic())
+            except EOFError:
                 self.close()
-                if hung:
-                    raise TraceFailed({"type": "TimeoutError", "message": f"the worker did not answer within {timeout:g} s and was stopped"})
-                raise TraceFailed({"type": "WorkerCrashed", "message": f"the worker process died: {self.stderr_tail(3) or 'no output'}"})
+                self._kill_child()
+                raise TraceFailed(
+                    {"type": "WorkerCrashed", "message": f"the worker process died: {self.stderr_tail(3) or 'no output'}"}
+                ) from None
+            if frame is None:
+                self.close()
+                self._kill_child()
+                raise TraceFailed(
+                    {"type": "TimeoutError", "message": f"the worker did not answer within {timeout:g} s and was stopped"}
+                )
             kind = frame.get("type")
-            if kind == "progress":
+            if kind == "started":
+                self._child_pid = int(frame["pid"])
+            elif kind == "progress":
                 if on_progress is not None:
                     on_progress(str(frame.get("message", "")))
             elif kind == "result":
+                self._child_pid = None
                 return frame
             elif kind == "error":
+                self._child_pid = None
                 raise TraceFailed(frame.get("error") or {"type": "Error", "message": "unknown worker error"})
+
+    def _kill_child(self) -> None:
+        """Stop the trace child (and what it started) when its worker is gone and cannot do it."""
+        child, self._child_pid = self._child_pid, None
+        if child is None:
+            return
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def cancel(self) -> None:
         """Ask the worker to stop the running trace (safe from any thread; a no-op when idle)."""

@@ -70,6 +70,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     source = request.get("recipe") or request["file"]
     progress(f"building the model from {Path(source).name}")
     built = _build(request)
+    # Remembered on the request so that a failure from here on names the class (`describe_failure`).
+    request["model_class"] = built.model_class
     _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
     progress(f"running {built.model_class}.forward")
@@ -150,6 +152,7 @@ def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str,
             "message": str(error),
             "file": file,
             "line": line,
+            "model_class": request.get("model_class"),
             "traceback": "".join(traceback.format_exception(error)),
         },
     }

@@ -10,6 +10,7 @@ forking: an initialised OpenMP thread pool does not survive `fork`.
 
 from __future__ import annotations
 
+import importlib
 import os
 import select
 import signal
@@ -20,12 +21,24 @@ from typing import Any
 from modeltrace.worker.protocol import ProtocolError, read_frame, write_frame
 
 
-def _preload() -> None:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-    from transformers import PreTrainedModel  # noqa: F401  - pulls modeling_utils, the heavy part
+# What nearly every transformers modeling file imports: loaded once here instead of in every child.
+PRELOADED_MODULES = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.masking_utils",
+    "transformers.modeling_layers",
+    "transformers.modeling_outputs",
+    "transformers.processing_utils",
+    "transformers.utils.output_capturing",
+    "safetensors.torch",
+    "modeltrace.worker.job",
+)
 
-    import modeltrace.worker.job  # noqa: F401
+
+def _preload() -> None:
+    for name in PRELOADED_MODULES:
+        importlib.import_module(name)
 
 
 def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
@@ -73,6 +86,7 @@ class Zygote:
             os.close(read_end)
             self._child(request, write_end)
         os.close(write_end)
+        write_frame(self.frames_out, {"type": "started", "pid": child})
         timeout = float(request.get("timeout") or 120)
         deadline = time.monotonic() + timeout
         answered = False
@@ -105,13 +119,29 @@ class Zygote:
                         break
                     write_frame(self.frames_out, frame)
                     if frame["type"] in ("result", "error"):
+                        # NOTE: stop reading the client here: its next request may arrive before the
+                        # child has exited, and must wait for `serve` rather than be taken for this run.
                         answered = True
+                        self._wait_for_exit(child, read_end)
+                        break
         finally:
             os.close(read_end)
             _, status = os.waitpid(child, 0)
         if not answered and client_alive:
             self._send_error(_death_message(status, timeout))
         return client_alive
+
+    def _wait_for_exit(self, child: int, read_end: int, grace_seconds: float = 5.0) -> None:
+        """Drain the child's pipe until it closes; a child that lingers after answering is killed."""
+        deadline = time.monotonic() + grace_seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            readable, _, _ = select.select([read_end], [], [], max(remaining, 0))
+            if not readable:
+                self._kill(child)
+                return
+            if not os.read(read_end, 65536):
+                return
 
     def _send_error(self, error: dict[str, Any]) -> None:
         write_frame(self.frames_out, {"type": "error", "error": error})

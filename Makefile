@@ -1,0 +1,53 @@
+# ModelTrace: `make demo` sets everything up and traces the bundled example; `make test` runs every test.
+# Both work on a fresh machine: they create .venv, install the pinned CPU torch first, then the rest.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PY_STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
+VSIX := extension/out/modeltrace.vsix
+EXAMPLE := examples/tiny_llama/modeling_tiny_llama.py
+
+.PHONY: demo test test-python test-extension install extension bench clean
+
+demo: $(PY_STAMP) $(VSIX)
+	$(VENV)/bin/modeltrace trace $(EXAMPLE) --out build/example.mtrace
+	@echo
+	@echo "Trace: build/example.mtrace   Extension: $(VSIX)  (code --install-extension $(VSIX))"
+
+test: test-python test-extension
+
+test-python: $(PY_STAMP)
+	$(PY) -m pytest -q
+
+test-extension: $(PY_STAMP) $(VSIX)
+	npm run --silent typecheck
+	npm run --silent test:unit
+	npm run --silent test:e2e
+
+install: $(PY_STAMP) $(NODE_STAMP)
+
+$(PY_STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
+	touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+extension: $(VSIX)
+
+$(VSIX): $(NODE_STAMP) package.json tsconfig.json $(wildcard extension/src/*.ts)
+	npm run --silent build
+	npm run --silent package
+
+bench: $(PY_STAMP)
+	$(PY) bench/bench_capture.py
+	$(PY) bench/bench_server.py
+
+clean:
+	rm -rf build extension/out .e2e

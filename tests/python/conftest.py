@@ -1,0 +1,42 @@
+"""Shared fixtures: paths of the example model, and one warm worker for the tests that trace through it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modeltrace.worker.client import WorkerClient
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_PACKAGE = REPO_ROOT / "examples" / "tiny_llama"
+EXAMPLE_MODELING_FILE = EXAMPLE_PACKAGE / "modeling_tiny_llama.py"
+
+
+def line_of(file: Path, snippet: str, occurrence: int = 0) -> int:
+    """1-based number of the line holding `snippet` (its `occurrence`-th appearance)."""
+    matches = [number for number, text in enumerate(file.read_text().splitlines(), 1) if snippet in text]
+    assert len(matches) > occurrence, f"{snippet!r} not found {occurrence + 1} time(s) in {file}"
+    return matches[occurrence]
+
+
+@pytest.fixture(scope="session")
+def worker() -> Iterator[WorkerClient]:
+    client = WorkerClient(python=sys.executable)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def example_copy(tmp_path: Path) -> Path:
+    """A private copy of the example package (tests edit it); returns its modeling file."""
+    import shutil
+
+    target = tmp_path / "tiny_llama"
+    shutil.copytree(EXAMPLE_PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target / "modeling_tiny_llama.py"

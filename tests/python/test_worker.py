@@ -1,0 +1,165 @@
+"""The worker process: warm between traces, a fresh import of the user's files for each, and every way a
+trace can fail (exception, timeout, cancel, segfault, `os._exit`) turned into a structured error after which
+the next trace still works.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from modeltrace.errors import TraceFailed
+from modeltrace.trace.storage import read_trace
+from modeltrace.worker.client import WorkerClient
+
+from conftest import EXAMPLE_MODELING_FILE, line_of
+
+
+def _request(file: Path, out: Path, **extra: object) -> dict:
+    return {"file": str(file), "out": str(out), "timeout": 60, **extra}
+
+
+RECIPE_TEMPLATE = '''
+import torch
+from torch import nn
+
+
+class Faulty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, hidden_states):
+        hidden_states = self.proj(hidden_states)
+{fault}
+        return hidden_states
+
+
+def build_model():
+    return Faulty()
+
+
+def build_inputs(model):
+    return (torch.randn(1, 4),)
+'''
+
+
+def _recipe(tmp_path: Path, fault: str) -> Path:
+    recipe = tmp_path / "recipe_faulty.py"
+    recipe.write_text(RECIPE_TEMPLATE.format(fault="\n".join(f"        {line}" for line in fault.splitlines())))
+    return recipe
+
+
+def test_trace_of_the_example_and_warm_retrace(worker: WorkerClient, tmp_path: Path) -> None:
+    progress: list[str] = []
+    result = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "a.mtrace"), on_progress=progress.append)
+    assert result["model_class"] == "TinyLlamaModel" and result["modules"] > 20
+    assert any("running TinyLlamaModel.forward" in message for message in progress)
+    trace = read_trace(result["trace"])
+    assert trace.model["class"] == "TinyLlamaModel"
+    assert trace.model["file"] == str(EXAMPLE_MODELING_FILE.resolve())
+
+    started = time.perf_counter()
+    again = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "b.mtrace"))
+    warm_seconds = time.perf_counter() - started
+    assert again["modules"] == result["modules"]
+    assert warm_seconds < 30  # a cold worker imports torch first; the warm one only forks
+
+
+def test_each_trace_imports_the_files_afresh(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:
+    first = read_trace(worker.trace(_request(example_copy, tmp_path / "first.mtrace"))["trace"])
+    source = example_copy.read_text()
+    example_copy.write_text(source.replace("hidden_states = self.norm(hidden_states)", "hidden_states = self.norm(self.norm(hidden_states))"))
+    second = read_trace(worker.trace(_request(example_copy, tmp_path / "second.mtrace"))["trace"])
+    assert [record.path for record in first.modules].count("norm") == 1
+    assert [record.path for record in second.modules].count("norm") == 2
+
+
+def test_exception_in_forward_is_located_in_the_model_code(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:
+    source = example_copy.read_text()
+    example_copy.write_text(source.replace(
+        "        gate = self.activation(self.gate_proj(hidden_states))",
+        "        raise ValueError('boom in the MLP')\n        gate = self.activation(self.gate_proj(hidden_states))",
+    ))
+    out = tmp_path / "failed.mtrace"
+    with pytest.raises(TraceFailed) as failure:
+        worker.trace(_request(example_copy, out))
+    error = failure.value.error
+    assert error["type"] == "ValueError" and error["message"] == "boom in the MLP"
+    assert error["file"] == str(example_copy.resolve())
+    assert error["line"] == line_of(example_copy, "raise ValueError('boom in the MLP')")
+    assert "ValueError: boom in the MLP" in str(failure.value)
+    assert not out.exists() and not list(tmp_path.glob(".failed.mtrace*"))
+
+
+@pytest.mark.parametrize(
+    ("fault", "error_type", "words"),
+    [
+        ("import os\nos.kill(os.getpid(), 11)", "WorkerCrashed", "segmentation fault"),
+        ("import os\nos._exit(3)", "WorkerExited", "exit code 3"),
+        ("import sys\nsys.exit(4)", "SystemExit", "4"),
+    ],
+)
+def test_a_dying_child_becomes_an_error_and_the_worker_survives(
+    worker: WorkerClient, tmp_path: Path, fault: str, error_type: str, words: str
+) -> None:
+    recipe = _recipe(tmp_path, fault)
+    with pytest.raises(TraceFailed) as failure:
+        worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
+    assert failure.value.error["type"] == error_type
+    assert words in failure.value.error["message"]
+    result = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace"))
+    assert result["model_class"] == "TinyLlamaModel"
+
+
+def test_timeout_stops_an_endless_forward(worker: WorkerClient, tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, "while True:\n    pass")
+    started = time.perf_counter()
+    with pytest.raises(TraceFailed) as failure:
+        worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe), timeout=3))
+    assert failure.value.error["type"] == "TimeoutError"
+    assert "3 s timeout" in failure.value.error["message"]
+    assert time.perf_counter() - started < 20
+    assert worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace"))["modules"] > 0
+
+
+def test_cancel_from_another_thread(worker: WorkerClient, tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, "import time\ntime.sleep(60)")
+    timer = threading.Timer(1.5, worker.cancel)
+    timer.start()
+    try:
+        with pytest.raises(TraceFailed) as failure:
+            worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
+    finally:
+        timer.cancel()
+    assert failure.value.error["type"] == "Cancelled"
+    assert not (tmp_path / "x.mtrace").exists()
+
+
+def test_worker_killed_from_outside_mid_trace(tmp_path: Path) -> None:
+    import psutil
+
+    recipe = _recipe(tmp_path, "import time\ntime.sleep(60)")
+    with WorkerClient(python=sys.executable) as client:
+        client.start()
+        zygote = psutil.Process(client._process.pid)
+        killer = threading.Timer(2.0, zygote.kill)
+        killer.start()
+        with pytest.raises(TraceFailed) as failure:
+            client.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
+        assert failure.value.error["type"] == "WorkerCrashed"
+        time.sleep(0.5)
+        strays = [process for process in psutil.process_iter(["cmdline"]) if "recipe_faulty" in " ".join(process.info["cmdline"] or []) or process.ppid() == zygote.pid]
+        assert not strays, [(process.pid, process.info["cmdline"], process.status()) for process in strays]
+        # An idle worker that died is replaced on the next trace.
+        assert client.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "y.mtrace"))["modules"] > 0
+
+
+def test_print_in_model_code_does_not_corrupt_the_frames(worker: WorkerClient, tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, "print('x' * 100000)")
+    result = worker.trace(_request(recipe, tmp_path / "p.mtrace", recipe=str(recipe)))
+    assert result["model_class"] == "Faulty"
