@@ -26,8 +26,6 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         raise ModelTraceError(f"{arguments.file}: no such file")
     if arguments.shape_only:
         raise ModelTraceError("--shape-only: shape-only tracing (meta device) is not available in this version")
-    if arguments.lines:
-        raise ModelTraceError("--lines: line-level capture is not available in this version")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     request = {
         "file": str(file),
@@ -35,6 +33,7 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "recipe": str(Path(arguments.recipe).resolve()) if arguments.recipe else None,
         "config": str(Path(arguments.config).resolve()) if arguments.config else None,
         "full_tensors": arguments.full_tensors,
+        "lines": arguments.lines,
         "device": arguments.device,
         "dtype": arguments.dtype,
         "seed": arguments.seed,

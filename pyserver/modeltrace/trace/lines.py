@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import Enum
 
-from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
+from modeltrace.trace.records import LineRecord, ModuleCall, TensorSummary, Trace
 
 
 class HintDetail(str, Enum):
@@ -26,16 +26,19 @@ class HintDetail(str, Enum):
 
 @dataclass(slots=True)
 class LineEntry:
-    """Everything traced on one source line: `calls` produced the line's value, `inner_calls` fed it."""
+    """Everything traced on one source line: `calls` produced the line's value, `inner_calls` fed it, and
+    `variables` are the tensors the line assigned to local variables (line-level capture)."""
 
     file: str
     line: int
     calls: list[ModuleCall] = field(default_factory=list)
     inner_calls: list[ModuleCall] = field(default_factory=list)
+    variables: list[LineRecord] = field(default_factory=list)
 
 
 def index_module_calls(trace: Trace) -> dict[str, dict[int, LineEntry]]:
-    """Group the trace's module calls by `called_at` file and line: `{file: {line: LineEntry}}`."""
+    """Group the trace's module calls (by `called_at`) and line records by file and line:
+    `{file: {line: LineEntry}}`."""
     by_line: dict[tuple[str, int], list[ModuleCall]] = defaultdict(list)
     for record in trace.modules:
         if record.called_at is not None:
@@ -47,6 +50,12 @@ def index_module_calls(trace: Trace) -> dict[str, dict[int, LineEntry]]:
         for record in records:
             (entry.calls if _site(record) == last_site else entry.inner_calls).append(record)
         index[file][line] = entry
+    for variable in trace.lines:
+        entries = index[variable.file]
+        entry = entries.get(variable.line)
+        if entry is None:
+            entry = entries[variable.line] = LineEntry(file=variable.file, line=variable.line)
+        entry.variables.append(variable)
     return dict(index)
 
 
@@ -91,7 +100,36 @@ def format_outputs(record: ModuleCall, detail: HintDetail) -> str:
 
 
 def line_label(entry: LineEntry, detail: HintDetail = HintDetail.DTYPE) -> str:
-    """The label for a line: distinct output signatures in first-seen order, each with `×N` when repeated.
+    """The label for a line: what its variables received when line capture ran (what the reader sees
+    assigned), else what its module calls returned."""
+    if entry.variables:
+        return variables_label(entry.variables, detail)
+    return calls_label(entry, detail)
+
+
+def variables_label(variables: list[LineRecord], detail: HintDetail = HintDetail.DTYPE) -> str:
+    """`[1, 4, 7, 16] float32 ×2` for one variable; `q: [1, 4, 7, 16]  k: [1, 2, 7, 16]` for several.
+
+    Leaves of one variable (`cos, sin = …` are two variables; `position_embeddings.0` / `.1` one) are
+    joined with commas; repeated runs of the line count once per signature.
+    """
+    by_variable: dict[str, dict[int, list[TensorSummary]]] = {}
+    for record in variables:
+        name = record.name.split(".", 1)[0]
+        by_variable.setdefault(name, {}).setdefault(record.call_index, []).append(record.tensor)
+    parts = []
+    for name, runs in by_variable.items():
+        signatures: dict[str, int] = {}
+        for tensors in runs.values():
+            text = ", ".join(format_tensor(tensor, detail) for tensor in tensors)
+            signatures[text] = signatures.get(text, 0) + 1
+        text = " | ".join(signature + (f" ×{count}" if count > 1 else "") for signature, count in signatures.items())
+        parts.append(text if len(by_variable) == 1 else f"{name}: {text}")
+    return "  ".join(parts)
+
+
+def calls_label(entry: LineEntry, detail: HintDetail = HintDetail.DTYPE) -> str:
+    """Distinct output signatures of the line's calls in first-seen order, each with `×N` when repeated.
 
     At stats detail, calls are not merged (their statistics differ); the first call's statistics are shown
     and the count tells how many calls the hover lists.

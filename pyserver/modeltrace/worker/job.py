@@ -6,6 +6,7 @@ into the structured error frame, located at the innermost frame of the user's ow
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 import sys
@@ -24,6 +25,7 @@ from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.worker.build import BuiltModel, build_from_file, build_from_recipe
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
+from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
 
@@ -75,7 +77,13 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
     progress(f"running {built.model_class}.forward")
-    with torch.no_grad(), ModuleCapture(built.model, full_tensors=bool(request.get("full_tensors"))) as capture:
+    line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        capture = stack.enter_context(ModuleCapture(built.model, full_tensors=bool(request.get("full_tensors"))))
+        line_capture = None
+        if line_files:
+            line_capture = stack.enter_context(LineCapture(line_files, capture.summary_cache, capture.pending))
         built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
     trace = Trace(
@@ -101,7 +109,11 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
             "seconds": {"build": built_at - started, "forward": finished_at - built_at},
         },
         modules=capture.records,
+        lines=line_capture.records if line_capture else [],
     )
+    trace.model["options"]["lines"] = bool(line_files)
+    if line_capture and line_capture.truncated:
+        trace.model["lines_truncated"] = True
     trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(trace.files() | {trace.model["file"]})}
     progress("writing the trace")
     write_extra = None
