@@ -74,7 +74,8 @@ def read_trace(path: Path | str) -> Trace:
     raw = trace_file.read_bytes()
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+        # TypeError: a corrupt map whose key decodes to an unhashable value.
         raise TraceFormatError(f"{trace_file}: corrupt or truncated trace ({error})") from None
     if not isinstance(data, dict):
         raise TraceFormatError(f"{trace_file}: not a ModelTrace trace (top level is {type(data).__name__})")

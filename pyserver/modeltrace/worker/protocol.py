@@ -61,7 +61,7 @@ def read_frame(fd: int) -> dict[str, Any] | None:
         raise ProtocolError("pipe closed before the frame's payload")
     try:
         message = msgpack.unpackb(payload, raw=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
         raise ProtocolError(f"undecodable frame: {error}") from None
     if not isinstance(message, dict) or "type" not in message:
         raise ProtocolError("frame is not a message (a map with a 'type')")
