@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
-VSIX := extension/out/modeltrace.vsix
+VSIX := extension/out/modeltrace-0.1.0.vsix
 EXAMPLE := examples/tiny_llama/modeling_tiny_llama.py
 
 .PHONY: demo test test-python test-extension install extension bench clean

@@ -18,9 +18,9 @@ const common = {
     absWorkingDir: repo,
 };
 
-function testEntries(folder) {
+function testEntries(folder, pattern) {
     return readdirSync(join(repo, folder))
-        .filter((name) => name.endsWith(".ts"))
+        .filter((name) => pattern.test(name))
         .map((name) => join(folder, name));
 }
 
@@ -35,14 +35,14 @@ if (target === "--extension") {
 } else if (target === "--unit") {
     await esbuild.build({
         ...common,
-        entryPoints: testEntries("tests/extension/unit"),
+        entryPoints: testEntries("tests/extension/unit", /\.ts$/),
         outdir: "extension/out/unit",
         sourcemap: "inline",
     });
 } else if (target === "--e2e") {
     await esbuild.build({
         ...common,
-        entryPoints: testEntries("tests/extension/e2e/suite"),
+        entryPoints: testEntries("tests/extension/e2e/suite", /^(index|.*\.test)\.ts$/),
         outdir: "extension/out/e2e",
         sourcemap: "inline",
     });

@@ -2,42 +2,71 @@
 // Inlay hints, hovers, code lenses and diagnostics are plain LSP: languageclient handles them without client code.
 import type * as vscode from "vscode";
 import {
+    ExecuteCommandRequest,
+    type ExecuteCommandRegistrationOptions,
     type ExecuteCommandSignature,
     LanguageClient,
     type LanguageClientOptions,
+    type RegistrationData,
     RevealOutputChannelOn,
     type ServerOptions,
     State,
-    TransportKind,
 } from "vscode-languageclient/node";
 import * as lspExt from "./lsp_ext";
 import { executeCommand } from "./middleware";
-import { checkInterpreter, findInterpreter, type Interpreter, type InterpreterCheck } from "./python";
+import {
+    checkInterpreter,
+    findInterpreter,
+    type Interpreter,
+    type InterpreterCheck,
+    serverArguments,
+    serverExecutable,
+} from "./python";
 import { RestartQueue } from "./restart_queue";
 import { initializationOptions, type ModelTraceSettings, readSettings, settingsSection } from "./settings";
 import { problemView, restrictedView, startingView, type TraceStatus, viewForServerStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
 
-export const serverArguments: readonly string[] = ["-m", "modeltrace", "serve"];
-
 export class ServerManager implements vscode.Disposable {
     private client: LanguageClient | undefined;
-    /** Stand-ins for the server's commands while no server runs, so that they explain why instead of "not found". */
+    /**
+     * Stand-ins for the server's commands while no server runs (languageclient registers the real ones
+     * once the server is up): during a restart they wait for it and pass the call on; after a failed start
+     * they say why, instead of VS Code's "command not found".
+     */
     private fallbackCommands: vscode.Disposable[] = [];
-    private readonly restarts: RestartQueue = new RestartQueue(() => this.restartOnce());
+    private notRunningReason: string = "ModelTrace: the server is not running.";
+    private restarting: Promise<void> | undefined;
+    /** The modelTrace.python value the running server was started with. */
+    private startedWithPython: string | undefined;
+    private readonly restarts: RestartQueue = new RestartQueue(() =>
+        this.restartOnce().catch((error: unknown) => this.fail(`ModelTrace: restarting the server failed: ${String(error)}`)),
+    );
 
     constructor(
         private readonly outputChannel: vscode.LogOutputChannel,
         private readonly status: TraceStatus,
     ) {}
 
-    get languageClient(): LanguageClient | undefined {
-        return this.client;
-    }
-
     /** Stops the running server (if any) and starts a new one with the current settings and trust. */
     restart(): Promise<void> {
-        return this.restarts.request();
+        const restart: Promise<void> = this.restarts.request();
+        this.restarting = restart;
+        const settled = (): void => {
+            if (this.restarting === restart) {
+                this.restarting = undefined;
+            }
+        };
+        restart.then(settled, settled);
+        return restart;
+    }
+
+    /** Restarts when modelTrace.python changed; the other settings reach the server as didChangeConfiguration. */
+    async onSettingsChanged(): Promise<void> {
+        // NOTE: granting trust also fires a change of modelTrace.python (a restricted setting), with the same value.
+        if (readSettings(vscodeapi.getConfiguration(settingsSection)).python !== this.startedWithPython) {
+            await this.restart();
+        }
     }
 
     async stop(): Promise<void> {
@@ -59,8 +88,11 @@ export class ServerManager implements vscode.Disposable {
 
     private async restartOnce(): Promise<void> {
         await this.stop();
+        this.notRunningReason = "ModelTrace: the server is not running.";
+        this.registerFallbackCommands();
         this.status.show(startingView);
         const settings: ModelTraceSettings = readSettings(vscodeapi.getConfiguration(settingsSection));
+        this.startedWithPython = settings.python;
         const interpreter: Interpreter = await findInterpreter(settings.python, (message: string) =>
             this.outputChannel.warn(message),
         );
@@ -79,7 +111,6 @@ export class ServerManager implements vscode.Disposable {
             this.outputChannel.info("Untrusted workspace: the server starts with tracing disabled.");
         }
         const client: LanguageClient = this.createClient(interpreter, settings, trusted);
-        this.disposeFallbackCommands();
         try {
             await client.start();
         } catch (error) {
@@ -87,20 +118,20 @@ export class ServerManager implements vscode.Disposable {
             this.fail(`ModelTrace: the server did not start (${interpreter.path} ${serverArguments.join(" ")}): ${String(error)}`);
             return;
         }
+        this.disposeFallbackCommands();
         this.client = client;
         if (this.status.view === startingView) {
-            this.status.show(trusted ? viewForServerStatus({ state: "idle" }) : restrictedView);
+            this.showReady();
         }
+    }
+
+    private showReady(): void {
+        this.status.show(this.status.restricted ? restrictedView : viewForServerStatus({ state: "idle" }));
     }
 
     private createClient(interpreter: Interpreter, settings: ModelTraceSettings, trusted: boolean): LanguageClient {
         const workspaceFolder: vscode.WorkspaceFolder | undefined = vscodeapi.workspaceFolders()[0];
-        const serverOptions: ServerOptions = {
-            command: interpreter.path,
-            args: [...serverArguments],
-            transport: TransportKind.stdio,
-            options: { cwd: workspaceFolder?.uri.fsPath, env: { ...process.env, PYTHONUNBUFFERED: "1" } },
-        };
+        const serverOptions: ServerOptions = serverExecutable(interpreter, workspaceFolder?.uri.fsPath);
         const clientOptions: LanguageClientOptions = {
             documentSelector: [{ scheme: "file", language: "python" }],
             outputChannel: this.outputChannel,
@@ -115,10 +146,24 @@ export class ServerManager implements vscode.Disposable {
             },
         };
         const client: LanguageClient = new LanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
+        // NOTE: the stand-ins go at the moment languageclient registers the server's commands (the names must
+        // be free then), not before start(): so a command run during a restart never finds its name unbound.
+        const executeCommandFeature = client.getFeature(ExecuteCommandRequest.method);
+        const registerServerCommands = executeCommandFeature.register.bind(executeCommandFeature);
+        executeCommandFeature.register = (data: RegistrationData<ExecuteCommandRegistrationOptions>): void => {
+            this.disposeFallbackCommands();
+            registerServerCommands(data);
+        };
         client.onNotification(lspExt.status, (params: lspExt.StatusParams) => this.status.showServerStatus(params));
+        // After a crash languageclient restarts the server by itself (a few times): follow it on the status item.
         client.onDidChangeState(({ newState }: { newState: State }) => {
-            if (newState === State.Stopped && this.client === client) {
+            if (this.client !== client) {
+                return;
+            }
+            if (newState === State.Stopped) {
                 this.status.show(problemView("The server stopped; see the logs (Model Trace: Show Logs)"));
+            } else if (newState === State.Running) {
+                this.showReady();
             }
         });
         return client;
@@ -127,7 +172,8 @@ export class ServerManager implements vscode.Disposable {
     private fail(problem: string): void {
         this.outputChannel.error(problem);
         this.status.show(problemView(problem));
-        this.registerFallbackCommands(problem);
+        this.notRunningReason = problem;
+        this.registerFallbackCommands();
         void vscodeapi.showErrorMessage(problem, "Open Settings", "Show Logs").then((choice: string | undefined) => {
             if (choice === "Open Settings") {
                 void vscodeapi.executeCommand("workbench.action.openSettings", settingsSection);
@@ -137,17 +183,22 @@ export class ServerManager implements vscode.Disposable {
         });
     }
 
-    private registerFallbackCommands(problem: string): void {
+    private registerFallbackCommands(): void {
         if (this.fallbackCommands.length > 0) {
             return;
         }
         this.fallbackCommands = Object.values(lspExt.serverCommands).map((command: string) =>
-            vscodeapi.registerCommand(command, () => {
-                void vscodeapi.showErrorMessage(problem, "Show Logs").then((choice: string | undefined) => {
+            vscodeapi.registerCommand(command, async (...args: unknown[]): Promise<unknown> => {
+                await this.restarting?.catch(() => undefined);
+                if (this.client !== undefined && this.fallbackCommands.length === 0) {
+                    return vscodeapi.executeCommand(command, ...args);
+                }
+                void vscodeapi.showErrorMessage(this.notRunningReason, "Show Logs").then((choice: string | undefined) => {
                     if (choice === "Show Logs") {
                         this.outputChannel.show();
                     }
                 });
+                return undefined;
             }),
         );
     }

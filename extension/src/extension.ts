@@ -20,9 +20,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
         vscodeapi.registerCommand("modelTrace.restartServer", () => manager.restart()),
         vscodeapi.registerCommand("modelTrace.showLogs", () => outputChannel.show()),
         vscodeapi.onDidChangeConfiguration((event: vscode.ConfigurationChangeEvent) => {
-            // Other settings reach the running server through didChangeConfiguration.
             if (event.affectsConfiguration(`${settingsSection}.python`)) {
-                void manager.restart();
+                void manager.onSettingsChanged();
             }
         }),
         vscodeapi.onDidGrantWorkspaceTrust(() => {

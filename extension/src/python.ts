@@ -4,6 +4,7 @@ import { execFile } from "node:child_process";
 import * as os from "node:os";
 import * as path from "node:path";
 import type * as vscode from "vscode";
+import type { Executable } from "vscode-languageclient/node";
 import * as vscodeapi from "./vscodeapi";
 
 export const pythonExtensionId = "ms-python.python";
@@ -175,4 +176,17 @@ export async function checkInterpreter(interpreter: Interpreter, run: RunProcess
         };
     }
     return { ok: true, probe };
+}
+
+export const serverArguments: readonly string[] = ["-m", "modeltrace", "serve"];
+
+/** How languageclient launches the server: `<python> -m modeltrace serve`, LSP on its stdin/stdout. */
+export function serverExecutable(interpreter: Interpreter, cwd: string | undefined): Executable {
+    // NOTE: no `transport`: with TransportKind.stdio languageclient appends `--stdio`, which `serve` rejects.
+    // Without one it still talks over the child's stdin/stdout.
+    return {
+        command: interpreter.path,
+        args: [...serverArguments],
+        options: { cwd, env: { ...process.env, PYTHONUNBUFFERED: "1" } },
+    };
 }

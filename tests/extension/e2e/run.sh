@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end test of the built .vsix in a real VS Code (code-server + Chromium).
 # Installs what is missing under .e2e/ (see shared REAL_VSCODE.md), then runs run.mjs.
-#   tests/extension/e2e/run.sh            install if needed, build the .vsix, run the tests
+#   tests/extension/e2e/run.sh            install if needed, build the .vsix, run both modes
 #   tests/extension/e2e/run.sh --install  install only
+#   tests/extension/e2e/run.sh --mode trusted|untrusted [--keep] [--workspace DIR] [--python PATH]
+#                                         options are passed to run.mjs
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
@@ -52,8 +54,8 @@ fi
 [ "${1:-}" = "--install" ] && { log "install done"; exit 0; }
 
 if [ "${E2E_SKIP_BUILD:-0}" != "1" ]; then
-  log "building the extension and the .vsix"
-  (cd "$REPO" && npm run --silent build && npm run --silent package)
+  log "building the .vsix (npm run package; E2E_SKIP_BUILD=1 to test the one already built)"
+  (cd "$REPO" && npm run --silent package >/dev/null)
 fi
 
 export E2E_NODE24="$NODE24_BIN/node"

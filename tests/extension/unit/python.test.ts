@@ -10,6 +10,7 @@ import {
     probeScript,
     pythonExtensionId,
     runProcess,
+    serverExecutable,
 } from "../../../extension/src/python";
 
 function pythonExtension(executable: string | undefined, isActive: boolean = true) {
@@ -149,5 +150,16 @@ describe("checkInterpreter", () => {
         const probe: InterpreterProbe = JSON.parse(result.stdout) as InterpreterProbe;
         assert.equal(probe.version[0], 3);
         assert.ok(probe.modeltrace !== null || (probe.error ?? "").includes("modeltrace"), result.stdout);
+    });
+});
+
+describe("serverExecutable", () => {
+    it("launches `<python> -m modeltrace serve` with nothing appended (no --stdio) in the workspace folder", () => {
+        const executable = serverExecutable({ path: "/venv/bin/python", source: "setting" }, "/ws");
+        assert.equal(executable.command, "/venv/bin/python");
+        assert.deepEqual(executable.args, ["-m", "modeltrace", "serve"]);
+        assert.equal(executable.transport, undefined);
+        assert.equal(executable.options?.cwd, "/ws");
+        assert.equal(executable.options?.env?.PYTHONUNBUFFERED, "1");
     });
 });

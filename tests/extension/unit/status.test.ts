@@ -12,7 +12,7 @@ describe("status item", () => {
             return [view.text, view.busy, view.severity];
         };
         assert.deepEqual(shown("tracing", "file:///a.py"), ["ModelTrace: tracing…", true, "information"]);
-        assert.deepEqual(shown("idle", "file:///a.py"), ["ModelTrace: traced", false, "information"]);
+        assert.deepEqual(shown("idle", "file:///a.py"), ["ModelTrace: ready", false, "information"]);
         assert.deepEqual(shown("idle"), ["ModelTrace: ready", false, "information"]);
         assert.deepEqual(shown("stale", "file:///a.py"), ["ModelTrace: stale", false, "warning"]);
         assert.deepEqual(shown("error", "file:///a.py"), ["ModelTrace: error", false, "error"]);
@@ -36,8 +36,8 @@ describe("status item", () => {
         assert.deepEqual([item.text, item.busy, item.severity, item.detail], ["ModelTrace: error", false, 2, "worker crashed (SIGSEGV)"]);
         assert.deepEqual(item.command, { command: "modelTrace.showLogs", title: "Show Logs" });
 
-        status.showServerStatus({ state: "idle", uri: "file:///a.py" });
-        assert.deepEqual([item.text, item.severity], ["ModelTrace: traced", 0]);
+        status.showServerStatus({ state: "idle", message: "TinyLlamaModel: 52 module calls on 14 lines (3.1 s)", uri: "file:///a.py" });
+        assert.deepEqual([item.text, item.severity, item.detail], ["ModelTrace: ready", 0, "TinyLlamaModel: 52 module calls on 14 lines (3.1 s)"]);
 
         status.dispose();
         assert.equal(item.disposed, true);

@@ -1,0 +1,399 @@
+// End-to-end test of the built .vsix in a real VS Code: code-server (VS Code 1.139 web workbench and a
+// real Node extension host) driven by Debian's Chromium through playwright-core. See run.sh for installs.
+//
+// For each mode (trusted, untrusted) it starts a fresh code-server, installs the .vsix, opens the
+// workspace and runs the mocha suite tests/extension/e2e/suite/<mode>.test.ts INSIDE the extension host
+// (the smoke-test-driver payload: extensionDevelopmentPath = a test-only host extension,
+// extensionTestsPath = the bundled suite). When the suite has its hints it writes ready.json in the run
+// folder; this script then checks the DOM, takes the screenshot and answers in dom-result.json.
+//
+//   node tests/extension/e2e/run.mjs [--mode trusted|untrusted|all] [--workspace DIR] [--python PATH] [--keep]
+import { spawn, spawnSync } from "node:child_process";
+import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { chromium } from "playwright-core";
+
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
+const e2eDir = join(repo, ".e2e");
+const { values: options } = parseArgs({
+    options: {
+        mode: { type: "string", default: "all" },
+        workspace: { type: "string", default: join(repo, "examples") },
+        python: { type: "string", default: join(repo, ".venv/bin/python") },
+        keep: { type: "boolean", default: false },
+    },
+});
+const node24 = process.env.E2E_NODE24 ?? join(e2eDir, "node24bin/node");
+const codeServer = process.env.E2E_CODE_SERVER ?? join(e2eDir, "code-server/node_modules/.bin/code-server");
+const screenshotPath = join(repo, "media/screenshot-hints.png");
+const modeTimeoutMs = 420_000;
+
+function log(message) {
+    console.log(`[e2e] ${message}`);
+}
+
+function sleep(milliseconds) {
+    return new Promise((resolvePromise) => setTimeout(resolvePromise, milliseconds));
+}
+
+function freePort() {
+    return new Promise((resolvePromise, reject) => {
+        const server = createServer();
+        server.once("error", reject);
+        server.listen(0, "127.0.0.1", () => {
+            const { port } = server.address();
+            server.close(() => resolvePromise(port));
+        });
+    });
+}
+
+function findVsix() {
+    const { version } = JSON.parse(readFileSync(join(repo, "package.json"), "utf8"));
+    const vsix = join(repo, "extension/out", `modeltrace-${version}.vsix`);
+    if (!existsSync(vsix)) {
+        throw new Error(`${vsix} is missing: run \`npm run package\` first`);
+    }
+    return vsix;
+}
+
+/** Fresh folders for one code-server run: user data, extensions, XDG dirs, browser profile, workspace copy. */
+function prepareRunFolder(mode) {
+    const runDir = mkdtempSync(join(tmpdir(), `modeltrace-e2e-${mode}-`));
+    for (const sub of ["user-data/User", "user-data/Machine", "extensions", "xdg-data", "xdg-config", "xdg-cache", "browser"]) {
+        mkdirSync(join(runDir, sub), { recursive: true });
+    }
+    // NOTE: a copy, so the workspace is new to VS Code (never trusted before) and traces do not land in the repo.
+    const workspace = join(runDir, "workspace");
+    cpSync(options.workspace, workspace, { recursive: true, filter: (source) => !/(__pycache__|\.mtrace)$/.test(source) });
+    const settings = {
+        "workbench.startupEditor": "none",
+        "workbench.tips.enabled": false,
+        "workbench.enableExperiments": false,
+        "workbench.secondarySideBar.defaultVisibility": "hidden",
+        "chat.disableAIFeatures": true,
+        "telemetry.telemetryLevel": "off",
+        "update.mode": "none",
+        "extensions.autoCheckUpdates": false,
+        "extensions.autoUpdate": false,
+        "extensions.ignoreRecommendations": true,
+        "git.enabled": false,
+        "editor.inlayHints.enabled": "on",
+        "editor.inlayHints.maximumLength": 0,
+        "editor.minimap.enabled": false,
+        "editor.fontSize": 14,
+        // NOTE: no startup trust dialog: an untrusted folder opens straight in restricted mode.
+        "security.workspace.trust.startupPrompt": "never",
+        "modelTrace.python": options.python,
+    };
+    writeFileSync(join(runDir, "user-data/User/settings.json"), JSON.stringify(settings, null, 2));
+    // NOTE: code-server's window is a remote one: machine-scoped settings (modelTrace.python is
+    // machine-overridable) are read from the remote machine's settings, not from the user's.
+    writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": options.python }, null, 2));
+    return { runDir, workspace };
+}
+
+function codeServerEnv(runDir, mode) {
+    return {
+        ...process.env,
+        PATH: `${dirname(node24)}:${process.env.PATH}`,
+        XDG_DATA_HOME: join(runDir, "xdg-data"),
+        XDG_CONFIG_HOME: join(runDir, "xdg-config"),
+        XDG_CACHE_HOME: join(runDir, "xdg-cache"),
+        MODELTRACE_E2E_MODE: mode,
+        MODELTRACE_E2E_RUN_DIR: runDir,
+        MODELTRACE_E2E_EXTENSIONS_DIR: join(runDir, "extensions"),
+    };
+}
+
+function installVsix(runDir, vsix, env) {
+    const result = spawnSync(
+        codeServer,
+        ["--user-data-dir", join(runDir, "user-data"), "--extensions-dir", join(runDir, "extensions"), "--install-extension", vsix],
+        { env, encoding: "utf8", timeout: 120_000 },
+    );
+    if (result.status !== 0) {
+        throw new Error(`code-server --install-extension failed (${result.status}):\n${result.stdout}\n${result.stderr}`);
+    }
+    log(`installed ${vsix.replace(`${repo}/`, "")}: ${result.stdout.trim().split("\n").pop()}`);
+}
+
+async function startCodeServer(runDir, workspace, mode, env) {
+    const port = await freePort();
+    const config = join(runDir, "config.yaml");
+    writeFileSync(config, `bind-addr: 127.0.0.1:${port}\nauth: none\ncert: false\n`);
+    const args = [
+        String(Math.ceil(modeTimeoutMs / 1000) + 60),
+        codeServer,
+        "--config", config,
+        "--user-data-dir", join(runDir, "user-data"),
+        "--extensions-dir", join(runDir, "extensions"),
+        "--disable-telemetry",
+        "--disable-update-check",
+        ...(mode === "trusted" ? ["--disable-workspace-trust"] : []),
+        "--disable-getting-started-override",
+        "--reconnection-grace-time", "30",
+        "--vscode-option", "enable-smoke-test-driver",
+        workspace,
+    ];
+    const logFile = join(runDir, "code-server.log");
+    const child = spawn("timeout", args, { env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+    const chunks = [];
+    child.stdout.on("data", (data) => chunks.push(data));
+    child.stderr.on("data", (data) => chunks.push(data));
+    child.on("exit", () => writeFileSync(logFile, Buffer.concat(chunks)));
+    const flushLog = () => writeFileSync(logFile, Buffer.concat(chunks));
+    const started = Date.now();
+    while (Date.now() - started < 60_000) {
+        if (child.exitCode !== null) {
+            flushLog();
+            throw new Error(`code-server exited with ${child.exitCode}; see ${logFile}`);
+        }
+        try {
+            const response = await fetch(`http://127.0.0.1:${port}/healthz`);
+            if (response.ok) {
+                log(`code-server up on 127.0.0.1:${port} after ${((Date.now() - started) / 1000).toFixed(1)} s (pid ${child.pid})`);
+                return { child, port, flushLog };
+            }
+        } catch {
+            // not listening yet
+        }
+        await sleep(250);
+    }
+    flushLog();
+    throw new Error(`code-server did not answer /healthz within 60 s; see ${logFile}`);
+}
+
+function stopCodeServer(server) {
+    if (server === undefined || server.child.exitCode !== null) {
+        return;
+    }
+    // NOTE: the process group we started: timeout, code-server, its extension host and the Python server.
+    try {
+        process.kill(-server.child.pid, "SIGTERM");
+    } catch {
+        // already gone
+    }
+}
+
+function testUrl(port, workspace) {
+    const remote = (path) => `vscode-remote://127.0.0.1:${port}${path}`;
+    const payload = [
+        ["extensionDevelopmentPath", remote(join(repo, "tests/extension/e2e/host"))],
+        ["extensionTestsPath", remote(join(repo, "extension/out/e2e/index"))],
+    ];
+    return `http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}&payload=${encodeURIComponent(JSON.stringify(payload))}`;
+}
+
+/** Runs in the page: the text of every rendered view line containing `snippet`, and of its hint spans. */
+function renderedLines(snippet) {
+    const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
+    return [...document.querySelectorAll(".monaco-editor .view-line")]
+        .filter((line) => normalize(line.textContent).includes(snippet))
+        .map((line) => ({
+            text: normalize(line.textContent),
+            hints: [...line.querySelectorAll('span[class*="dyn-rule-"]')].map((span) => normalize(span.textContent)),
+        }));
+}
+
+function allHintTexts() {
+    return [...document.querySelectorAll('.monaco-editor .view-line span[class*="dyn-rule-"]')].map((span) =>
+        (span.textContent ?? "").replace(/\u00a0/g, " "),
+    );
+}
+
+/** Clicks "Trust" in the workspace trust editor that the extension-host test opened. */
+async function grantTrust(page) {
+    const button = page.locator(".workspace-trust-editor .monaco-button", { hasText: /^Trust/ }).first();
+    try {
+        await button.waitFor({ state: "visible", timeout: 20_000 });
+        log(`clicking "${(await button.textContent())?.trim()}" in the workspace trust editor`);
+        await button.click();
+        return [];
+    } catch (error) {
+        const buttons = await page.locator(".monaco-button").allTextContents();
+        return [`no Trust button in the workspace trust editor (${String(error).split("\n")[0]}); buttons: ${JSON.stringify(buttons)}`];
+    }
+}
+
+async function checkDom(page, request, runDir) {
+    if (request.action === "grant-trust") {
+        const failures = await grantTrust(page);
+        return { step: request.step, ok: failures.length === 0, failures };
+    }
+    const failures = [];
+    for (const hint of request.hints) {
+        const label = hint.label.replace(/\u00a0/g, " ").trim();
+        let lines = [];
+        const deadline = Date.now() + 20_000;
+        while (Date.now() < deadline) {
+            lines = await page.evaluate(renderedLines, hint.snippet);
+            if (lines.some((line) => line.hints.join("").includes(label))) {
+                break;
+            }
+            await sleep(500);
+        }
+        if (lines.length === 0) {
+            failures.push(`line ${hint.line + 1} (${hint.snippet}) is not rendered on screen`);
+        } else if (!lines.some((line) => line.hints.join("").includes(label))) {
+            failures.push(`line ${hint.line + 1} shows hints ${JSON.stringify(lines.map((line) => line.hints))}, not ${JSON.stringify(label)}`);
+        } else {
+            log(`on screen, line ${hint.line + 1}: ${lines[0].text.trim()}`);
+        }
+    }
+    if (request.notification !== undefined) {
+        const toast = page.locator(".notification-list-item-message", { hasText: request.notification });
+        try {
+            await toast.first().waitFor({ state: "visible", timeout: 20_000 });
+            log(`notification on screen: ${(await toast.first().textContent())?.trim()}`);
+        } catch {
+            const shown = await page.locator(".notification-list-item-message").allTextContents();
+            failures.push(`no notification ${JSON.stringify(request.notification)}; shown: ${JSON.stringify(shown)}`);
+        }
+    }
+    if (request.mode === "untrusted") {
+        const traced = (await page.evaluate(allHintTexts)).filter((text) => text.includes("→"));
+        if (traced.length > 0) {
+            failures.push(`trace hints on screen in an untrusted workspace: ${JSON.stringify(traced)}`);
+        }
+    }
+    const shot = join(runDir, `${request.mode}.png`);
+    // NOTE: below the title bar, which says "[Extension Development Host]" in a test run.
+    const titlebar = await page.locator(".part.titlebar").boundingBox();
+    const top = titlebar === null ? 0 : Math.round(titlebar.y + titlebar.height);
+    const viewport = page.viewportSize();
+    await page.screenshot({ path: shot, clip: { x: 0, y: top, width: viewport.width, height: viewport.height - top } });
+    if (request.mode === "trusted" && failures.length === 0) {
+        copyFileSync(shot, screenshotPath);
+        log(`screenshot saved to ${screenshotPath.replace(`${repo}/`, "")}`);
+    } else {
+        log(`screenshot saved to ${shot}`);
+    }
+    if (request.languageStatus !== undefined) {
+        // After the screenshot: the hover covers the editor.
+        await page.locator('[id="status.languageStatus"]').hover();
+        const hover = page.locator(".language-status-hover, .monaco-hover", { hasText: request.languageStatus }).first();
+        try {
+            await hover.waitFor({ state: "visible", timeout: 10_000 });
+            log(`language status: ${(await hover.innerText()).replace(/\s+/g, " ").trim()}`);
+        } catch {
+            failures.push(`the language status hover does not show ${JSON.stringify(request.languageStatus)}`);
+        }
+        await page.mouse.move(700, 400);
+    }
+    return { step: request.step, ok: failures.length === 0, failures };
+}
+
+async function runMode(mode, vsix) {
+    log(`=== ${mode} workspace ===`);
+    const { runDir, workspace } = prepareRunFolder(mode);
+    const env = codeServerEnv(runDir, mode);
+    log(`run folder ${runDir}`);
+    let server;
+    let browser;
+    const failures = [];
+    try {
+        installVsix(runDir, vsix, env);
+        server = await startCodeServer(runDir, workspace, mode, env);
+        browser = await chromium.launchPersistentContext(join(runDir, "browser"), {
+            executablePath: "/usr/bin/chromium",
+            headless: true,
+            viewport: { width: 1400, height: 900 },
+            args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync"],
+        });
+        const page = browser.pages()[0] ?? (await browser.newPage());
+        let exitCode;
+        await page.exposeFunction("codeAutomationExit", (code) => {
+            exitCode = code;
+        });
+        await page.exposeFunction("codeAutomationLog", (type, args) => {
+            writeFileSync(join(runDir, "extension-host-console.log"), `${type}: ${JSON.stringify(args)}\n`, { flag: "a" });
+        });
+        await page.goto(testUrl(server.port, workspace));
+        log("workbench loading; extension-host tests running");
+
+        const readyFile = join(runDir, "ready.json");
+        let lastStep = 0;
+        const started = Date.now();
+        while (exitCode === undefined && Date.now() - started < modeTimeoutMs) {
+            const request = existsSync(readyFile) ? JSON.parse(readFileSync(readyFile, "utf8")) : undefined;
+            if (request !== undefined && request.step > lastStep) {
+                lastStep = request.step;
+                const result = await checkDom(page, request, runDir);
+                failures.push(...result.failures.map((failure) => `DOM: ${failure}`));
+                writeFileSync(join(runDir, "dom-result.json.tmp"), JSON.stringify(result));
+                renameSync(join(runDir, "dom-result.json.tmp"), join(runDir, "dom-result.json"));
+            }
+            await sleep(250);
+        }
+        const hostLog = join(runDir, "host.log");
+        if (existsSync(hostLog)) {
+            console.log(readFileSync(hostLog, "utf8").replace(/^/gm, "    host| ").trimEnd());
+        }
+        if (exitCode === undefined) {
+            await page.screenshot({ path: join(runDir, "timeout.png") });
+            failures.push(`the extension-host tests did not finish within ${modeTimeoutMs / 1000} s (screenshot ${join(runDir, "timeout.png")})`);
+        } else if (exitCode !== 0) {
+            failures.push(`the extension-host tests exited with ${exitCode}`);
+        }
+        if (lastStep === 0 && exitCode === 0) {
+            failures.push("the extension-host tests never asked for the DOM check");
+        }
+    } catch (error) {
+        failures.push(String(error?.stack ?? error));
+    } finally {
+        await browser?.close().catch(() => undefined);
+        stopCodeServer(server);
+        await sleep(500);
+        server?.flushLog();
+    }
+    if (failures.length > 0) {
+        log(`${mode}: FAILED\n  - ${failures.join("\n  - ")}`);
+        log(`logs kept in ${runDir} (code-server.log, host.log, user-data/logs/)`);
+    } else {
+        log(`${mode}: passed`);
+        if (!options.keep) {
+            rmSync(runDir, { recursive: true, force: true });
+        }
+    }
+    return failures.length === 0;
+}
+
+async function main() {
+    for (const required of [node24, codeServer, "/usr/bin/chromium"]) {
+        if (!existsSync(required)) {
+            throw new Error(`${required} is missing: run tests/extension/e2e/run.sh --install`);
+        }
+    }
+    if (!existsSync(options.python)) {
+        throw new Error(`${options.python} is missing: create the repo's .venv (pip install -e pyserver) or pass --python`);
+    }
+    const vsix = findVsix();
+    const build = spawnSync(process.execPath, [join(repo, "extension/esbuild.mjs"), "--e2e"], { stdio: "inherit" });
+    if (build.status !== 0) {
+        throw new Error("building the extension-host test suite failed");
+    }
+    const modes = options.mode === "all" ? ["trusted", "untrusted"] : [options.mode];
+    const started = Date.now();
+    let passed = 0;
+    for (const mode of modes) {
+        if (await runMode(mode, vsix)) {
+            passed += 1;
+        }
+    }
+    log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+    console.log(`e2e: ${passed} passed, ${modes.length - passed} failed`);
+    return passed === modes.length ? 0 : 1;
+}
+
+main().then(
+    (code) => process.exit(code),
+    (error) => {
+        console.error(`[e2e] ${error?.message ?? error}`);
+        process.exit(2);
+    },
+);

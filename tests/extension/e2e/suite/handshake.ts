@@ -1,0 +1,57 @@
+// Talks to run.mjs through files in MODELTRACE_E2E_RUN_DIR: the host says what to look for on
+// screen (ready.json), run.mjs checks the DOM with playwright and answers (dom-result.json).
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+export interface DomRequest {
+    mode: "trusted" | "untrusted";
+    /** "check": look at the screen; "grant-trust": click "Trust" in the open workspace trust editor, as a person would. */
+    action: "check" | "grant-trust";
+    /** Lines and the hint label expected on each, as found through the LSP in the extension host. */
+    hints: { line: number; snippet: string; label: string }[];
+    /** Text of a notification that must be visible. */
+    notification?: string;
+    /** Text the language status hover (the "{ }" item of the status bar) must show. */
+    languageStatus?: string;
+}
+
+export interface DomResult {
+    step: number;
+    ok: boolean;
+    failures: string[];
+}
+
+function runDir(): string {
+    const dir: string | undefined = process.env.MODELTRACE_E2E_RUN_DIR;
+    if (dir === undefined) {
+        throw new Error("MODELTRACE_E2E_RUN_DIR is not set: start the tests through tests/extension/e2e/run.mjs");
+    }
+    return dir;
+}
+
+/** Appends to host.log, which run.mjs prints (the extension host's console is not ours to read). */
+export function hostLog(line: string): void {
+    fs.appendFileSync(path.join(runDir(), "host.log"), `${line}\n`);
+}
+
+let lastStep: number = 0;
+
+/** Writes ready.json (with a new step number) and waits for run.mjs's dom-result.json of that step. */
+export async function askForDomCheck(request: DomRequest, timeoutMs: number = 90_000): Promise<DomResult> {
+    lastStep += 1;
+    const step: number = lastStep;
+    const resultFile: string = path.join(runDir(), "dom-result.json");
+    fs.writeFileSync(path.join(runDir(), "ready.json.tmp"), JSON.stringify({ ...request, step }, null, 2));
+    fs.renameSync(path.join(runDir(), "ready.json.tmp"), path.join(runDir(), "ready.json"));
+    const deadline: number = Date.now() + timeoutMs;
+    while (Date.now() < deadline) {
+        if (fs.existsSync(resultFile)) {
+            const result: DomResult = JSON.parse(fs.readFileSync(resultFile, "utf8")) as DomResult;
+            if (result.step === step) {
+                return result;
+            }
+        }
+        await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+    throw new Error(`run.mjs did not answer the DOM check within ${timeoutMs / 1000} s`);
+}
