@@ -1,0 +1,133 @@
+"""Find a file's `nn.Module` classes without importing it (no torch): where "Trace forward" lenses go.
+
+The file is parsed with `ast`; a class counts as a module when one of its bases is a torch module, a
+transformers model or layer, a name that reads like one (`…Model`, `…Layer`, `…Attention`), or another module
+class of the same file. The base model is chosen by the rule the worker uses (`worker.build.choose_model_class`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from modeltrace.lsp.remap import split_lines
+
+
+# Imported base names (last dotted part) that make a class a module. Names from other modeling files
+# (`LlamaMLP` in a modular file) can only be recognised by how transformers names its building blocks.
+_MODULE_SUFFIXES = tuple(
+    "Module Layer Model MLP Attention Embedding Embeddings Norm Block Encoder Decoder Head Experts MoE "
+    "Sequential ModuleList ModuleDict Linear Conv1d Conv2d Conv3d".split()
+)
+# Task heads: `…ForCausalLM`, `…ForSequenceClassification`.
+_HEAD = re.compile(r"For[A-Z]")
+_NOT_MODULE_SUFFIXES = ("Config", "Output", "Mixin", "Tokenizer", "Processor", "Cache")
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleClass:
+    """One `nn.Module` subclass defined in the file; `line`/`column` (0-based) locate its name."""
+
+    name: str
+    line: int
+    column: int
+    is_model: bool
+
+    @property
+    def is_abstract_model(self) -> bool:
+        """The `…PreTrainedModel` base class: a model class that cannot be built on its own."""
+        return self.name.endswith("PreTrainedModel")
+
+
+def _dotted_name(node: ast.expr) -> str | None:
+    """`nn.Module` for `nn.Module`, `Base` for `Base[T]`; None for anything that is not a plain name."""
+    if isinstance(node, ast.Subscript):
+        return _dotted_name(node.value)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        owner = _dotted_name(node.value)
+        return f"{owner}.{node.attr}" if owner else node.attr
+    return None
+
+
+def _classify_imported_base(dotted: str) -> tuple[bool, bool]:
+    """(is a module, is a transformers model) for a base class that is not defined in the file."""
+    name = dotted.rsplit(".", 1)[-1]
+    if name.endswith("PreTrainedModel"):
+        return True, True
+    if name.endswith(_NOT_MODULE_SUFFIXES):
+        return False, False
+    owner = dotted.rsplit(".", 1)[0] if "." in dotted else ""
+    if owner in ("nn", "torch.nn") and name[:1].isupper():
+        return True, False
+    if _HEAD.search(name):
+        # NOTE: an imported head (`LlamaForCausalLM`, in modular files) is itself a PreTrainedModel.
+        return True, True
+    if name == "GradientCheckpointingLayer" or name.endswith(_MODULE_SUFFIXES):
+        return True, name.endswith("Model")
+    return False, False
+
+
+def _class_definitions(body: list[ast.stmt]) -> list[ast.ClassDef]:
+    """Classes defined at module level, including inside `if`/`try`/`with` blocks (not in functions)."""
+    found: list[ast.ClassDef] = []
+    for statement in body:
+        if isinstance(statement, ast.ClassDef):
+            found.append(statement)
+        elif isinstance(statement, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(statement, block, []):
+                    found.extend(_class_definitions(child.body if isinstance(child, ast.ExceptHandler) else [child]))
+    return found
+
+
+def find_module_classes(source: str) -> list[ModuleClass]:
+    """The module classes of a Python source, in source order; raises SyntaxError for unparsable code."""
+    tree = ast.parse(source)
+    lines = split_lines(source)
+    known: dict[str, ModuleClass] = {}
+    for definition in sorted(_class_definitions(tree.body), key=lambda node: node.lineno):
+        is_module = is_model = False
+        for base in definition.bases:
+            dotted = _dotted_name(base)
+            if dotted is None:
+                continue
+            local = known.get(dotted)
+            base_is_module, base_is_model = (True, local.is_model) if local else _classify_imported_base(dotted)
+            is_module |= base_is_module
+            is_model |= base_is_model
+        if is_module:
+            # NOTE: `lineno` is the `class` line (decorators come before it); ast does not locate the name.
+            line = definition.lineno - 1
+            column = max(lines[line].find(definition.name, definition.col_offset), 0)
+            known[definition.name] = ModuleClass(definition.name, line, column, is_model)
+    return list(known.values())
+
+
+def base_model_name(classes: list[ModuleClass]) -> str | None:
+    """The class a plain trace builds: a non-abstract model without `For` in its name, `…Model` preferred."""
+    models = [cls for cls in classes if cls.is_model and not cls.is_abstract_model]
+    bases = sorted(
+        (cls for cls in models if "For" not in cls.name),
+        key=lambda cls: (not cls.name.endswith("Model"), len(cls.name)),
+    )
+    if bases:
+        return bases[0].name
+    return models[0].name if models else None
+
+
+def trace_arguments(uri: str, target: ModuleClass, classes: list[ModuleClass]) -> list[str]:
+    """`modelTrace.trace` arguments for a lens above `target`: the model to build, then the class to highlight.
+
+    A model class is built as it is; any other module is reached through the file's base model, and named
+    third so that a client can highlight it. Without a model in the file, the class itself is asked for
+    (the worker then says what it needs: a config or a recipe).
+    """
+    if target.is_model and not target.is_abstract_model:
+        return [uri, target.name]
+    base = base_model_name(classes)
+    if base is None:
+        return [uri, target.name]
+    return [uri, base, target.name]

@@ -1,0 +1,65 @@
+"""Code lenses: "▶ Trace forward" above each `nn.Module` class, "✕ Clear trace" once the document has hints.
+
+Classes are found statically (`classes`), so lenses work in untrusted workspaces and before any trace. While
+the user types code that does not parse, the lenses of the last version that did stay in place.
+"""
+
+from __future__ import annotations
+
+from lsprotocol import types
+
+from modeltrace.lsp.classes import ModuleClass, find_module_classes, trace_arguments
+from modeltrace.lsp.server import ModelTraceServer
+
+
+TRACE_COMMAND = "modelTrace.trace"
+CLEAR_COMMAND = "modelTrace.clear"
+
+
+def document_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass]:
+    """The module classes of an open document, parsed once per version."""
+    document = ls.workspace.get_text_document(uri)
+    cached = ls.class_cache.get(uri)
+    if cached is not None and cached[0] == document.version and document.version is not None:
+        return cached[1]
+    try:
+        classes = find_module_classes(document.source)
+    except (SyntaxError, ValueError):
+        return cached[1] if cached is not None else []
+    ls.class_cache[uri] = (document.version, classes)
+    return classes
+
+
+def _line_range(line: int, column: int, length: int) -> types.Range:
+    return types.Range(
+        start=types.Position(line=line, character=column),
+        end=types.Position(line=line, character=column + length),
+    )
+
+
+def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[types.CodeLens]:
+    uri = params.text_document.uri
+    path = ls.document_path(uri)
+    if path is None:
+        return []
+    classes = document_classes(ls, uri)
+    lenses = [
+        types.CodeLens(
+            range=_line_range(cls.line, cls.column, len(cls.name)),
+            command=types.Command(
+                title="▶ Trace forward", command=TRACE_COMMAND, arguments=trace_arguments(uri, cls, classes)
+            ),
+        )
+        for cls in classes
+    ]
+    loaded = ls.store.trace_showing(path)
+    if loaded is not None:
+        # NOTE: next to the lens of the class that was traced, when it is in this document; else at the top.
+        traced = next((cls for cls in classes if cls.name == loaded.model_class), None)
+        where = _line_range(traced.line, traced.column, len(traced.name)) if traced else _line_range(0, 0, 0)
+        lenses.append(
+            types.CodeLens(
+                range=where, command=types.Command(title="✕ Clear trace", command=CLEAR_COMMAND, arguments=[uri])
+            )
+        )
+    return lenses

@@ -1,0 +1,288 @@
+"""`workspace/executeCommand`: trace a document through the worker, clear a trace, load one from disk.
+
+A trace runs in a thread (the worker call blocks) under `$/progress` work-done progress; cancelling the
+progress stops the worker. On success the trace is read back, indexed and the client asked to redraw hints
+and lenses; on failure the user gets a diagnostic at the failing line and one message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+
+from modeltrace.errors import TraceFailed, TraceFormatError
+from modeltrace.lsp.classes import base_model_name
+from modeltrace.lsp.codelens import document_classes
+from modeltrace.lsp.diagnostics import clear_failure, publish_failure
+from modeltrace.lsp.loading import load_trace, settle_memory
+from modeltrace.lsp.remap import split_lines
+from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.status import ServerState, notify_status
+from modeltrace.lsp.store import LoadedTrace, TraceRequest
+from modeltrace.trace.storage import TRACE_SUFFIX
+from modeltrace.worker.client import WorkerClient
+
+
+logger = logging.getLogger(__name__)
+
+UNTRUSTED_MESSAGE = "ModelTrace: tracing runs this workspace's model code; trust the workspace to enable it"
+NOT_AVAILABLE_MESSAGE = "ModelTrace: reference traces are not available yet"
+
+
+def trace_path_for(ls: ModelTraceServer, path: str) -> Path:
+    """One trace folder per source file in the trace directory, replaced by each new trace of that file."""
+    digest = hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]
+    return ls.settings.trace_directory / f"{Path(path).stem}-{digest}{TRACE_SUFFIX}"
+
+
+def _refuse(ls: ModelTraceServer, message: str, kind: types.MessageType = types.MessageType.Error) -> dict[str, Any]:
+    ls.show_message(message, kind)
+    return {"ok": False, "message": message}
+
+
+class _Refused(Exception):
+    """A command that cannot run as asked; the message is shown to the user as it is."""
+
+
+def _traceable_path(ls: ModelTraceServer, uri: Any) -> str:
+    """The file to trace for a command's URI argument."""
+    if not isinstance(uri, str) or not uri:
+        raise _Refused("ModelTrace: modelTrace.trace needs the URI of a Python document")
+    if not uri.startswith("file:"):
+        raise _Refused(f"ModelTrace: {uri} is not a file on disk; save it as a .py file to trace it")
+    path = ls.document_path(uri)
+    if path is None:
+        raise _Refused(f"ModelTrace: {ls.uri_to_path(uri)} is not a Python file; only Python model code can be traced")
+    if not Path(path).is_file():
+        raise _Refused(f"ModelTrace: {path}: no such file on disk; save it first")
+    return path
+
+
+async def trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.trace [uri, model class?, class to highlight?]`: trace and show the result."""
+    if not ls.workspace_trusted:
+        return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
+    uri = arguments[0] if arguments else None
+    try:
+        path = _traceable_path(ls, uri)
+    except _Refused as refusal:
+        return _refuse(ls, str(refusal))
+    model = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], str) and arguments[1] else None
+    return await run_trace(ls, str(uri), path, model)
+
+
+async def run_trace(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+    """Trace `path` (one trace at a time: the worker runs one) and install the result."""
+    ls.last_requests[path] = TraceRequest(uri=uri, model=model)
+    ls.waiting_traces.add(path)
+    async with ls.trace_lock:
+        ls.waiting_traces.discard(path)
+        return await _trace_now(ls, uri, path, model)
+
+
+class _Cancellation:
+    """Bridges a client's progress cancel (event loop) and the worker call (its own thread)."""
+
+    def __init__(self, worker: WorkerClient) -> None:
+        self.worker = worker
+        self.requested = threading.Event()
+
+    def cancel(self) -> None:
+        self.requested.set()
+        self.worker.cancel()
+
+    def check(self) -> None:
+        # NOTE: a cancel that arrives while the worker is still importing torch is lost by the worker;
+        # repeating it at the first progress message of the trace stops the trace there.
+        if self.requested.is_set():
+            self.worker.cancel()
+
+
+async def _begin_progress(ls: ModelTraceServer, message: str, cancellation: _Cancellation) -> str | None:
+    """Create and begin a work-done progress when the client supports it; its token, or None."""
+    window = ls.client_capabilities.window
+    if window is None or not window.work_done_progress:
+        return None
+    token = f"modeltrace-{uuid.uuid4()}"
+    try:
+        await ls.work_done_progress.create_async(token)
+    except Exception as error:  # noqa: BLE001 - the trace runs with or without a progress bar
+        logger.warning("the client refused a progress token: %s", error)
+        return None
+    ls.work_done_progress.tokens[token].add_done_callback(
+        lambda future: cancellation.cancel() if future.cancelled() else None
+    )
+    ls.work_done_progress.begin(
+        token, types.WorkDoneProgressBegin(title="ModelTrace", message=message, cancellable=True)
+    )
+    return token
+
+
+def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None:
+    if token is None:
+        return
+    ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+    ls.work_done_progress.tokens.pop(token, None)
+
+
+def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, Any]:
+    settings = ls.settings
+    return {
+        "file": path,
+        "model": model,
+        "recipe": None,
+        "config": None,
+        "full_tensors": False,
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "seed": 0,
+        "timeout": settings.timeout,
+        "out": str(trace_path_for(ls, path)),
+    }
+
+
+def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> str:
+    """What the progress says is being traced: the class asked for, else the file's base model."""
+    if model:
+        return model
+    return base_model_name(document_classes(ls, uri)) or Path(path).name
+
+
+async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+    name = _model_to_build(ls, uri, path, model)
+    loop = asyncio.get_running_loop()
+    worker = ls.worker()
+    cancellation = _Cancellation(worker)
+    token = await _begin_progress(ls, f"tracing {name}", cancellation)
+    notify_status(ls, ServerState.TRACING, f"tracing {name}", uri)
+
+    def on_progress(text: str) -> None:
+        cancellation.check()
+        if token is not None:
+            loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
+
+    try:
+        result = await asyncio.to_thread(worker.trace, _request(ls, path, model), on_progress)
+        loaded = await asyncio.to_thread(load_trace, path, uri, result["trace"])
+    except TraceFailed as failure:
+        return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
+    except TraceFormatError as error:
+        return _fail(ls, uri, token, f"ModelTrace: {error}")
+    except OSError as error:
+        return _fail(ls, uri, token, f"ModelTrace: cannot run the trace worker with {worker.python}: {error}")
+    except Exception as error:  # noqa: BLE001 - whatever breaks, the progress ends and the server goes on
+        logger.exception("tracing %s failed inside ModelTrace", path)
+        return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
+    install(ls, loaded)
+    clear_failure(ls, path)
+    summary = (
+        f"{loaded.model_class}: {loaded.call_count} module calls on "
+        f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result['seconds']:.1f} s)"
+    )
+    _end_progress(ls, token, summary)
+    notify_status(ls, ServerState.IDLE, summary, uri)
+    return {
+        "ok": True,
+        "trace": result["trace"],
+        "modelClass": loaded.model_class,
+        "modules": loaded.call_count,
+        "seconds": result["seconds"],
+    }
+
+
+def _fail(ls: ModelTraceServer, uri: str, token: str | None, message: str) -> dict[str, Any]:
+    _end_progress(ls, token, "failed")
+    notify_status(ls, ServerState.ERROR, message, uri)
+    return _refuse(ls, message)
+
+
+def _worker_start_message(error: dict[str, Any], python: str) -> str | None:
+    """A message naming the interpreter when the worker could not start at all (no torch, no packages)."""
+    message = str(error.get("message") or "")
+    advice = "set modelTrace.python to a Python environment with torch and transformers"
+    prefix = "the worker cannot import torch/transformers:"
+    if message.startswith(prefix):
+        return f"ModelTrace: the worker cannot import torch in {python} ({message[len(prefix) :].strip()}); {advice}"
+    if error.get("type") == "WorkerStartFailed":
+        # NOTE: the message ends with the last lines of the worker's stderr, joined by " | "; the last is the cause.
+        cause = message.rsplit(" | ", 1)[-1].strip()
+        return f"ModelTrace: the trace worker did not start with {python} ({cause}); {advice}"
+    return None
+
+
+def _report_failure(
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    failure: TraceFailed,
+    token: str | None,
+    cancelled: bool,
+    python: str,
+) -> dict[str, Any]:
+    error = failure.error
+    if cancelled or error.get("type") == "Cancelled":
+        _end_progress(ls, token, "cancelled")
+        notify_status(ls, ServerState.IDLE, "trace cancelled", uri)
+        return {"ok": False, "message": "ModelTrace: trace cancelled", "cancelled": True}
+    if error.get("traceback"):
+        ls.log(f"trace of {path} failed:\n{error['traceback']}", types.MessageType.Log)
+    publish_failure(ls, path, error)
+    return _fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}")
+
+
+def install(ls: ModelTraceServer, loaded: LoadedTrace) -> None:
+    """Show a loaded trace: its files' hints follow the open documents' current text, then clients redraw."""
+    ls.store.install(loaded)
+    for path, hints in loaded.files.items():
+        document = ls.open_document(path)
+        if document is not None:
+            hints.follow(split_lines(document.source))
+    settle_memory(loaded)
+    ls.refresh_views()
+
+
+async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.clear [uri]`: remove the trace shown in a document (and its failure diagnostic)."""
+    uri = arguments[0] if arguments else None
+    path = ls.document_path(uri) if isinstance(uri, str) else None
+    if path is None:
+        return {"ok": False, "message": "ModelTrace: modelTrace.clear needs the URI of a Python document"}
+    loaded = ls.store.trace_showing(path)
+    owner = loaded.owner if loaded is not None else path
+    ls.store.remove(owner)
+    clear_failure(ls, owner)
+    ls.refresh_views()
+    notify_status(ls, ServerState.IDLE, "trace cleared", uri)
+    return {"ok": True}
+
+
+async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.loadTrace [uri, trace folder]`: show an existing trace (from the CLI, CI, a colleague).
+
+    Reading a trace runs no code, so this works in untrusted workspaces too.
+    """
+    if len(arguments) != 2 or not all(isinstance(argument, str) for argument in arguments):
+        return _refuse(ls, "ModelTrace: modelTrace.loadTrace needs a document URI and the path of a .mtrace folder")
+    uri, trace_path = arguments
+    path = ls.uri_to_path(uri)
+    if path is None:
+        return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
+    try:
+        loaded = await asyncio.to_thread(load_trace, path, uri, trace_path)
+    except TraceFormatError as error:
+        return _refuse(ls, f"ModelTrace: {error}")
+    install(ls, loaded)
+    notify_status(ls, ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri)
+    return {"ok": True, "modelClass": loaded.model_class, "modules": loaded.call_count}
+
+
+def reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.setReference` / `modelTrace.pinReference`: comparing against a reference comes later."""
+    return _refuse(ls, NOT_AVAILABLE_MESSAGE, types.MessageType.Info)

@@ -1,0 +1,65 @@
+"""Trace failures as diagnostics: an Error at the line of the model code that raised, on that file's URI.
+
+Each traced document remembers where its failure was published, so that the next successful trace (or a
+clear) removes it, whichever file it was on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path
+
+from modeltrace.lsp.remap import split_lines
+from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.store import read_lines
+
+
+DIAGNOSTIC_SOURCE = "ModelTrace"
+
+
+def failure_diagnostic(ls: ModelTraceServer, error: dict[str, Any]) -> tuple[str, types.Diagnostic] | None:
+    """`(uri, diagnostic)` for a worker error located in a file, or None when it has no location."""
+    file, line = error.get("file"), error.get("line")
+    if not file or not isinstance(line, int) or line < 1:
+        return None
+    # NOTE: the worker names files by their real path; an open document may have been opened by another name.
+    document = ls.open_document(file)
+    uri = document.uri if document is not None else from_fs_path(file)
+    lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
+    text = lines[line - 1] if line - 1 < len(lines) else ""
+    start = len(text) - len(text.lstrip())
+    first_line = next(iter(str(error.get("message") or "").strip().splitlines()), "")
+    kind = error.get("type") or "Error"
+    units = ls.workspace.position_codec.client_num_units
+    return uri, types.Diagnostic(
+        range=types.Range(
+            start=types.Position(line=line - 1, character=units(text[:start])),
+            end=types.Position(line=line - 1, character=units(text)),
+        ),
+        message=f"{kind}: {first_line}" if first_line else kind,
+        severity=types.DiagnosticSeverity.Error,
+        source=DIAGNOSTIC_SOURCE,
+    )
+
+
+def publish_failure(ls: ModelTraceServer, owner: str, error: dict[str, Any]) -> None:
+    """Replace the owner's previous failure diagnostic (if any) with this one."""
+    clear_failure(ls, owner)
+    located = failure_diagnostic(ls, error)
+    if located is not None:
+        ls.failures[owner] = located
+        _publish(ls, located[0])
+
+
+def clear_failure(ls: ModelTraceServer, owner: str) -> None:
+    located = ls.failures.pop(owner, None)
+    if located is not None:
+        _publish(ls, located[0])
+
+
+def _publish(ls: ModelTraceServer, uri: str) -> None:
+    # NOTE: a publish replaces all of a URI's diagnostics, and several traced files can fail in one shared file.
+    diagnostics = [diagnostic for where, diagnostic in ls.failures.values() if where == uri]
+    ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))

@@ -1,0 +1,126 @@
+"""The server's settings (`modelTrace.*` in VS Code) and workspace trust, read from the client.
+
+They arrive as `initializationOptions: {settings: {...}, workspaceTrusted, traceDirectory}` and then as
+`workspace/didChangeConfiguration` (`settings: {"modelTrace": {...}}`, which may also carry
+`workspaceTrusted` once the user trusts the folder); unknown or malformed values are
+logged and ignored, so one bad setting never stops the server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lsprotocol import types
+
+from modeltrace.trace.lines import HintDetail
+
+
+# NOTE: the server module imports Settings from here; the handlers only need the name for type checkers.
+if TYPE_CHECKING:
+    from modeltrace.lsp.server import ModelTraceServer
+
+
+logger = logging.getLogger(__name__)
+
+
+def default_trace_directory() -> Path:
+    """Where traces go unless told otherwise: `$MODELTRACE_TRACE_DIR`, else the user's cache folder."""
+    if os.environ.get("MODELTRACE_TRACE_DIR"):
+        return Path(os.environ["MODELTRACE_TRACE_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "modeltrace" / "traces"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the user can set; `python` is the interpreter of the trace worker (it needs torch)."""
+
+    python: str = sys.executable
+    device: str = "cpu"
+    dtype: str = "float32"
+    hint_detail: HintDetail = HintDetail.DTYPE
+    trace_on_save: bool = False
+    timeout: float = 120.0
+    trace_directory: Path = field(default_factory=default_trace_directory)
+
+    def updated(self, values: Mapping[str, Any]) -> Settings:
+        """A copy with the camelCase `values` applied (`hintDetail`, `traceOnSave`, ...); bad ones are skipped."""
+        changes: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in _SETTINGS:
+                continue
+            field_name, parse = _SETTINGS[name]
+            try:
+                changes[field_name] = parse(value)
+            except (TypeError, ValueError) as error:
+                logger.warning("ignoring setting modelTrace.%s = %r: %s", name, value, error)
+        return dataclasses.replace(self, **changes)
+
+
+def _python(value: Any) -> str:
+    # NOTE: an empty setting means "the interpreter running this server", as in the Python tools template.
+    return str(value) if value else sys.executable
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+def _seconds(value: Any) -> float:
+    seconds = float(value)
+    if seconds <= 0:
+        raise ValueError("expected a positive number of seconds")
+    return seconds
+
+
+def _directory(value: Any) -> Path:
+    return Path(_text(value)).expanduser()
+
+
+# camelCase setting name -> (Settings field, parser raising ValueError/TypeError on a bad value)
+_SETTINGS = {
+    "python": ("python", _python),
+    "device": ("device", _text),
+    "dtype": ("dtype", _text),
+    "hintDetail": ("hint_detail", HintDetail),
+    "traceOnSave": ("trace_on_save", _boolean),
+    "timeout": ("timeout", _seconds),
+    "traceDirectory": ("trace_directory", _directory),
+}
+
+
+def initialize(ls: ModelTraceServer, params: types.InitializeParams) -> None:
+    """Read settings, trust and the trace folder from `initializationOptions`."""
+    options = params.initialization_options if isinstance(params.initialization_options, Mapping) else {}
+    values = dict(options.get("settings") or {})
+    if options.get("traceDirectory"):
+        values["traceDirectory"] = options["traceDirectory"]
+    ls.apply_settings(ls.settings.updated(values))
+    # NOTE: clients without a notion of trust (Neovim, Helix) send nothing: their user opened the folder.
+    ls.workspace_trusted = options.get("workspaceTrusted", True) is not False
+
+
+def did_change_configuration(ls: ModelTraceServer, params: types.DidChangeConfigurationParams) -> None:
+    """Apply `{"modelTrace": {...}}` (or the bare section); a new hint detail redraws the hints."""
+    settings = params.settings if isinstance(params.settings, Mapping) else {}
+    values = settings.get("modelTrace", settings)
+    if not isinstance(values, Mapping):
+        return
+    if "workspaceTrusted" in values:
+        ls.workspace_trusted = values["workspaceTrusted"] is not False
+    ls.apply_settings(ls.settings.updated(values))

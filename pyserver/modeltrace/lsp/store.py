@@ -1,0 +1,162 @@
+"""The traces the server holds, and their lines as they are now in the editor.
+
+A trace is indexed by every file it touches (a modeling file and the files its modules come from), so a
+dependency shows hints too. Each file keeps its traced lines keyed by the trace's line numbers (fixed) and by
+their current 0-based line in the document (moved by `remap` on every edit).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lsprotocol import types
+
+from modeltrace.lsp.remap import remap_lines, split_lines
+from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
+from modeltrace.trace.records import Trace
+
+
+@dataclass(slots=True)
+class TracedLine:
+    """One traced source line and its labels, computed once per hint detail."""
+
+    entry: LineEntry
+    labels: dict[HintDetail, str] = field(default_factory=dict)
+
+    def label(self, detail: HintDetail) -> str:
+        text = self.labels.get(detail)
+        if text is None:
+            text = self.labels[detail] = line_label(self.entry, detail)
+        return text
+
+
+@dataclass(slots=True)
+class FileHints:
+    """The traced lines of one file; `lines` is the text that the keys of `by_line` refer to."""
+
+    path: str
+    owner: str
+    by_trace_line: dict[int, TracedLine]
+    lines: list[str]
+    key: int = 0
+    by_line: dict[int, TracedLine] = field(default_factory=dict)
+    sorted_lines: list[int] = field(default_factory=list)
+    # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
+    hint_cache: dict[tuple[HintDetail, int], types.InlayHint] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.by_line:
+            self.by_line = {line - 1: traced for line, traced in self.by_trace_line.items()}
+        self.sorted_lines = sorted(self.by_line)
+
+    def follow(self, new_lines: list[str]) -> bool:
+        """Move the hints to a new version of the text; True when the text differed."""
+        if new_lines == self.lines:
+            return False
+        self.by_line = remap_lines(self.by_line, self.lines, new_lines)
+        self.sorted_lines = sorted(self.by_line)
+        self.lines = new_lines
+        self.hint_cache.clear()
+        return True
+
+    def between(self, first: int, last: int) -> Iterator[tuple[int, TracedLine]]:
+        """Traced lines with `first <= line <= last` (0-based), in order."""
+        start = bisect.bisect_left(self.sorted_lines, first)
+        stop = bisect.bisect_right(self.sorted_lines, last)
+        for line in self.sorted_lines[start:stop]:
+            yield line, self.by_line[line]
+
+
+@dataclass(slots=True)
+class LoadedTrace:
+    """A trace shown in the editor: `owner` is the path of the document it was traced for, `uri` its URI.
+
+    `trace` is the display copy from `loading` (module calls without their inputs); `trace_path` is the
+    complete trace on disk.
+    """
+
+    owner: str
+    uri: str
+    trace_path: str
+    trace: Trace
+    files: dict[str, FileHints]
+    stale: bool = False
+
+    @property
+    def model_class(self) -> str:
+        return str(self.trace.model.get("class") or "")
+
+    @property
+    def call_count(self) -> int:
+        return len(self.trace.modules)
+
+
+def read_lines(path: str) -> list[str] | None:
+    """A file's lines as LSP numbers them, or None when it cannot be read (deleted, not text)."""
+    try:
+        return split_lines(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def build_loaded_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> LoadedTrace:
+    """Index a trace by file and line (CPU work: run it off the event loop)."""
+    files: dict[str, FileHints] = {}
+    for path, entries in index_module_calls(trace).items():
+        by_trace_line = {line: TracedLine(entry) for line, entry in entries.items()}
+        # NOTE: the worker traced the file as it was on disk; the hints start from that text and follow
+        # edits from there (an open document with unsaved changes is remapped right after loading).
+        lines = read_lines(path)
+        if lines is None:
+            lines = [""] * (max(by_trace_line, default=0) + 1)
+        files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
+    return LoadedTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """What was last asked for a document (its URI, the class to build), so that trace-on-save repeats it."""
+
+    uri: str
+    model: str | None
+
+
+@dataclass
+class TraceStore:
+    """Every loaded trace by owner path, and for each file the hints of the latest trace that touched it."""
+
+    traces: dict[str, LoadedTrace] = field(default_factory=dict)
+    files: dict[str, FileHints] = field(default_factory=dict)
+    # NOTE: hints name their file by a small key (`FileHints.key`), not its path: serialising a path with
+    # each of 1,500 hints costs more than building them.
+    by_key: dict[int, FileHints] = field(default_factory=dict)
+    _keys: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
+
+    def install(self, loaded: LoadedTrace) -> None:
+        self.remove(loaded.owner)
+        self.traces[loaded.owner] = loaded
+        for path, hints in loaded.files.items():
+            previous = self.files.get(path)
+            if previous is not None:
+                self.by_key.pop(previous.key, None)
+            hints.key = next(self._keys)
+            self.by_key[hints.key] = hints
+            self.files[path] = hints
+
+    def remove(self, owner: str) -> LoadedTrace | None:
+        loaded = self.traces.pop(owner, None)
+        if loaded is not None:
+            for path, hints in loaded.files.items():
+                if self.files.get(path) is hints:
+                    del self.files[path]
+                    del self.by_key[hints.key]
+        return loaded
+
+    def trace_showing(self, path: str) -> LoadedTrace | None:
+        """The trace whose hints a file shows: its own, or the one it was traced as a dependency of."""
+        hints = self.files.get(path)
+        return self.traces.get(hints.owner) if hints is not None else self.traces.get(path)

@@ -1,0 +1,141 @@
+"""Helpers for the language server tests: a VS Code-like client, documents, commands, hints, waiting.
+
+Imported by `conftest` (the fixtures) and by the tests; see `conftest` for the servers they talk to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path
+from pytest_lsp import LanguageClient
+
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+EXAMPLE_PACKAGE = REPOSITORY / "examples" / "tiny_llama"
+EXAMPLE = EXAMPLE_PACKAGE / "modeling_tiny_llama.py"
+WITHOUT_TORCH = Path(__file__).resolve().parent / "without_torch"
+SERVER_COMMAND = [sys.executable, "-m", "modeltrace", "serve"]
+# NOTE: the first trace starts the worker, which imports torch + transformers: slow on a loaded 2-core box.
+COLD_TRACE_SECONDS = 240
+
+
+@dataclass
+class Recorder:
+    """What the server pushed to the client beyond what pytest-lsp records itself."""
+
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    inlay_hint_refreshes: int = 0
+    code_lens_refreshes: int = 0
+
+
+def client_capabilities() -> types.ClientCapabilities:
+    """A client like VS Code: progress, markdown, hint tooltips resolved lazily, refresh requests."""
+    return types.ClientCapabilities(
+        window=types.WindowClientCapabilities(work_done_progress=True),
+        workspace=types.WorkspaceClientCapabilities(
+            inlay_hint=types.InlayHintWorkspaceClientCapabilities(refresh_support=True),
+            code_lens=types.CodeLensWorkspaceClientCapabilities(refresh_support=True),
+            did_change_configuration=types.DidChangeConfigurationClientCapabilities(),
+            execute_command=types.ExecuteCommandClientCapabilities(),
+        ),
+        text_document=types.TextDocumentClientCapabilities(
+            synchronization=types.TextDocumentSyncClientCapabilities(did_save=True),
+            hover=types.HoverClientCapabilities(content_format=[types.MarkupKind.Markdown]),
+            inlay_hint=types.InlayHintClientCapabilities(
+                resolve_support=types.ClientInlayHintResolveOptions(properties=["tooltip"])
+            ),
+            code_lens=types.CodeLensClientCapabilities(),
+            publish_diagnostics=types.PublishDiagnosticsClientCapabilities(),
+        ),
+    )
+
+
+def record_server_pushes(client: LanguageClient) -> Recorder:
+    recorder = Recorder()
+
+    @client.feature("modelTrace/status")
+    def on_status(params: Any) -> None:
+        # NOTE: pygls hands the params of methods it does not know as a namedtuple.
+        recorder.statuses.append(params._asdict())
+
+    @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
+    def on_inlay_hint_refresh(params: None) -> None:
+        recorder.inlay_hint_refreshes += 1
+
+    @client.feature(types.WORKSPACE_CODE_LENS_REFRESH)
+    def on_code_lens_refresh(params: None) -> None:
+        recorder.code_lens_refreshes += 1
+
+    client.recorder = recorder  # type: ignore[attr-defined]
+    return recorder
+
+
+async def initialize(client: LanguageClient, options: dict[str, Any]) -> None:
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(),
+            root_uri=from_fs_path(str(REPOSITORY)),
+            initialization_options=options,
+        )
+    )
+
+
+def open_document(client: LanguageClient, path: Path, language: str = "python", uri: str | None = None) -> str:
+    uri = uri or from_fs_path(str(path))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id=language, version=1, text=path.read_text())
+        )
+    )
+    return uri
+
+
+async def execute(client: LanguageClient, command: str, *arguments: Any, timeout: float = 60) -> Any:
+    return await asyncio.wait_for(
+        client.workspace_execute_command_async(types.ExecuteCommandParams(command=command, arguments=list(arguments))),
+        timeout,
+    )
+
+
+async def wait_until(condition: Callable[[], Any], timeout: float = 60) -> Any:
+    """Poll `condition` until it returns something truthy (server pushes arrive asynchronously)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := condition()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+        await asyncio.sleep(0.02)
+    return value
+
+
+def line_of(path: Path, text: str, occurrence: int = 0) -> int:
+    """The 0-based line of the `occurrence`-th line containing `text` (tests never hard-code line numbers)."""
+    matches = [number for number, line in enumerate(path.read_text().splitlines()) if text in line]
+    return matches[occurrence]
+
+
+async def inlay_hints(client: LanguageClient, uri: str, first: int = 0, last: int = 10_000) -> dict[int, str]:
+    """`{line: label}` of the hints in lines `first` to `last` (inclusive, up to the end of that line)."""
+    hints = await client.text_document_inlay_hint_async(
+        types.InlayHintParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(
+                start=types.Position(line=first, character=0), end=types.Position(line=last, character=10_000)
+            ),
+        )
+    )
+    return {hint.position.line: hint.label for hint in hints or []}
+
+
+def copy_example(destination: Path) -> Path:
+    """A private copy of the example package (for tests that edit or break it); its modeling file."""
+    package = destination / "tiny_llama"
+    shutil.copytree(EXAMPLE_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "*.mtrace"))
+    return package / EXAMPLE.name

@@ -1,0 +1,82 @@
+"""Code lenses: "▶ Trace forward" above every module class (found without importing the file), "Clear trace"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+from .support import EXAMPLE, copy_example, execute, inlay_hints, line_of, open_document
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def code_lenses(client: LanguageClient, uri: str) -> list[types.CodeLens]:
+    return await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+
+
+async def test_one_trace_lens_per_module_class(client: LanguageClient) -> None:
+    uri = client.example_uri
+    lenses = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.trace"]
+    assert {lens.command.title for lens in lenses} == {"▶ Trace forward"}
+    by_line = {lens.range.start.line: list(lens.command.arguments) for lens in lenses}
+    # Models are traced as they are; any other module through the file's base model, named to be highlighted.
+    assert by_line[line_of(EXAMPLE, "class TinyLlamaModel(")] == [uri, "TinyLlamaModel"]
+    assert by_line[line_of(EXAMPLE, "class TinyLlamaForCausalLM(")] == [uri, "TinyLlamaForCausalLM"]
+    assert by_line[line_of(EXAMPLE, "class TinyLlamaMLP(")] == [uri, "TinyLlamaModel", "TinyLlamaMLP"]
+    assert by_line[line_of(EXAMPLE, "class TinyLlamaDecoderLayer(")] == [
+        uri,
+        "TinyLlamaModel",
+        "TinyLlamaDecoderLayer",
+    ]
+    assert by_line[line_of(EXAMPLE, "class TinyLlamaPreTrainedModel(")] == [
+        uri,
+        "TinyLlamaModel",
+        "TinyLlamaPreTrainedModel",
+    ]
+    assert len(by_line) == 8  # RMSNorm, rotary embedding, MLP, attention, decoder layer, and the three models
+
+
+async def test_clear_removes_the_hints_and_load_trace_brings_them_back(client: LanguageClient) -> None:
+    uri = client.example_uri
+    clear = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.clear"]
+    assert [lens.command.title for lens in clear] == ["✕ Clear trace"]
+    assert list(clear[0].command.arguments) == [uri]
+    assert clear[0].range.start.line == line_of(EXAMPLE, "class TinyLlamaModel(")
+    hints = await inlay_hints(client, uri)
+
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
+    assert await inlay_hints(client, uri) == {}
+    assert not [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.clear"]
+
+    # A trace on disk (from the CLI, CI, or this server's trace folder) can be shown again without tracing.
+    loaded = await execute(client, "modelTrace.loadTrace", uri, client.example_trace["trace"])
+    assert loaded == {"ok": True, "modelClass": "TinyLlamaModel", "modules": 30}
+    assert await inlay_hints(client, uri) == hints
+
+
+async def test_lenses_of_a_file_that_does_not_parse_stay_as_they_were(client: LanguageClient, tmp_path: Path) -> None:
+    modeling_file = copy_example(tmp_path)
+    uri = open_document(client, modeling_file)
+    before = await code_lenses(client, uri)
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(
+                        start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
+                    ),
+                    text="def broken(:\n",
+                )
+            ],
+        )
+    )
+    after = await code_lenses(client, uri)
+    assert [lens.command.arguments for lens in after] == [lens.command.arguments for lens in before]
+    assert len(after) == 8
