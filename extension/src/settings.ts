@@ -14,6 +14,8 @@ export interface ModelTraceSettings {
     dtype: TraceDtype;
     hintDetail: HintDetail;
     traceOnSave: boolean;
+    /** Line-level capture: tensors assigned on each line, not only module outputs. */
+    lines: boolean;
     /** Seconds. */
     timeout: number;
 }
@@ -24,6 +26,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     dtype: "float32",
     hintDetail: "dtype",
     traceOnSave: false,
+    lines: false,
     timeout: 120,
 };
 
@@ -44,6 +47,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const python: unknown = configuration.get("python");
     const device: unknown = configuration.get("device");
     const traceOnSave: unknown = configuration.get("traceOnSave");
+    const lines: unknown = configuration.get("lines");
     const timeout: unknown = configuration.get("timeout");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
@@ -51,6 +55,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         dtype: oneOf(configuration.get("dtype"), dtypes, defaultSettings.dtype),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
+        lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
     };
 }

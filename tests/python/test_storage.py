@@ -60,7 +60,7 @@ def test_refuses_to_replace_a_folder_that_is_not_a_trace(tmp_path: Path) -> None
         (None, "not a trace folder"),
         (b"", "corrupt or truncated"),
         (msgpack.packb({"schema": "modeltrace.trace/1", "model": {}})[:-3], "corrupt or truncated"),
-        (msgpack.packb([1, 2, 3]), "top level is list"),
+        (msgpack.packb([1, 2, 3]), "no map at the top level"),
         (msgpack.packb({"schema": "modeltrace.trace/99"}), "trace schema 'modeltrace.trace/99'"),
         (msgpack.packb({"schema": "modeltrace.trace/1", "modules": [{"path": "x"}]}), "malformed trace record"),
     ],

@@ -140,6 +140,7 @@ def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, An
         "recipe": None,
         "config": None,
         "full_tensors": False,
+        "lines": settings.lines,
         "device": settings.device,
         "dtype": settings.dtype,
         "seed": 0,

@@ -10,7 +10,7 @@ from lsprotocol import types
 
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.trace.lines import LineEntry, format_number, format_shape, layer_label
-from modeltrace.trace.records import ModuleCall
+from modeltrace.trace.records import LineRecord, ModuleCall
 
 
 # NOTE: a line inside a 96-layer decoder makes 96 calls; past this many rows a table stops being readable.
@@ -46,16 +46,41 @@ def calls_table(records: list[ModuleCall]) -> str:
     return text
 
 
+_VARIABLES_HEADER = (
+    "| variable | run | shape | dtype | mean | std | min | max | NaN/Inf |\n|:--|--:|:--|:--|--:|--:|--:|--:|--:|"
+)
+
+
+def variables_table(variables: list[LineRecord]) -> str:
+    """One row per variable per run of the line (line-level capture)."""
+    rows = []
+    for record in variables[:MAX_ROWS]:
+        summary = record.tensor
+        numbers = " | ".join(format_number(value) for value in (summary.mean, summary.std, summary.min, summary.max))
+        rows.append(
+            f"| `{_cell(record.name)}` | {record.call_index} | {format_shape(summary.shape)} | {summary.dtype} "
+            f"| {numbers} | {summary.nan_count} / {summary.inf_count} |"
+        )
+    text = _VARIABLES_HEADER + "\n" + "\n".join(rows)
+    if len(variables) > MAX_ROWS:
+        text += f"\n\n… and {len(variables) - MAX_ROWS} more values"
+    return text
+
+
 def line_markdown(entry: LineEntry, stale: bool) -> str:
-    """The hover text of a traced line."""
+    """The hover text of a traced line: its calls, the calls nested in them, and its variables."""
     count = len(entry.calls)
     parts = [f"**ModelTrace** · {count} call{'s' if count != 1 else ''} on this line"]
     if stale:
         parts.append("_The file changed since this trace: trace again to refresh it._")
-    parts.append(calls_table(entry.calls))
+    if entry.calls:
+        parts.append(calls_table(entry.calls))
     if entry.inner_calls:
         parts.append("**Inner calls**")
         parts.append(calls_table(entry.inner_calls))
+    if entry.variables:
+        parts.append("**Variables assigned on this line**")
+        parts.append(variables_table(entry.variables))
     return "\n\n".join(parts)
 
 

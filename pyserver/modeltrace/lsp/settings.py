@@ -47,6 +47,7 @@ class Settings:
     dtype: str = "float32"
     hint_detail: HintDetail = HintDetail.DTYPE
     trace_on_save: bool = False
+    lines: bool = False
     timeout: float = 120.0
     trace_directory: Path = field(default_factory=default_trace_directory)
 
@@ -99,6 +100,7 @@ _SETTINGS = {
     "dtype": ("dtype", _text),
     "hintDetail": ("hint_detail", HintDetail),
     "traceOnSave": ("trace_on_save", _boolean),
+    "lines": ("lines", _boolean),
     "timeout": ("timeout", _seconds),
     "traceDirectory": ("trace_directory", _directory),
 }

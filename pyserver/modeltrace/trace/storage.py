@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
 from modeltrace.errors import TraceFormatError
-from modeltrace.trace.records import SCHEMA, Trace
+from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 
 
 TRACE_FILE = "trace.msgpack"
@@ -60,8 +62,67 @@ def _swap_into_place(temporary: Path, destination: Path) -> None:
     shutil.rmtree(previous, ignore_errors=True)
 
 
-def read_trace(path: Path | str) -> Trace:
-    """Read a trace folder (or its `trace.msgpack`), validating size, format and schema."""
+class _Sharing:
+    """One copy of each string, shape and source location that the records of a trace repeat.
+
+    A 50,000-call trace repeats a few hundred distinct keys, dtypes, shapes and locations: stored once, the
+    records of a loaded trace take a fraction of the memory (it matters in the long-lived language server).
+    Records are read-only once loaded, so sharing lists between them is safe.
+    """
+
+    def __init__(self, inputs: bool) -> None:
+        self.inputs = inputs
+        self.shapes: dict[tuple[int, ...], list[int]] = {}
+        self.locations: dict[tuple[str, int, int | None], SourceLocation] = {}
+
+    def shape(self, shape: list[int]) -> list[int]:
+        return self.shapes.setdefault(tuple(shape), shape)
+
+    def location(self, location: SourceLocation | None) -> SourceLocation | None:
+        if location is None:
+            return None
+        key = (location.file, location.line, location.column)
+        shared = self.locations.get(key)
+        if shared is None:
+            location.file = sys.intern(location.file)
+            shared = self.locations[key] = location
+        return shared
+
+    def summary(self, summary: TensorSummary) -> TensorSummary:
+        summary.key = sys.intern(summary.key)
+        summary.dtype = sys.intern(summary.dtype)
+        summary.device = sys.intern(summary.device)
+        summary.shape = self.shape(summary.shape)
+        return summary
+
+    def module(self, data: dict[str, Any]) -> ModuleCall:
+        record = ModuleCall.from_json(data)
+        record.path = sys.intern(record.path)
+        record.class_name = sys.intern(record.class_name)
+        record.defined_at = self.location(record.defined_at)
+        record.called_at = self.location(record.called_at)
+        record.inputs = [self.summary(summary) for summary in record.inputs] if self.inputs else _NO_INPUTS
+        record.outputs = [self.summary(summary) for summary in record.outputs]
+        return record
+
+    def line(self, data: dict[str, Any]) -> LineRecord:
+        record = LineRecord.from_json(data)
+        record.file = sys.intern(record.file)
+        record.name = sys.intern(record.name)
+        record.tensor = self.summary(record.tensor)
+        return record
+
+
+# NOTE: one shared empty list for every record's inputs when they are not read: such records are read-only.
+_NO_INPUTS: list[TensorSummary] = []
+
+
+def read_trace(path: Path | str, inputs: bool = True) -> Trace:
+    """Read a trace folder (or its `trace.msgpack`), validating size, format and schema.
+
+    Records are decoded one at a time from the stream (never the whole document as dicts first) with
+    repeated values shared; `inputs=False` skips the calls' input summaries (the editor shows outputs).
+    """
     path = Path(path)
     trace_file = path if path.name == TRACE_FILE else path / TRACE_FILE
     if not path.exists():
@@ -71,21 +132,41 @@ def read_trace(path: Path | str) -> Trace:
     size = trace_file.stat().st_size
     if size > MAX_TRACE_BYTES:
         raise TraceFormatError(f"{trace_file}: {size} bytes is over the {MAX_TRACE_BYTES}-byte limit for traces")
-    raw = trace_file.read_bytes()
+    sharing = _Sharing(inputs)
+    document: dict[str, Any] = {}
     try:
-        data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
-        # TypeError: a corrupt map whose key decodes to an unhashable value.
-        raise TraceFormatError(f"{trace_file}: corrupt or truncated trace ({error})") from None
-    if not isinstance(data, dict):
-        raise TraceFormatError(f"{trace_file}: not a ModelTrace trace (top level is {type(data).__name__})")
-    schema = data.get("schema")
+        with open(trace_file, "rb") as handle:
+            unpacker = msgpack.Unpacker(handle, raw=False, strict_map_key=False, max_buffer_size=size or 1)
+            try:
+                entries = unpacker.read_map_header()
+            except msgpack.UnpackValueError:
+                raise TraceFormatError(f"{trace_file}: not a ModelTrace trace (no map at the top level)") from None
+            for _ in range(entries):
+                key = unpacker.unpack()
+                if key == "modules":
+                    document[key] = [sharing.module(unpacker.unpack()) for _ in range(unpacker.read_array_header())]
+                elif key == "lines":
+                    document[key] = [sharing.line(unpacker.unpack()) for _ in range(unpacker.read_array_header())]
+                else:
+                    document[key] = unpacker.unpack()
+    except (msgpack.UnpackException, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+        raise TraceFormatError(f"{trace_file}: corrupt or truncated trace ({type(error).__name__}: {error})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        # TypeError also covers a corrupt map whose key decodes to an unhashable value.
+        raise TraceFormatError(f"{trace_file}: malformed trace record ({type(error).__name__}: {error})") from None
+    schema = document.get("schema")
     if schema != SCHEMA:
         raise TraceFormatError(f"{trace_file}: trace schema {schema!r}; this ModelTrace reads {SCHEMA!r}")
     try:
-        return Trace.from_json(data)
+        # NOTE: the header goes through `Trace.from_json`, so this reader follows the format as it grows.
+        trace = Trace.from_json({**document, "modules": [], "lines": []})
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise TraceFormatError(f"{trace_file}: malformed trace record ({type(error).__name__}: {error})") from None
+        raise TraceFormatError(f"{trace_file}: malformed trace header ({type(error).__name__}: {error})") from None
+    if not all(isinstance(document.get(key, []), list) for key in ("modules", "lines")):
+        raise TraceFormatError(f"{trace_file}: malformed trace (modules and lines must be arrays)")
+    trace.modules = document.get("modules", [])
+    trace.lines = document.get("lines", [])
+    return trace
 
 
 def tensors_path(trace_folder: Path) -> Path | None:

@@ -15,6 +15,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.dtype", "bfloat16");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
+        vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.timeout", 30);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
         assert.deepEqual(options, {
@@ -24,6 +25,7 @@ describe("settings", () => {
                 dtype: "bfloat16",
                 hintDetail: "stats",
                 traceOnSave: true,
+                lines: true,
                 timeout: 30,
             },
             workspaceTrusted: false,
@@ -35,6 +37,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.dtype", "float64");
         vscodeFake.settings.set("modelTrace.hintDetail", 3);
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
+        vscodeFake.settings.set("modelTrace.lines", "no");
         vscodeFake.settings.set("modelTrace.timeout", -5);
         assert.deepEqual(readSettings(vscodeapi.getConfiguration(settingsSection)), defaultSettings);
     });

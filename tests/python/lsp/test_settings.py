@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from .support import EXAMPLE, execute, inlay_hints, line_of, open_document, wait_until
+from .support import EXAMPLE, copy_example, execute, inlay_hints, line_of, open_document, wait_until
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -84,4 +86,34 @@ async def test_a_python_that_does_not_exist_gets_a_clear_message(restricted_clie
     finally:
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"python": ""}})
+        )
+
+
+async def test_the_lines_setting_traces_line_by_line_and_names_variables(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    modeling = copy_example(tmp_path)
+    uri = open_document(client, modeling)
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": True}})
+    )
+    try:
+        result = await execute(client, "modelTrace.trace", uri)
+        assert result["ok"], result
+        hints = await inlay_hints(client, uri)
+        assert hints[line_of(modeling, "query_states = self.q_proj(hidden_states)")] == "→ [1, 4, 7, 16] float32 ×2"
+        assert hints[line_of(modeling, "cos, sin = position_embeddings")] == (
+            "→ cos: [1, 7, 16] float32 ×2  sin: [1, 7, 16] float32 ×2"
+        )
+        hover = await client.text_document_hover_async(
+            types.HoverParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                position=types.Position(line=line_of(modeling, "variance = hidden_states.pow(2)"), character=8),
+            )
+        )
+        assert "**Variables assigned on this line**" in hover.contents.value
+        assert "| `variance` | 4 | [1, 7, 1] | float32 |" in hover.contents.value
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}})
         )
