@@ -11,6 +11,9 @@ const modelingFile: string = "tiny_llama/modeling_tiny_llama.py";
 /** What must be shown after one trace: the line holding `snippet` gets a hint starting with `labelStartsWith` and containing `labelIncludes`. */
 const expectedHints: { snippet: string; labelStartsWith: string; labelIncludes: string }[] = [
     { snippet: "hidden_states = self.mlp(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
+    { snippet: "hidden_states = self.input_layernorm(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
+    { snippet: "hidden_states, _ = self.self_attn(", labelStartsWith: "→ [1, 7, 64] float32, [1, 4, 7, 7] float32", labelIncludes: "×2" },
+    { snippet: "hidden_states = self.post_attention_layernorm(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
 ];
 
 const traceTimeoutMs: number = Number(process.env.MODELTRACE_E2E_TRACE_TIMEOUT_S ?? "150") * 1000;
