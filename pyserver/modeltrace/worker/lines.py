@@ -97,7 +97,7 @@ class LineCapture:
         self.truncated = False
         self._cache = cache if cache is not None else SummaryCache()
         self._pending = pending
-        self._selected: dict[CodeType, _FileLayout | None] = {}
+        self._selected: dict[int, tuple[CodeType, _FileLayout | None]] = {}
         self._layouts: dict[str, _FileLayout] = {}
         self._states: dict[FrameType, _FrameState] = {}
         self._counts: dict[tuple[str, int, str], int] = {}
@@ -113,15 +113,18 @@ class LineCapture:
         self._states.clear()
 
     def _layout_for(self, code: CodeType) -> _FileLayout | None:
-        if code in self._selected:
-            return self._selected[code]
+        # NOTE: keyed by identity: code objects compare equal across files (co_filename is not compared), and
+        # a port and its original are often the same code in two files. Holding `code` keeps the id unique.
+        selected = self._selected.get(id(code))
+        if selected is not None and selected[0] is code:
+            return selected[1]
         path = real_path(code.co_filename)
         layout = None
         if path in self.files:
             layout = self._layouts.get(path)
             if layout is None:
                 layout = self._layouts[path] = _FileLayout(path)
-        self._selected[code] = layout
+        self._selected[id(code)] = (code, layout)
         return layout
 
     def _global_tracer(self, frame: FrameType, event: str, argument: Any):
@@ -146,7 +149,7 @@ class LineCapture:
         if state is None:
             return None
         if event == "line":
-            layout = self._selected[frame.f_code]
+            layout = self._selected[id(frame.f_code)][1]
             statement = layout.statement(frame.f_lineno)
             if statement != state.statement:
                 self._diff(frame, state)
