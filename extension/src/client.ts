@@ -12,6 +12,7 @@ import {
     type ServerOptions,
     State,
 } from "vscode-languageclient/node";
+import type { DiffGutters } from "./gutters";
 import * as lspExt from "./lsp_ext";
 import { executeCommand } from "./middleware";
 import {
@@ -46,7 +47,13 @@ export class ServerManager implements vscode.Disposable {
     constructor(
         private readonly outputChannel: vscode.LogOutputChannel,
         private readonly status: TraceStatus,
+        private readonly gutters: DiffGutters,
     ) {}
+
+    /** The running client, for the client-side commands that ask the server; undefined while none runs. */
+    get running(): LanguageClient | undefined {
+        return this.client;
+    }
 
     /** Stops the running server (if any) and starts a new one with the current settings and trust. */
     restart(): Promise<void> {
@@ -88,6 +95,7 @@ export class ServerManager implements vscode.Disposable {
 
     private async restartOnce(): Promise<void> {
         await this.stop();
+        this.gutters.clear();
         this.notRunningReason = "ModelTrace: the server is not running.";
         this.registerFallbackCommands();
         this.status.show(startingView);
@@ -155,6 +163,7 @@ export class ServerManager implements vscode.Disposable {
             registerServerCommands(data);
         };
         client.onNotification(lspExt.status, (params: lspExt.StatusParams) => this.status.showServerStatus(params));
+        client.onNotification(lspExt.lineStatus, (params: lspExt.LineStatusParams) => this.gutters.show(params));
         // After a crash languageclient restarts the server by itself (a few times): follow it on the status item.
         client.onDidChangeState(({ newState }: { newState: State }) => {
             if (this.client !== client) {

@@ -1,7 +1,9 @@
-// Entry point of the ModelTrace extension: wires the log channel, the status item,
+// Entry point of the ModelTrace extension: wires the log channel, the status item, the diff gutters,
 // the language server and the client-side commands together.
 import type * as vscode from "vscode";
 import { ServerManager } from "./client";
+import { DiffGutters } from "./gutters";
+import { loadReference, showDiffPlot } from "./reference";
 import { settingsSection } from "./settings";
 import { TraceStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
@@ -11,12 +13,16 @@ let serverManager: ServerManager | undefined;
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
     const outputChannel: vscode.LogOutputChannel = vscodeapi.createLogOutputChannel("ModelTrace");
     const status: TraceStatus = new TraceStatus();
-    const manager: ServerManager = new ServerManager(outputChannel, status);
+    const gutters: DiffGutters = new DiffGutters(context.extensionUri);
+    const manager: ServerManager = new ServerManager(outputChannel, status, gutters);
     serverManager = manager;
     context.subscriptions.push(
         outputChannel,
         status,
+        gutters,
         manager,
+        vscodeapi.registerCommand("modelTrace.loadReference", () => loadReference()),
+        vscodeapi.registerCommand("modelTrace.showDiffPlot", () => showDiffPlot(manager.running)),
         vscodeapi.registerCommand("modelTrace.restartServer", () => manager.restart()),
         vscodeapi.registerCommand("modelTrace.showLogs", () => outputChannel.show()),
         vscodeapi.onDidChangeConfiguration((event: vscode.ConfigurationChangeEvent) => {

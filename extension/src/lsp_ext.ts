@@ -69,3 +69,40 @@ export interface TraceTreeParams {
 
 /** Client → server: the module call tree of a document's trace; null when the document has no trace. */
 export const traceTree = new lc.RequestType<TraceTreeParams, TraceTreeNode | null, void>("modelTrace/traceTree");
+
+export interface DiffPlotParams {
+    uri: string;
+}
+
+export interface DiffPlotPoint {
+    /** Position in the order module calls finished. */
+    x: number;
+    path: string;
+    call_index: number;
+    /** null when the call could not be compared numerically. */
+    max_abs_diff: number | null;
+    status: LineDiffStatus;
+    check: string | null;
+    called_at: SourceLocation | null;
+}
+
+export interface DiffPlotLayer {
+    layer: string;
+    max_abs_diff: number;
+    status: LineDiffStatus;
+}
+
+export interface DiffPlot {
+    points: DiffPlotPoint[];
+    layers: DiffPlotLayer[];
+    atol: number;
+    /** x of the first divergence, null when the traces agree. */
+    first_divergence: number | null;
+    /** The reference trace's path. */
+    reference: string;
+    /** The first divergence as `modeltrace diff --format json` reports it. */
+    divergence: { path: string; class: string; max_abs_diff: number | null; max_rel_diff: number | null } | null;
+}
+
+/** Client → server: the plot of the document's latest diff against its reference; null without one. */
+export const diffPlot = new lc.RequestType<DiffPlotParams, DiffPlot | null, void>("modelTrace/diffPlot");

@@ -18,6 +18,11 @@ export interface ModelTraceSettings {
     lines: boolean;
     /** Seconds. */
     timeout: number;
+    /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
+    diffAtol: number | null;
+    diffRtol: number | null;
+    /** Rename maps aligning module paths with the reference's, each "REGEX=>REPLACEMENT". */
+    diffMaps: string[];
 }
 
 export const defaultSettings: Readonly<ModelTraceSettings> = {
@@ -28,6 +33,9 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     traceOnSave: false,
     lines: false,
     timeout: 120,
+    diffAtol: null,
+    diffRtol: null,
+    diffMaps: [],
 };
 
 export interface InitializationOptions {
@@ -37,6 +45,10 @@ export interface InitializationOptions {
 
 const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
+
+function tolerance(value: unknown): number | null {
+    return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
+}
 
 function oneOf<T extends string>(value: unknown, allowed: readonly T[], fallback: T): T {
     return typeof value === "string" && (allowed as readonly string[]).includes(value) ? (value as T) : fallback;
@@ -49,6 +61,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const traceOnSave: unknown = configuration.get("traceOnSave");
     const lines: unknown = configuration.get("lines");
     const timeout: unknown = configuration.get("timeout");
+    const diffMaps: unknown = configuration.get("diffMaps");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
@@ -57,9 +70,12 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
+        diffAtol: tolerance(configuration.get("diffAtol")),
+        diffRtol: tolerance(configuration.get("diffRtol")),
+        diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],
     };
 }
 
 export function initializationOptions(settings: ModelTraceSettings, workspaceTrusted: boolean): InitializationOptions {
-    return { settings: { ...settings }, workspaceTrusted };
+    return { settings: { ...settings, diffMaps: [...settings.diffMaps] }, workspaceTrusted };
 }

@@ -53,3 +53,33 @@ export function onDidChangeConfiguration(listener: (event: vscode.ConfigurationC
 export function onDidGrantWorkspaceTrust(listener: () => void): vscode.Disposable {
     return vscode.workspace.onDidGrantWorkspaceTrust(listener);
 }
+
+export function visibleTextEditors(): readonly vscode.TextEditor[] {
+    return vscode.window.visibleTextEditors;
+}
+
+export function onDidChangeVisibleTextEditors(listener: (editors: readonly vscode.TextEditor[]) => void): vscode.Disposable {
+    return vscode.window.onDidChangeVisibleTextEditors(listener);
+}
+
+export function createTextEditorDecorationType(
+    options: vscode.DecorationRenderOptions,
+): vscode.TextEditorDecorationType {
+    return vscode.window.createTextEditorDecorationType(options);
+}
+
+export function joinPath(base: vscode.Uri, ...segments: string[]): vscode.Uri {
+    return vscode.Uri.joinPath(base, ...segments);
+}
+
+export function showOpenDialog(options: vscode.OpenDialogOptions): Thenable<vscode.Uri[] | undefined> {
+    return vscode.window.showOpenDialog(options);
+}
+
+export function showInformationMessage(message: string, ...items: string[]): Thenable<string | undefined> {
+    return vscode.window.showInformationMessage(message, ...items);
+}
+
+export function createWebviewPanel(viewType: string, title: string): vscode.WebviewPanel {
+    return vscode.window.createWebviewPanel(viewType, title, vscode.ViewColumn.Beside, { enableScripts: false });
+}

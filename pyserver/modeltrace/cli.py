@@ -1,7 +1,8 @@
-"""The `modeltrace` command line: trace a modeling file, show a trace, serve the editor.
+"""The `modeltrace` command line: trace a modeling file, show, diff and export traces, serve the editor.
 
-Exit codes follow DESIGN.md: 0 success; 2 bad input or failure, with one line on stderr naming the file, the
-class and the cause (never a bare traceback; `MODELTRACE_DEBUG=1` adds the worker's traceback).
+Exit codes follow DESIGN.md: 0 success or match; 1 divergence (`diff`); 2 bad input or failure, with one
+line on stderr naming the file, the class and the cause (never a bare traceback; `MODELTRACE_DEBUG=1` adds
+the worker's traceback).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
-    if arguments.shape_only:
-        raise ModelTraceError("--shape-only: shape-only tracing (meta device) is not available in this version")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     request = {
         "file": str(file),
         "model": arguments.model,
         "recipe": str(Path(arguments.recipe).resolve()) if arguments.recipe else None,
-        "config": str(Path(arguments.config).resolve()) if arguments.config else None,
+        "config": _local_path(arguments.config),
+        "checkpoint": _local_path(arguments.checkpoint),
+        "shape_only": arguments.shape_only,
         "full_tensors": arguments.full_tensors,
         "lines": arguments.lines,
         "device": arguments.device,
@@ -52,6 +53,14 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _local_path(value: str | None) -> str | None:
+    """A path made absolute when it exists; anything else (a hub id) goes to the worker as given, to be refused."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
 def _show_command(arguments: argparse.Namespace) -> int:
     trace = read_trace(arguments.trace)
     if arguments.format == "json":
@@ -62,11 +71,103 @@ def _show_command(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _diff_command(arguments: argparse.Namespace) -> int:
+    from modeltrace.diff import close_result, diff_paths, render_text, to_json
+
+    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map)
+    try:
+        if arguments.format == "json":
+            json.dump(to_json(result), sys.stdout, allow_nan=False)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render_text(result))
+        return 0 if result.match else 1
+    finally:
+        close_result(result)
+
+
+def _export_command(arguments: argparse.Namespace) -> int:
+    from modeltrace.trace.hf_debugger import write_debugger_output
+    from modeltrace.trace.reference import load_reference
+
+    with load_reference(arguments.trace) as loaded:
+        summary, full = write_debugger_output(loaded, Path(arguments.hf_debugger), use_repr=not arguments.safetensors)
+    print(f"# wrote {summary} and {full}", file=sys.stderr)
+    return 0
+
+
 def _serve_command(arguments: argparse.Namespace) -> int:
     from modeltrace.lsp.server import serve
 
     serve()
     return 0
+
+
+def _check_command(arguments: argparse.Namespace) -> int:
+    from modeltrace.recorders import analyze_source, fix_file
+
+    file = Path(arguments.file)
+    if not file.is_file():
+        raise ModelTraceError(f"{arguments.file}: no such file")
+    try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelTraceError(f"{arguments.file}: cannot read: {error}") from error
+    analysis = analyze_source(source, str(file))
+    if analysis.module is None:
+        raise ModelTraceError(f"{arguments.file}: {analysis.notes[0] if analysis.notes else 'not analysed'}")
+    fixed = []
+    if arguments.fix and any(p.fix_json() for p in analysis.problems):
+        fixed = fix_file(file)
+        analysis = analyze_source(file.read_text(encoding="utf-8"), str(file))
+    problems = [p.to_json() for p in analysis.problems]
+    if arguments.run:
+        problems.extend(_run_evidence(file, arguments.model, arguments.timeout))
+    if arguments.format == "json":
+        document = {
+            "problems": problems,
+            "fixed": [p.to_json() for p in fixed],
+            "notes": analysis.notes,
+        }
+        json.dump(document, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for problem in fixed:
+            print(f"{arguments.file}:{problem.line}: fixed {problem.code}: {problem.message}")
+        for problem in problems:
+            fix = problem["fix"]
+            hint = ""
+            if fix and "entry" in fix:
+                hint = f" [fix: {fix['key']!r}: {fix['entry']}]"
+            elif fix:
+                hint = " [fix: add _can_record_outputs]"
+            print(f"{arguments.file}:{problem['line']}: {problem['code']}: {problem['message']}{hint}")
+        for note in analysis.notes:
+            print(f"{arguments.file}: note: {note}")
+        if not problems and not fixed:
+            print(f"{arguments.file}: no recorder problems ({len(analysis.uses)} model(s) with @capture_outputs)")
+    return 1 if problems else 0
+
+
+def _run_evidence(file: Path, model: str | None, timeout: float) -> list[dict]:
+    """Problems only a run shows, from `modeltrace.worker.recorders_run` in a subprocess (it imports torch)."""
+    import subprocess
+
+    command = [sys.executable, "-m", "modeltrace.worker.recorders_run", str(file.resolve())]
+    if model:
+        command += ["--model", model]
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=file.resolve().parent)
+    except subprocess.TimeoutExpired as error:
+        raise ModelTraceError(f"{file}: the recorder run took longer than {timeout:g} s") from error
+    try:
+        result = json.loads(completed.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as error:
+        tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelTraceError(f"{file}: the recorder run failed: {tail}") from error
+    if "error" in result:
+        raise ModelTraceError(f"{file}: the recorder run failed: {result['error']}")
+    return result["problems"]
 
 
 def _detail(arguments: argparse.Namespace) -> HintDetail:
@@ -85,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
     trace.add_argument("--config", metavar="PATH", help="a config.json (or folder) to use as it is, unshrunk")
-    trace.add_argument("--shape-only", action="store_true", help="shapes and dtypes only, on the meta device")
+    trace.add_argument("--shape-only", action="store_true",
+                       help="shapes and dtypes only, on the meta device (full size: no shrinking, no weights)")
+    trace.add_argument("--checkpoint", metavar="DIR",
+                       help="a local folder saved with save_pretrained to load the model from (never downloads)")
     trace.add_argument("--lines", action="store_true", help="also capture tensor variables line by line")
     trace.add_argument("--full-tensors", action="store_true", help="also store every captured tensor")
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
@@ -103,6 +207,35 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--format", choices=("text", "json"), default="text")
     show.add_argument("--stats", action="store_true", help="add mean and std to each annotation")
     show.set_defaults(handler=_show_command)
+
+    diff = commands.add_parser("diff", help="compare a candidate trace with a reference, find the first divergence")
+    diff.add_argument("reference", help="a trace folder or a transformers debugger output (folder or JSON)")
+    diff.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
+    diff.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-3)")
+    diff.add_argument("--rtol", type=float, default=None,
+                      help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)")
+    diff.add_argument("--map", action="append", default=[], metavar="'REGEX=>REPL'",
+                      help="rename module paths to align them (repeatable)")
+    diff.add_argument("--format", choices=("text", "json"), default="text")
+    diff.set_defaults(handler=_diff_command)
+
+    export = commands.add_parser("export", help="write a trace in another format")
+    export.add_argument("trace", help="a NAME.mtrace folder")
+    export.add_argument("--hf-debugger", required=True, metavar="DIR",
+                        help="write transformers' model_addition_debugger_context files into DIR")
+    export.add_argument("--safetensors", action="store_true",
+                        help="full tensors as one .safetensors file each (use_repr=False) instead of printed values")
+    export.set_defaults(handler=_export_command)
+
+    check = commands.add_parser("check", help="check the _can_record_outputs of a modeling file (static)")
+    check.add_argument("file", help="the modeling file (modeling_*.py) to check")
+    check.add_argument("--fix", action="store_true", help="write the fixes into the file")
+    check.add_argument("--run", action="store_true",
+                       help="also build and run the model (output_hidden_states/attentions) for problems only a run shows")
+    check.add_argument("--model", metavar="CLASS", help="with --run: the class to build")
+    check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="with --run: stop after this")
+    check.add_argument("--format", choices=("text", "json"), default="text")
+    check.set_defaults(handler=_check_command)
 
     serve = commands.add_parser("serve", help="run the language server (LSP over stdio)")
     serve.set_defaults(handler=_serve_command)

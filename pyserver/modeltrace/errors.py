@@ -8,7 +8,16 @@ from __future__ import annotations
 
 
 class ModelTraceError(Exception):
-    """A problem with the user's input (file, class, config, recipe, trace file) with a one-line explanation."""
+    """A problem with the user's input (file, class, config, recipe, trace file) with a one-line explanation.
+
+    `file` and `line`, when the problem sits at a place in the user's code (a syntax error), let the editor
+    put a diagnostic there.
+    """
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.file = file
+        self.line = line
 
 
 class TraceFormatError(ModelTraceError):
@@ -28,6 +37,8 @@ def format_worker_error(error: dict) -> str:
     location = ""
     if error.get("file"):
         location = f" ({error['file']}:{error.get('line') or '?'})"
+        if location[2:-1] in str(error.get("message") or ""):
+            location = ""  # the message names the place already
     kind = error.get("type") or "Error"
     message = str(error.get("message") or "").strip().splitlines()
     first_line = message[0] if message else ""

@@ -1,4 +1,5 @@
-"""`workspace/executeCommand`: trace a document through the worker, clear a trace, load one from disk.
+"""`workspace/executeCommand`: trace a document through the worker, clear a trace, load one from disk, set
+or pin the reference trace it is compared with.
 
 A trace runs in a thread (the worker call blocks) under `$/progress` work-done progress; cancelling the
 progress stops the worker. On success the trace is read back, indexed and the client asked to redraw hints
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -22,6 +24,7 @@ from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.codelens import document_classes
 from modeltrace.lsp.diagnostics import clear_failure, publish_failure
 from modeltrace.lsp.loading import load_trace, settle_memory
+from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_reference, update_diff
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.status import ServerState, notify_status
@@ -33,7 +36,6 @@ from modeltrace.worker.client import WorkerClient
 logger = logging.getLogger(__name__)
 
 UNTRUSTED_MESSAGE = "ModelTrace: tracing runs this workspace's model code; trust the workspace to enable it"
-NOT_AVAILABLE_MESSAGE = "ModelTrace: reference traces are not available yet"
 
 
 def trace_path_for(ls: ModelTraceServer, path: str) -> Path:
@@ -139,7 +141,8 @@ def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, An
         "model": model,
         "recipe": None,
         "config": None,
-        "full_tensors": False,
+        # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
+        "full_tensors": path in ls.references,
         "lines": settings.lines,
         "device": settings.device,
         "dtype": settings.dtype,
@@ -187,6 +190,10 @@ async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | Non
         f"{loaded.model_class}: {loaded.call_count} module calls on "
         f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result['seconds']:.1f} s)"
     )
+    # NOTE: still under the trace lock: the next trace cannot overwrite this trace folder while it is compared.
+    diff = await update_diff(ls, loaded)
+    if diff is not None:
+        summary += "; matches the reference" if diff.matched else "; differs from the reference"
     _end_progress(ls, token, summary)
     notify_status(ls, ServerState.IDLE, summary, uri)
     return {
@@ -195,7 +202,12 @@ async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | Non
         "modelClass": loaded.model_class,
         "modules": loaded.call_count,
         "seconds": result["seconds"],
+        **({"diff": _diff_summary(diff)} if diff is not None else {}),
     }
+
+
+def _diff_summary(diff: DocumentDiff) -> dict[str, Any]:
+    return {"reference": diff.reference, "match": diff.matched, "firstDivergence": diff.divergence}
 
 
 def _fail(ls: ModelTraceServer, uri: str, token: str | None, message: str) -> dict[str, Any]:
@@ -259,6 +271,7 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     owner = loaded.owner if loaded is not None else path
     ls.store.remove(owner)
     clear_failure(ls, owner)
+    forget_diff(ls, owner)
     ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
     return {"ok": True}
@@ -284,6 +297,76 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     return {"ok": True, "modelClass": loaded.model_class, "modules": loaded.call_count}
 
 
-def reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
-    """`modelTrace.setReference` / `modelTrace.pinReference`: comparing against a reference comes later."""
-    return _refuse(ls, NOT_AVAILABLE_MESSAGE, types.MessageType.Info)
+def _owner(ls: ModelTraceServer, path: str) -> str:
+    """The traced document a file's commands are about: the trace it shows, else itself."""
+    showing = ls.store.trace_showing(path)
+    return showing.owner if showing is not None else path
+
+
+def _reference_path(ls: ModelTraceServer, text: str) -> str:
+    """An absolute reference path; a relative one is taken from the workspace root."""
+    path = Path(text).expanduser()
+    if not path.is_absolute() and ls.workspace.root_path:
+        path = Path(ls.workspace.root_path) / path
+    return str(path.absolute())
+
+
+async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.setReference [uri, path]`: compare the document's traces with a trace or debugger output.
+
+    Reading a reference runs no code, so this works in untrusted workspaces too. A bad path changes nothing.
+    """
+    if len(arguments) != 2 or not all(isinstance(argument, str) and argument for argument in arguments):
+        return _refuse(ls, "ModelTrace: modelTrace.setReference needs a document URI and the path of a reference "
+                           "trace (a .mtrace folder or a transformers debugger output)")
+    uri, text = arguments
+    path = ls.uri_to_path(uri)
+    if path is None:
+        return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
+    reference = _reference_path(ls, text)
+    try:
+        await asyncio.to_thread(load_checked_reference, reference)
+    except (TraceFormatError, OSError) as error:
+        return _refuse(ls, f"ModelTrace: cannot use {reference} as a reference: {error}")
+    return await _use_reference(ls, uri, _owner(ls, path), reference)
+
+
+async def _use_reference(ls: ModelTraceServer, uri: str, owner: str, reference: str) -> dict[str, Any]:
+    ls.references[owner] = reference
+    diff = None
+    async with ls.trace_lock:
+        # NOTE: under the lock, so that no trace replaces the trace folder while it is compared.
+        loaded = ls.store.traces.get(owner)
+        if loaded is not None:
+            diff = await update_diff(ls, loaded)
+    notify_status(ls, ServerState.IDLE, f"reference: {reference}", uri)
+    return {"ok": True, "reference": reference, "diff": _diff_summary(diff) if diff is not None else None}
+
+
+def pinned_path_for(ls: ModelTraceServer, path: str) -> Path:
+    """Where a document's pinned reference is kept: next to its trace, never overwritten by a trace."""
+    trace_path = trace_path_for(ls, path)
+    return trace_path.with_name(f"{trace_path.name.removesuffix(TRACE_SUFFIX)}-reference{TRACE_SUFFIX}")
+
+
+def _copy_trace(source: str, destination: Path) -> None:
+    shutil.rmtree(destination, ignore_errors=True)
+    shutil.copytree(source, destination)
+
+
+async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.pinReference [uri]`: keep the document's current trace as its reference."""
+    uri = arguments[0] if arguments else None
+    path = ls.uri_to_path(uri) if isinstance(uri, str) else None
+    if path is None:
+        return _refuse(ls, "ModelTrace: modelTrace.pinReference needs the URI of a traced document")
+    loaded = ls.store.trace_showing(path)
+    if loaded is None:
+        return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
+    pinned = pinned_path_for(ls, loaded.owner)
+    async with ls.trace_lock:
+        try:
+            await asyncio.to_thread(_copy_trace, loaded.trace_path, pinned)
+        except OSError as error:
+            return _refuse(ls, f"ModelTrace: cannot copy the trace {loaded.trace_path} to {pinned}: {error}")
+    return await _use_reference(ls, str(uri), loaded.owner, str(pinned))

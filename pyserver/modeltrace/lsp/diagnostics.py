@@ -1,7 +1,7 @@
 """Trace failures as diagnostics: an Error at the line of the model code that raised, on that file's URI.
 
-Each traced document remembers where its failure was published, so that the next successful trace (or a
-clear) removes it, whichever file it was on.
+Each traced document remembers where its failure (and its first divergence from a reference, see
+`reference`) was published, so that the next trace (or a clear) removes it, whichever file it was on.
 """
 
 from __future__ import annotations
@@ -59,7 +59,20 @@ def clear_failure(ls: ModelTraceServer, owner: str) -> None:
         _publish(ls, located[0])
 
 
+def publish_divergence(ls: ModelTraceServer, owner: str, located: tuple[str, types.Diagnostic] | None) -> None:
+    """Replace the owner's first-divergence warning (None: remove it)."""
+    previous = ls.divergences.pop(owner, None)
+    if located is not None:
+        ls.divergences[owner] = located
+    for uri in {item[0] for item in (previous, located) if item is not None}:
+        _publish(ls, uri)
+
+
 def _publish(ls: ModelTraceServer, uri: str) -> None:
     # NOTE: a publish replaces all of a URI's diagnostics, and several traced files can fail in one shared file.
-    diagnostics = [diagnostic for where, diagnostic in ls.failures.values() if where == uri]
+    diagnostics = [
+        diagnostic
+        for where, diagnostic in (*ls.failures.values(), *ls.divergences.values())
+        if where == uri
+    ]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))

@@ -1,13 +1,15 @@
 """Hover on a traced line: a markdown table of the calls the line made, with their outputs' statistics.
 
 The same tables are the tooltip of the line's inlay hint. Calls that produced the line's value come first;
-calls nested on the same line (`self.up_proj(x)` inside `self.down_proj(...)`) are listed below them.
+calls nested on the same line (`self.up_proj(x)` inside `self.down_proj(...)`) are listed below them. With a
+reference trace, the hover adds a "vs reference" table: each call's diff status and differences.
 """
 
 from __future__ import annotations
 
 from lsprotocol import types
 
+from modeltrace.lsp.reference import reference_markdown
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.trace.lines import LineEntry, format_number, format_shape, layer_label
 from modeltrace.trace.records import LineRecord, ModuleCall
@@ -92,10 +94,12 @@ def hover(ls: ModelTraceServer, params: types.HoverParams) -> types.Hover | None
         return None
     loaded = ls.store.traces.get(hints.owner)
     text = hints.lines[params.position.line] if params.position.line < len(hints.lines) else ""
+    markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
+    compared = reference_markdown(ls, hints.owner, [*traced.entry.calls, *traced.entry.inner_calls])
+    if compared is not None:
+        markdown += "\n\n" + compared
     return types.Hover(
-        contents=types.MarkupContent(
-            kind=types.MarkupKind.Markdown, value=line_markdown(traced.entry, bool(loaded and loaded.stale))
-        ),
+        contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=markdown),
         range=types.Range(
             start=types.Position(line=params.position.line, character=0),
             end=types.Position(

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -22,6 +23,11 @@ from modeltrace.lsp.classes import ModuleClass
 from modeltrace.lsp.settings import Settings
 from modeltrace.lsp.store import TraceRequest, TraceStore
 from modeltrace.worker.client import WorkerClient
+
+
+# NOTE: `reference` imports this module; the server only needs the name for type checkers.
+if TYPE_CHECKING:
+    from modeltrace.lsp.reference import DocumentDiff
 
 
 logger = logging.getLogger(__name__)
@@ -39,6 +45,10 @@ class ModelTraceServer(LanguageServer):
         self.store = TraceStore()
         self.last_requests: dict[str, TraceRequest] = {}
         self.failures: dict[str, tuple[str, types.Diagnostic]] = {}
+        # Reference traces by owner path (the traced document), the latest diff against each, its warning.
+        self.references: dict[str, str] = {}
+        self.diffs: dict[str, DocumentDiff] = {}
+        self.divergences: dict[str, tuple[str, types.Diagnostic]] = {}
         self.class_cache: dict[str, tuple[int | None, list[ModuleClass]]] = {}
         self.background_tasks: set[asyncio.Task] = set()
         self.trace_lock = asyncio.Lock()
@@ -114,7 +124,7 @@ class ModelTraceServer(LanguageServer):
 def create_server() -> ModelTraceServer:
     """A server with every feature registered."""
     # NOTE: the feature modules import ModelTraceServer for their signatures, so they come in once it exists.
-    from modeltrace.lsp import codelens, commands, documents, hints, hover, settings
+    from modeltrace.lsp import codelens, commands, documents, hints, hover, recorders, reference, settings
 
     server = ModelTraceServer()
     server.feature(types.INITIALIZE)(settings.initialize)
@@ -130,14 +140,24 @@ def create_server() -> ModelTraceServer:
     server.command(codelens.TRACE_COMMAND)(commands.trace_command)
     server.command(codelens.CLEAR_COMMAND)(commands.clear_command)
     server.command("modelTrace.loadTrace")(commands.load_trace_command)
-    server.command("modelTrace.setReference")(commands.reference_command)
-    server.command("modelTrace.pinReference")(commands.reference_command)
+    server.command("modelTrace.setReference")(commands.set_reference_command)
+    server.command("modelTrace.pinReference")(commands.pin_reference_command)
+    server.feature(reference.DIFF_PLOT_REQUEST)(reference.diff_plot)
+    server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(recorders.document_diagnostics)
+    server.feature(types.TEXT_DOCUMENT_CODE_ACTION, recorders.CODE_ACTION_OPTIONS)(recorders.code_actions)
     server.feature(types.SHUTDOWN)(_shutdown)
     return server
 
 
 def _shutdown(ls: ModelTraceServer, params: None) -> None:
     ls.close_worker()
+    # NOTE: pygls cancels the requests still awaiting the client while iterating over them, and each
+    # cancellation removes its entry: with any pending (an unanswered refresh, say) shutdown fails with
+    # "dictionary changed size during iteration". Cancelling them first, over a copy, avoids that.
+    current = ls.protocol.msg_id
+    for message_id, future in list(ls.protocol._request_futures.items()):
+        if message_id != current and not future.done():
+            future.cancel()
 
 
 def serve() -> None:

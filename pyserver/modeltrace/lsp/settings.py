@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 
+from modeltrace.diff.align import parse_maps
+from modeltrace.errors import ModelTraceError
 from modeltrace.trace.lines import HintDetail
 
 
@@ -50,6 +52,10 @@ class Settings:
     lines: bool = False
     timeout: float = 120.0
     trace_directory: Path = field(default_factory=default_trace_directory)
+    # Diff against a reference trace: tolerances (None: the diff's defaults) and module path rename maps.
+    diff_atol: float | None = None
+    diff_rtol: float | None = None
+    diff_maps: tuple[str, ...] = ()
 
     def updated(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the camelCase `values` applied (`hintDetail`, `traceOnSave`, ...); bad ones are skipped."""
@@ -93,6 +99,25 @@ def _directory(value: Any) -> Path:
     return Path(_text(value)).expanduser()
 
 
+def _tolerance(value: Any) -> float | None:
+    if value is None:
+        return None
+    tolerance = float(value)
+    if tolerance < 0:
+        raise ValueError("expected a tolerance >= 0")
+    return tolerance
+
+
+def _maps(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
+        raise ValueError("expected a list of 'REGEX=>REPL' strings")
+    try:
+        parse_maps(list(value))
+    except ModelTraceError as error:
+        raise ValueError(str(error)) from None
+    return tuple(value)
+
+
 # camelCase setting name -> (Settings field, parser raising ValueError/TypeError on a bad value)
 _SETTINGS = {
     "python": ("python", _python),
@@ -103,6 +128,9 @@ _SETTINGS = {
     "lines": ("lines", _boolean),
     "timeout": ("timeout", _seconds),
     "traceDirectory": ("trace_directory", _directory),
+    "diffAtol": ("diff_atol", _tolerance),
+    "diffRtol": ("diff_rtol", _tolerance),
+    "diffMaps": ("diff_maps", _maps),
 }
 
 

@@ -1,18 +1,33 @@
-"""Build what a trace runs: import the user's file, pick the model class, shrink its config, synthesise inputs.
+"""Build what a trace runs: import the user's file, pick the class, make its config, synthesise its inputs.
 
-For a transformers-style modeling file nothing needs to be provided: the configuration class comes from the
-model class (`config_class`), a copy of its defaults is shrunk to a small size that keeps the config's own
-rules (heads divide the hidden size, key/value heads divide the heads, special token ids stay inside the
-vocabulary), and inputs come from the `forward` signature. A recipe file (`build_model()` and
-`build_inputs(model)`) covers plain `nn.Module` code, local checkpoints and anything else.
+For a transformers-style modeling file nothing needs to be provided. The configuration class comes from the
+model class (`config_class`); a copy of its defaults is shrunk (`shrink`) and inputs come from the `forward`
+signature and the config (`inputs`). No rule set fits several hundred model families, so the builder tries
+candidates: shrink levels from `tiny` to the config as it is, and input sets from every modality the model
+takes to text alone, and keeps the first pair whose forward pass runs (a trial run of a tiny model costs
+milliseconds). When none runs, the first candidate is returned, so that the trace fails where the model fails.
+
+Other ways in:
+- `--model CLASS`: any class of the file; a task head (`…ForCausalLM`), or a plain `nn.Module` such as a
+  decoder layer or an MLP, built from the file's shrunk config (with `layer_idx=0` where its `__init__` wants
+  one) and fed hidden states, rotary position embeddings from the file's rotary class, and so on;
+- `--config PATH`: a config.json (or a folder holding one) used as it is, unshrunk;
+- `checkpoint`: a local folder saved with `save_pretrained`, loaded with `from_pretrained(local_files_only=True)`;
+- `shape_only`: the full-size config (`--config`, else the class defaults) built on the meta device (`shape_only`);
+- a recipe file (`build_model()` and `build_inputs(model)`) for anything else.
+ModelTrace never downloads: a hub id where a local path is expected is refused with what to do instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -22,42 +37,62 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.worker import shrink as shrinking
+from modeltrace.worker.inputs import (
+    BATCH_SIZE,
+    DECODER_SEQUENCE_LENGTH,
+    SEQUENCE_LENGTH,
+    InputSynthesizer,
+    sub_config,
+    synthesize_inputs,
+)
 
 
-SEQUENCE_LENGTH = 7
-DECODER_SEQUENCE_LENGTH = 5
-BATCH_SIZE = 1
+__all__ = [
+    "BATCH_SIZE",
+    "DECODER_SEQUENCE_LENGTH",
+    "SEQUENCE_LENGTH",
+    "BuiltModel",
+    "build_from_file",
+    "build_from_recipe",
+    "build_from_request",
+    "choose_model_class",
+    "import_user_file",
+    "load_config",
+    "module_classes",
+    "shrink_config",
+    "synthesize_inputs",
+]
 
-# Target sizes for shrinking, applied to whichever of these names the config has. Names differ across
-# families (Llama `hidden_size`, T5 `d_model`, GPT-2 `n_embd`) but the meaning is the same.
-_HIDDEN = 64
-_HEADS = 4
-_KEY_VALUE_HEADS = 2
-_SMALL_CONFIG = {
-    "hidden_size": _HIDDEN, "d_model": _HIDDEN, "n_embd": _HIDDEN, "embed_dim": _HIDDEN,
-    "intermediate_size": 2 * _HIDDEN, "d_ff": 2 * _HIDDEN, "n_inner": 2 * _HIDDEN, "ffn_dim": 2 * _HIDDEN,
-    "encoder_ffn_dim": 2 * _HIDDEN, "decoder_ffn_dim": 2 * _HIDDEN,
-    "num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "num_decoder_layers": 2,
-    "encoder_layers": 2, "decoder_layers": 2,
-    "num_attention_heads": _HEADS, "num_heads": _HEADS, "n_head": _HEADS,
-    "encoder_attention_heads": _HEADS, "decoder_attention_heads": _HEADS,
-    "head_dim": _HIDDEN // _HEADS, "d_kv": _HIDDEN // _HEADS,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "moe_intermediate_size": _HIDDEN // 2, "shared_expert_intermediate_size": _HIDDEN,
-    "vocab_size": 128,
-}
-_MAX_POSITIONS = 512
+# A model built for real (not on the meta device) above this many parameters is refused: it would take minutes
+# and gigabytes on a laptop CPU. The shape-only mode has no such limit.
+MAX_PARAMETERS = 300_000_000
+# Seconds the builder may spend trying candidates before it settles for the first one.
+DEFAULT_TRIAL_BUDGET = 60.0
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_HEAD = re.compile(r"For[A-Z]")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 @dataclass
 class BuiltModel:
-    """A model ready to trace, its inputs, and what the trace header says about them."""
+    """A model ready to trace, its inputs, and what the trace header says about them.
+
+    `forward_context` wraps the traced forward pass (the shape-only mode's dispatch mode); `notes` say how the
+    model was made (shrink level, input set, candidates that failed), for the header and for error messages.
+    """
 
     model: nn.Module
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     model_class: str = ""
     config: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+    shape_only: bool = False
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+# --- the user's file ----------------------------------------------------------------------------------------
 
 
 def import_user_file(path: Path) -> ModuleType:
@@ -79,28 +114,40 @@ def import_user_file(path: Path) -> ModuleType:
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     module_name = ".".join(parts)
+    cached = sys.modules.get(module_name)
+    if cached is not None and Path(getattr(cached, "__file__", "") or "").resolve() != path:
+        # The same dotted name imported from another folder earlier in this process (a copy of the package):
+        # forget that package so that this file is the one imported.
+        for name in [name for name in sys.modules if name == parts[0] or name.startswith(parts[0] + ".")]:
+            del sys.modules[name]
+        if str(folder) in sys.path:
+            sys.path.remove(str(folder))
+        sys.path.insert(0, str(folder))
+        importlib.invalidate_caches()
     try:
         return importlib.import_module(module_name)
     except SyntaxError as error:
-        raise ModelTraceError(f"{error.filename}:{error.lineno}: syntax error: {error.msg}") from None
+        raise ModelTraceError(
+            f"{error.filename}:{error.lineno}: syntax error: {error.msg}", error.filename, error.lineno
+        ) from None
+    except ModuleNotFoundError as error:
+        missing = error.name or str(error)
+        if missing.split(".")[0] in ("torchvision", "torchaudio", "timm", "PIL", "scipy", "librosa", "cv2"):
+            raise ModelTraceError(
+                f"{path}: imports {missing}, which is not installed beside this torch; install it, or pass --recipe"
+            ) from None
+        raise
 
 
 def module_classes(module: ModuleType) -> list[type[nn.Module]]:
     """The `nn.Module` subclasses defined in `module` itself (not imported into it), in source order."""
-    found = [
+    # NOTE: a module's namespace keeps definition order; `inspect.getsourcelines` would parse the whole file
+    # once per class (seconds for a large modeling file).
+    return [
         value
         for value in vars(module).values()
         if inspect.isclass(value) and issubclass(value, nn.Module) and value.__module__ == module.__name__
     ]
-    return sorted(found, key=lambda cls: inspect.getsourcelines(cls)[1] if _has_source(cls) else 0)
-
-
-def _has_source(cls: type) -> bool:
-    try:
-        inspect.getsourcelines(cls)
-        return True
-    except (OSError, TypeError):
-        return False
 
 
 def _is_pretrained_model(cls: type) -> bool:
@@ -109,11 +156,39 @@ def _is_pretrained_model(cls: type) -> bool:
     return issubclass(cls, PreTrainedModel)
 
 
+def _forbid_downloads() -> None:
+    """Make every Hugging Face Hub call fail fast instead of reaching the network (config classes may resolve a
+    backbone name on the hub; `from_pretrained` might fall back to it). This process is a per-trace child."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    except (ImportError, AttributeError):
+        pass
+
+
+def _refuse_hub_id(value: str, what: str) -> None:
+    raise ModelTraceError(
+        f"{what} {value!r} looks like a Hugging Face Hub model id, and ModelTrace never downloads: save the model "
+        "locally with save_pretrained and point to that folder (checkpoint setting, or --config for its "
+        "config.json), or pass --recipe"
+    )
+
+
 def choose_model_class(module: ModuleType, requested: str | None, file: Path) -> type[nn.Module]:
     """`requested` by name, else the file's base model: a PreTrainedModel that is neither the abstract
-    `…PreTrainedModel` nor a head (`…ForCausalLM`); among several, the one named like `XModel`."""
+    `…PreTrainedModel` nor a head (`…ForCausalLM`); among several, the one named like `XModel` (the shortest).
+
+    The same rule picks the "Trace forward" class in the editor (`lsp/classes.py: base_model_name`).
+    """
     classes = module_classes(module)
     if requested:
+        if "/" in requested and not Path(requested).exists() and _HUB_ID.match(requested):
+            _refuse_hub_id(requested, "--model")
         for cls in classes:
             if cls.__name__ == requested:
                 return cls
@@ -124,10 +199,14 @@ def choose_model_class(module: ModuleType, requested: str | None, file: Path) ->
         raise ModelTraceError(f"{file}: no nn.Module class named {requested!r} (classes in the file: {names})")
     if not classes:
         raise ModelTraceError(f"{file}: defines no nn.Module subclass to trace; pass --recipe to build one")
+    # A composite that only generates (Bark) has no forward of its own: one of its parts is traced instead.
     models = [
-        cls for cls in classes if _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
+        cls for cls in classes
+        if _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
+        and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
     ]
-    bases = [cls for cls in models if "For" not in cls.__name__]
+    # A head is `…For` + a capitalised task (`…ForCausalLM`); `MaskFormerModel` is not one.
+    bases = [cls for cls in models if not _HEAD.search(cls.__name__)]
     if bases:
         bases.sort(key=lambda cls: (not cls.__name__.endswith("Model"), len(cls.__name__)))
         return bases[0]
@@ -135,32 +214,61 @@ def choose_model_class(module: ModuleType, requested: str | None, file: Path) ->
         return models[0]
     raise ModelTraceError(
         f"{file}: defines nn.Module classes ({', '.join(cls.__name__ for cls in classes)}) but no transformers "
-        "model (PreTrainedModel subclass) whose config ModelTrace could build; pass --recipe"
+        "model (PreTrainedModel subclass) whose config ModelTrace could build; pass --model CLASS or --recipe"
     )
 
 
-def load_config(model_class: type[nn.Module], config_path: Path | None, file: Path) -> Any:
-    """The config to build with: `config_path` as it is, else a shrunk copy of the config class's defaults."""
+# --- configs ------------------------------------------------------------------------------------------------
+
+
+def _config_class(model_class: type, module: ModuleType | None, file: Path) -> type:
     config_class = getattr(model_class, "config_class", None)
+    if config_class is None and module is not None:
+        # A plain nn.Module: the config of the file's model, else the one config class the file imports.
+        try:
+            base = choose_model_class(module, None, file)
+            config_class = getattr(base, "config_class", None)
+        except ModelTraceError:
+            config_class = None
+        if config_class is None:
+            from transformers import PretrainedConfig
+
+            found = [
+                value for value in vars(module).values()
+                if inspect.isclass(value) and issubclass(value, PretrainedConfig) and value is not PretrainedConfig
+                and getattr(value, "model_type", "")
+            ]
+            config_class = found[0] if len(found) == 1 else None
     if config_class is None:
         raise ModelTraceError(
             f"{file}: {model_class.__name__} names no config class (`config_class` or a `config:` annotation); "
             "pass --config or --recipe"
         )
-    if config_path is not None:
-        return _read_config(config_class, Path(config_path))
+    return config_class
+
+
+def _default_config(config_class: type, file: Path) -> Any:
     try:
-        defaults = config_class()
+        return config_class()
     except Exception as error:  # noqa: BLE001 - any failure of user config code is reported, not raised
         raise ModelTraceError(
-            f"{file}: cannot build {config_class.__name__}() with its defaults ({type(error).__name__}: {error}); "
-            "pass --config or --recipe"
+            f"{file}: cannot build {config_class.__name__}() with its defaults ({type(error).__name__}: "
+            f"{_first_line(error)}); pass --config or --recipe"
         ) from None
-    return shrink_config(config_class, defaults, file)
+
+
+def load_config(model_class: type[nn.Module], config_path: Path | None, file: Path) -> Any:
+    """The config to build with: `config_path` as it is, else a shrunk copy of the config class's defaults."""
+    config_class = _config_class(model_class, None, file)
+    if config_path is not None:
+        return _read_config(config_class, Path(config_path))
+    return shrink_config(config_class, _default_config(config_class, file), file)
 
 
 def _read_config(config_class: type, config_path: Path) -> Any:
     if not config_path.exists():
+        if _HUB_ID.match(str(config_path)) and not str(config_path).startswith(("/", ".")):
+            _refuse_hub_id(str(config_path), "--config")
         raise ModelTraceError(
             f"{config_path}: no such config file or folder (ModelTrace never downloads: give a local "
             "config.json or a folder saved with save_pretrained)"
@@ -169,107 +277,120 @@ def _read_config(config_class: type, config_path: Path) -> Any:
     if not config_file.is_file():
         raise ModelTraceError(f"{config_path}: holds no config.json")
     try:
-        return config_class.from_json_file(str(config_file))
+        config = config_class.from_json_file(str(config_file))
     except Exception as error:  # noqa: BLE001
         raise ModelTraceError(
-            f"{config_file}: cannot be read as {config_class.__name__} ({type(error).__name__}: {error})"
+            f"{config_file}: cannot be read as {config_class.__name__} ({type(error).__name__}: {_first_line(error)})"
         ) from None
-
-
-def shrink_config(config_class: type, defaults: Any, file: Path) -> Any:
-    """A small copy of `defaults`: hidden 64, 2 layers, 4 heads (2 key/value heads when grouped), vocab 128."""
-    overrides: dict[str, Any] = {}
-    for name, value in _SMALL_CONFIG.items():
-        current = getattr(defaults, name, None)
-        if isinstance(current, int) and not isinstance(current, bool):
-            overrides[name] = min(current, value) if name in ("num_experts_per_tok",) else value
-    heads = getattr(defaults, "num_attention_heads", None)
-    key_value_heads = getattr(defaults, "num_key_value_heads", None)
-    if isinstance(key_value_heads, int):
-        # Grouped-query attention stays grouped, multi-head stays multi-head.
-        overrides["num_key_value_heads"] = _HEADS if key_value_heads == heads else _KEY_VALUE_HEADS
-    if "num_experts" in overrides and "num_experts_per_tok" in overrides:
-        overrides["num_experts_per_tok"] = min(overrides["num_experts_per_tok"], overrides["num_experts"])
-    positions = getattr(defaults, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > _MAX_POSITIONS:
-        overrides["max_position_embeddings"] = _MAX_POSITIONS
-    layers = overrides.get("num_hidden_layers") or overrides.get("num_layers")
-    layer_types = getattr(defaults, "layer_types", None)
-    if layers and isinstance(layer_types, list) and len(layer_types) > layers:
-        overrides["layer_types"] = layer_types[:layers]
-    vocab = overrides.get("vocab_size")
-    if vocab:
-        overrides.update(_special_tokens_inside(defaults, vocab))
-    overrides["use_cache"] = False
-    try:
-        config = config_class(**{**_own_values(defaults), **overrides})
-    except Exception as error:  # noqa: BLE001
-        shown = ", ".join(f"{name}={value}" for name, value in overrides.items() if name != "use_cache")
-        raise ModelTraceError(
-            f"{file}: {config_class.__name__} rejects the shrunk sizes ({shown}): {type(error).__name__}: "
-            f"{error}; pass --config or --recipe"
-        ) from None
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
     return config
 
 
-def _own_values(config: Any) -> dict[str, Any]:
-    """The config's own fields as keyword arguments (minus derived and bookkeeping entries)."""
-    values = config.to_dict()
-    for derived in ("transformers_version", "model_type", "architectures", "_name_or_path", "dtype"):
-        values.pop(derived, None)
-    return values
+def shrink_config(config_class: type, defaults: Any, file: Path) -> Any:
+    """The most shrunk config of `defaults` that its class accepts (see `shrink`): hidden 64, 2 layers, ..."""
+    try:
+        for _, config in shrinking.shrink_candidates(defaults):
+            return config
+    except ModelTraceError as error:
+        raise ModelTraceError(f"{file}: {error}") from None
+    raise ModelTraceError(f"{file}: {config_class.__name__} cannot be shrunk; pass --config or --recipe")
 
 
-def _special_tokens_inside(config: Any, vocab: int) -> dict[str, Any]:
-    """Move special token ids that would fall outside the shrunk vocabulary to its last ids."""
-    moved: dict[str, Any] = {}
-    next_free = vocab - 1
-    for name, value in config.to_dict().items():
-        if not (name.endswith("_token_id") or name.endswith("_token_index")):
-            continue
-        if isinstance(value, int) and value >= vocab:
-            moved[name], next_free = next_free, next_free - 1
-        elif isinstance(value, list) and any(isinstance(item, int) and item >= vocab for item in value):
-            remapped = []
-            for item in value:
-                if isinstance(item, int) and item >= vocab:
-                    item, next_free = next_free, next_free - 1
-                remapped.append(item)
-            moved[name] = remapped
-    return moved
+def _set_attention(config: Any, attention: str) -> None:
+    """The attention implementation on every config of the tree; mixtures of experts run their eager loop
+    too (the readable reference code, and the one that runs on any device and dtype, the meta device included)."""
+    for node in shrinking._walk(config):
+        for name, value in (("_attn_implementation", attention), ("_experts_implementation", "eager")):
+            try:
+                setattr(node, name, value)
+            except Exception:  # noqa: BLE001 - a config that refuses it keeps its own
+                pass
 
 
-def synthesize_inputs(model: nn.Module, config: Any, generator: torch.Generator) -> dict[str, Any]:
-    """Keyword inputs for `model.forward`, from its signature and config (text models)."""
-    vocab = int(getattr(config, "vocab_size", 128) or 128)
-    parameters = inspect.signature(model.forward).parameters
-    inputs: dict[str, Any] = {}
-    shape = (BATCH_SIZE, SEQUENCE_LENGTH)
-    if "input_ids" in parameters:
-        inputs["input_ids"] = torch.randint(0, vocab, shape, generator=generator)
-    if "attention_mask" in parameters:
-        inputs["attention_mask"] = torch.ones(shape, dtype=torch.long)
-    if "token_type_ids" in parameters and getattr(config, "type_vocab_size", None):
-        inputs["token_type_ids"] = torch.zeros(shape, dtype=torch.long)
-    if "decoder_input_ids" in parameters and getattr(config, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(
-            0, vocab, (BATCH_SIZE, DECODER_SEQUENCE_LENGTH), generator=generator
-        )
-    if "use_cache" in parameters:
-        inputs["use_cache"] = False
-    missing = [
-        name
-        for name, parameter in parameters.items()
-        if parameter.default is inspect.Parameter.empty
-        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
-        and name not in inputs
-    ]
-    if missing:
+# --- building -----------------------------------------------------------------------------------------------
+
+
+def _first_line(error: BaseException) -> str:
+    return shrinking._first_line(error) or type(error).__name__
+
+
+def _count_parameters_on_meta(build: Callable[[], nn.Module]) -> int | None:
+    from modeltrace.worker.shape_only import ShapeOnlyMode, meta_device
+
+    try:
+        with ShapeOnlyMode(), meta_device():
+            model = build()
+    except Exception:  # noqa: BLE001 - a model whose __init__ needs real tensors: no estimate
+        return None
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _construct(model_class: type, config: Any, seed: int, file: Path) -> nn.Module:
+    torch.manual_seed(seed)
+    try:
+        model = model_class(config)
+    except Exception as error:  # noqa: BLE001
         raise ModelTraceError(
-            f"{type(model).__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot synthesise; "
-            "pass --recipe with build_inputs(model)"
-        )
-    return inputs
+            f"{file}: building {model_class.__name__} failed: {type(error).__name__}: {_first_line(error)}"
+        ) from error
+    return model.eval()
+
+
+@dataclass
+class _Attempt:
+    level: str
+    inputs: str
+    error: str
+
+
+def _run(model: nn.Module, kwargs: dict[str, Any], context: Callable[[], contextlib.AbstractContextManager]) -> None:
+    with torch.no_grad(), context():
+        model(**kwargs)
+
+
+def _try_inputs(
+    model: nn.Module,
+    synthesizer: InputSynthesizer,
+    context: Callable[[], contextlib.AbstractContextManager],
+    deadline: float,
+    attempts: list[_Attempt],
+    level: str,
+    always_try: bool,
+) -> tuple[str, dict[str, Any]] | None:
+    """The first input set `model` runs with, or None. An error that names the token count a tower wants
+    ("tokens: 3, features: 16") rebuilds the prompt with that count and retries (twice at most)."""
+    variants = list(synthesizer.variants())
+    if not variants:
+        attempts.append(_Attempt(level, "-", f"forward needs {', '.join(synthesizer.missing())}"))
+        return None
+    if len(variants) == 1 and not always_try:
+        return variants[0]
+    for name, kwargs in variants:
+        for _ in range(3):
+            try:
+                _run(model, kwargs, context)
+                return name, kwargs
+            except Exception as error:  # noqa: BLE001 - the next candidate may run
+                message = f"{type(error).__name__}: {_first_line(error)}"
+                changed = False
+                for modality in ("image", "video", "audio"):
+                    if modality in name and modality in str(error).lower():
+                        changed = synthesizer.note_mismatch(modality, error) or changed
+                if not changed:
+                    attempts.append(_Attempt(level, name, message))
+                    break
+                kwargs = dict(_rebuild_variant(synthesizer, name))
+            if time.monotonic() > deadline:
+                return None
+    return None
+
+
+def _rebuild_variant(synthesizer: InputSynthesizer, name: str) -> dict[str, Any]:
+    for candidate, kwargs in synthesizer.variants():
+        if candidate == name:
+            return kwargs
+    return {}
 
 
 def build_from_file(
@@ -278,33 +399,455 @@ def build_from_file(
     config_path: Path | None,
     seed: int,
     attention: str = "eager",
+    *,
+    checkpoint: Path | str | None = None,
+    shape_only: bool = False,
+    dtype: str = "float32",
+    trial_budget: float = DEFAULT_TRIAL_BUDGET,
 ) -> BuiltModel:
-    """The file's model (or `model_name`) built from a shrunk config, eval mode, with synthesised inputs."""
+    """The file's model (or `model_name`) ready to run, with synthesised inputs; see the module docstring."""
+    _forbid_downloads()
+    file = Path(file)
+    if checkpoint is not None:
+        _check_checkpoint(checkpoint)
     module = import_user_file(file)
     model_class = choose_model_class(module, model_name, file)
+    if checkpoint is not None:
+        return _build_checkpoint(model_class, Path(checkpoint), seed, attention, file)
     if not _is_pretrained_model(model_class):
-        raise ModelTraceError(
-            f"{file}: {model_class.__name__} is a plain nn.Module, not a transformers model with a config; "
-            "trace the file's model instead, or pass --recipe to build it"
+        return _build_plain_module(module, model_class, config_path, seed, attention, file, shape_only, dtype)
+    config_class = _config_class(model_class, module, file)
+    if shape_only:
+        config = _read_config(config_class, Path(config_path)) if config_path else shrinking.shrink(
+            _default_config(config_class, file), "default"
         )
-    config = load_config(model_class, config_path, file)
-    config._attn_implementation = attention
-    torch.manual_seed(seed)
+        return _build_shape_only(model_class, config, seed, attention, file, dtype)
+    if config_path is not None:
+        config = _read_config(config_class, Path(config_path))
+        _set_attention(config, attention)
+        model = _construct(model_class, config, seed, file)
+        synthesizer = InputSynthesizer(model, config, seed)
+        chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + trial_budget, [], "config",
+                             always_try=False)
+        return _result(model, model_class, config, chosen, synthesizer, {"config": str(config_path)})
     try:
-        model = model_class(config)
-    except Exception as error:  # noqa: BLE001
+        return _build_shrunk(model_class, _default_config(config_class, file), seed, attention, file, trial_budget)
+    except _NothingBuilt as error:
+        if model_name:
+            raise
+        # The base model cannot even be constructed from its class's defaults (a composite whose default parts
+        # disagree): another model class of the file may be.
+        for other in _other_models(module, model_class)[:2]:
+            try:
+                config_class = _config_class(other, module, file)
+                built = _build_shrunk(other, _default_config(config_class, file), seed, attention, file,
+                                      trial_budget / 2)
+            except ModelTraceError:
+                continue
+            built.notes["instead_of"] = f"{model_class.__name__} ({error.reason})"
+            return built
+        raise
+
+
+class _NothingBuilt(ModelTraceError):
+    """No shrunk config of the class could even be constructed (as opposed to built and failed to run)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _other_models(module: ModuleType, chosen: type) -> list[type]:
+    """The file's other non-abstract models, base models first (by the base-model rule), then heads."""
+    models = [
+        cls for cls in module_classes(module)
+        if cls is not chosen and _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
+        and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
+    ]
+    return sorted(models, key=lambda cls: (bool(_HEAD.search(cls.__name__)), not cls.__name__.endswith("Model"),
+                                           len(cls.__name__)))
+
+
+def _build_shrunk(
+    model_class: type, defaults: Any, seed: int, attention: str, file: Path, trial_budget: float
+) -> BuiltModel:
+    deadline = time.monotonic() + trial_budget
+    attempts: list[_Attempt] = []
+    first: tuple[nn.Module, Any, tuple[str, dict[str, Any]] | None, InputSynthesizer, str] | None = None
+    previous_failures: list[_Attempt] = []
+    rejected: list[str] = []
+    try:
+        candidates = list(shrinking.shrink_candidates(defaults, rejected))
+    except ModelTraceError as error:
+        raise _NothingBuilt(f"{file}: {error}", str(error)) from None
+    for reason in rejected:
+        level, _, error = reason.partition(": ")
+        attempts.append(_Attempt(level, "-", f"config rejected: {error}"))
+    for level, config in candidates:
+        _set_attention(config, attention)
+        if level in ("shallow", "default"):
+            count = _count_parameters_on_meta(lambda: model_class(config))
+            if count is not None and count > MAX_PARAMETERS:
+                attempts.append(_Attempt(level, "-", f"{count / 1e6:.0f}M parameters, above the {MAX_PARAMETERS / 1e6:.0f}M limit"))
+                continue
+        try:
+            model = _construct(model_class, config, seed, file)
+        except ModelTraceError as error:
+            attempts.append(_Attempt(level, "-", str(error).split(": ", 1)[-1]))
+            if time.monotonic() > deadline:
+                break
+            continue
+        synthesizer = InputSynthesizer(model, config, seed)
+        failed_before = len(attempts)
+        chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, deadline, attempts, level, always_try=True)
+        if chosen is None and _same_failure(attempts, failed_before, previous_failures):
+            # The same programming error at two sizes (a NameError, a missing attribute): a bug, not a size.
+            first = first or _first_candidate(model, config, synthesizer, level)
+            break
+        previous_failures = attempts[failed_before:]
+        if chosen is not None:
+            notes = {"shrink": level}
+            if attempts:
+                notes["failed_candidates"] = [f"{a.level} / {a.inputs}: {a.error}" for a in attempts]
+            return _result(model, model_class, config, chosen, synthesizer, notes)
+        if first is None:
+            first = _first_candidate(model, config, synthesizer, level)
+        if time.monotonic() > deadline:
+            break
+    if first is None or first[2] is None:
+        reasons = "; ".join(f"{a.level}: {a.error}" for a in attempts[:3]) or "no candidate"
+        missing = first[3].missing() if first is not None else []
+        if missing:
+            raise ModelTraceError(
+                f"{file}: {model_class.__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot "
+                "synthesise; pass --recipe with build_model() and build_inputs(model)"
+            )
+        message = (
+            f"{file}: {model_class.__name__} could not be built from a shrunk {type(defaults).__name__}: {reasons}; "
+            "pass --config with a small config.json, or --recipe"
+        )
+        if first is None:
+            raise _NothingBuilt(message, attempts[0].error if attempts else "no candidate")
+        raise ModelTraceError(message)
+    model, config, chosen, synthesizer, level = first
+    notes = {"shrink": level, "failed_candidates": [f"{a.level} / {a.inputs}: {a.error}" for a in attempts]}
+    # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.
+    model = _construct(model_class, config, seed, file)
+    synthesizer = InputSynthesizer(model, config, seed)
+    return _result(model, model_class, config, _rebuild_first(synthesizer, chosen), synthesizer, notes)
+
+
+def _first_candidate(model: nn.Module, config: Any, synthesizer: InputSynthesizer, level: str) -> tuple:
+    variants = list(synthesizer.variants())
+    return model, config, variants[0] if variants else None, synthesizer, level
+
+
+_NOT_SIZE_ERRORS = ("NameError", "AttributeError", "TypeError", "KeyError", "ImportError", "ModuleNotFoundError",
+                    "NotImplementedError", "ZeroDivisionError", "UnboundLocalError", "SyntaxError")
+
+
+def _same_failure(attempts: list[_Attempt], start: int, previous: list[_Attempt]) -> bool:
+    """Whether this level failed with exactly the errors of the level before, and not with size errors."""
+    current = attempts[start:]
+    if not current or not previous:
+        return False
+    signature = [re.sub(r"\d+", "N", attempt.error) for attempt in current]
+    if signature != [re.sub(r"\d+", "N", attempt.error) for attempt in previous]:
+        return False
+    return all(attempt.error.split(":", 1)[0] in _NOT_SIZE_ERRORS for attempt in current)
+
+
+def _rebuild_first(synthesizer: InputSynthesizer, chosen: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    for name, kwargs in synthesizer.variants():
+        if name == chosen[0]:
+            return name, kwargs
+    return chosen
+
+
+def _result(
+    model: nn.Module,
+    model_class: type,
+    config: Any,
+    chosen: tuple[str, dict[str, Any]] | None,
+    synthesizer: InputSynthesizer,
+    notes: dict[str, Any],
+) -> BuiltModel:
+    if chosen is None:
         raise ModelTraceError(
-            f"{file}: building {model_class.__name__} failed: {type(error).__name__}: {error}"
-        ) from error
-    model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    kwargs = synthesize_inputs(model, config, generator)
+            f"{model_class.__name__}.forward needs {', '.join(synthesizer.missing())}, which ModelTrace cannot "
+            "synthesise; pass --recipe with build_model() and build_inputs(model)"
+        )
+    name, kwargs = chosen
+    # Fresh inputs (the trial run may have changed them in place), from the same seed.
+    kwargs = _rebuild_variant(synthesizer, name) or kwargs
     return BuiltModel(
         model=model,
         kwargs=kwargs,
         model_class=model_class.__name__,
         config=_jsonable(config.to_dict()),
+        notes={**notes, "inputs": name},
     )
+
+
+# --- local checkpoints --------------------------------------------------------------------------------------
+
+
+def _check_checkpoint(checkpoint: Path | str) -> None:
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelTraceError(
+                f"checkpoint {str(checkpoint)!r}: the folder holds no config.json (save the model with "
+                "save_pretrained into it)"
+            )
+        return
+    if _HUB_ID.match(str(checkpoint)) and not str(checkpoint).startswith(("/", ".", "~")):
+        _refuse_hub_id(str(checkpoint), "checkpoint")
+    raise ModelTraceError(
+        f"checkpoint {str(checkpoint)!r}: no such folder (ModelTrace never downloads: save the model locally "
+        "with save_pretrained and point to that folder, or pass --recipe)"
+    )
+
+
+def _build_checkpoint(model_class: type, folder: Path, seed: int, attention: str, file: Path) -> BuiltModel:
+    if not _is_pretrained_model(model_class):
+        raise ModelTraceError(
+            f"{file}: {model_class.__name__} is not a transformers model (PreTrainedModel), so it cannot load a "
+            "checkpoint folder; pass --recipe"
+        )
+    torch.manual_seed(seed)
+    try:
+        model = model_class.from_pretrained(str(folder), local_files_only=True, attn_implementation=attention)
+    except Exception as error:  # noqa: BLE001
+        raise ModelTraceError(
+            f"{folder}: loading {model_class.__name__} from this folder failed ({type(error).__name__}: "
+            f"{_first_line(error)})"
+        ) from error
+    model.eval()
+    config = model.config
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    synthesizer = InputSynthesizer(model, config, seed)
+    chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + DEFAULT_TRIAL_BUDGET, [],
+                         "checkpoint", always_try=False)
+    return _result(model, model_class, config, chosen, synthesizer, {"checkpoint": str(folder.resolve())})
+
+
+# --- shape-only ---------------------------------------------------------------------------------------------
+
+
+def _build_shape_only(model_class: type, config: Any, seed: int, attention: str, file: Path, dtype: str) -> BuiltModel:
+    from modeltrace.worker.shape_only import ShapeOnlyMode, meta_device, to_meta_inputs
+
+    torch_dtype = _DTYPES.get(dtype)
+    if torch_dtype is None:
+        raise ModelTraceError(f"--dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
+    _set_attention(config, attention)
+    mode = ShapeOnlyMode()
+    torch.manual_seed(seed)
+    try:
+        with mode, meta_device():
+            model = model_class(config)
+            model.to(dtype=torch_dtype)
+    except Exception as error:  # noqa: BLE001
+        raise ModelTraceError(
+            f"{file}: building {model_class.__name__} on the meta device failed: {type(error).__name__}: "
+            f"{_first_line(error)}"
+        ) from error
+    model.eval()
+    synthesizer = InputSynthesizer(model, config, seed, convert=lambda value: _meta_inputs(mode, value, torch_dtype),
+                                   context=lambda: mode)
+    chosen = _try_inputs(model, synthesizer, lambda: mode, time.monotonic() + DEFAULT_TRIAL_BUDGET, [], "shape-only",
+                         always_try=False)
+    built = _result(model, model_class, config, chosen, synthesizer, {"shape_only": True})
+    built.shape_only = True
+    built.forward_context = lambda: mode
+    built.notes["approximations"] = mode.approximations
+    return built
+
+
+def _meta_inputs(mode: Any, value: Any, dtype: torch.dtype) -> Any:
+    """Synthesised inputs on the meta device (with their values as shadows), floating ones in `dtype`."""
+    from torch.utils import _pytree as pytree
+
+    from modeltrace.worker.shape_only import to_meta_inputs
+
+    def cast(item: Any) -> Any:
+        return item.to(dtype) if isinstance(item, torch.Tensor) and item.is_floating_point() else item
+
+    return to_meta_inputs(mode, pytree.tree_map(cast, value))
+
+
+# --- plain nn.Modules ---------------------------------------------------------------------------------------
+
+
+_HIDDEN_INPUTS = ("hidden_states", "hidden_state", "x", "input", "inputs", "hidden", "features", "inputs_embeds",
+                  "embeddings", "input_tensor", "h")
+
+
+def _build_plain_module(
+    module: ModuleType,
+    model_class: type,
+    config_path: Path | None,
+    seed: int,
+    attention: str,
+    file: Path,
+    shape_only: bool,
+    dtype: str,
+) -> BuiltModel:
+    """A non-model class of the file (a decoder layer, an attention block, an MLP) from the file's config."""
+    config_class = _config_class(model_class, module, file)
+    if config_path is not None:
+        config = _read_config(config_class, Path(config_path))
+    elif shape_only:
+        config = shrinking.shrink(_default_config(config_class, file), "default")
+    else:
+        config = shrink_config(config_class, _default_config(config_class, file), file)
+    _set_attention(config, attention)
+    text_config = sub_config(config, "text")
+    torch.manual_seed(seed)
+    mode = None
+    if shape_only:
+        from modeltrace.worker.shape_only import ShapeOnlyMode, meta_device
+
+        mode = ShapeOnlyMode()
+        with mode, meta_device():
+            model = _construct_plain(model_class, text_config, file)
+            model.to(dtype=_DTYPES.get(dtype, torch.float32))
+    else:
+        model = _construct_plain(model_class, text_config, file)
+    model.eval()
+    kwargs = _plain_inputs(module, model, text_config, seed, file)
+    if mode is not None:
+        kwargs = {name: _meta_inputs(mode, value, _DTYPES.get(dtype, torch.float32)) for name, value in kwargs.items()}
+    built = BuiltModel(
+        model=model,
+        kwargs=kwargs,
+        model_class=model_class.__name__,
+        config=_jsonable(text_config.to_dict()),
+        notes={"plain_module": True},
+        shape_only=shape_only,
+    )
+    if mode is not None:
+        built.forward_context = lambda: mode
+    return built
+
+
+def _construct_plain(model_class: type, config: Any, file: Path) -> nn.Module:
+    parameters = inspect.signature(model_class.__init__).parameters
+    arguments: dict[str, Any] = {}
+    unknown = []
+    hidden = _hidden_size(config)
+    for name, parameter in list(parameters.items())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name == "config" or name.endswith("_config") and parameter.default is inspect.Parameter.empty:
+            arguments[name] = config
+        elif name in ("layer_idx", "layer_id", "layer_index", "layer_number", "block_idx"):
+            arguments[name] = 0
+        elif parameter.default is not inspect.Parameter.empty:
+            continue
+        elif name in ("hidden_size", "dim", "embed_dim", "d_model", "hidden_dim", "in_features", "input_dim"):
+            arguments[name] = hidden
+        elif isinstance(getattr(config, name, None), (int, float, str)):
+            arguments[name] = getattr(config, name)
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ModelTraceError(
+            f"{file}: {model_class.__name__}.__init__ needs {', '.join(unknown)}, which ModelTrace cannot guess; "
+            "pass --recipe with build_model() and build_inputs(model)"
+        )
+    try:
+        return model_class(**arguments)
+    except Exception as error:  # noqa: BLE001
+        raise ModelTraceError(
+            f"{file}: building {model_class.__name__}({', '.join(arguments)}) failed: {type(error).__name__}: "
+            f"{_first_line(error)}; pass --recipe"
+        ) from error
+
+
+def _hidden_size(config: Any) -> int:
+    for name in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return shrinking.WIDTH
+
+
+def _plain_inputs(module: ModuleType, model: nn.Module, config: Any, seed: int, file: Path) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    hidden = _hidden_size(config)
+    shape = (BATCH_SIZE, SEQUENCE_LENGTH)
+    parameters = inspect.signature(model.forward).parameters
+    inputs: dict[str, Any] = {}
+    missing: list[str] = []
+    hidden_states = torch.randn(*shape, _width_of(model, hidden), generator=generator)
+    for name, parameter in parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        required = parameter.default is inspect.Parameter.empty
+        if name in _HIDDEN_INPUTS:
+            inputs[name] = hidden_states
+        elif name == "position_embeddings" and (required or _rotary_class(module) is not None):
+            embeddings = _position_embeddings(module, config, hidden_states, file)
+            if embeddings is None and required:
+                missing.append(name)
+            elif embeddings is not None:
+                inputs[name] = embeddings
+        elif name in ("position_ids", "cache_position"):
+            if required:
+                positions = torch.arange(SEQUENCE_LENGTH)
+                inputs[name] = positions.unsqueeze(0) if name == "position_ids" else positions
+        elif name == "input_ids" and required:
+            vocab = int(getattr(config, "vocab_size", 128) or 128)
+            inputs[name] = torch.randint(0, vocab, shape, generator=generator)
+        elif name == "use_cache":
+            inputs[name] = False
+        elif required:
+            missing.append(name)
+    if missing:
+        raise ModelTraceError(
+            f"{file}: {type(model).__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot synthesise "
+            "for a plain module; pass --recipe with build_model() and build_inputs(model)"
+        )
+    return inputs
+
+
+def _width_of(model: nn.Module, hidden: int) -> int:
+    """The feature size the module's first linear layer takes (an MLP's input), else the config's hidden size."""
+    for submodule in model.modules():
+        if isinstance(submodule, nn.Linear):
+            return submodule.in_features
+        if isinstance(submodule, nn.LayerNorm) and submodule.normalized_shape:
+            return int(submodule.normalized_shape[-1])
+    return hidden
+
+
+def _rotary_class(module: ModuleType) -> type | None:
+    for cls in module_classes(module):
+        if "Rotary" in cls.__name__ and "Embedding" in cls.__name__:
+            return cls
+    return None
+
+
+def _position_embeddings(module: ModuleType, config: Any, hidden_states: torch.Tensor, file: Path) -> Any:
+    rotary_class = _rotary_class(module)
+    if rotary_class is None:
+        return None
+    try:
+        rotary = rotary_class(config=config)
+        positions = torch.arange(hidden_states.shape[1]).unsqueeze(0)
+        with torch.no_grad():
+            return rotary(hidden_states, positions)
+    except Exception as error:  # noqa: BLE001
+        raise ModelTraceError(
+            f"{file}: computing position_embeddings with {rotary_class.__name__} failed ({type(error).__name__}: "
+            f"{_first_line(error)}); pass --recipe"
+        ) from None
+
+
+# --- recipes and requests -----------------------------------------------------------------------------------
 
 
 def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
@@ -322,7 +865,9 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
     try:
         spec.loader.exec_module(module)
     except SyntaxError as error:
-        raise ModelTraceError(f"{error.filename}:{error.lineno}: syntax error: {error.msg}") from None
+        raise ModelTraceError(
+            f"{error.filename}:{error.lineno}: syntax error: {error.msg}", error.filename, error.lineno
+        ) from None
     for function_name in ("build_model", "build_inputs"):
         if not callable(getattr(module, function_name, None)):
             raise ModelTraceError(
@@ -355,6 +900,27 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         kwargs=kwargs,
         model_class=type(model).__name__,
         config=_jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+    )
+
+
+def build_from_request(request: dict[str, Any]) -> BuiltModel:
+    """Build what a trace request (see `job.run_trace_job`) asks for: recipe, checkpoint, config, shape-only."""
+    seed = int(request.get("seed", 0) or 0)
+    if request.get("recipe"):
+        if request.get("shape_only"):
+            raise ModelTraceError("--shape-only works on a modeling file's classes, not with --recipe")
+        return build_from_recipe(Path(request["recipe"]), seed)
+    timeout = float(request.get("timeout") or 120)
+    return build_from_file(
+        Path(request["file"]),
+        request.get("model"),
+        Path(request["config"]) if request.get("config") else None,
+        seed,
+        request.get("attention") or "eager",
+        checkpoint=request.get("checkpoint") or None,
+        shape_only=bool(request.get("shape_only")),
+        dtype=request.get("dtype") or "float32",
+        trial_budget=min(DEFAULT_TRIAL_BUDGET, timeout / 2),
     )
 
 

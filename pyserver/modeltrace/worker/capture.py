@@ -9,10 +9,9 @@ identical with and without capture.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -43,24 +42,56 @@ def iter_tensor_leaves(value: Any, prefix: str = "", depth: int = 0) -> Iterator
             yield from iter_tensor_leaves(item, f"{prefix}.{position}" if prefix else str(position), depth + 1)
 
 
-class _SummaryCache:
-    """Reuse the summary of a tensor object seen earlier in this pass, unless it was modified in place since."""
+class SummaryCache:
+    """Reuse the summary of a tensor object seen earlier in this pass, unless it was modified in place since.
+
+    A copy handed out before its source has statistics (a device tensor waiting for `PendingStats.resolve`)
+    gets them in `clear`, which callers run after resolving.
+    """
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, int, TensorSummary]] = {}
+        self._late_copies: list[tuple[TensorSummary, TensorSummary]] = []
 
     def get(self, tensor: torch.Tensor, key: str) -> TensorSummary | None:
         entry = self._entries.get(id(tensor))
-        if entry is None or entry[0]() is not tensor or entry[1] != _version(tensor):
+        if entry is None or entry[1] != _version(tensor) or entry[0]() is not tensor:
             return None
-        return dataclasses.replace(entry[2], key=key)
+        return self.copy(entry[2], key)
 
     def put(self, tensor: torch.Tensor, summary: TensorSummary) -> None:
         version = _version(tensor)
         if version >= 0:
             self._entries[id(tensor)] = (weakref.ref(tensor), version, summary)
 
+    def copy(self, source: TensorSummary, key: str) -> TensorSummary:
+        # NOTE: positional construction; `dataclasses.replace` costs ~5× more and this runs per cache hit.
+        summary = TensorSummary(
+            key,
+            source.shape,
+            source.dtype,
+            source.device,
+            source.mean,
+            source.std,
+            source.min,
+            source.max,
+            source.abs_max,
+            source.nan_count,
+            source.inf_count,
+            source.positive_fraction,
+            source.tensor,
+        )
+        if source.positive_fraction is None and source.mean is None:
+            self._late_copies.append((source, summary))
+        return summary
+
     def clear(self) -> None:
+        for source, summary in self._late_copies:
+            summary.mean, summary.std = source.mean, source.std
+            summary.min, summary.max, summary.abs_max = source.min, source.max, source.abs_max
+            summary.nan_count, summary.inf_count = source.nan_count, source.inf_count
+            summary.positive_fraction = source.positive_fraction
+        self._late_copies.clear()
         self._entries.clear()
 
 
@@ -71,11 +102,44 @@ def _version(tensor: torch.Tensor) -> int:
         return -1
 
 
+# NOTE: positional parameter names of `forward` per module class (or per instance-level `forward` override),
+# shared by every capture in the process: `inspect.signature` costs tens of µs.
+_parameter_names: dict[object, list[str]] = {}
+
+
+def forward_parameter_names(module: nn.Module) -> list[str]:
+    """Positional parameter names of `module.forward`, to key positional inputs by name."""
+    override = module.__dict__.get("forward")
+    cache_key = type(module) if override is None else override
+    names = _parameter_names.get(cache_key)
+    if names is None:
+        try:
+            parameters = inspect.signature(module.forward).parameters.values()
+            names = [
+                parameter.name
+                for parameter in parameters
+                if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+            ]
+        except (TypeError, ValueError):
+            names = []
+        _parameter_names[cache_key] = names
+    return names
+
+
+# NOTE: argument types that cannot hold tensors, skipped without walking them.
+_SCALAR_TYPES = frozenset({int, float, bool, str, bytes, torch.dtype, torch.device})
+
+
 class ModuleCapture:
     """Context manager that records every module call of `model` while active.
 
     With `full_tensors`, a CPU copy of every captured tensor is kept in `tensors` under the name stored in
     its summary's `tensor` field (`"{record index}/outputs/{key}"`), for the safetensors file of the trace.
+
+    The hooks run on every module call, so they are written for speed (see bench/bench_capture.py): one
+    closure per module with its state bound, per-class caches for class locations and `forward`'s parameter
+    names, bare tensor arguments summarised without walking them, and one summary per tensor object and
+    version per pass (`SummaryCache`).
     """
 
     def __init__(self, model: nn.Module, full_tensors: bool = False) -> None:
@@ -87,9 +151,8 @@ class ModuleCapture:
         self._call_counts: dict[str, int] = {}
         self._finished = 0
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._cache = _SummaryCache()
-        self._pending = PendingStats()
-        self._parameter_names: dict[type, list[str]] = {}
+        self.summary_cache = SummaryCache()
+        self.pending = PendingStats()
 
     def __enter__(self) -> ModuleCapture:
         try:
@@ -97,7 +160,7 @@ class ModuleCapture:
                 self._handles.append(
                     module.register_forward_pre_hook(self._make_pre_hook(path), with_kwargs=True, prepend=True)
                 )
-                self._handles.append(module.register_forward_hook(self._make_post_hook(path), always_call=True))
+                self._handles.append(module.register_forward_hook(self._make_post_hook(), always_call=True))
         except BaseException:
             self._remove_hooks()
             raise
@@ -105,8 +168,8 @@ class ModuleCapture:
 
     def __exit__(self, *exc_info: object) -> None:
         self._remove_hooks()
-        self._pending.resolve()
-        self._cache.clear()
+        self.pending.resolve()
+        self.summary_cache.clear()
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -114,78 +177,89 @@ class ModuleCapture:
         self._handles.clear()
 
     def _make_pre_hook(self, path: str):
+        records = self.records
+        stack = self._stack
+        call_counts = self._call_counts
+        caller_location = source_map.caller_location
+        defined_at = source_map.defined_at
+
         def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            self._on_call(path, module, args, kwargs)
+            # depth 2: caller_location <- pre_hook <- torch's hook dispatch, where the walk up starts
+            called_at, call_site = caller_location(2)
+            index = len(records)
+            call_index = call_counts.get(path, 0)
+            call_counts[path] = call_index + 1
+            module_class = type(module)
+            record = ModuleCall(
+                index,
+                path,
+                module_class.__name__,
+                defined_at(module_class),
+                called_at,
+                call_index,
+                stack[-1] if stack else -1,
+                -1,
+                call_site,
+            )
+            if args:
+                names = forward_parameter_names(module)
+                known = len(names)
+                inputs = [
+                    (names[position] if position < known else f"args.{position}", value)
+                    for position, value in enumerate(args)
+                ]
+                if kwargs:
+                    inputs.extend(kwargs.items())
+                record.inputs = self._summarize_all(inputs, index, "inputs")
+            else:
+                record.inputs = self._summarize_all(kwargs.items(), index, "inputs")
+            records.append(record)
+            stack.append(index)
 
         return pre_hook
 
-    def _make_post_hook(self, path: str):
+    def _make_post_hook(self):
+        records = self.records
+        stack = self._stack
+
         def post_hook(module: nn.Module, args: tuple, output: Any) -> None:
-            self._on_return(output)
+            if not stack:
+                return
+            record = records[stack.pop()]
+            record.finish_order = self._finished
+            self._finished += 1
+            record.outputs = self._summarize_all((("", output),), record.index, "outputs")
 
         return post_hook
 
-    def _on_call(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        # depth 3: pre_hook <- _on_call's caller chain starts at torch's _call_impl
-        called_at, call_site = source_map.caller_location(start_depth=3)
-        index = len(self.records)
-        call_index = self._call_counts.get(path, 0)
-        self._call_counts[path] = call_index + 1
-        record = ModuleCall(
-            index=index,
-            path=path,
-            class_name=type(module).__name__,
-            defined_at=source_map.defined_at(type(module)),
-            called_at=called_at,
-            call_index=call_index,
-            parent=self._stack[-1] if self._stack else -1,
-            call_site=call_site,
-        )
-        names = self._forward_parameter_names(module)
-        inputs = [(names[position] if position < len(names) else f"args.{position}", value)
-                  for position, value in enumerate(args)]
-        inputs.extend(kwargs.items())
-        record.inputs = self._summarize_all(inputs, index, "inputs")
-        self.records.append(record)
-        self._stack.append(index)
-
-    def _on_return(self, output: Any) -> None:
-        if not self._stack:
-            return
-        record = self.records[self._stack.pop()]
-        record.finish_order = self._finished
-        self._finished += 1
-        record.outputs = self._summarize_all([("", output)], record.index, "outputs")
-
-    def _summarize_all(self, named_values: list[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
+    def _summarize_all(self, named_values: Iterable[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
         summaries: list[TensorSummary] = []
+        cache = self.summary_cache
+        entries = cache._entries
         for name, value in named_values:
-            for key, tensor in iter_tensor_leaves(value, name):
+            if isinstance(value, torch.Tensor):
+                leaves: Iterable[tuple[str, torch.Tensor]] = ((name, value),)
+            elif value is None or type(value) in _SCALAR_TYPES:
+                continue
+            else:
+                leaves = iter_tensor_leaves(value, name)
+            for key, tensor in leaves:
                 if len(summaries) >= MAX_LEAVES_PER_SIDE:
                     return summaries
-                summary = self._cache.get(tensor, key)
-                if summary is None:
-                    summary = summarize(tensor, key, self._pending)
+                # NOTE: SummaryCache.get/put inlined: this loop runs for every argument of every module call.
+                try:
+                    version = tensor._version
+                except RuntimeError:  # inference tensors track no version: never cache them
+                    version = -1
+                entry = entries.get(id(tensor))
+                if entry is not None and entry[1] == version and entry[0]() is tensor:
+                    summary = cache.copy(entry[2], key)
+                else:
+                    summary = summarize(tensor, key, self.pending)
                     if self.full_tensors and tensor.device.type != "meta":
                         summary.tensor = f"{index}/{side}/{key}"
                         self.tensors[summary.tensor] = tensor.detach().to("cpu", copy=True).contiguous()
-                    self._cache.put(tensor, summary)
+                    if version >= 0:
+                        entries[id(tensor)] = (weakref.ref(tensor), version, summary)
                 summaries.append(summary)
         return summaries
-
-    def _forward_parameter_names(self, module: nn.Module) -> list[str]:
-        """Positional parameter names of `module.forward`, to key positional inputs by name."""
-        module_class = type(module)
-        names = self._parameter_names.get(module_class)
-        if names is None:
-            try:
-                parameters = inspect.signature(module.forward).parameters.values()
-                names = [
-                    parameter.name
-                    for parameter in parameters
-                    if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
-                ]
-            except (TypeError, ValueError):
-                names = []
-            self._parameter_names[module_class] = names
-        return names

@@ -23,7 +23,7 @@ import modeltrace
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
-from modeltrace.worker.build import BuiltModel, build_from_file, build_from_recipe
+from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.source_map import real_path
@@ -36,15 +36,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def _build(request: dict[str, Any]) -> BuiltModel:
-    if request.get("recipe"):
-        return build_from_recipe(Path(request["recipe"]), int(request.get("seed", 0)))
-    return build_from_file(
-        Path(request["file"]),
-        request.get("model"),
-        Path(request["config"]) if request.get("config") else None,
-        int(request.get("seed", 0)),
-        request.get("attention") or "eager",
-    )
+    # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in build.py.
+    return build_from_request(request)
 
 
 def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
@@ -74,12 +67,14 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     built = _build(request)
     # Remembered on the request so that a failure from here on names the class (`describe_failure`).
     request["model_class"] = built.model_class
-    _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    if not built.shape_only:  # a shape-only model stays on the meta device, built in the requested dtype
+        _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
     progress(f"running {built.model_class}.forward")
     line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
+        stack.enter_context(built.forward_context())
         capture = stack.enter_context(ModuleCapture(built.model, full_tensors=bool(request.get("full_tensors"))))
         line_capture = None
         if line_files:
@@ -99,7 +94,10 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
                 "dtype": request.get("dtype") or "float32",
                 "full_tensors": bool(request.get("full_tensors")),
                 "attention": request.get("attention") or "eager",
+                "shape_only": built.shape_only,
+                "checkpoint": request.get("checkpoint") or None,
             },
+            "build": _jsonable_notes(built.notes),
             "versions": {
                 "modeltrace": modeltrace.__version__,
                 "torch": torch.__version__,
@@ -133,6 +131,11 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     }
 
 
+def _jsonable_notes(notes: dict[str, Any]) -> dict[str, Any]:
+    """How the model was built (shrink level, input set, shape-only approximations), msgpack-safe."""
+    return {str(key): (dict(value) if isinstance(value, dict) else value) for key, value in notes.items()}
+
+
 def _input_summaries(built: BuiltModel) -> list:
     named = [(f"args.{position}", value) for position, value in enumerate(built.args)] + list(built.kwargs.items())
     return [summarize(tensor, key) for name, value in named for key, tensor in iter_tensor_leaves(value, name)]
@@ -151,11 +154,13 @@ def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str,
     file, line = None, None
     if isinstance(error, SyntaxError) and error.filename:
         file, line = real_path(error.filename), error.lineno
+    elif isinstance(error, ModelTraceError):
+        file, line = (real_path(error.file), error.line) if error.file else (None, None)
     else:
         frames = traceback.extract_tb(error.__traceback__)
         inside_user_code = [frame for frame in frames if any(real_path(frame.filename).startswith(root) for root in roots)]
         chosen = inside_user_code[-1] if inside_user_code else (frames[-1] if frames else None)
-        if chosen is not None and not isinstance(error, ModelTraceError):
+        if chosen is not None:
             file, line = real_path(chosen.filename), chosen.lineno
     return {
         "type": "error",

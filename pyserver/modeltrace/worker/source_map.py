@@ -32,6 +32,11 @@ _realpath_cache: dict[str, str] = {}
 _file_kind_cache: dict[str, str] = {}
 _column_cache: dict[CodeType, list[int | None]] = {}
 _defined_at_cache: dict[type, SourceLocation | None] = {}
+# NOTE: keyed by the code object's identity (held in the value, so the id stays unique): code objects compare
+# equal across files (co_filename is not compared), and a port and its original are the same code in two files.
+_plumbing_cache: dict[int, tuple[CodeType, bool]] = {}
+# Records share these location objects (one per call site), like they share class locations.
+_location_cache: dict[tuple[int, int], tuple[CodeType, SourceLocation]] = {}
 
 
 def real_path(filename: str) -> str:
@@ -72,10 +77,20 @@ def caller_location(start_depth: int = 2) -> tuple[SourceLocation | None, int | 
     frame: FrameType | None = sys._getframe(start_depth)
     while frame is not None:
         code = frame.f_code
-        if not _is_plumbing(code):
+        known = _plumbing_cache.get(id(code))
+        if known is None or known[0] is not code:
+            known = _plumbing_cache[id(code)] = (code, _is_plumbing(code))
+        if not known[1]:
             offset = frame.f_lasti
-            location = SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset))
-            return location, offset
+            # NOTE: a frame with a local tracer (line capture) reports the line of its last line event, so only
+            # untraced frames, whose line follows from the offset, share the cached location.
+            if frame.f_trace is not None:
+                return SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset)), offset
+            cached = _location_cache.get((id(code), offset))
+            if cached is None or cached[0] is not code:
+                location = SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset))
+                cached = _location_cache[(id(code), offset)] = (code, location)
+            return cached[1], offset
         frame = frame.f_back
     return None, None
 

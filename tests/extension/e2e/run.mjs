@@ -29,7 +29,7 @@ const { values: options } = parseArgs({
 });
 const node24 = process.env.E2E_NODE24 ?? join(e2eDir, "node24bin/node");
 const codeServer = process.env.E2E_CODE_SERVER ?? join(e2eDir, "code-server/node_modules/.bin/code-server");
-const screenshotPath = join(repo, "media/screenshot-hints.png");
+const mediaDir = join(repo, "media");
 const modeTimeoutMs = 420_000;
 
 function log(message) {
@@ -68,7 +68,9 @@ function prepareRunFolder(mode) {
     }
     // NOTE: a copy, so the workspace is new to VS Code (never trusted before) and traces do not land in the repo.
     const workspace = join(runDir, "workspace");
-    cpSync(options.workspace, workspace, { recursive: true, filter: (source) => !/(__pycache__|\.mtrace)$/.test(source) });
+    // NOTE: the committed reference trace (examples/reference/) comes along; traces made elsewhere do not.
+    const copied = (source) => !/__pycache__$/.test(source) && (!/\.mtrace$/.test(source) || /\/reference\/[^/]+\.mtrace$/.test(source));
+    cpSync(options.workspace, workspace, { recursive: true, filter: copied });
     const settings = {
         "workbench.startupEditor": "none",
         "workbench.tips.enabled": false,
@@ -205,6 +207,17 @@ function allHintTexts() {
     );
 }
 
+/** Runs in the page: the icon file of every glyph-margin decoration on screen, and the squiggles drawn. */
+function gutterAndSquiggles() {
+    const icons = [...document.querySelectorAll(".monaco-editor .glyph-margin-widgets .cgmr")].map((element) => {
+        // NOTE: the icon's URL is percent-encoded (…%2Fmedia%2Fdiff-match.svg).
+        const image = decodeURIComponent(getComputedStyle(element).backgroundImage ?? "");
+        return (/([\w-]+\.svg)/.exec(image) ?? [null, image])[1];
+    });
+    const squiggles = (severity) => document.querySelectorAll(`.monaco-editor .view-overlays .squiggly-${severity}`).length;
+    return { icons, warning: squiggles("warning"), error: squiggles("error") };
+}
+
 /** Clicks "Trust" in the workspace trust editor that the extension-host test opened. */
 async function grantTrust(page) {
     const button = page.locator(".workspace-trust-editor .monaco-button", { hasText: /^Trust/ }).first();
@@ -254,21 +267,46 @@ async function checkDom(page, request, runDir) {
             failures.push(`no notification ${JSON.stringify(request.notification)}; shown: ${JSON.stringify(shown)}`);
         }
     }
+    if (request.gutterIcons !== undefined || request.squiggle !== undefined) {
+        let seen = { icons: [], warning: 0, error: 0 };
+        const missing = () => [
+            ...(request.gutterIcons ?? []).filter((icon) => !seen.icons.includes(icon)).map((icon) => `gutter icon ${icon}`),
+            ...(request.squiggle !== undefined && seen[request.squiggle] === 0 ? [`${request.squiggle} squiggle`] : []),
+        ];
+        const deadline = Date.now() + 20_000;
+        while (Date.now() < deadline) {
+            seen = await page.evaluate(gutterAndSquiggles);
+            if (missing().length === 0) {
+                break;
+            }
+            await sleep(500);
+        }
+        if (missing().length > 0) {
+            failures.push(`not on screen: ${missing().join(", ")} (gutter icons: ${JSON.stringify(seen.icons)}, squiggles: ${seen.warning} warning, ${seen.error} error)`);
+        } else {
+            const counts = {};
+            for (const icon of seen.icons) {
+                counts[icon] = (counts[icon] ?? 0) + 1;
+            }
+            log(`on screen: gutter icons ${JSON.stringify(counts)}, ${seen.warning} warning squiggle(s)`);
+        }
+    }
     if (request.mode === "untrusted") {
         const traced = (await page.evaluate(allHintTexts)).filter((text) => text.includes("→"));
         if (traced.length > 0) {
             failures.push(`trace hints on screen in an untrusted workspace: ${JSON.stringify(traced)}`);
         }
     }
-    const shot = join(runDir, `${request.mode}.png`);
+    const screenshotName = request.screenshot ?? "screenshot-hints.png";
+    const shot = join(runDir, `${request.mode}-${screenshotName}`);
     // NOTE: below the title bar, which says "[Extension Development Host]" in a test run.
     const titlebar = await page.locator(".part.titlebar").boundingBox();
     const top = titlebar === null ? 0 : Math.round(titlebar.y + titlebar.height);
     const viewport = page.viewportSize();
     await page.screenshot({ path: shot, clip: { x: 0, y: top, width: viewport.width, height: viewport.height - top } });
     if (request.mode === "trusted" && failures.length === 0) {
-        copyFileSync(shot, screenshotPath);
-        log(`screenshot saved to ${screenshotPath.replace(`${repo}/`, "")}`);
+        copyFileSync(shot, join(mediaDir, screenshotName));
+        log(`screenshot saved to media/${screenshotName}`);
     } else {
         log(`screenshot saved to ${shot}`);
     }

@@ -17,6 +17,9 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.timeout", 30);
+        vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
+        vscodeFake.settings.set("modelTrace.diffRtol", 0);
+        vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
         assert.deepEqual(options, {
             settings: {
@@ -27,6 +30,9 @@ describe("settings", () => {
                 traceOnSave: true,
                 lines: true,
                 timeout: 30,
+                diffAtol: 1e-4,
+                diffRtol: 0,
+                diffMaps: ["h\\.(\\d+)=>layers.\\1"],
             },
             workspaceTrusted: false,
         });
@@ -39,6 +45,9 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
         vscodeFake.settings.set("modelTrace.lines", "no");
         vscodeFake.settings.set("modelTrace.timeout", -5);
+        vscodeFake.settings.set("modelTrace.diffAtol", -1);
+        vscodeFake.settings.set("modelTrace.diffRtol", "0.1");
+        vscodeFake.settings.set("modelTrace.diffMaps", "a=>b");
         assert.deepEqual(readSettings(vscodeapi.getConfiguration(settingsSection)), defaultSettings);
     });
 

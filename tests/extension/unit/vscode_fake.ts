@@ -28,6 +28,36 @@ export interface FakeUri {
     toString(): string;
 }
 
+export interface FakeDecorationType {
+    options: Record<string, unknown>;
+    disposed: boolean;
+    dispose(): void;
+}
+
+/** An editor as the gutters see it: its document's URI and lines, and the decorations set on it. */
+export interface FakeEditor {
+    document: { uri: FakeUri; languageId: string; lineCount: number; lineAt(line: number): { range: unknown } };
+    /** The lines each decoration type was last set on. */
+    decorations: Map<FakeDecorationType, number[]>;
+    setDecorations(type: FakeDecorationType, ranges: { line: number }[]): void;
+}
+
+export function fakeEditor(path: string, lineCount: number): FakeEditor {
+    const editor: FakeEditor = {
+        document: {
+            uri: fileUri(path),
+            languageId: "python",
+            lineCount,
+            lineAt: (line: number) => ({ range: { line } }),
+        },
+        decorations: new Map(),
+        setDecorations(type: FakeDecorationType, ranges: { line: number }[]): void {
+            editor.decorations.set(type, ranges.map((range) => range.line));
+        },
+    };
+    return editor;
+}
+
 function fileUri(path: string): FakeUri {
     return { scheme: "file", path, fsPath: path, toString: () => `file://${path}` };
 }
@@ -46,6 +76,8 @@ function createFake() {
         errors: [] as string[],
         executedCommands: [] as { command: string; args: unknown[] }[],
         statusItems: [] as FakeLanguageStatusItem[],
+        visibleEditors: [] as FakeEditor[],
+        decorationTypes: [] as FakeDecorationType[],
 
         reset(): void {
             fake.settings.clear();
@@ -58,6 +90,8 @@ function createFake() {
             fake.errors = [];
             fake.executedCommands = [];
             fake.statusItems = [];
+            fake.visibleEditors = [];
+            fake.decorationTypes = [];
         },
     };
 
@@ -69,7 +103,11 @@ function createFake() {
 
     const vscode = {
         LanguageStatusSeverity: { Information: 0, Warning: 1, Error: 2 },
-        Uri: { file: fileUri, parse: (value: string) => fileUri(value.replace(/^file:\/\//, "")) },
+        Uri: {
+            file: fileUri,
+            parse: (value: string) => fileUri(value.replace(/^file:\/\//, "")),
+            joinPath: (base: FakeUri, ...segments: string[]) => fileUri([base.path, ...segments].join("/")),
+        },
         workspace: {
             get isTrusted(): boolean {
                 return fake.trusted;
@@ -86,6 +124,21 @@ function createFake() {
         window: {
             get activeTextEditor() {
                 return fake.activeEditor;
+            },
+            get visibleTextEditors() {
+                return fake.visibleEditors;
+            },
+            onDidChangeVisibleTextEditors: () => ({ dispose: () => undefined }),
+            createTextEditorDecorationType: (options: Record<string, unknown>): FakeDecorationType => {
+                const type: FakeDecorationType = {
+                    options,
+                    disposed: false,
+                    dispose(): void {
+                        type.disposed = true;
+                    },
+                };
+                fake.decorationTypes.push(type);
+                return type;
             },
             showWarningMessage: message("warnings"),
             showErrorMessage: message("errors"),

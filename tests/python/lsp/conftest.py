@@ -43,6 +43,7 @@ async def client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFa
     assert result["ok"], result
     lsp_client.example_trace = result  # type: ignore[attr-defined]
     lsp_client.example_uri = uri  # type: ignore[attr-defined]
+    lsp_client.trace_directory = trace_directory  # type: ignore[attr-defined]
     yield
     await lsp_client.shutdown_session()
 

@@ -32,6 +32,8 @@ class Recorder:
     """What the server pushed to the client beyond what pytest-lsp records itself."""
 
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    # `modelTrace/lineStatus` params as sent: {"uri", "lines": [{"line", "status"}]}
+    line_statuses: list[dict[str, Any]] = field(default_factory=list)
     inlay_hint_refreshes: int = 0
     code_lens_refreshes: int = 0
 
@@ -65,6 +67,12 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
     def on_status(params: Any) -> None:
         # NOTE: pygls hands the params of methods it does not know as a namedtuple.
         recorder.statuses.append(params._asdict())
+
+    @client.feature("modelTrace/lineStatus")
+    def on_line_status(params: Any) -> None:
+        recorder.line_statuses.append(
+            {"uri": params.uri, "lines": [{"line": item.line, "status": item.status} for item in params.lines]}
+        )
 
     @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
     def on_inlay_hint_refresh(params: None) -> None:
@@ -139,3 +147,33 @@ def copy_example(destination: Path) -> Path:
     package = destination / "tiny_llama"
     shutil.copytree(EXAMPLE_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "*.mtrace"))
     return package / EXAMPLE.name
+
+
+MLP_FORWARD = "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n        gate = self.activation("
+
+
+def inject_into_mlp_forward(client: LanguageClient, modeling_file: Path, uri: str, statement: str) -> int:
+    """Insert `statement` as the first line of TinyLlamaMLP.forward, on disk and in the open document.
+
+    Returns the statement's 0-based line.
+    """
+    line = line_of(modeling_file, "gate = self.activation(self.gate_proj(hidden_states))")
+    source = modeling_file.read_text()
+    assert MLP_FORWARD in source
+    modeling_file.write_text(
+        source.replace(MLP_FORWARD, MLP_FORWARD.replace("        gate", f"        {statement}\n        gate"))
+    )
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(
+                        start=types.Position(line=line, character=0), end=types.Position(line=line, character=0)
+                    ),
+                    text=f"        {statement}\n",
+                )
+            ],
+        )
+    )
+    return line

@@ -9,40 +9,19 @@ import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from .support import EXAMPLE, copy_example, execute, inlay_hints, line_of, open_document, wait_until
+from .support import (
+    EXAMPLE,
+    copy_example,
+    execute,
+    inject_into_mlp_forward,
+    inlay_hints,
+    line_of,
+    open_document,
+    wait_until,
+)
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-MLP_FORWARD = "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n        gate = self.activation("
-
-
-def inject_into_mlp_forward(client: LanguageClient, modeling_file: Path, uri: str, statement: str) -> int:
-    """Insert `statement` as the first line of TinyLlamaMLP.forward, on disk and in the open document.
-
-    Returns the statement's 0-based line.
-    """
-    line = line_of(modeling_file, "gate = self.activation(self.gate_proj(hidden_states))")
-    source = modeling_file.read_text()
-    assert MLP_FORWARD in source
-    modeling_file.write_text(
-        source.replace(MLP_FORWARD, MLP_FORWARD.replace("        gate", f"        {statement}\n        gate"))
-    )
-    client.text_document_did_change(
-        types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
-            content_changes=[
-                types.TextDocumentContentChangePartial(
-                    range=types.Range(
-                        start=types.Position(line=line, character=0), end=types.Position(line=line, character=0)
-                    ),
-                    text=f"        {statement}\n",
-                )
-            ],
-        )
-    )
-    return line
-
 
 def messages_since(client: LanguageClient, count: int) -> list[types.ShowMessageParams]:
     return client.messages[count:]
@@ -181,11 +160,3 @@ async def test_untitled_and_non_python_documents_get_nothing(client: LanguageCli
         == f"ModelTrace: {notes.resolve()} is not a Python file; only Python model code can be traced"
     )
     assert client.messages[-1].message == result["message"]
-
-
-async def test_reference_commands_say_they_are_not_available_yet(client: LanguageClient) -> None:
-    for command in ("modelTrace.setReference", "modelTrace.pinReference"):
-        result = await execute(client, command, client.example_uri)
-
-        assert result == {"ok": False, "message": "ModelTrace: reference traces are not available yet"}
-        assert client.messages[-1].type == types.MessageType.Info

@@ -13,6 +13,12 @@ export interface DomRequest {
     notification?: string;
     /** Text the language status hover (the "{ }" item of the status bar) must show. */
     languageStatus?: string;
+    /** Icon files (media/) that must be drawn in the glyph margin. */
+    gutterIcons?: string[];
+    /** A squiggle of this severity must be drawn. */
+    squiggle?: "warning" | "error";
+    /** The name in media/ the screenshot is saved as when the check passes (default screenshot-hints.png). */
+    screenshot?: string;
 }
 
 export interface DomResult {
@@ -34,12 +40,18 @@ export function hostLog(line: string): void {
     fs.appendFileSync(path.join(runDir(), "host.log"), `${line}\n`);
 }
 
-let lastStep: number = 0;
+/** The step of the last request written; read from ready.json, since each test file bundles its own copy of this module. */
+function lastStep(): number {
+    try {
+        return (JSON.parse(fs.readFileSync(path.join(runDir(), "ready.json"), "utf8")) as { step: number }).step;
+    } catch {
+        return 0;
+    }
+}
 
 /** Writes ready.json (with a new step number) and waits for run.mjs's dom-result.json of that step. */
 export async function askForDomCheck(request: DomRequest, timeoutMs: number = 90_000): Promise<DomResult> {
-    lastStep += 1;
-    const step: number = lastStep;
+    const step: number = lastStep() + 1;
     const resultFile: string = path.join(runDir(), "dom-result.json");
     fs.writeFileSync(path.join(runDir(), "ready.json.tmp"), JSON.stringify({ ...request, step }, null, 2));
     fs.renameSync(path.join(runDir(), "ready.json.tmp"), path.join(runDir(), "ready.json"));

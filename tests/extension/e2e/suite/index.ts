@@ -1,5 +1,5 @@
 // Test runner loaded by the extension host (the `extensionTestsPath` contract: export run()).
-// MODELTRACE_E2E_MODE picks the suite: trusted.test.js or untrusted.test.js, next to this file.
+// MODELTRACE_E2E_MODE picks the suite: trusted.test.js (then reference.test.js) or untrusted.test.js.
 import * as path from "node:path";
 import Mocha from "mocha";
 import { hostLog } from "./handshake";
@@ -8,6 +8,9 @@ export function run(): Promise<void> {
     const mode: string = process.env.MODELTRACE_E2E_MODE ?? "trusted";
     const mocha: Mocha = new Mocha({ ui: "bdd", timeout: 240_000, color: false, reporter: "dot" });
     mocha.addFile(path.join(__dirname, `${mode}.test.js`));
+    if (mode === "trusted") {
+        mocha.addFile(path.join(__dirname, "reference.test.js"));
+    }
     return new Promise((resolve, reject) => {
         const runner: Mocha.Runner = mocha.run((failures: number) => {
             hostLog(`mocha finished: ${failures} failed`);

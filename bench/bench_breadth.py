@@ -1,0 +1,219 @@
+"""Breadth of the unaided trace: every modeling file of the installed transformers, traced with no options.
+
+    .venv/bin/python bench/bench_breadth.py                      # all families, markdown summary on stdout
+    .venv/bin/python bench/bench_breadth.py llama bert t5        # only these model folders
+    .venv/bin/python bench/bench_breadth.py --jobs 2 --timeout 60 --json bench/results/breadth.json
+    .venv/bin/python bench/bench_breadth.py --rerun-failed bench/results/breadth.json
+
+For each `transformers/models/*/modeling_*.py`, the trace runs exactly as `modeltrace trace FILE` runs it: through
+the worker (`modeltrace.worker.client.WorkerClient`), which forks one child per trace from a process that has
+torch and transformers imported, and kills it at the timeout. A file whose classes hold no transformers base
+model (no PreTrainedModel other than the abstract `…PreTrainedModel`) is not counted.
+
+A family is a model folder (`models/llama`); it succeeds when every one of its modeling files that defines a
+base model traces. Failures are grouped by reason: the error type and its message with class names, numbers
+and quoted values replaced, so that one cause shared by many models is one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyserver"))
+
+from modeltrace.errors import TraceFailed  # noqa: E402
+from modeltrace.worker.client import WorkerClient  # noqa: E402
+
+
+def transformers_models_folder() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "models"
+
+
+def modeling_files(folder: Path, only: list[str]) -> list[Path]:
+    files = sorted(folder.glob("*/modeling_*.py"))
+    if only:
+        files = [file for file in files if file.parent.name in only or file.stem in only]
+    return files
+
+
+# Reasons: ordered (pattern, label) pairs tried on "Type: message"; the first match names the group. Anything
+# else is grouped by its normalised message.
+_REASONS = [
+    (r"torchvision", "needs torchvision (not installable beside this torch)"),
+    (r"torchaudio", "needs torchaudio (not installable beside this torch)"),
+    (r"requires the .* librar|pip install|is not installed|No module named", "needs an optional library"),
+    (r"no transformers model|no base model|defines no nn.Module", "no base model"),
+    (r"timeout|ran past", "timed out"),
+]
+
+
+def reason_of(error: dict) -> str:
+    kind = error.get("type") or "Error"
+    message = str(error.get("message") or "").strip().splitlines()
+    text = f"{kind}: {message[0] if message else ''}"
+    for pattern, label in _REASONS:
+        if re.search(pattern, text, re.IGNORECASE):
+            return label
+    text = re.sub(r"^(\w+: )/\S+?\.py: ", r"\1", text)
+    text = re.sub(r"/\S+", "PATH", text)
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    text = re.sub(r"\b[A-Z][A-Za-z0-9]*(?:Model|Config|For[A-Za-z]+|Layer|Attention|Embeddings?|Encoder|Decoder)\w*",
+                  "CLASS", text)
+    text = re.sub(r"\b\d+(\.\d+)?\b", "N", text)
+    text = re.sub(r"torch\.Size\(\[[^\]]*\]\)", "SIZE", text)
+    text = re.sub(r"\(PATH:N\)|\(PATH:\?\)", "", text)
+    return text[:220]
+
+
+def trace_one(worker: WorkerClient, file: Path, out: Path, timeout: float, extra: dict) -> dict:
+    request = {
+        "file": str(file),
+        "model": None,
+        "recipe": None,
+        "config": None,
+        "full_tensors": False,
+        "lines": False,
+        "device": "cpu",
+        "dtype": "float32",
+        "seed": 0,
+        "timeout": timeout,
+        "out": str(out),
+        **extra,
+    }
+    started = time.perf_counter()
+    try:
+        result = worker.trace(request)
+    except TraceFailed as failure:
+        error = failure.error
+        return {
+            "file": str(file),
+            "ok": False,
+            "type": error.get("type"),
+            "message": str(error.get("message") or "")[:2000],
+            "where": f"{error.get('file')}:{error.get('line')}" if error.get("file") else None,
+            "model_class": error.get("model_class"),
+            "seconds": time.perf_counter() - started,
+        }
+    build: dict = {}
+    try:
+        from modeltrace.trace.storage import read_trace
+
+        build = read_trace(result["trace"]).model.get("build") or {}
+    except Exception:  # noqa: BLE001 - the notes are a bonus
+        pass
+    return {
+        "file": str(file),
+        "ok": True,
+        "shrink": build.get("shrink"),
+        "inputs": build.get("inputs"),
+        "model_class": result.get("model_class"),
+        "modules": result.get("modules"),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run(files: list[Path], jobs: int, timeout: float, extra: dict, log) -> list[dict]:
+    queue = list(files)
+    results: list[dict] = []
+    lock = threading.Lock()
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                   "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    def work() -> None:
+        with WorkerClient(environment=environment) as worker, tempfile.TemporaryDirectory() as scratch:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    file = queue.pop(0)
+                out = Path(scratch) / f"{file.stem}.mtrace"
+                result = trace_one(worker, file, out, timeout, extra)
+                with lock:
+                    results.append(result)
+                    status = "ok  " if result["ok"] else "FAIL"
+                    detail = (f" [{result.get('shrink')}; {result.get('inputs')}]" if result["ok"]
+                              else f" {result['type']}: {result['message'][:150]!r}")
+                    log(f"[{len(results)}/{len(files)}] {status} {file.parent.name}/{file.name} "
+                        f"({result['seconds']:.1f} s){detail}")
+
+    threads = [threading.Thread(target=work) for _ in range(max(1, jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(results, key=lambda result: result["file"])
+
+
+def summarize(results: list[dict]) -> str:
+    counted = [result for result in results if reason_of(result) != "no base model" or result["ok"]]
+    skipped = [result for result in results if result not in counted]
+    families: dict[str, list[dict]] = defaultdict(list)
+    for result in counted:
+        families[Path(result["file"]).parent.name].append(result)
+    family_ok = sorted(name for name, items in families.items() if all(item["ok"] for item in items))
+    files_ok = [result for result in counted if result["ok"]]
+    groups: dict[str, list[str]] = defaultdict(list)
+    for result in counted:
+        if not result["ok"]:
+            groups[reason_of(result)].append(Path(result["file"]).stem.removeprefix("modeling_"))
+    lines = [
+        f"Model families traced unaided: **{len(family_ok)} / {len(families)} "
+        f"({100 * len(family_ok) / max(1, len(families)):.1f} %)**; modeling files: {len(files_ok)} / {len(counted)}"
+        f" ({len(skipped)} files without a base model not counted).",
+        "",
+        "| Failure reason | Files | Models |",
+        "|---|---:|---|",
+    ]
+    for reason, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        shown = reason.replace("|", "\\|")
+        lines.append(f"| {shown} | {len(names)} | {', '.join(sorted(names))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("only", nargs="*", help="model folder names (or modeling file stems) to run")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--json", metavar="FILE", help="write every result here")
+    parser.add_argument("--rerun-failed", metavar="FILE", help="rerun only the failures in this results file "
+                        "and merge the new results into it")
+    parser.add_argument("--shape-only", action="store_true", help="trace each default config on the meta device")
+    arguments = parser.parse_args()
+
+    folder = transformers_models_folder()
+    files = modeling_files(folder, arguments.only)
+    previous: list[dict] = []
+    if arguments.rerun_failed:
+        previous = json.loads(Path(arguments.rerun_failed).read_text())
+        failed = {result["file"] for result in previous if not result["ok"]}
+        files = [file for file in files if str(file) in failed]
+    extra = {"shape_only": True} if arguments.shape_only else {}
+    started = time.perf_counter()
+    results = run(files, arguments.jobs, arguments.timeout, extra, lambda line: print(line, file=sys.stderr, flush=True))
+    if previous:
+        fresh = {result["file"]: result for result in results}
+        results = [fresh.get(result["file"], result) for result in previous]
+    print(f"# {len(files)} files in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if arguments.json:
+        Path(arguments.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(arguments.json).write_text(json.dumps(results, indent=1))
+    sys.stdout.write(summarize(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Cost of module capture on CPU: ModelTrace's `ModuleCapture` vs a plain forward vs transformers' debugger.
+
+    .venv/bin/python bench/bench_capture.py            # both sizes, prints a markdown table
+    .venv/bin/python bench/bench_capture.py --quick    # fewer rounds, for a smoke run
+    .venv/bin/python bench/bench_capture.py --json bench/results/capture.json
+
+Models: `LlamaModel` built from a `LlamaConfig` (random weights, fixed seed, eager attention, `use_cache=False`,
+batch 1), run under `torch.no_grad()`:
+
+- tiny: hidden 64, intermediate 128, 2 layers, 4 heads (2 KV heads), sequence 7
+- medium: hidden 512, intermediate 1536, 8 layers, 8 heads (4 KV heads), sequence 128
+
+Every variant is timed from before entering its context to after leaving it, so it includes what the user waits
+for (files written, fsync included where the writer does it). Variants run interleaved, in a rotating order,
+for N rounds after a warm-up, each round in a fresh temporary folder created and deleted outside the timing:
+
+- `plain`: `model(input_ids)`.
+- `empty hooks` (diagnostic): a no-op forward pre-hook (`with_kwargs=True`) and post-hook (`always_call=True`) on
+  every module, as ModuleCapture registers them: what torch's hook dispatch alone costs.
+- `hooks only` (diagnostic): ModuleCapture's hooks, source lines and records, with the tensor summaries switched
+  off, and the trace of those records written: the floor of per-module-call Python work before any statistic.
+- `modeltrace stats`: `ModuleCapture(model)` around the forward, then the trace (`Trace`, records and a small
+  header) written with `modeltrace.trace.storage.write_trace` (msgpack, fsync, atomic rename), as
+  `worker/job.py` does (job.py's source hashing of the model files is left out).
+- `modeltrace full tensors`: the same with `ModuleCapture(model, full_tensors=True)` and the captured tensors
+  written to `tensors.safetensors` inside the trace folder, as `worker/job.py` does.
+- `debugger repr`: `transformers.model_debugging_utils.model_addition_debugger_context(model, debug_path=tmp,
+  do_prune_layers=False, use_repr=True)` around the forward (wrapping every module's forward on entry,
+  repr of every tensor and its mean/std/min/max, the `*_FULL_TENSORS.json` and `*_SUMMARY.json` files written
+  at the end of the top-level forward, forwards restored on exit).
+- `debugger safetensors`: the same with `use_repr=False` (one safetensors file per tensor instead of reprs).
+
+Ratios are ratios of medians; the paired column is the median over rounds of (variant / plain) within a round,
+which is less sensitive to a noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaModel
+from transformers.model_debugging_utils import model_addition_debugger_context
+
+from modeltrace.trace.records import Trace
+from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker.capture import ModuleCapture
+
+
+SIZES = {
+    # name: (hidden, intermediate, layers, heads, kv heads, sequence, rounds)
+    "tiny": (64, 128, 2, 4, 2, 7, 200),
+    "medium": (512, 1536, 8, 8, 4, 128, 15),
+}
+VOCAB = 1024
+SEED = 0
+
+
+def build(size: str) -> tuple[LlamaModel, torch.Tensor]:
+    hidden, intermediate, layers, heads, kv_heads, sequence, _ = SIZES[size]
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        attn_implementation="eager",
+        use_cache=False,
+    )
+    model = LlamaModel(config).eval()
+    input_ids = torch.randint(0, VOCAB, (1, sequence), generator=torch.Generator().manual_seed(SEED))
+    return model, input_ids
+
+
+class _EmptyHooks:
+    """No-op hooks registered the way ModuleCapture registers its own."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.handles: list = []
+
+    def __enter__(self) -> _EmptyHooks:
+        for module in self.model.modules():
+            self.handles.append(module.register_forward_pre_hook(_no_op, with_kwargs=True, prepend=True))
+            self.handles.append(module.register_forward_hook(_no_op, always_call=True))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _no_op(*args: object) -> None:
+    return None
+
+
+class _HooksOnly(ModuleCapture):
+    """ModuleCapture with tensor summaries switched off: what the hooks alone cost."""
+
+    def _summarize_all(self, named_values, index, side):  # noqa: ANN001
+        return []
+
+
+def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool,
+                capture_class: type[ModuleCapture] = ModuleCapture) -> None:
+    with torch.no_grad(), capture_class(model, full_tensors=full_tensors) as capture:
+        model(input_ids)
+    trace = Trace(model={"class": type(model).__name__, "options": {"full_tensors": full_tensors}},
+                  modules=capture.records)
+    write_extra = None
+    if capture.tensors:
+        from safetensors.torch import save_file
+
+        def write_extra(target: Path) -> None:
+            save_file(capture.tensors, str(target / TENSORS_FILE))
+
+    write_trace(trace, folder / "bench.mtrace", write_extra)
+
+
+def _debugger(model: LlamaModel, input_ids: torch.Tensor, folder: Path, use_repr: bool) -> None:
+    with torch.no_grad(), model_addition_debugger_context(
+        model, debug_path=str(folder / "debug"), do_prune_layers=False, use_repr=use_repr
+    ):
+        model(input_ids)
+
+
+def variants() -> dict[str, Callable[[LlamaModel, torch.Tensor, Path], None]]:
+    def plain(model, input_ids, folder):  # noqa: ANN001
+        with torch.no_grad():
+            model(input_ids)
+
+    def empty_hooks(model, input_ids, folder):  # noqa: ANN001
+        with torch.no_grad(), _EmptyHooks(model):
+            model(input_ids)
+
+    return {
+        "plain": plain,
+        "empty hooks": empty_hooks,
+        "hooks only": lambda m, x, f: _modeltrace(m, x, f, False, _HooksOnly),
+        "modeltrace stats": lambda m, x, f: _modeltrace(m, x, f, False),
+        "modeltrace full tensors": lambda m, x, f: _modeltrace(m, x, f, True),
+        "debugger repr": lambda m, x, f: _debugger(m, x, f, True),
+        "debugger safetensors": lambda m, x, f: _debugger(m, x, f, False),
+    }
+
+
+def _time_once(function, model, input_ids) -> float:  # noqa: ANN001
+    folder = Path(tempfile.mkdtemp(prefix="bench_capture_"))
+    try:
+        gc.collect()
+        started = time.perf_counter()
+        function(model, input_ids, folder)
+        return time.perf_counter() - started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(size: str, rounds: int, warmup: int) -> dict:
+    model, input_ids = build(size)
+    named = variants()
+    names = list(named)
+    with torch.no_grad():
+        reference = model(input_ids).last_hidden_state.clone()
+    for _ in range(warmup):
+        for name in names:
+            _time_once(named[name], model, input_ids)
+    # NOTE: the variants must not change the model's result (and the debugger must have restored the forwards).
+    with torch.no_grad():
+        assert torch.equal(model(input_ids).last_hidden_state, reference), "a variant changed the model's output"
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(_time_once(named[name], model, input_ids))
+    plain = times["plain"]
+    rows = {}
+    for name in names:
+        median = statistics.median(times[name])
+        rows[name] = {
+            "median_ms": median * 1e3,
+            "min_ms": min(times[name]) * 1e3,
+            "ratio_to_plain": median / statistics.median(plain),
+            "paired_ratio_to_plain": statistics.median(t / p for t, p in zip(times[name], plain)),
+            "times_ms": [t * 1e3 for t in times[name]],
+        }
+    with contextlib.suppress(Exception):
+        with torch.no_grad(), ModuleCapture(model) as capture:
+            model(input_ids)
+        rows["plain"]["module_calls"] = len(capture.records)
+    return {"size": size, "config": SIZES[size][:6], "rounds": rounds, "variants": rows}
+
+
+def targets(results: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
+    checks = []
+    medium = results.get("medium", {}).get("variants")
+    tiny = results.get("tiny", {}).get("variants")
+    if medium:
+        ratio = medium["modeltrace stats"]["ratio_to_plain"]
+        checks.append(("medium: stats ≤ 1.15× plain", ratio, f"{ratio:.2f}×", ratio <= 1.15))
+        speedup = medium["debugger repr"]["median_ms"] / medium["modeltrace stats"]["median_ms"]
+        checks.append(("medium: stats ≥ 3× faster than debugger repr", speedup, f"{speedup:.1f}×", speedup >= 3))
+    if tiny:
+        ratio = tiny["modeltrace stats"]["ratio_to_plain"]
+        checks.append(("tiny: stats ≤ 1.6× plain", ratio, f"{ratio:.2f}×", ratio <= 1.6))
+    for size, rows in (("medium", medium), ("tiny", tiny)):
+        if rows:
+            speedup = rows["debugger safetensors"]["median_ms"] / rows["modeltrace full tensors"]["median_ms"]
+            checks.append((f"{size}: full tensors ≥ 3× faster than debugger safetensors", speedup,
+                           f"{speedup:.1f}×", speedup >= 3))
+    return checks
+
+
+def markdown(results: dict[str, dict]) -> str:
+    lines = [
+        f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}, "
+        f"CPU, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores",
+        "",
+        "| model | variant | median ms | × plain | × plain (paired) | module calls |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for size, result in results.items():
+        for name, row in result["variants"].items():
+            calls = row.get("module_calls", "")
+            lines.append(
+                f"| {size} ({result['rounds']} rounds) | {name} | {row['median_ms']:.2f} | "
+                f"{row['ratio_to_plain']:.2f} | {row['paired_ratio_to_plain']:.2f} | {calls} |"
+            )
+    lines += ["", "| target | measured | met |", "|---|---:|:---:|"]
+    for label, _, shown, met in targets(results):
+        lines.append(f"| {label} | {shown} | {'yes' if met else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--quick", action="store_true", help="a tenth of the rounds")
+    parser.add_argument("--rounds", type=int, help="rounds for every size (overrides the defaults)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--json", type=Path, help="also write the results (with every timing) here")
+    options = parser.parse_args(argv)
+    torch.set_num_threads(options.threads)
+    results = {}
+    for size in options.sizes:
+        rounds = options.rounds or SIZES[size][6]
+        if options.quick:
+            rounds = max(3, rounds // 10)
+        started = time.perf_counter()
+        results[size] = measure(size, rounds, warmup=2 if size == "medium" else 10)
+        print(f"{size}: {rounds} rounds in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(markdown(results))
+    if options.json:
+        options.json.parent.mkdir(parents=True, exist_ok=True)
+        options.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Cost of `modeltrace diff` on CPU: statistics-only diff of two 5,000-module traces, and full-tensor diff of the
+medium Llama against the time it takes just to read both tensor sets.
+
+    .venv/bin/python bench/bench_diff.py            # prints a markdown table
+    .venv/bin/python bench/bench_diff.py --quick    # fewer rounds
+    .venv/bin/python bench/bench_diff.py --json bench/results/diff.json
+
+- `stats 5k`: two synthetic traces of 5,000 module calls each (a transformer-like tree: 249 blocks of 20 calls
+  and a few more, one to four input tensors and one or two output tensors per call, statistics only), the
+  candidate's numbers perturbed by 1e-5 up to an activation in the middle block, and by 0.5 from there on (so
+  half of the modules mismatch, as downstream of a real bug). Timed: `diff_traces` on the loaded traces
+  (alignment, comparison, first divergence), then the same plus `to_json`, then the whole of
+  `load_reference` ×2 + `diff_traces` (reading both traces from disk included).
+- `medium Llama full`: `LlamaModel` hidden 512, intermediate 1536, 8 layers, 8 heads (4 KV heads), sequence
+  128, random weights (seed 0), traced with full tensors; the candidate is the same model with RMSNorm epsilon
+  1e-5 instead of 1e-6, so every tensor after the first norm differs a little. Timed: reading both
+  `tensors.safetensors` with `safetensors.numpy.load_file` (the baseline), and `load_reference` ×2 +
+  `diff_traces` (full-tensor comparison of every input and output), and `diff_traces` alone on traces opened
+  beforehand (tensor data is read from the memory maps during the diff). Files are in the page cache for all.
+
+Best and median over rounds, after a warm-up; the best is what the code costs, the median what a busy machine
+(these run next to other work) adds to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from modeltrace.diff import DiffOptions, diff_traces, load_reference, to_json
+from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
+from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.trace.tensors import LoadedTrace
+
+
+def _time_ms(function, rounds: int) -> tuple[float, float]:
+    """(best, median) wall time over `rounds` calls after a warm-up."""
+    function()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        function()
+        times.append((time.perf_counter() - started) * 1000)
+    return min(times), statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------- synthetic 5k traces
+
+
+BLOCK = ["", "input_layernorm", "self_attn", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+         "self_attn.o_proj", "post_attention_layernorm", "mlp", "mlp.gate_proj", "mlp.act_fn", "mlp.up_proj",
+         "mlp.down_proj", "adapter", "adapter.down", "adapter.act", "adapter.up", "gate", "gate.proj", "gate.act"]
+
+
+def synthetic_traces(modules: int = 5000, seed: int = 0) -> tuple[Trace, Trace]:
+    rng = random.Random(seed)
+    ref_records: list[ModuleCall] = []
+    cand_records: list[ModuleCall] = []
+
+    def summary(key: str, perturb: float = 0.0) -> tuple[TensorSummary, TensorSummary]:
+        mean, std = rng.gauss(0, 0.1), rng.uniform(0.5, 2.0)
+        low, high = mean - 3 * std, mean + 3 * std
+        ref = TensorSummary(key, [1, 128, 512], "float32", mean=mean, std=std, min=low, max=high,
+                            abs_max=max(abs(low), abs(high)))
+        cand = TensorSummary(key, [1, 128, 512], "float32", mean=mean + perturb, std=std + perturb,
+                             min=low + perturb, max=high + perturb, abs_max=max(abs(low), abs(high)))
+        return ref, cand
+
+    def add(path: str, parent: int) -> int:
+        index = len(ref_records)
+        for records in (ref_records, cand_records):
+            records.append(ModuleCall(index, path, "Module", None, None, 0, parent))
+        return index
+
+    root = add("", -1)
+    blocks = (modules - 1) // len(BLOCK)
+    diverging = blocks // 2
+    finished = 0
+    for block in range(blocks):
+        stack: list[tuple[str, int]] = []
+        for name in BLOCK:
+            path = f"layers.{block}" + (f".{name}" if name else "")
+            depth = name.count(".") + (1 if name else 0)
+            while len(stack) > depth:
+                _, closed = stack.pop()
+                ref_records[closed].finish_order = cand_records[closed].finish_order = finished
+                finished += 1
+            parent = stack[-1][1] if stack else root
+            index = add(path, parent)
+            stack.append((path, index))
+            # From the activation of the middle block on, every tensor differs (what a real bug does downstream).
+            after = block > diverging or (block == diverging and BLOCK.index(name) > BLOCK.index("mlp.act_fn"))
+            perturb = 0.5 if after or (block == diverging and name == "mlp.act_fn") else 1e-5
+            for position in range(rng.randint(1, 4)):
+                ref, cand = summary(f"args.{position}" if position else "hidden_states", 0.5 if after else 1e-5)
+                ref_records[index].inputs.append(ref)
+                cand_records[index].inputs.append(cand)
+            for position in range(rng.randint(1, 2)):
+                ref, cand = summary(str(position) if position else "", perturb)
+                ref_records[index].outputs.append(ref)
+                cand_records[index].outputs.append(cand)
+        while stack:
+            _, closed = stack.pop()
+            ref_records[closed].finish_order = cand_records[closed].finish_order = finished
+            finished += 1
+    while len(ref_records) < modules:  # top up to exactly `modules` calls with leaf modules after the blocks
+        index = add(f"heads.{len(ref_records)}", root)
+        ref, cand = summary("hidden_states", 1e-5)
+        ref_records[index].inputs.append(ref)
+        cand_records[index].inputs.append(cand)
+        ref, cand = summary("", 1e-5)
+        ref_records[index].outputs.append(ref)
+        cand_records[index].outputs.append(cand)
+        ref_records[index].finish_order = cand_records[index].finish_order = finished
+        finished += 1
+    ref_records[root].finish_order = cand_records[root].finish_order = finished
+    return Trace(model={"class": "Synthetic"}, modules=ref_records), Trace(model={"class": "Synthetic"},
+                                                                          modules=cand_records)
+
+
+def bench_statistics(rounds: int, folder: Path) -> dict[str, float]:
+    reference, candidate = synthetic_traces()
+    ref_loaded = LoadedTrace(reference, None, Path("reference"), "modeltrace")
+    cand_loaded = LoadedTrace(candidate, None, Path("candidate"), "modeltrace")
+    result = diff_traces(ref_loaded, cand_loaded)
+    assert result.first_divergence is not None and result.first_divergence.module.candidate.path.endswith("act_fn")
+    ref_path = write_trace(reference, folder / "ref5k.mtrace")
+    cand_path = write_trace(candidate, folder / "cand5k.mtrace")
+
+    def from_disk() -> None:
+        with load_reference(ref_path) as ref, load_reference(cand_path) as cand:
+            diff_traces(ref, cand)
+
+    return {
+        "modules": len(reference.modules),
+        "leaves": sum(len(record.inputs) + len(record.outputs) for record in reference.modules),
+        "diff_ms": _time_ms(lambda: diff_traces(ref_loaded, cand_loaded), rounds),
+        "diff_json_ms": _time_ms(lambda: to_json(diff_traces(ref_loaded, cand_loaded)), rounds),
+        "read_and_diff_ms": _time_ms(from_disk, rounds),
+    }
+
+
+# ------------------------------------------------------------------------------------------ medium Llama
+
+
+def _llama_trace(folder: Path, name: str, eps: float) -> Path:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaModel
+
+    from modeltrace.worker.capture import ModuleCapture
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=4, attn_implementation="eager",
+                         use_cache=False, rms_norm_eps=eps)
+    model = LlamaModel(config).eval()
+    input_ids = torch.randint(0, 1024, (1, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), ModuleCapture(model, full_tensors=True) as capture:
+        model(input_ids)
+    trace = Trace(model={"class": "LlamaModel"}, modules=capture.records)
+    return write_trace(trace, folder / name, lambda target: save_file(capture.tensors, str(target / TENSORS_FILE)))
+
+
+def bench_full(rounds: int, folder: Path) -> dict[str, float]:
+    from safetensors.numpy import load_file
+
+    reference = _llama_trace(folder, "ref.mtrace", 1e-6)
+    candidate = _llama_trace(folder, "cand.mtrace", 1e-5)
+    ref_tensors, cand_tensors = reference / TENSORS_FILE, candidate / TENSORS_FILE
+
+    def read_both() -> None:
+        load_file(str(ref_tensors))
+        load_file(str(cand_tensors))
+
+    def diff_both(target: Path) -> None:
+        with load_reference(reference) as ref, load_reference(target) as cand:
+            diff_traces(ref, cand, DiffOptions())
+
+    def diff_only() -> float:
+        """diff_traces on freshly opened traces (their tensors not yet paged in), the opening not timed."""
+        with load_reference(reference) as ref, load_reference(candidate) as cand:
+            started = time.perf_counter()
+            diff_traces(ref, cand, DiffOptions())
+            return (time.perf_counter() - started) * 1000
+
+    diff_only()
+    only = [diff_only() for _ in range(rounds)]
+
+    with load_reference(reference) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand)
+        divergence = result.first_divergence.module.candidate.path
+        modules = len(ref.trace.modules)
+        tensors = len(ref.tensors.file.names())
+    return {
+        "modules": modules,
+        "tensors_per_trace": tensors,
+        "bytes_per_trace": ref_tensors.stat().st_size,
+        "first_divergence": divergence,
+        "read_both_ms": _time_ms(read_both, rounds),
+        "diff_ms": _time_ms(lambda: diff_both(candidate), rounds),
+        "diff_identical_ms": _time_ms(lambda: diff_both(reference), rounds),
+        "diff_only_ms": (min(only), statistics.median(only)),
+    }
+
+
+def _cell(times: tuple[float, float], baseline: tuple[float, float] | None = None) -> str:
+    best, median = times
+    text = f"{best:.1f} ({median:.1f})"
+    if baseline is not None:
+        text += f" — {best / baseline[0]:.2f}× ({median / baseline[1]:.2f}×)"
+    return text
+
+
+def markdown(stats: dict, full: dict) -> str:
+    return "\n".join([
+        "| benchmark | measure | best (median) ms | target |",
+        "|---|---|---:|---|",
+        f"| stats-only, {stats['modules']} module calls ({stats['leaves']} tensor leaves) each | diff_traces | "
+        f"{_cell(stats['diff_ms'])} | ≤ 100 ms |",
+        f"| | diff_traces + to_json | {_cell(stats['diff_json_ms'])} | |",
+        f"| | load both from disk + diff | {_cell(stats['read_and_diff_ms'])} | |",
+        f"| medium Llama, full tensors ({full['tensors_per_trace']} tensors, "
+        f"{full['bytes_per_trace'] / 2**20:.0f} MiB per trace) | read both tensor sets (safetensors.numpy) | "
+        f"{_cell(full['read_both_ms'])} | baseline |",
+        f"| | load both + diff, candidate diverges at `{full['first_divergence']}` | "
+        f"{_cell(full['diff_ms'], full['read_both_ms'])} | ≤ 2× |",
+        f"| | load both + diff, identical traces | {_cell(full['diff_identical_ms'], full['read_both_ms'])} "
+        "| ≤ 2× |",
+        f"| | diff_traces alone, diverging (tensors paged in during the diff, trace.msgpack reading excluded) | "
+        f"{_cell(full['diff_only_ms'], full['read_both_ms'])} | ≤ 2× |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", metavar="PATH")
+    arguments = parser.parse_args(argv)
+    rounds = 3 if arguments.quick else 15
+    with tempfile.TemporaryDirectory() as folder:
+        stats = bench_statistics(rounds, Path(folder))
+        full = bench_full(max(3, rounds // 2), Path(folder))
+    print(markdown(stats, full))
+    if arguments.json:
+        Path(arguments.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(arguments.json).write_text(json.dumps({"statistics": stats, "full": full}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Alignment: which reference module call each candidate module call is compared with.
+
+In order: the same path and call index; then user rename maps (`--map 'REGEX=>REPL'`, a `re.sub` tried on
+reference paths to find a candidate path, then on candidate paths to find a reference path); then, when most
+modules are still unaligned, a common leading prefix (`model.` of a `…ForCausalLM` against its base model).
+Candidate modules inside numbered layers that the reference lacks while it has layers on both sides of them
+(`layers.0` and `layers.7` but not `layers.3`) are what `do_prune_layers=True` leaves out: they are marked
+pruned, not unaligned. Everything else left over is reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from modeltrace.errors import ModelTraceError
+from modeltrace.trace.records import ModuleCall, Trace
+
+
+@dataclass(frozen=True)
+class RenameMap:
+    """One `REGEX=>REPL` rule: `re.sub(REGEX, REPL, path)` (REPL may use `\\1` / `\\g<name>`)."""
+
+    pattern: re.Pattern
+    replacement: str
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> RenameMap:
+        regex, separator, replacement = text.partition("=>")
+        if not separator or not regex:
+            raise ModelTraceError(
+                f"--map {text!r}: expected 'REGEX=>REPLACEMENT' (for example 'h\\.(\\d+)=>layers.\\1')"
+            )
+        try:
+            pattern = re.compile(regex)
+        except re.error as error:
+            raise ModelTraceError(f"--map {text!r}: invalid regular expression ({error})") from None
+        try:
+            pattern.sub(replacement, "")
+        except (re.error, IndexError) as error:
+            raise ModelTraceError(f"--map {text!r}: invalid replacement ({error})") from None
+        return cls(pattern, replacement, text)
+
+    def apply(self, path: str) -> str:
+        try:
+            return self.pattern.sub(self.replacement, path)
+        except (re.error, IndexError) as error:
+            raise ModelTraceError(f"--map {self.text!r}: cannot rewrite {path!r} ({error})") from None
+
+
+def parse_maps(texts: list[str] | tuple[str, ...] | None) -> list[RenameMap]:
+    return [RenameMap.parse(text) for text in texts or ()]
+
+
+def _rewrite(path: str, maps: list[RenameMap]) -> str:
+    for rename in maps:
+        path = rename.apply(path)
+    return path
+
+
+@dataclass
+class Alignment:
+    """`reference_for[i]`: the reference record index of candidate record `i`, or -1; `how[i]` says why
+    ("path", "map", "prefix"); `pruned` holds candidate indices absent from a pruned reference."""
+
+    reference_for: list[int]
+    how: list[str]
+    pruned: set[int] = field(default_factory=set)
+    unaligned_reference: list[int] = field(default_factory=list)
+    unaligned_candidate: list[int] = field(default_factory=list)
+    prefix: str | None = None
+    prefix_side: str | None = None
+
+    @property
+    def aligned_count(self) -> int:
+        return sum(1 for index in self.reference_for if index >= 0)
+
+
+def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | None = None) -> Alignment:
+    maps = maps or []
+    ref_records, cand_records = reference.modules, candidate.modules
+    reference_for = [-1] * len(cand_records)
+    how = [""] * len(cand_records)
+    used = [False] * len(ref_records)
+    by_key = {(record.path, record.call_index): position for position, record in enumerate(ref_records)}
+
+    def pair(cand_position: int, ref_position: int, reason: str) -> None:
+        reference_for[cand_position] = ref_position
+        how[cand_position] = reason
+        used[ref_position] = True
+
+    for position, record in enumerate(cand_records):
+        found = by_key.get((record.path, record.call_index))
+        if found is not None and not used[found]:
+            pair(position, found, "path")
+
+    if maps:
+        free_cand = {(record.path, record.call_index): position for position, record in enumerate(cand_records)
+                     if reference_for[position] < 0}
+        for ref_position, record in enumerate(ref_records):
+            if used[ref_position]:
+                continue
+            target = free_cand.pop((_rewrite(record.path, maps), record.call_index), None)
+            if target is not None and reference_for[target] < 0:
+                pair(target, ref_position, "map")
+        free_ref = {(record.path, record.call_index): position for position, record in enumerate(ref_records)
+                    if not used[position]}
+        for position, record in enumerate(cand_records):
+            if reference_for[position] >= 0:
+                continue
+            found = free_ref.pop((_rewrite(record.path, maps), record.call_index), None)
+            if found is not None:
+                pair(position, found, "map")
+
+    alignment = Alignment(reference_for, how)
+    non_root = [position for position, record in enumerate(cand_records) if record.path]
+    aligned_non_root = sum(1 for position in non_root if reference_for[position] >= 0)
+    if non_root and aligned_non_root < len(non_root) / 2:
+        _align_by_prefix(alignment, ref_records, cand_records, used)
+
+    if any(found < 0 for found in reference_for):
+        _mark_pruned(alignment, cand_records)
+    alignment.unaligned_reference = [position for position, flag in enumerate(used) if not flag]
+    alignment.unaligned_candidate = [
+        position for position, found in enumerate(alignment.reference_for)
+        if found < 0 and position not in alignment.pruned
+    ]
+    return alignment
+
+
+def _best_prefix(longer: list[ModuleCall], shorter: list[ModuleCall]) -> tuple[str, int] | None:
+    """The prefix P (ending in '.') such that most `shorter` paths appear in `longer` as P + path."""
+    short_paths = {record.path for record in shorter if record.path}
+    if not short_paths:
+        return None
+    counts: Counter[str] = Counter()
+    for record in longer:
+        path = record.path
+        position = path.find(".")
+        while position >= 0:
+            if path[position + 1 :] in short_paths:
+                counts[path[: position + 1]] += 1
+            position = path.find(".", position + 1)
+    if not counts:
+        return None
+    prefix, count = counts.most_common(1)[0]
+    return (prefix, count) if count >= max(1, len(short_paths) / 2) else None
+
+
+def _align_by_prefix(alignment: Alignment, ref_records: list[ModuleCall], cand_records: list[ModuleCall],
+                     used: list[bool]) -> None:
+    options = []
+    found = _best_prefix(ref_records, cand_records)
+    if found:
+        options.append((found[1], found[0], "reference"))
+    found = _best_prefix(cand_records, ref_records)
+    if found:
+        options.append((found[1], found[0], "candidate"))
+    if not options:
+        return
+    _, prefix, side = max(options)
+    # Start over on the prefixed side: the roots are different modules (`LlamaForCausalLM` vs `LlamaModel`).
+    for position in range(len(alignment.reference_for)):
+        if alignment.how[position] == "path":
+            used[alignment.reference_for[position]] = False
+            alignment.reference_for[position] = -1
+            alignment.how[position] = ""
+    stem = prefix[:-1]
+
+    def reference_path(candidate_path: str) -> str | None:
+        if side == "reference":
+            return prefix + candidate_path if candidate_path else stem
+        if candidate_path == stem:
+            return ""
+        return candidate_path[len(prefix) :] if candidate_path.startswith(prefix) else None
+
+    by_key = {(record.path, record.call_index): position for position, record in enumerate(ref_records)}
+    for position, record in enumerate(cand_records):
+        if alignment.reference_for[position] >= 0:
+            continue
+        target_path = reference_path(record.path)
+        if target_path is None:
+            continue
+        target = by_key.get((target_path, record.call_index))
+        if target is not None and not used[target]:
+            alignment.reference_for[position] = target
+            alignment.how[position] = "prefix"
+            used[target] = True
+    alignment.prefix, alignment.prefix_side = prefix, side
+
+
+_NUMBER = re.compile(r"\.(\d+)(?=\.|$)")
+
+
+def _mark_pruned(alignment: Alignment, cand_records: list[ModuleCall]) -> None:
+    """Candidate modules under `stem.N` where the aligned modules have `stem.M` and `stem.K` with M < N < K."""
+    numbers: dict[str, set[int]] = {}
+    for position, record in enumerate(cand_records):
+        if alignment.reference_for[position] < 0:
+            continue
+        for match in _NUMBER.finditer(record.path):
+            numbers.setdefault(record.path[: match.start()], set()).add(int(match.group(1)))
+    if not numbers:
+        return
+    for position, record in enumerate(cand_records):
+        if alignment.reference_for[position] >= 0:
+            continue
+        for match in _NUMBER.finditer(record.path):
+            present = numbers.get(record.path[: match.start()])
+            number = int(match.group(1))
+            if present and number not in present and min(present) < number < max(present):
+                alignment.pruned.add(position)
+                break

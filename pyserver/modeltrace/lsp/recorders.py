@@ -1,0 +1,130 @@
+"""Recorder problems (`_can_record_outputs`) as pull diagnostics, and their quick fixes as code actions.
+
+Static only (libcst, no model run), so it works in untrusted workspaces too. Diagnostics are served through
+`textDocument/diagnostic` (the client pulls them on open and on each change) so that they never replace the
+trace failures and divergences the server pushes with `publishDiagnostics` on the same file.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from lsprotocol import types
+
+from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.recorders import analyze_source, apply_fixes
+from modeltrace.recorders.static import Analysis, Problem
+
+SOURCE = "ModelTrace recorders"
+DIAGNOSTIC_OPTIONS = types.DiagnosticOptions(
+    inter_file_dependencies=False, workspace_diagnostics=False, identifier="modeltrace-recorders"
+)
+CODE_ACTION_OPTIONS = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix])
+
+_cache: dict[tuple[str, int | None], tuple[str, Analysis]] = {}
+
+
+def _analysis(ls: ModelTraceServer, uri: str) -> tuple[str, Analysis] | None:
+    if ls.document_path(uri) is None:
+        return None
+    document = ls.workspace.get_text_document(uri)
+    source = document.source
+    if "capture_outputs" not in source and "_can_record_outputs" not in source:
+        return source, Analysis(None, {}, set(), [], [], [])
+    key = (uri, document.version)
+    cached = _cache.get(key)
+    if cached is None or cached[0] != source:
+        for stale in [k for k in _cache if k[0] == uri]:
+            del _cache[stale]
+        cached = (source, analyze_source(source, ls.uri_to_path(uri)))
+        _cache[key] = cached
+    return cached
+
+
+def _line_range(source: str, line: int) -> types.Range:
+    lines = source.splitlines()
+    index = max(0, min(line - 1, len(lines) - 1)) if lines else 0
+    text = lines[index] if lines else ""
+    start = len(text) - len(text.lstrip())
+    # NOTE: characters counted in UTF-16 units would differ only past non-ASCII text; these lines are code.
+    return types.Range(types.Position(index, start), types.Position(index, len(text)))
+
+
+def _diagnostic(source: str, problem: Problem) -> types.Diagnostic:
+    return types.Diagnostic(
+        range=_line_range(source, problem.line),
+        message=problem.message,
+        severity=types.DiagnosticSeverity.Warning,
+        code=problem.code,
+        source=SOURCE,
+        data={"key": problem.key, "code": problem.code, "line": problem.line},
+    )
+
+
+def document_diagnostics(ls: ModelTraceServer, params: types.DocumentDiagnosticParams) -> types.FullDocumentDiagnosticReport:
+    found = _analysis(ls, params.text_document.uri)
+    items = [] if found is None else [_diagnostic(found[0], p) for p in found[1].problems]
+    return types.FullDocumentDiagnosticReport(items=items)
+
+
+def _text_edits(old: str, new: str) -> list[types.TextEdit]:
+    """Line-based edits turning `old` into `new` (whole lines, so independent of the position encoding)."""
+    old_lines = old.splitlines(keepends=True)
+    new_lines = new.splitlines(keepends=True)
+    edits = []
+    matcher = difflib.SequenceMatcher(a=old_lines, b=new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        edits.append(
+            types.TextEdit(
+                range=types.Range(types.Position(i1, 0), types.Position(i2, 0)),
+                new_text="".join(new_lines[j1:j2]),
+            )
+        )
+    return edits
+
+
+def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
+    uri = params.text_document.uri
+    found = _analysis(ls, uri)
+    if found is None:
+        return None
+    source, analysis = found
+    wanted = params.context.only
+    if wanted and not any(kind.startswith(types.CodeActionKind.QuickFix) for kind in wanted):
+        return None
+    first, last = params.range.start.line + 1, params.range.end.line + 1
+    actions = []
+    fixable = [p for p in analysis.problems if p.fix_json() is not None]
+    for problem in fixable:
+        if not (first <= problem.line <= last):
+            continue
+        fixed, applied = apply_fixes(source, [problem], analysis)
+        if not applied or fixed == source:
+            continue
+        fix = problem.fix_json() or {}
+        title = (
+            f"Record {fix['key']!r} with {fix['entry']}" if "entry" in fix else f"Add _can_record_outputs to {fix.get('class')}"
+        )
+        diagnostic = _diagnostic(source, problem)
+        actions.append(
+            types.CodeAction(
+                title=title,
+                kind=types.CodeActionKind.QuickFix,
+                diagnostics=[diagnostic],
+                is_preferred=True,
+                edit=types.WorkspaceEdit(changes={uri: _text_edits(source, fixed)}),
+            )
+        )
+    if len(fixable) > 1 and actions:
+        fixed, applied = apply_fixes(source, None, analysis)
+        if len(applied) > 1:
+            actions.append(
+                types.CodeAction(
+                    title="Fix all _can_record_outputs problems",
+                    kind=types.CodeActionKind.QuickFix,
+                    edit=types.WorkspaceEdit(changes={uri: _text_edits(source, fixed)}),
+                )
+            )
+    return actions

@@ -1,0 +1,253 @@
+"""Reference traces: diff a document's trace against its reference and show where they part ways.
+
+After each trace of a document with a reference (and right after the reference is set), the diff runs in a
+thread; the server then sends `modelTrace/lineStatus` for every file the diff touches (gutters), a Warning
+diagnostic at the first divergence's call site, keeps the numbers for hovers and the plot for
+`modelTrace/diffPlot`. Only plain data is kept: the tensors of both traces are closed once compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path
+
+from modeltrace.diff import (
+    DIVERGENCE,
+    DiffOptions,
+    close_result,
+    diff_traces,
+    line_statuses,
+    load_reference,
+    parse_maps,
+    plot_data,
+)
+from modeltrace.diff.report import divergence_json
+from modeltrace.errors import ModelTraceError
+from modeltrace.lsp.diagnostics import publish_divergence
+from modeltrace.lsp.remap import split_lines
+from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.store import LoadedTrace, read_lines
+from modeltrace.trace.lines import format_number
+
+
+logger = logging.getLogger(__name__)
+
+LINE_STATUS_NOTIFICATION = "modelTrace/lineStatus"
+DIFF_PLOT_REQUEST = "modelTrace/diffPlot"
+DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
+
+
+@dataclass(frozen=True, slots=True)
+class CallDiff:
+    """The comparison of one module call, as a hover shows it."""
+
+    status: str
+    check: str | None
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+
+
+@dataclass(slots=True)
+class DocumentDiff:
+    """What the latest diff of a document's trace left to show: statuses by (file, 1-based trace line), calls
+    by (module path, call index), the first divergence (`divergence_json`) and the plot (`plot_data`)."""
+
+    reference: str
+    statuses: dict[tuple[str, int], str]
+    calls: dict[tuple[str, int], CallDiff]
+    divergence: dict[str, Any] | None
+    plot: dict[str, Any]
+    matched: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def load_checked_reference(path: str) -> None:
+    """Open and close a reference once, so that a bad path fails when it is set, not at the next trace."""
+    load_reference(path).close()
+
+
+def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float | None,
+                 maps: tuple[str, ...]) -> DocumentDiff:
+    """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread)."""
+    options = DiffOptions(atol=atol, rtol=rtol, maps=tuple(parse_maps(list(maps))))
+    loaded_reference = load_reference(reference)
+    try:
+        loaded_candidate = load_reference(candidate)
+    except BaseException:
+        loaded_reference.close()
+        raise
+    result = None
+    try:
+        result = diff_traces(loaded_reference, loaded_candidate, options)
+        calls = {
+            (module.candidate.path, module.candidate.call_index): CallDiff(
+                module.status, module.check, module.max_abs_diff, module.max_rel_diff
+            )
+            for module in result.modules
+        }
+        return DocumentDiff(
+            reference=reference,
+            statuses=line_statuses(result),
+            calls=calls,
+            divergence=divergence_json(result.first_divergence),
+            plot=plot_data(result),
+            matched=result.match,
+            notes=list(result.notes),
+        )
+    finally:
+        if result is not None:
+            close_result(result)
+        else:
+            loaded_reference.close()
+            loaded_candidate.close()
+
+
+async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff | None:
+    """Diff `loaded` against its document's reference (if any) and show the result; None when nothing ran."""
+    reference = ls.references.get(loaded.owner)
+    if reference is None:
+        return None
+    settings = ls.settings
+    try:
+        diff = await asyncio.to_thread(
+            compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps
+        )
+    except ModelTraceError as error:
+        ls.show_message(f"ModelTrace: comparing with the reference failed: {error}", types.MessageType.Error)
+        return None
+    except Exception as error:  # noqa: BLE001 - a broken diff never takes the trace down with it
+        logger.exception("diff of %s against %s failed", loaded.trace_path, reference)
+        ls.show_message(f"ModelTrace: internal error while comparing with the reference ({error})",
+                        types.MessageType.Error)
+        return None
+    show_diff(ls, loaded, diff)
+    return diff
+
+
+def _current_lines(ls: ModelTraceServer, file: str) -> dict[int, int]:
+    """1-based trace line -> 0-based current line of a file's traced lines (they move with edits)."""
+    hints = ls.store.files.get(file)
+    if hints is None:
+        return {}
+    now = {id(traced): line for line, traced in hints.by_line.items()}
+    return {line: now[id(traced)] for line, traced in hints.by_trace_line.items() if id(traced) in now}
+
+
+def _uri(ls: ModelTraceServer, file: str) -> str:
+    document = ls.open_document(file)
+    return document.uri if document is not None else from_fs_path(file)
+
+
+def _notify_lines(ls: ModelTraceServer, file: str, lines: list[dict[str, Any]]) -> None:
+    ls.protocol.notify(LINE_STATUS_NOTIFICATION, {"uri": _uri(ls, file), "lines": lines})
+
+
+def show_diff(ls: ModelTraceServer, loaded: LoadedTrace, diff: DocumentDiff) -> None:
+    """Replace what the previous diff of this document showed: gutters, the divergence warning, hovers."""
+    previous = ls.diffs.get(loaded.owner)
+    ls.diffs[loaded.owner] = diff
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for (file, line), status in diff.statuses.items():
+        current = _current_lines(ls, file).get(line, line - 1)
+        by_file.setdefault(file, []).append({"line": current, "status": status})
+    for file, lines in by_file.items():
+        _notify_lines(ls, file, sorted(lines, key=lambda item: item["line"]))
+    if previous is not None:
+        for file in {file for file, _ in previous.statuses} - set(by_file):
+            _notify_lines(ls, file, [])
+    publish_divergence(ls, loaded.owner, divergence_diagnostic(ls, diff.divergence))
+
+
+def forget_diff(ls: ModelTraceServer, owner: str) -> None:
+    """Remove a document's diff from view (its trace was cleared)."""
+    previous = ls.diffs.pop(owner, None)
+    if previous is None:
+        return
+    for file in {file for file, _ in previous.statuses}:
+        _notify_lines(ls, file, [])
+    publish_divergence(ls, owner, None)
+
+
+def divergence_diagnostic(
+    ls: ModelTraceServer, divergence: dict[str, Any] | None
+) -> tuple[str, types.Diagnostic] | None:
+    """`(uri, Warning)` at the first divergence's call site, with its numbers; None without one."""
+    called_at = (divergence or {}).get("called_at")
+    if divergence is None or not called_at or not called_at.get("file"):
+        return None
+    file, trace_line = called_at["file"], int(called_at["line"])
+    line = _current_lines(ls, file).get(trace_line, trace_line - 1)
+    document = ls.open_document(file)
+    lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
+    text = lines[line] if 0 <= line < len(lines) else ""
+    start = len(text) - len(text.lstrip())
+    units = ls.workspace.position_codec.client_num_units
+    check = divergence.get("check")
+    message = (
+        f"First divergence from the reference: {divergence['path']} ({divergence['class']}): "
+        f"max abs diff {format_number(divergence.get('max_abs_diff'))}, "
+        f"max rel diff {format_number(divergence.get('max_rel_diff'))}"
+        + (f" ({check} check)" if check else "")
+    )
+    if divergence.get("after") and divergence.get("before"):
+        message += (
+            f"; it arises after {_named(divergence['after'])} (still matches) and before "
+            f"{_named(divergence['before'])} (already differs)"
+        )
+    return _uri(ls, file), types.Diagnostic(
+        range=types.Range(
+            start=types.Position(line=line, character=units(text[:start])),
+            end=types.Position(line=line, character=units(text)),
+        ),
+        message=message,
+        severity=types.DiagnosticSeverity.Warning,
+        source=DIFF_DIAGNOSTIC_SOURCE,
+    )
+
+
+def _named(call: dict[str, Any]) -> str:
+    called_at = call.get("called_at")
+    return f"{call['path']} (line {called_at['line']})" if called_at else call["path"]
+
+
+def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> str | None:
+    """The hover's "vs reference" section for a line's calls, or None when none was compared."""
+    diff = ls.diffs.get(owner)
+    if diff is None:
+        return None
+    rows = []
+    for record in calls:
+        compared = diff.calls.get((record.path, record.call_index))
+        if compared is None:
+            continue
+        status = "**first divergence**" if compared.status == DIVERGENCE else compared.status.replace("_", " ")
+        name = record.path if record.call_index == 0 else f"{record.path}#{record.call_index}"
+        rows.append(
+            f"| `{name}` | {status} | {format_number(compared.max_abs_diff)} | {format_number(compared.max_rel_diff)} "
+            f"| {compared.check or '–'} |"
+        )
+    if not rows:
+        return None
+    header = "| call | status | max abs diff | max rel diff | check |\n|:--|:--|--:|--:|:--|"
+    return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows)
+
+
+def diff_plot(ls: ModelTraceServer, params: Any) -> dict[str, Any] | None:
+    """`modelTrace/diffPlot {uri}`: the plot data of the document's latest diff, or null."""
+    uri = getattr(params, "uri", None)
+    if uri is None and isinstance(params, dict):
+        uri = params.get("uri")
+    path = ls.uri_to_path(uri) if isinstance(uri, str) else None
+    if path is None:
+        return None
+    showing = ls.store.trace_showing(path)
+    diff = ls.diffs.get(showing.owner if showing is not None else path)
+    if diff is None:
+        return None
+    return {**diff.plot, "reference": diff.reference, "divergence": diff.divergence}

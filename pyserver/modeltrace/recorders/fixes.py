@@ -1,0 +1,184 @@
+"""Fixes for recorder problems as libcst edits that keep the file's formatting."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import libcst as cst
+
+from modeltrace.recorders.static import Analysis, Problem, Recorder, analyze_source, dotted
+
+
+def _entry_element(key: str, recorder: Recorder, comma) -> cst.DictElement:
+    return cst.DictElement(cst.SimpleString(f'"{key}"'), cst.parse_expression(recorder.source(key)), comma=comma)
+
+
+class _FixTransformer(cst.CSTTransformer):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.by_owner: dict[str, list[Problem]] = {}
+        for problem in problems:
+            self.by_owner.setdefault(problem.owner or "", []).append(problem)
+        self.depth = 0
+        self.current: str | None = None
+        self.needs_output_recorder = False
+        self.applied: list[Problem] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.depth += 1
+        if self.depth == 1:
+            self.current = node.name.value
+        return True
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.depth -= 1
+        if self.depth != 0:
+            return updated
+        problems = [p for p in self.by_owner.get(original.name.value, []) if p.code == "no-recorders" and p not in self.applied]
+        self.current = None
+        if not problems:
+            return updated
+        entries: dict[str, Recorder] = problems[0].extra.get("entries", {})
+        if not entries:
+            return updated
+        body = list(updated.body.body)
+        lines = ["    _can_record_outputs = {"]
+        for key, recorder in entries.items():
+            lines.append(f'        "{key}": {recorder.source(key)},')
+            if recorder.source(key).startswith("OutputRecorder"):
+                self.needs_output_recorder = True
+        lines.append("    }")
+        statement = cst.parse_statement("\n".join(line[4:] for line in lines) + "\n")
+        # after the docstring and class-level assignments, before the first method
+        position = 0
+        for position, item in enumerate(body):
+            if isinstance(item, (cst.FunctionDef, cst.ClassDef)):
+                break
+        else:
+            position = len(body)
+        body.insert(position, statement)
+        self.applied.extend(problems)
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+        if self.depth != 1 or self.current is None or len(original.targets) != 1:
+            return updated
+        if dotted(original.targets[0].target) != "_can_record_outputs" or not isinstance(updated.value, cst.Dict):
+            return updated
+        problems = [p for p in self.by_owner.get(self.current, []) if p.recorder is not None and p.code != "no-recorders"]
+        if not problems:
+            return updated
+        value = updated.value
+        elements = list(value.elements)
+        for problem in problems:
+            key = problem.key or ""
+            if problem.recorder.source(key).startswith("OutputRecorder"):
+                self.needs_output_recorder = True
+            found = False
+            for position, element in enumerate(elements):
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and element.key.evaluated_value == key:
+                    if problem.replace:
+                        elements[position] = element.with_changes(value=cst.parse_expression(problem.recorder.source(key)))
+                    found = True
+            if found:
+                self.applied.append(problem)
+                continue
+            if elements:
+                last = elements[-1]
+                if isinstance(last.comma, cst.Comma):
+                    # the last comma carries the line break before `}`; the one before it, the item indentation
+                    if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
+                        between = elements[-2].comma
+                    else:
+                        between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
+                    elements[-1] = last.with_changes(comma=between)
+                    elements.append(_entry_element(key, problem.recorder, last.comma))
+                else:
+                    comma = elements[-2].comma if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                    elements[-1] = last.with_changes(comma=comma)
+                    elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
+            else:
+                elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
+            self.applied.append(problem)
+        return updated.with_changes(value=value.with_changes(elements=elements))
+
+
+def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[str]) -> cst.Module:
+    if "OutputRecorder" in analysis_imported:
+        return module
+
+    class AddToCaptureImport(cst.CSTTransformer):
+        done = False
+
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+            if self.done or isinstance(updated.names, cst.ImportStar):
+                return updated
+            names = [alias.name.value for alias in updated.names if isinstance(alias.name, cst.Name)]
+            if "capture_outputs" not in names:
+                return updated
+            module_name = dotted(updated.module) if updated.module else ""
+            if not (module_name or "").endswith("output_capturing"):
+                return updated
+            self.done = True
+            aliases = list(updated.names)
+            last = aliases[-1]
+            aliases[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            aliases.append(cst.ImportAlias(cst.Name("OutputRecorder"), comma=last.comma))
+            aliases.sort(key=lambda a: a.name.value if isinstance(a.name, cst.Name) else "")
+            # keep the trailing-comma layout of the original last alias on the new last one
+            fixed = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in aliases[:-1]]
+            fixed.append(aliases[-1].with_changes(comma=last.comma))
+            return updated.with_changes(names=fixed)
+
+    adder = AddToCaptureImport()
+    module = module.visit(adder)
+    if adder.done:
+        return module
+    statement = cst.parse_statement("from transformers.utils.output_capturing import OutputRecorder\n")
+    body = list(module.body)
+    position = 0
+    for position, item in enumerate(body):
+        if isinstance(item, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body):
+            continue
+        if position == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr):
+            continue  # module docstring
+        break
+    body.insert(position, statement)
+    return module.with_changes(body=body)
+
+
+def apply_fixes(source: str, problems: list[Problem] | None = None, analysis: Analysis | None = None) -> tuple[str, list[Problem]]:
+    """The source with the fixes of `problems` (all fixable ones when None) applied, and the problems fixed."""
+    analysis = analysis or analyze_source(source)
+    if analysis.module is None:
+        return source, []
+    if problems is None:
+        problems = [p for p in analysis.problems if p.fix_json() is not None]
+    problems = [p for p in problems if p.owner and (p.recorder is not None or p.code == "no-recorders")]
+    if not problems:
+        return source, []
+    transformer = _FixTransformer(problems)
+    module = analysis.module.visit(transformer)
+    if transformer.needs_output_recorder:
+        module = _ensure_output_recorder_import(module, analysis.imported)
+    return module.code, transformer.applied
+
+
+def fix_file(path: str | Path) -> list[Problem]:
+    """Apply every available fix to `path` in place (atomically); the problems fixed."""
+    path = Path(path)
+    source = path.read_text(encoding="utf-8")
+    fixed, applied = apply_fixes(source)
+    if applied and fixed != source:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(fixed)
+            os.chmod(temporary, path.stat().st_mode & 0o777)
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+    return applied

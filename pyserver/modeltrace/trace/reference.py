@@ -1,0 +1,62 @@
+"""`load_reference`: open anything accepted where a trace is, with access to its full tensors.
+
+Accepted: a `NAME.mtrace/` folder (or its `trace.msgpack`), with `tensors.safetensors` when it was traced with
+`--full-tensors`; a transformers `model_addition_debugger_context` output (its folder, `*_SUMMARY.json` or
+`*_FULL_TENSORS.json`, repr values or per-tensor safetensors files). No torch import (the language server
+calls this for "Load Reference Trace…"); every problem is a `TraceFormatError` naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modeltrace.errors import TraceFormatError
+from modeltrace.trace.hf_debugger import is_debugger_file, read_debugger_output
+from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, tensors_path
+from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore
+
+
+def load_trace_folder(path: Path | str) -> LoadedTrace:
+    """A ModelTrace trace folder with its tensors file (validated header, memory-mapped) when present."""
+    path = Path(path)
+    folder = path.parent if path.name == TRACE_FILE else path
+    trace = read_trace(path)
+    tensors_file = tensors_path(folder)
+    store = SafetensorsStore(tensors_file) if tensors_file is not None else None
+    if store is not None:
+        missing = [
+            summary.tensor
+            for record in trace.modules
+            for summary in (*record.inputs, *record.outputs)
+            if summary.tensor is not None and summary.tensor not in store
+        ]
+        if missing:
+            store.close()
+            raise TraceFormatError(
+                f"{tensors_file}: lacks {len(missing)} tensor(s) the trace names (first: {missing[0]!r}); "
+                "the trace folder is incomplete"
+            )
+    notes = []
+    if store is None and any(summary.tensor for record in trace.modules for summary in record.outputs):
+        notes.append(f"{folder.name}: its records name full tensors but the folder holds no {TENSORS_FILE}; "
+                     "comparing statistics only")
+    return LoadedTrace(trace=trace, tensors=store, path=folder, kind="modeltrace", notes=notes)
+
+
+def load_reference(path: Path | str) -> LoadedTrace:
+    """Open a trace or a transformers debugger output; see the module docstring for what is accepted."""
+    path = Path(path).absolute()
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such trace or debugger output")
+    if path.is_dir():
+        if (path / TRACE_FILE).exists():
+            return load_trace_folder(path)
+        return read_debugger_output(path)
+    if path.name == TRACE_FILE:
+        return load_trace_folder(path)
+    if is_debugger_file(path) or path.suffix == ".json":
+        return read_debugger_output(path)
+    raise TraceFormatError(
+        f"{path}: not a trace (a NAME.mtrace folder) nor a transformers debugger output (*_SUMMARY.json, "
+        "*_FULL_TENSORS.json or their folder)"
+    )

@@ -1,0 +1,314 @@
+"""Full tensors without torch: a safe safetensors reader and writer over NumPy, and the stores a diff reads.
+
+The language server and the diff never import torch, so full tensors are read here: the safetensors header is
+parsed and checked (size, offsets inside the file, byte counts matching shape and dtype) before anything is
+mapped, and tensors are NumPy views of a read-only memory map. bfloat16 has no NumPy dtype: it is widened to
+float32 exactly (its bits are the top half of a float32). Every malformed input raises `TraceFormatError`
+naming the file.
+
+A `TensorStore` maps the names held in `TensorSummary.tensor` to arrays: `SafetensorsStore` for a trace's
+`tensors.safetensors`, `DebuggerTensors` for a transformers debugger output (values parsed from repr strings,
+or one small safetensors file per tensor). `LoadedTrace` is a trace plus its store, what `load_reference`
+returns and what the diff compares.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modeltrace.errors import TraceFormatError
+from modeltrace.trace.records import Trace
+
+
+# safetensors dtype code -> (NumPy dtype or None for bfloat16, item size, ModelTrace/torch dtype name)
+SAFETENSORS_DTYPES: dict[str, tuple[Any, int, str]] = {
+    "F64": (np.float64, 8, "float64"),
+    "F32": (np.float32, 4, "float32"),
+    "F16": (np.float16, 2, "float16"),
+    "BF16": (None, 2, "bfloat16"),
+    "I64": (np.int64, 8, "int64"),
+    "I32": (np.int32, 4, "int32"),
+    "I16": (np.int16, 2, "int16"),
+    "I8": (np.int8, 1, "int8"),
+    "U64": (np.uint64, 8, "uint64"),
+    "U32": (np.uint32, 4, "uint32"),
+    "U16": (np.uint16, 2, "uint16"),
+    "U8": (np.uint8, 1, "uint8"),
+    "BOOL": (np.bool_, 1, "bool"),
+}
+DTYPE_CODES = {name: code for code, (_, _, name) in SAFETENSORS_DTYPES.items()}
+# NOTE: a header describes tensors, it is never this large; a bigger one is corrupt or hostile.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def widen_bfloat16(raw: np.ndarray) -> np.ndarray:
+    """float32 copy of bfloat16 values given as their uint16 bit patterns (exact)."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+@dataclass(slots=True)
+class TensorInfo:
+    code: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def dtype_name(self) -> str:
+        return SAFETENSORS_DTYPES[self.code][2]
+
+
+class SafetensorsFile:
+    """A safetensors file, validated on open and memory-mapped read-only; arrays are views into the map."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._map: mmap.mmap | None = None
+        self.metadata: dict[str, str] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            raise TraceFormatError(f"{self.path}: no such tensor file") from None
+        except OSError as error:
+            raise TraceFormatError(f"{self.path}: cannot be read ({error.strerror})") from None
+        if size < 8:
+            raise TraceFormatError(f"{self.path}: truncated safetensors file ({size} bytes)")
+        with open(self.path, "rb") as handle:
+            (header_size,) = struct.unpack("<Q", handle.read(8))
+            if header_size > min(MAX_HEADER_BYTES, size - 8):
+                raise TraceFormatError(
+                    f"{self.path}: corrupt or truncated safetensors file (header of {header_size} bytes "
+                    f"in a file of {size})"
+                )
+            header_bytes = handle.read(header_size)
+            try:
+                header = json.loads(header_bytes)
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise TraceFormatError(f"{self.path}: corrupt safetensors header ({error})") from None
+            self._data_start = 8 + header_size
+            data_size = size - self._data_start
+            self._parse_header(header, data_size)
+            if data_size > 0:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _parse_header(self, header: Any, data_size: int) -> None:
+        if not isinstance(header, dict):
+            raise TraceFormatError(f"{self.path}: corrupt safetensors header (not a JSON object)")
+        for name, entry in header.items():
+            if name == "__metadata__":
+                if isinstance(entry, dict):
+                    self.metadata = {str(key): str(value) for key, value in entry.items()}
+                continue
+            try:
+                code = entry["dtype"]
+                shape = tuple(int(size) for size in entry["shape"])
+                begin, end = (int(offset) for offset in entry["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}") from None
+            if any(size < 0 for size in shape) or not 0 <= begin <= end:
+                raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}")
+            if end > data_size:
+                raise TraceFormatError(
+                    f"{self.path}: truncated safetensors file ({name!r} ends at byte {end} of {data_size})"
+                )
+            if code in SAFETENSORS_DTYPES and end - begin != math.prod(shape) * SAFETENSORS_DTYPES[code][1]:
+                raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r} (size does not match shape)")
+            self.tensors[str(name)] = TensorInfo(str(code), shape, begin, end)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def raw(self, name: str) -> memoryview:
+        """The tensor's bytes (little-endian, row-major), without a copy."""
+        info = self.tensors[name]
+        if info.begin == info.end:
+            return memoryview(b"")
+        assert self._map is not None
+        return memoryview(self._map)[self._data_start + info.begin : self._data_start + info.end]
+
+    def array(self, name: str) -> np.ndarray | None:
+        """The tensor as an array (a read-only view; bfloat16 widened to a float32 copy), None for a dtype NumPy
+        cannot hold (float8, complex)."""
+        info = self.tensors[name]
+        spec = SAFETENSORS_DTYPES.get(info.code)
+        if spec is None:
+            return None
+        dtype, _, _ = spec
+        buffer = self.raw(name)
+        if dtype is None:
+            return widen_bfloat16(np.frombuffer(buffer, dtype="<u2")).reshape(info.shape)
+        return np.frombuffer(buffer, dtype=np.dtype(dtype).newbyteorder("<")).reshape(info.shape)
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                # Arrays still point into the map; it is released when they are.
+                pass
+            self._map = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, tuple[str, Iterable[int], bytes | memoryview]],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write `{name: (dtype code, shape, raw bytes)}` as a safetensors file (header padded to 8 bytes)."""
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for name, (code, shape, data) in tensors.items():
+        length = len(data) if isinstance(data, bytes) else data.nbytes
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + length]}
+        offset += length
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for _, _, data in tensors.values():
+            handle.write(data)
+
+
+class TensorStore:
+    """Full tensors by name (the names in `TensorSummary.tensor`); `get` returns None for an unknown name."""
+
+    def get(self, name: str) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def __contains__(self, name: object) -> bool:
+        raise NotImplementedError
+
+    def precision(self, name: str) -> tuple[float, float]:
+        """(absolute, relative) rounding of the stored values: (0, 0) when exact, more for printed reprs."""
+        return (0.0, 0.0)
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], bytes | memoryview] | None:
+        """(safetensors dtype code, shape, bytes) of an exactly stored tensor, for writing it elsewhere."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class SafetensorsStore(TensorStore):
+    """A trace's `tensors.safetensors`."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = SafetensorsFile(path)
+
+    def get(self, name: str) -> np.ndarray | None:
+        return self.file.array(name) if name in self.file.tensors else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.file.tensors
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], memoryview] | None:
+        info = self.file.tensors.get(name)
+        if info is None:
+            return None
+        return info.code, info.shape, self.file.raw(name)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class DebuggerTensors(TensorStore):
+    """Tensors of a transformers debugger output: arrays parsed from repr strings, or per-tensor files read on
+    demand (each a safetensors file holding one tensor named `data`)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.precisions: dict[str, tuple[float, float]] = {}
+        self.files: dict[str, tuple[Path, tuple[int, ...]]] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays or name in self.files
+
+    def precision(self, name: str) -> tuple[float, float]:
+        return self.precisions.get(name, (0.0, 0.0))
+
+    def get(self, name: str) -> np.ndarray | None:
+        array = self.arrays.get(name)
+        if array is not None or name not in self.files:
+            return array
+        path, shape = self.files[name]
+        with SafetensorsFile(path) as tensor_file:
+            if "data" not in tensor_file:
+                raise TraceFormatError(f"{path}: holds no tensor named 'data' (not a debugger tensor file)")
+            info = tensor_file.tensors["data"]
+            if info.shape != tuple(shape):
+                raise TraceFormatError(
+                    f"{path}: holds a tensor of shape {list(info.shape)}, its JSON entry says {list(shape)}"
+                )
+            found = tensor_file.array("data")
+            return None if found is None else np.array(found)
+
+    def raw(self, name: str) -> tuple[str, tuple[int, ...], bytes] | None:
+        if name not in self.files:
+            return None
+        path, _ = self.files[name]
+        with SafetensorsFile(path) as tensor_file:
+            if "data" not in tensor_file:
+                return None
+            info = tensor_file.tensors["data"]
+            return info.code, info.shape, bytes(tensor_file.raw("data"))
+
+
+@dataclass
+class LoadedTrace:
+    """A trace (ours or converted from a debugger output) with access to its full tensors, when it has any.
+
+    `kind` is "modeltrace" or "hf-debugger"; `stat_precision` is the (absolute, relative) rounding of its
+    statistics ((0, 0) for ours, about 5e-5 relative for the debugger's printed `tensor(1.2345e-01)`);
+    `notes` are remarks for the report (pruned layers, tensors whose files were overwritten).
+    """
+
+    trace: Trace
+    tensors: TensorStore | None
+    path: Path
+    kind: str
+    stat_precision: tuple[float, float] = (0.0, 0.0)
+    notes: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        if self.tensors is not None:
+            self.tensors.close()
+
+    def __enter__(self) -> LoadedTrace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def file_size_checked(path: Path, limit: int, what: str) -> int:
+    """The size of `path`, raising a `TraceFormatError` when it is missing or over `limit` bytes."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such {what}") from None
+    except OSError as error:
+        raise TraceFormatError(f"{path}: cannot be read ({error.strerror})") from None
+    if size > limit:
+        raise TraceFormatError(f"{path}: {size} bytes is over the {limit}-byte limit for a {what}")
+    return size

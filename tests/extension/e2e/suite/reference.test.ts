@@ -1,0 +1,99 @@
+// End-to-end, trusted workspace (after trusted.test): compare the example port with the committed reference
+// trace. The divergence warning and the hover numbers through the vscode API, then the gutter icons and the
+// warning squiggle on screen (run.mjs, playwright), then the difference plot's webview.
+import * as assert from "node:assert/strict";
+import * as vscode from "vscode";
+import { askForDomCheck, type DomResult, hostLog } from "./handshake";
+import { activateInstalledExtension, lineOf, openInEditor, sleep } from "./hints";
+
+const portFile: string = "tiny_llama_port/modeling_tiny_llama_port.py";
+/** The original model's trace with full tensors, committed in examples/reference/. */
+const referenceTrace: string = "reference/tiny_llama.mtrace";
+const traceTimeoutMs: number = Number(process.env.MODELTRACE_E2E_TRACE_TIMEOUT_S ?? "150") * 1000;
+
+function diffWarnings(uri: vscode.Uri): vscode.Diagnostic[] {
+    return vscode.languages.getDiagnostics(uri).filter((diagnostic: vscode.Diagnostic) => diagnostic.source === "ModelTrace diff");
+}
+
+function hoverText(hovers: vscode.Hover[]): string {
+    return hovers
+        .flatMap((hover: vscode.Hover) => hover.contents)
+        .map((content) => (typeof content === "string" ? content : content.value))
+        .join("\n");
+}
+
+describe("ModelTrace: comparing with a reference trace", () => {
+    let editor: vscode.TextEditor;
+    let divergenceLine: number = -1;
+
+    before(async () => {
+        await activateInstalledExtension();
+        editor = await openInEditor(portFile);
+    });
+
+    it("sets the reference, traces, and warns at the first divergence with its numbers", async () => {
+        const document: vscode.TextDocument = editor.document;
+        const folder: vscode.Uri = (vscode.workspace.workspaceFolders as readonly vscode.WorkspaceFolder[])[0].uri;
+        const reference: string = vscode.Uri.joinPath(folder, referenceTrace).fsPath;
+        const chosen = (await vscode.commands.executeCommand("modelTrace.setReference", document.uri.toString(), reference)) as {
+            ok: boolean;
+        };
+        assert.equal(chosen?.ok, true, `modelTrace.setReference failed: ${JSON.stringify(chosen)}`);
+        const started: number = Date.now();
+        await vscode.commands.executeCommand("modelTrace.trace", document.uri.toString());
+        while (diffWarnings(document.uri).length === 0 && Date.now() - started < traceTimeoutMs) {
+            await sleep(500);
+        }
+        hostLog(`diff warning after ${((Date.now() - started) / 1000).toFixed(1)} s: ${diffWarnings(document.uri).map((d) => d.message).join(" | ")}`);
+        const [warning] = diffWarnings(document.uri);
+        assert.ok(warning !== undefined, "no 'ModelTrace diff' diagnostic after the trace");
+        divergenceLine = lineOf(document, "hidden_states, _ = self.self_attn(");
+        assert.equal(warning.severity, vscode.DiagnosticSeverity.Warning);
+        assert.equal(warning.range.start.line, divergenceLine);
+        assert.match(warning.message, /^First divergence from the reference: layers\.0\.self_attn \(TinyLlamaPortAttention\): max abs diff 0\.01073/);
+
+        const hovers = await vscode.commands.executeCommand<vscode.Hover[]>(
+            "vscode.executeHoverProvider",
+            document.uri,
+            new vscode.Position(divergenceLine, 10),
+        );
+        assert.match(hoverText(hovers), /\| `layers\.0\.self_attn` \| \*\*first divergence\*\* \| 0\.01073 \|/);
+    });
+
+    it("shows the gutter icons and the warning squiggle on screen", async function () {
+        if (divergenceLine < 0) {
+            this.skip();
+        }
+        await vscode.window.showTextDocument(editor.document, { preview: false });
+        const position: vscode.Position = new vscode.Position(divergenceLine, 0);
+        editor.selection = new vscode.Selection(position, position);
+        const top: vscode.Position = new vscode.Position(Math.max(0, divergenceLine - 20), 0);
+        editor.revealRange(new vscode.Range(top, top), vscode.TextEditorRevealType.AtTop);
+        await sleep(1500);
+        const result: DomResult = await askForDomCheck({
+            mode: "trusted",
+            action: "check",
+            hints: [],
+            gutterIcons: ["diff-divergence.svg", "diff-match.svg", "diff-mismatch.svg"],
+            squiggle: "warning",
+            screenshot: "screenshot-diff.png",
+        });
+        assert.deepEqual(result.failures, []);
+        assert.equal(result.ok, true);
+    });
+
+    it("opens the difference plot", async function () {
+        if (divergenceLine < 0) {
+            this.skip();
+        }
+        await vscode.window.showTextDocument(editor.document, { preview: false });
+        await vscode.commands.executeCommand("modelTrace.showDiffPlot");
+        const deadline: number = Date.now() + 10_000;
+        const plotTab = (): vscode.Tab | undefined =>
+            vscode.window.tabGroups.all.flatMap((group) => group.tabs).find((tab) => tab.label === "Difference: modeling_tiny_llama_port.py");
+        while (plotTab() === undefined && Date.now() < deadline) {
+            await sleep(250);
+        }
+        assert.ok(plotTab()?.input instanceof vscode.TabInputWebview, "no difference plot webview tab");
+    });
+});

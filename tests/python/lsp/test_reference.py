@@ -1,0 +1,163 @@
+"""Reference traces: `modelTrace.setReference` / `pinReference`, then gutters (`modelTrace/lineStatus`), the
+first-divergence warning, hover numbers and `modelTrace/diffPlot` after each trace."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+from modeltrace.lsp.settings import Settings
+
+from .support import REPOSITORY, copy_example, execute, line_of, open_document, wait_until
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PORT_PACKAGE = REPOSITORY / "examples" / "tiny_llama_port"
+REFERENCE = REPOSITORY / "examples" / "reference" / "tiny_llama.mtrace"
+
+
+def copy_port(destination: Path) -> Path:
+    """A private copy of the example port (it has a real bug in its attention); its modeling file."""
+    package = destination / "tiny_llama_port"
+    shutil.copytree(PORT_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "*.mtrace"))
+    return package / "modeling_tiny_llama_port.py"
+
+
+def statuses_since(client: LanguageClient, count: int, uri: str) -> dict[int, str] | None:
+    """The latest `modelTrace/lineStatus` of `uri` after the first `count` ones, as {line: status}."""
+    sent = [params for params in client.recorder.line_statuses[count:] if params["uri"] == uri]
+    return {item["line"]: item["status"] for item in sent[-1]["lines"]} if sent else None
+
+
+def warnings(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
+    return [diagnostic for diagnostic in client.diagnostics.get(uri, []) if diagnostic.source == "ModelTrace diff"]
+
+
+async def hover_text(client: LanguageClient, uri: str, line: int) -> str:
+    result = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=8)
+        )
+    )
+    return result.contents.value
+
+
+async def diff_plot(client: LanguageClient, uri: str) -> Any:
+    return await client.protocol.send_request_async("modelTrace/diffPlot", {"uri": uri})
+
+
+async def test_the_port_diverges_from_its_reference_in_the_attention(client: LanguageClient, tmp_path: Path) -> None:
+    modeling_file = copy_port(tmp_path)
+    uri = open_document(client, modeling_file)
+    sent = len(client.recorder.line_statuses)
+
+    chosen = await execute(client, "modelTrace.setReference", uri, str(REFERENCE))
+    assert chosen["ok"] and chosen["reference"] == str(REFERENCE) and chosen["diff"] is None
+    result = await execute(client, "modelTrace.trace", uri)
+
+    assert result["ok"] and result["diff"]["match"] is False
+    assert result["diff"]["firstDivergence"]["path"] == "layers.0.self_attn"
+    attention = line_of(modeling_file, "hidden_states, _ = self.self_attn(")
+    statuses = await wait_until(lambda: statuses_since(client, sent, uri))
+    assert statuses[attention] == "divergence"
+    assert statuses[line_of(modeling_file, "inputs_embeds = self.embed_tokens(input_ids)")] == "match"
+    assert statuses[line_of(modeling_file, "hidden_states = self.post_attention_layernorm(")] == "mismatch"
+    assert set(statuses.values()) <= {"match", "mismatch", "divergence", "not_compared"}
+
+    (warning,) = await wait_until(lambda: warnings(client, uri))
+    assert warning.severity == types.DiagnosticSeverity.Warning
+    assert warning.range.start.line == attention and warning.range.start.character == 8
+    assert warning.message == (
+        "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention): max abs diff 0.01073, "
+        "max rel diff 0.9239 (full check); it arises after layers.0.self_attn.v_proj "
+        f"(line {line_of(modeling_file, 'value_states = self.v_proj(') + 1}) (still matches) and before "
+        f"layers.0.self_attn.o_proj (line {line_of(modeling_file, 'attn_output = self.o_proj(') + 1}) (already differs)"
+    )
+
+    text = await hover_text(client, uri, attention)
+    assert "**vs reference** `tiny_llama.mtrace`" in text
+    assert "| `layers.0.self_attn` | **first divergence** | 0.01073 | 0.9239 | full |" in text
+    assert "| `layers.1.self_attn` | mismatch |" in text
+
+    plot = await diff_plot(client, uri)
+    assert len(plot.points) == 30
+    assert plot.points[plot.first_divergence].path == "layers.0.self_attn"
+    assert plot.atol == 1e-3 and plot.divergence.path == "layers.0.self_attn"
+
+
+async def test_a_bad_reference_path_is_an_error_naming_it_and_changes_nothing(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    modeling_file = copy_port(tmp_path)
+    uri = open_document(client, modeling_file)
+    assert (await execute(client, "modelTrace.setReference", uri, str(REFERENCE)))["ok"]
+    assert (await execute(client, "modelTrace.trace", uri))["ok"]
+    (warning,) = await wait_until(lambda: warnings(client, uri))
+    sent = len(client.recorder.line_statuses)
+    missing = tmp_path / "nowhere.mtrace"
+
+    result = await execute(client, "modelTrace.setReference", uri, str(missing))
+
+    assert not result["ok"] and str(missing) in result["message"]
+    assert client.messages[-1].type == types.MessageType.Error and str(missing) in client.messages[-1].message
+    assert client.recorder.line_statuses[sent:] == []
+    assert warnings(client, uri) == [warning]
+    assert (await diff_plot(client, uri)).divergence.path == "layers.0.self_attn"
+
+
+async def test_a_pinned_trace_is_the_reference_of_the_next_trace(client: LanguageClient, tmp_path: Path) -> None:
+    modeling_file = copy_example(tmp_path)
+    uri = open_document(client, modeling_file)
+    assert (await execute(client, "modelTrace.trace", uri))["ok"]
+    sent = len(client.recorder.line_statuses)
+
+    pinned = await execute(client, "modelTrace.pinReference", uri)
+
+    assert pinned["ok"] and pinned["diff"]["match"] is True
+    assert pinned["reference"].endswith("-reference.mtrace") and Path(pinned["reference"], "trace.msgpack").is_file()
+    assert set((await wait_until(lambda: statuses_since(client, sent, uri))).values()) == {"match"}
+    assert warnings(client, uri) == []
+
+    source = modeling_file.read_text()
+    correct = "return self.down_proj(gate * self.up_proj(hidden_states))"
+    modeling_file.write_text(source.replace(correct, correct + " * 1.5"))
+    sent = len(client.recorder.line_statuses)
+    result = await execute(client, "modelTrace.trace", uri)
+
+    assert result["ok"] and result["diff"]["match"] is False
+    mlp_call = line_of(modeling_file, "hidden_states = self.mlp(hidden_states)")
+    (warning,) = await wait_until(lambda: warnings(client, uri))
+    assert warning.range.start.line == mlp_call
+    assert "layers.0.mlp (TinyLlamaMLP)" in warning.message
+    assert (await wait_until(lambda: statuses_since(client, sent, uri)))[mlp_call] == "divergence"
+    # Pinning kept the reference: the new trace went to the trace folder, not over the pinned copy.
+    assert Path(pinned["reference"]).is_dir() and result["trace"] != pinned["reference"]
+
+    sent = len(client.recorder.line_statuses)
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
+    assert await wait_until(lambda: statuses_since(client, sent, uri) == {})
+    assert await wait_until(lambda: warnings(client, uri) == [])
+
+
+async def test_pinning_needs_a_trace(client: LanguageClient, tmp_path: Path) -> None:
+    modeling_file = copy_port(tmp_path)
+    uri = open_document(client, modeling_file)
+
+    result = await execute(client, "modelTrace.pinReference", uri)
+
+    assert not result["ok"] and result["message"] == (
+        "ModelTrace: modeling_tiny_llama_port.py has no trace to pin; trace it first"
+    )
+
+
+async def test_diff_settings_take_tolerances_and_rename_maps_and_skip_bad_values() -> None:
+    settings = Settings().updated({"diffAtol": 1e-4, "diffRtol": 0, "diffMaps": [r"h\.(\d+)=>layers.\1"]})
+    assert (settings.diff_atol, settings.diff_rtol, settings.diff_maps) == (1e-4, 0.0, (r"h\.(\d+)=>layers.\1",))
+    unchanged = settings.updated({"diffAtol": -1, "diffMaps": ["no arrow"]})
+    assert (unchanged.diff_atol, unchanged.diff_maps) == (1e-4, (r"h\.(\d+)=>layers.\1",))

@@ -1,0 +1,254 @@
+"""`_can_record_outputs` static analysis, fixes and `modeltrace check`, on transformers' own files and small cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from modeltrace.cli import main
+from modeltrace.recorders import analyze_source, apply_fixes
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_recorders", ROOT / "bench" / "bench_recorders.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+TRANSFORMERS = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
+
+# text, vision, audio, encoder-decoder and MoE families
+FAMILIES = """
+llama mistral qwen2 qwen3 gemma gemma2 phi3 olmo granite cohere stablelm starcoder2 gpt_neox gpt2 opt
+phi glm glm4 helium olmo2 nemotron biogpt xglm ernie4_5 exaone4 smollm3 persimmon
+bert roberta electra bart pegasus marian m2m_100 plbart blenderbot whisper speech_to_text qwen2_audio
+clip siglip siglip2 vit deit beit dinov2 vit_mae ijepa blip_2
+mixtral qwen2_moe qwen3_moe olmoe deepseek_v3 granitemoe phimoe nllb_moe ernie4_5_moe hunyuan_v1_moe
+""".split()
+
+
+def test_at_least_fifty_families():
+    assert len(set(FAMILIES)) >= 50
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_round_trip(family):
+    path = TRANSFORMERS / family / f"modeling_{family}.py"
+    report = bench.round_trip(path)
+    assert report["problems"] == [], report["problems"]
+    assert report["cases"], "no _can_record_outputs entry found"
+    for case in report["cases"]:
+        assert case["reported"], case
+        assert case["agree"], case
+
+
+LLAMA_LIKE = '''
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils.output_capturing import capture_outputs
+
+
+class ToyAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(4, 4)
+
+    def forward(self, hidden_states):
+        return hidden_states, None
+
+
+class ToyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = ToyAttention(config)
+        self.mlp = nn.Linear(4, 4)
+
+
+class ToyPreTrainedModel(PreTrainedModel):
+    config_class = None
+    _can_record_outputs = {
+        "hidden_states": ToyLayer,
+        "attentions": ToyAttention,
+    }
+
+
+class ToyModel(ToyPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.layers = nn.ModuleList([ToyLayer(config) for _ in range(2)])
+
+    @capture_outputs
+    def forward(self, input_ids) -> BaseModelOutputWithPast:
+        return BaseModelOutputWithPast(last_hidden_state=input_ids)
+'''
+
+
+def codes(source):
+    return [p.code for p in analyze_source(source).problems]
+
+
+def test_clean_toy_has_no_problem():
+    assert codes(LLAMA_LIKE) == []
+
+
+def test_missing_attentions_is_reported_and_fixed_keeping_format():
+    broken = LLAMA_LIKE.replace('        "attentions": ToyAttention,\n', "")
+    analysis = analyze_source(broken)
+    [problem] = analysis.problems
+    assert problem.code == "missing-recorder" and problem.key == "attentions"
+    assert problem.to_json()["fix"]["entry"] == "ToyAttention"
+    assert broken.count("\n") and problem.line == broken.splitlines().index("    _can_record_outputs = {") + 1
+    fixed, applied = apply_fixes(broken)
+    assert fixed == LLAMA_LIKE
+
+
+def test_no_recorders_at_all():
+    broken = LLAMA_LIKE.replace('''    _can_record_outputs = {
+        "hidden_states": ToyLayer,
+        "attentions": ToyAttention,
+    }
+''', "")
+    [problem] = analyze_source(broken).problems
+    assert problem.code == "no-recorders"
+    fixed, _ = apply_fixes(broken)
+    assert codes(fixed) == []
+    assert '"hidden_states": ToyLayer' in fixed and '"attentions": ToyAttention' in fixed
+
+
+def test_layer_name_matching_no_module_is_fixed_with_output_recorder_import():
+    broken = LLAMA_LIKE.replace('"attentions": ToyAttention,', '"attentions": OutputRecorder(ToyAttention, index=1, layer_name="attn"),')
+    broken = broken.replace("import capture_outputs", "import OutputRecorder, capture_outputs")
+    [problem] = analyze_source(broken).problems
+    assert problem.code == "unknown-layer-name"
+    fixed, _ = apply_fixes(broken)
+    assert codes(fixed) == []
+
+
+def test_shared_self_and_cross_attention_class():
+    source = LLAMA_LIKE.replace(
+        "        self.self_attn = ToyAttention(config)\n",
+        "        self.self_attn = ToyAttention(config)\n        self.encoder_attn = ToyAttention(config)\n",
+    ).replace("BaseModelOutputWithPast", "BaseModelOutputWithPastAndCrossAttentions")
+    analysis = analyze_source(source)
+    problem_codes = sorted(p.code for p in analysis.problems)
+    assert problem_codes == ["missing-recorder", "shared-attention-class"]
+    fixed, _ = apply_fixes(source)
+    assert codes(fixed) == []
+    assert 'OutputRecorder(ToyAttention, index=1, layer_name="self_attn")' in fixed
+    assert 'OutputRecorder(ToyAttention, index=1, layer_name="encoder_attn")' in fixed
+    assert "import OutputRecorder, capture_outputs" in fixed
+
+
+def test_unknown_class():
+    broken = LLAMA_LIKE.replace('"attentions": ToyAttention,', '"attentions": ToyAttn,')
+    assert codes(broken) == ["unknown-class"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "class Broken(:\n    pass\n",
+        "x = 1\n",
+        "",
+        LLAMA_LIKE.replace('_can_record_outputs = {', '_can_record_outputs = make_recorders() or {'),
+        LLAMA_LIKE.replace('"attentions": ToyAttention,', '"attentions": pick(ToyAttention),'),
+        LLAMA_LIKE.replace('"attentions": ToyAttention,', '**OTHER,'),
+    ],
+)
+def test_bad_input_no_false_alarm_no_crash(source):
+    analysis = analyze_source(source)
+    assert analysis.problems == []
+    if "make_recorders" in source or "pick(" in source or "**OTHER" in source:
+        assert any("dynamic" in n or "cannot resolve" in n for n in analysis.notes), analysis.notes
+    if "Broken(" in source:
+        assert "syntax error" in analysis.notes[0]
+
+
+def test_inherited_and_parent_built_dict():
+    source = LLAMA_LIKE.replace(
+        "class ToyModel(ToyPreTrainedModel):",
+        "class ToyBase(ToyPreTrainedModel):\n    pass\n\n\nclass ToyModel(ToyBase):",
+    )
+    assert codes(source) == []
+    built = source.replace(
+        "class ToyBase(ToyPreTrainedModel):\n    pass",
+        'class ToyBase(ToyPreTrainedModel):\n    _can_record_outputs = {**ToyPreTrainedModel._can_record_outputs, "router_logits": ToyAttention}',
+    )
+    analysis = analyze_source(built)
+    assert analysis.problems == [] and analysis.notes == []
+    assert set(analysis.uses[0].can_record.entries) == {"hidden_states", "attentions", "router_logits"}
+
+
+def test_cli_check_text_json_fix(tmp_path, capsys):
+    good = tmp_path / "modeling_good.py"
+    good.write_text(LLAMA_LIKE)
+    assert main(["check", str(good)]) == 0
+    bad = tmp_path / "modeling_bad.py"
+    bad.write_text(LLAMA_LIKE.replace('        "attentions": ToyAttention,\n', ""))
+    capsys.readouterr()
+    assert main(["check", str(bad), "--format", "json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    [problem] = document["problems"]
+    assert set(problem) >= {"code", "message", "line", "fix"} and problem["code"] == "missing-recorder"
+    assert main(["check", str(bad)]) == 1
+    assert "missing-recorder" in capsys.readouterr().out
+    assert main(["check", str(bad), "--fix"]) == 0
+    assert bad.read_text() == LLAMA_LIKE
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    broken = tmp_path / "modeling_broken.py"
+    broken.write_text("class X(:\n")
+    capsys.readouterr()
+    assert main(["check", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "syntax error" in err
+    assert main(["check", str(tmp_path / "missing.py")]) == 2
+
+
+def test_example_is_clean():
+    path = ROOT / "examples" / "tiny_llama" / "modeling_tiny_llama.py"
+    analysis = analyze_source(path.read_text(), str(path))
+    assert analysis.uses and analysis.problems == []
+
+
+def _example_copy(tmp_path, edit):
+    import shutil
+
+    package = tmp_path / "tiny_llama"
+    shutil.copytree(ROOT / "examples" / "tiny_llama", package, ignore=shutil.ignore_patterns("*.mtrace", "__pycache__"))
+    modeling = package / "modeling_tiny_llama.py"
+    modeling.write_text(edit(modeling.read_text()))
+    return modeling
+
+
+def test_check_run_on_example_and_injected_problems(tmp_path, capsys):
+    """One run for the clean example, one with a recorder class that is never instantiated (as after a
+    register_patch_mapping without patch_output_recorders) and an index selecting the attention output."""
+    clean = _example_copy(tmp_path / "clean", lambda s: s)
+    assert main(["check", str(clean), "--run", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["problems"] == []
+
+    def inject(source):
+        source = source.replace(
+            "class TinyLlamaPreTrainedModel(PreTrainedModel):",
+            "class PatchedAttention(nn.Module):\n    pass\n\n\nclass TinyLlamaPreTrainedModel(PreTrainedModel):",
+        )
+        return source.replace('"attentions": TinyLlamaAttention,', '"attentions": PatchedAttention,')
+
+    broken = _example_copy(tmp_path / "broken", inject)
+    assert main(["check", str(broken), "--run", "--format", "json"]) == 1
+    found = {p["code"] for p in json.loads(capsys.readouterr().out)["problems"]}
+    assert {"class-not-instantiated", "empty-output"} <= found
+
+    indexed = _example_copy(
+        tmp_path / "indexed",
+        lambda s: s.replace('"attentions": TinyLlamaAttention,', '"attentions": OutputRecorder(TinyLlamaAttention, index=0),').replace(
+            "import capture_outputs", "import OutputRecorder, capture_outputs"
+        ),
+    )
+    assert main(["check", str(indexed), "--run", "--format", "json"]) == 1
+    found = {p["code"] for p in json.loads(capsys.readouterr().out)["problems"]}
+    assert "index-not-tensor" in found

@@ -1,0 +1,230 @@
+"""`stats.summarize` against torch's own reductions (in float64) for the dtypes and the special values models produce.
+
+Sizes on both sides of the NumPy/torch split (`_NUMPY_MAX_ELEMENTS`) run every check through both paths, with
+and without a `PendingStats` (whose reused comparison buffer the torch path then uses).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from modeltrace.worker import stats
+from modeltrace.worker.stats import PendingStats, summarize
+
+
+SMALL = 7 * 64  # a tiny model's hidden states: the NumPy path
+LARGE = stats._NUMPY_MAX_ELEMENTS + 1  # just past it: the torch path
+SIZES = [pytest.param(SMALL, id="small"), pytest.param(LARGE, id="large")]
+PENDING = [pytest.param(False, id="no-pending"), pytest.param(True, id="pending")]
+
+
+def _summarize(tensor: torch.Tensor, with_pending: bool = False, key: str = "x"):
+    pending = PendingStats() if with_pending else None
+    summary = summarize(tensor, key, pending)
+    if pending is not None:
+        pending.resolve()
+    return summary
+
+
+def _expected(values: torch.Tensor) -> dict[str, float]:
+    """Reference statistics of `values` computed by torch in float64."""
+    exact = values.detach().reshape(-1).double()
+    std, mean = torch.std_mean(exact)  # correction=1: the unbiased estimate
+    return {
+        "mean": mean.item(),
+        "std": std.item(),
+        "min": exact.min().item(),
+        "max": exact.max().item(),
+        "abs_max": exact.abs().max().item(),
+        "positive_fraction": (exact > 0).double().mean().item(),
+    }
+
+
+def _assert_matches(summary, expected: dict[str, float], rel: float) -> None:
+    scale = max(abs(expected["mean"]), expected["std"], 1e-30)
+    assert summary.mean == pytest.approx(expected["mean"], rel=rel, abs=rel * scale)
+    assert summary.std == pytest.approx(expected["std"], rel=rel)
+    # min, max, abs_max and the positive count are exact on every path
+    assert summary.min == expected["min"]
+    assert summary.max == expected["max"]
+    assert summary.abs_max == expected["abs_max"]
+    assert summary.positive_fraction == pytest.approx(expected["positive_fraction"], rel=1e-12)
+    assert (summary.nan_count, summary.inf_count) == (0, 0)
+
+
+@pytest.mark.parametrize("with_pending", PENDING)
+@pytest.mark.parametrize("size", SIZES)
+def test_float32_matches_torch(size: int, with_pending: bool) -> None:
+    generator = torch.Generator().manual_seed(size)
+    tensor = torch.randn(size, generator=generator) * 3 + 0.5
+    tensor = tensor.reshape(1, size, 1)
+    summary = _summarize(tensor, with_pending, key="hidden_states")
+    assert (summary.key, summary.shape, summary.dtype, summary.device) == ("hidden_states", [1, size, 1], "float32", "cpu")
+    assert summary.tensor is None
+    _assert_matches(summary, _expected(tensor), rel=1e-5)
+    # cross-check the reference itself against torch's float32 reductions
+    assert summary.mean == pytest.approx(tensor.mean().item(), rel=1e-4)
+    assert summary.std == pytest.approx(tensor.std().item(), rel=1e-4)
+    assert summary.min == tensor.min().item() and summary.max == tensor.max().item()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_non_contiguous_view(size: int) -> None:
+    base = torch.randn(2, size, generator=torch.Generator().manual_seed(1))
+    view = base.t()[::2]  # transposed and strided
+    assert not view.is_contiguous()
+    _assert_matches(_summarize(view), _expected(view), rel=1e-5)
+
+
+@pytest.mark.parametrize("with_pending", PENDING)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_float_dtypes(dtype: torch.dtype, size: int, with_pending: bool) -> None:
+    tensor = (torch.randn(size, generator=torch.Generator().manual_seed(2)) * 2 - 0.25).to(dtype)
+    summary = _summarize(tensor, with_pending)
+    assert summary.dtype == str(dtype).removeprefix("torch.")
+    # statistics of the values the tensor holds (half precision is widened before any arithmetic)
+    _assert_matches(summary, _expected(tensor), rel=1e-5 if dtype != torch.float64 else 1e-12)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_int64(size: int) -> None:
+    tensor = torch.randint(-1000, 5000, (size,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
+    summary = _summarize(tensor)
+    assert summary.dtype == "int64"
+    expected = _expected(tensor)
+    # integer sums are exact in float64: the mean is the exact quotient
+    assert summary.mean == tensor.sum().item() / size
+    _assert_matches(summary, expected, rel=1e-12)
+    assert isinstance(summary.min, float) and summary.min == float(tensor.min().item())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_bool(size: int) -> None:
+    tensor = torch.rand(size, generator=torch.Generator().manual_seed(4)) > 0.3
+    summary = _summarize(tensor)
+    assert summary.dtype == "bool"
+    fraction = tensor.sum().item() / size
+    assert summary.mean == pytest.approx(fraction, rel=1e-12)
+    assert summary.positive_fraction == pytest.approx(fraction, rel=1e-12)
+    assert summary.std == pytest.approx(tensor.double().std().item(), rel=1e-12)
+    assert (summary.min, summary.max, summary.abs_max) == (0.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("with_pending", PENDING)
+@pytest.mark.parametrize("size", SIZES)
+def test_nan_and_inf_are_counted_and_excluded(size: int, with_pending: bool) -> None:
+    tensor = torch.randn(size, generator=torch.Generator().manual_seed(5))
+    tensor[3] = float("nan")
+    tensor[10] = float("nan")
+    tensor[20] = float("inf")
+    tensor[21] = float("inf")
+    tensor[22] = -float("inf")
+    summary = _summarize(tensor, with_pending)
+    assert (summary.nan_count, summary.inf_count) == (2, 3)
+    finite = tensor[torch.isfinite(tensor)]
+    expected = _expected(finite)
+    assert summary.mean == pytest.approx(expected["mean"], rel=1e-9, abs=1e-12)
+    assert summary.std == pytest.approx(expected["std"], rel=1e-9)
+    assert (summary.min, summary.max) == (expected["min"], expected["max"])
+    assert summary.abs_max == expected["abs_max"]
+    assert math.isfinite(summary.mean) and math.isfinite(summary.std)
+    # the fraction counts +inf as positive and is taken over every element, NaN included
+    positives = (finite > 0).sum().item() + 2
+    assert summary.positive_fraction == pytest.approx(positives / size, rel=1e-12)
+
+
+def test_all_nan_has_counts_and_no_statistics() -> None:
+    summary = _summarize(torch.full((4, 5), float("nan")))
+    assert (summary.nan_count, summary.inf_count) == (20, 0)
+    assert (summary.mean, summary.std, summary.min, summary.max, summary.abs_max) == (None,) * 5
+    assert summary.positive_fraction == 0.0
+
+
+@pytest.mark.parametrize("with_pending", PENDING)
+@pytest.mark.parametrize("sequence", [7, 128])
+def test_additive_attention_mask_does_not_overflow(sequence: int, with_pending: bool) -> None:
+    minimum = torch.finfo(torch.float32).min
+    mask = torch.full((sequence, sequence), minimum).triu(1).reshape(1, 1, sequence, sequence)
+    summary = _summarize(mask, with_pending, key="attention_mask")
+    assert (summary.nan_count, summary.inf_count) == (0, 0)
+    assert math.isfinite(summary.mean) and math.isfinite(summary.std)
+    masked = sequence * (sequence - 1) // 2
+    count = sequence * sequence
+    assert summary.mean == pytest.approx(minimum * masked / count, rel=1e-12)
+    assert summary.std == pytest.approx(_expected(mask)["std"], rel=1e-12)
+    assert (summary.min, summary.max, summary.abs_max) == (minimum, 0.0, -minimum)
+    assert summary.positive_fraction == 0.0
+
+
+@pytest.mark.parametrize("with_pending", PENDING)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(
+    ("location", "scale"),
+    [
+        pytest.param(1e4, 1e-3, id="variance-cancels-to-zero"),  # float32 sum-of-squares variance ≤ 0
+        pytest.param(1e3, 1.0, id="variance-loses-digits"),  # positive, but a few percent off
+    ],
+)
+def test_large_mean_small_variance_uses_exact_fallback(location: float, scale: float, size: int, with_pending: bool) -> None:
+    generator = torch.Generator().manual_seed(6)
+    tensor = (location + torch.randn(size, generator=generator, dtype=torch.float64) * scale).float()
+    expected = _expected(tensor)
+    # the sum-of-squares formula over float32 sums has lost the variance's leading digits here
+    total, squares = tensor.sum().item(), torch.dot(tensor, tensor).item()
+    naive_variance = (squares - total * total / size) / (size - 1)
+    assert naive_variance <= 0 or abs(naive_variance / expected["std"] ** 2 - 1) > 1e-3
+    summary = _summarize(tensor, with_pending)
+    assert summary.std == pytest.approx(expected["std"], rel=1e-9)
+    assert summary.mean == pytest.approx(expected["mean"], rel=1e-12)
+    assert (summary.min, summary.max) == (expected["min"], expected["max"])
+    assert summary.positive_fraction == 1.0
+
+
+def test_constant_tensor_has_zero_std() -> None:
+    summary = _summarize(torch.full((3, 5), 2.5))
+    assert (summary.mean, summary.std, summary.min, summary.max) == (2.5, 0.0, 2.5, 2.5)
+
+
+def test_single_element_has_no_std() -> None:
+    summary = _summarize(torch.tensor(-1.5))
+    assert summary.shape == []
+    assert summary.mean == -1.5 and math.isnan(summary.std)
+    assert (summary.min, summary.max, summary.abs_max, summary.positive_fraction) == (-1.5, -1.5, 1.5, 0.0)
+
+
+def test_subnormal_positives_count_as_positive() -> None:
+    tensor = torch.zeros(LARGE)
+    tensor[:5] = torch.finfo(torch.float32).tiny / 4  # subnormal
+    tensor[5:9] = -1.0
+    summary = _summarize(tensor, True)
+    assert summary.positive_fraction == pytest.approx(5 / LARGE, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        pytest.param(torch.zeros(0, 4), id="empty"),
+        pytest.param(torch.empty(3, 4, device="meta"), id="meta"),
+        pytest.param(torch.empty(0, device="meta"), id="empty-meta"),
+    ],
+)
+def test_empty_and_meta_have_no_statistics(tensor: torch.Tensor) -> None:
+    summary = _summarize(tensor, key="k")
+    assert summary.shape == list(tensor.shape)
+    assert summary.device == str(tensor.device)
+    assert summary.dtype == "float32"
+    assert (summary.mean, summary.std, summary.min, summary.max, summary.abs_max) == (None,) * 5
+    assert summary.positive_fraction is None
+    assert (summary.nan_count, summary.inf_count) == (0, 0)
+
+
+def test_requires_grad_and_inference_tensors() -> None:
+    weight = torch.nn.Parameter(torch.randn(16, 16, generator=torch.Generator().manual_seed(7)))
+    _assert_matches(_summarize(weight), _expected(weight), rel=1e-5)
+    with torch.inference_mode():
+        inference = torch.randn(LARGE, generator=torch.Generator().manual_seed(8))
+    _assert_matches(_summarize(inference, True), _expected(inference), rel=1e-5)
