@@ -31,7 +31,7 @@ test-python: $(PY_STAMP)
 test-extension: $(PY_STAMP) $(VSIX)
 	npm run --silent typecheck
 	npm run --silent test:unit
-	npm run --silent test:e2e
+	bash tests/extension/e2e/run.sh
 
 install: $(PY_STAMP) $(NODE_STAMP)
 
