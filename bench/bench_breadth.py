@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_breadth.py                      # all families, markdown summary on stdout
     .venv/bin/python bench/bench_breadth.py llama bert t5        # only these model folders
-    .venv/bin/python bench/bench_breadth.py --jobs 2 --timeout 60 --json bench/results/breadth.json
+    .venv/bin/python bench/bench_breadth.py --jobs 2 --timeout 120 --json bench/results/breadth.json
     .venv/bin/python bench/bench_breadth.py --rerun-failed bench/results/breadth.json
 
 For each `transformers/models/*/modeling_*.py`, the trace runs exactly as `modeltrace trace FILE` runs it: through
@@ -169,10 +169,21 @@ def summarize(results: list[dict]) -> str:
     for result in counted:
         if not result["ok"]:
             groups[reason_of(result)].append(Path(result["file"]).stem.removeprefix("modeling_"))
+    modalities: dict[str, int] = defaultdict(int)
+    levels: dict[str, int] = defaultdict(int)
+    for result in files_ok:
+        inputs = (result.get("inputs") or "?").split(" (")[0]
+        modalities[inputs] += 1
+        levels[result.get("shrink") or "?"] += 1
     lines = [
         f"Model families traced unaided: **{len(family_ok)} / {len(families)} "
         f"({100 * len(family_ok) / max(1, len(families)):.1f} %)**; modeling files: {len(files_ok)} / {len(counted)}"
         f" ({len(skipped)} files without a base model not counted).",
+        "",
+        "Inputs synthesised for the traced files: "
+        + ", ".join(f"{name} {count}" for name, count in sorted(modalities.items(), key=lambda item: -item[1]))
+        + ". Config used: " + ", ".join(f"{name} {count}" for name, count in sorted(levels.items(), key=lambda i: -i[1]))
+        + " (shrink levels, see worker/shrink.py).",
         "",
         "| Failure reason | Files | Models |",
         "|---|---:|---|",
@@ -187,7 +198,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("only", nargs="*", help="model folder names (or modeling file stems) to run")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per trace (the CLI's default)")
     parser.add_argument("--json", metavar="FILE", help="write every result here")
     parser.add_argument("--rerun-failed", metavar="FILE", help="rerun only the failures in this results file "
                         "and merge the new results into it")
@@ -203,7 +214,10 @@ def main() -> int:
         files = [file for file in files if str(file) in failed]
     extra = {"shape_only": True} if arguments.shape_only else {}
     started = time.perf_counter()
-    results = run(files, arguments.jobs, arguments.timeout, extra, lambda line: print(line, file=sys.stderr, flush=True))
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    results = run(files, arguments.jobs, arguments.timeout, extra, log)
     if previous:
         fresh = {result["file"]: result for result in results}
         results = [fresh.get(result["file"], result) for result in previous]

@@ -38,13 +38,17 @@ FAMILIES = {
     "gemma2 (sliding window, layer types)": ("gemma2/modeling_gemma2.py", "Gemma2Model", {"input_ids"}),
     "mixtral (mixture of experts)": ("mixtral/modeling_mixtral.py", "MixtralModel", {"input_ids"}),
     "bart (encoder-decoder)": ("bart/modeling_bart.py", "BartModel", {"input_ids", "decoder_input_ids"}),
-    "whisper (audio features)": ("whisper/modeling_whisper.py", "WhisperModel", {"input_features", "decoder_input_ids"}),
+    "whisper (audio features)": (
+        "whisper/modeling_whisper.py", "WhisperModel", {"input_features", "decoder_input_ids"}
+    ),
     "wav2vec2 (raw audio)": ("wav2vec2/modeling_wav2vec2.py", "Wav2Vec2Model", {"input_values"}),
     "vit (pixel values)": ("vit/modeling_vit.py", "ViTModel", {"pixel_values"}),
     "swin (staged vision)": ("swin/modeling_swin.py", "SwinModel", {"pixel_values"}),
     "clip (text + vision)": ("clip/modeling_clip.py", "CLIPModel", {"input_ids", "pixel_values"}),
     "qwen2_vl (image grid, image tokens)": (
-        "qwen2_vl/modeling_qwen2_vl.py", "Qwen2VLModel", {"input_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"}
+        "qwen2_vl/modeling_qwen2_vl.py",
+        "Qwen2VLModel",
+        {"input_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"},
     ),
     "mamba (state space)": ("mamba/modeling_mamba.py", "MambaModel", {"input_ids"}),
     "jamba (hybrid attention / mamba / experts)": ("jamba/modeling_jamba.py", "JambaModel", {"input_ids"}),
@@ -103,7 +107,9 @@ def _saved_config(tmp_path: Path, relative: str) -> Path:
     return folder / "config.json"
 
 
-@pytest.mark.parametrize("relative", ["llama/modeling_llama.py", "qwen2_vl/modeling_qwen2_vl.py", "bart/modeling_bart.py"])
+@pytest.mark.parametrize(
+    "relative", ["llama/modeling_llama.py", "qwen2_vl/modeling_qwen2_vl.py", "bart/modeling_bart.py"]
+)
 def test_shape_only_gives_the_shapes_of_a_real_run(tmp_path: Path, relative: str) -> None:
     config = _saved_config(tmp_path, relative)
     real = build_from_file(MODELS / relative, None, config, seed=0)

@@ -62,7 +62,9 @@ _STYLE_NAMES = {"image_sizes": "image sizes", "image_stack": "images per sample"
 # Config hints for the number of placeholder tokens per image, when the model cannot say.
 _IMAGE_TOKEN_HINTS = ("image_seq_length", "mm_tokens_per_image", "num_image_tokens", "image_token_count",
                       "num_query_tokens", "tokens_per_image")
-_TOKENS_MISMATCH = re.compile(r"(?:tokens?|placeholders?)\D{0,12}?(\d+)\D{1,40}?features?\D{0,12}?(\d+)", re.IGNORECASE)
+_TOKENS_MISMATCH = re.compile(
+    r"(?:tokens?|placeholders?)\D{0,12}?(\d+)\D{1,40}?features?\D{0,12}?(\d+)", re.IGNORECASE
+)
 
 
 def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
@@ -170,7 +172,8 @@ class InputSynthesizer:
 
     def special_ids(self) -> set[int]:
         ids: set[int] = set()
-        for config in {id(c): c for c in (self.config, self.text_config, self.vision_config, self.audio_config)}.values():
+        parts = (self.config, self.text_config, self.vision_config, self.audio_config)
+        for config in {id(part): part for part in parts}.values():
             for name, value in config.to_dict().items() if hasattr(config, "to_dict") else ():
                 if name.endswith(("_token_id", "_token_index", "_token_ids")):
                     for item in value if isinstance(value, (list, tuple)) else [value]:
@@ -211,6 +214,17 @@ class InputSynthesizer:
         patch = _int(_first([vision, self.config], "patch_size", "spatial_patch_size"), 16)
         if self._has("image_grid_thw") or self._has("grid_thw") or self._has("image_grid_hw"):
             return self._patch_images(vision, channels, patch)
+        if self._has("flattened_patches"):
+            # Pix2Struct: variable-resolution patches, each row [row id, column id, channels × patch²].
+            width = _int(_first([vision, self.config], "patch_embed_hidden_size"), channels * patch * patch)
+            side = 4
+            positions = torch.tensor([[row + 1, column + 1] for row in range(side) for column in range(side)],
+                                     dtype=torch.float32, device=self.device)
+            patches = torch.cat([positions, self._randn(side * side, width)], dim=-1).unsqueeze(0)
+            inputs = {"flattened_patches": patches.repeat(BATCH_SIZE, 1, 1)}
+            if self._has("attention_mask"):
+                inputs["attention_mask"] = torch.ones(BATCH_SIZE, side * side, device=self.device)
+            return inputs
         if self._has("spatial_shapes"):
             # NaFlex towers (SigLIP 2): patches flattened to [batch, patches, channels × patch²], with their
             # grid and a mask of the real patches.
@@ -291,6 +305,14 @@ class InputSynthesizer:
 
     def audio_inputs(self, layout: str = "channels_first") -> dict[str, Any]:
         audio = self.audio_config
+        if layout == "hidden":
+            # A model without its speech pre-net (SpeechT5Model): the encoder takes hidden states.
+            name = "input_values" if self._has("input_values") else "input_features"
+            width = _int(_first([audio, self.config], "hidden_size", "d_model"), 64)
+            hidden = {name: self._randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
+            if self._has("decoder_input_values"):
+                hidden["decoder_input_values"] = self._randn(BATCH_SIZE, DECODER_SEQUENCE_LENGTH, width)
+            return hidden
         mel_bins = _first([audio, self.config], "num_mel_bins")
         if self._has("input_values") and isinstance(mel_bins, int) and not self._has("input_features"):
             # A spectrogram in `input_values` (Audio Spectrogram Transformer): [batch, frames, mel bins].
@@ -337,7 +359,7 @@ class InputSynthesizer:
     def audio_layouts(self) -> list[str]:
         """The feature layout the model's first audio layer suggests first, then the other one."""
         if self._has("input_values") and (not self._has("input_features") or "input_values" in self._required()):
-            return ["channels_first", "image_like"]  # raw samples, then with a channel axis
+            return ["channels_first", "image_like", "hidden"]  # raw samples, with a channel axis, as hidden states
         bins = _int(_first([self.audio_config, self.config], "feature_projection_input_dim", "num_mel_bins",
                            "feature_size", "input_feat_per_channel",
                            "n_mels", "input_dim"), 80)
@@ -351,8 +373,8 @@ class InputSynthesizer:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 break
         if self._has("input_features") and not hasattr(self.config, "max_source_positions"):
-            return ["channels_last", "channels_first", "image_like"]
-        return ["channels_first", "channels_last", "image_like"]
+            return ["channels_last", "channels_first", "image_like", "hidden"]
+        return ["channels_first", "channels_last", "image_like", "hidden"]
 
     # --- feature counts for placeholder tokens -----------------------------------------------------------------
 
@@ -402,7 +424,8 @@ class InputSynthesizer:
             features = output[0] if isinstance(output[0], torch.Tensor) and len(output) > 1 and not all(
                 isinstance(item, torch.Tensor) and item.dim() == output[0].dim() for item in output) else output
         tensors = [features] if isinstance(features, torch.Tensor) else [
-            item for item in (features if isinstance(features, (list, tuple)) else []) if isinstance(item, torch.Tensor)
+            item for item in (features if isinstance(features, (list, tuple)) else [])
+            if isinstance(item, torch.Tensor)
         ]
         if not tensors:
             return None
@@ -470,7 +493,7 @@ class InputSynthesizer:
             found.append("audio")
         if self._has("past_values"):
             found.append("series")
-        if "inputs" in self._required() and not found:
+        if self._has("inputs") and not found and ("inputs" in self._required() or not self._has("input_ids")):
             found.append("embeddings")
         if self._has("states") and self._has("actions"):
             found.append("trajectory")
@@ -547,9 +570,14 @@ class InputSynthesizer:
             elif modality == "series":
                 media["series"] = self.series_inputs()
             elif modality == "embeddings":
-                # Perceiver without a preprocessor: ready-made embeddings of the model's input width.
-                width = _int(_first([self.config], "d_model", "hidden_size", "embed_dim"), 64)
-                media["embeddings"] = {"inputs": self._randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
+                encoder = getattr(self.config, "encoder", None)
+                if encoder is not None and hasattr(encoder, "conv_dim"):
+                    # A speech encoder-decoder: `inputs` are the encoder's raw samples.
+                    media["embeddings"] = {"inputs": self._randn(BATCH_SIZE, AUDIO_SAMPLES)}
+                else:
+                    # Perceiver without a preprocessor: ready-made embeddings of the model's input width.
+                    width = _int(_first([self.config], "d_model", "hidden_size", "embed_dim"), 64)
+                    media["embeddings"] = {"inputs": self._randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
             elif modality == "trajectory":
                 media["trajectory"] = self.trajectory_inputs()
         inputs: dict[str, Any] = {}
@@ -594,12 +622,23 @@ class InputSynthesizer:
             if self._has("qformer_attention_mask"):
                 extra["qformer_attention_mask"] = torch.ones(BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long,
                                                              device=self.device)
+        if self._has("image_embeds_position_mask") and "pixel_values" in inputs and "input_ids" in inputs:
+            # Kosmos-2: the image's latent queries take the places the mask marks, right after the first token.
+            queries = _int(getattr(self.config, "latent_query_num", None), 64)
+            input_ids = inputs["input_ids"]
+            filler = self.text_tokens(queries).unsqueeze(0).to(self.device)
+            inputs["input_ids"] = torch.cat([input_ids[:, :1], filler, input_ids[:, 1:]], dim=1)
+            mask = torch.zeros_like(inputs["input_ids"])
+            mask[:, 1 : 1 + queries] = 1
+            extra["image_embeds_position_mask"] = mask
+            if "attention_mask" in inputs:
+                inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         if self._has("visual_feats") and self._has("visual_pos"):
             regions = 4
             features = _int(getattr(self.config, "visual_feat_dim", None), 64)
             extra["visual_feats"] = self._randn(BATCH_SIZE, regions, features)
-            extra["visual_pos"] = torch.rand(BATCH_SIZE, regions, _int(getattr(self.config, "visual_pos_dim", None), 4),
-                                             generator=self.generator).to(self.device)
+            position_size = _int(getattr(self.config, "visual_pos_dim", None), 4)
+            extra["visual_pos"] = torch.rand(BATCH_SIZE, regions, position_size, generator=self.generator).to(self.device)
         return extra
 
     def _type_vocab(self) -> bool:

@@ -102,7 +102,8 @@ class ShapeOnlyMode(TorchDispatchMode):
             return value
 
         real_args, real_kwargs = pytree.tree_map(convert, (args, kwargs))
-        if "device" in real_kwargs and isinstance(real_kwargs["device"], torch.device) and real_kwargs["device"].type == "meta":
+        device = real_kwargs.get("device")
+        if isinstance(device, torch.device) and device.type == "meta":
             real_kwargs["device"] = CPU
         return None if missing else (real_args, real_kwargs)
 
@@ -156,7 +157,9 @@ class ShapeOnlyMode(TorchDispatchMode):
             return type(data)(self._real_data(item) for item in data)
         return data
 
-    def _without_meta_kernel(self, func, args: tuple, kwargs: dict, shadowed, error: BaseException) -> Any:  # noqa: ANN001
+    def _without_meta_kernel(  # noqa: ANN001 - torch's op type
+        self, func, args: tuple, kwargs: dict, shadowed: tuple | None, error: BaseException
+    ) -> Any:
         """An op the meta device cannot run: from the shadows when there are some, else a stand-in."""
         if shadowed is not None:
             real = func(*shadowed[0], **shadowed[1])
@@ -177,7 +180,7 @@ class ShapeOnlyMode(TorchDispatchMode):
             mask = args[1]
             count = torch.broadcast_shapes(source.shape, mask.shape).numel()
             return torch.empty((count,), dtype=source.dtype, device=META)
-        if func in (aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default) and source is not None:
+        if func in _UNIQUE_OPS and source is not None:
             self.approximations["unique"] += 1
             values = torch.empty((source.numel(),), dtype=source.dtype, device=META)
             inverse = torch.empty(source.shape, dtype=torch.long, device=META)
@@ -194,6 +197,9 @@ class ShapeOnlyMode(TorchDispatchMode):
             self.attach(meta, value)
             return meta
         return value
+
+
+_UNIQUE_OPS = (aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default)
 
 
 class _ShadowFunctions(TorchFunctionMode):
@@ -249,7 +255,9 @@ def _small(output: Any) -> bool:
 
 def _mutates(func) -> bool:  # noqa: ANN001
     schema = getattr(func, "_schema", None)
-    return bool(schema) and any(argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments)
+    return bool(schema) and any(
+        argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments
+    )
 
 
 def _written_arguments(func, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:  # noqa: ANN001
