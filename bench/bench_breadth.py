@@ -78,6 +78,51 @@ def reason_of(error: dict) -> str:
     return text[:220]
 
 
+# Coarse groups for the README: (pattern on "Type: message", group). The first match wins.
+_GROUPS = [
+    (r"torchvision|torchaudio|requires the .* librar|pip install|is not installed|No module named",
+     "needs a library not installed here"),
+    (r"cannot synthesise", "needs inputs ModelTrace cannot synthesise"),
+    (r"timeout|ran past|SIGKILL|out of memory", "out of time or memory at the shrunk size"),
+    (r"cannot build \w+\(\) with its defaults|could not be built from a shrunk|rejects every shrunk",
+     "config cannot be built or shrunk"),
+]
+
+
+def group_of(result: dict) -> str:
+    text = f"{result.get('type') or 'Error'}: {result.get('message') or ''}"
+    for pattern, label in _GROUPS:
+        if re.search(pattern, text, re.IGNORECASE):
+            return label
+    return "forward fails on the synthesised inputs"
+
+
+def cause_of(result: dict) -> str:
+    """One short line: the error without the file path and the advice that follows it."""
+    message = str(result.get("message") or "").strip().splitlines()
+    text = message[0] if message else ""
+    text = re.sub(r"^/\S+?\.py: ", "", text)
+    text = text.split("; pass --")[0].split("; no shrunk")[0].split("; raise --timeout")[0]
+    text = re.sub(r"Class validation error for validator '\w+': ", "", text)
+    text = re.sub(r"^\w+ could not be built from a shrunk \w+: \w+: ", "", text)
+    text = re.sub(r"^building \w+ failed: |^config rejected: |StrictDataclassClassValidationError: ", "", text)
+    text = re.sub(r"^(\w+)\.forward needs (.*), which ModelTrace cannot synthesise.*", r"\1.forward needs \2", text)
+    text = re.sub(r"^cannot build (\w+\(\)) with its defaults \((.*)\)$", r"\1: \2", text)
+    text = re.sub(r"; \w+: .*", "", text)  # the next shrink level's (same) error
+    if re.search(r"requires the (\w+) librar", text):
+        text = "needs " + re.search(r"requires the (\w+) librar", text).group(1)
+    elif "imports " in text and "not installed" in text:
+        text = "needs " + text.split("imports ")[1].split(",")[0]
+    if "SIGKILL" in text:
+        text = "killed: out of memory"
+    elif "ran past its" in text:
+        text = "timed out" + (f" ({text.split('its ')[1].split(' timeout')[0]})" if "its " in text else "")
+    kind = result.get("type") or ""
+    if kind not in ("ModelTraceError", "TimeoutError", "WorkerCrashed") and not text.startswith("needs "):
+        text = f"{kind}: {text}"
+    return text[:100].replace("|", "\\|")
+
+
 def trace_one(worker: WorkerClient, file: Path, out: Path, timeout: float, extra: dict) -> dict:
     request = {
         "file": str(file),
@@ -191,6 +236,16 @@ def summarize(results: list[dict]) -> str:
     for reason, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
         shown = reason.replace("|", "\\|")
         lines.append(f"| {shown} | {len(names)} | {', '.join(sorted(names))} |")
+    # The same failures by family, in coarse groups, each with its one-line cause (the README's table).
+    coarse: dict[str, dict[str, str]] = defaultdict(dict)
+    for name, items in families.items():
+        failed = [item for item in items if not item["ok"]]
+        if failed:
+            coarse[group_of(failed[0])][name] = cause_of(failed[0])
+    lines += ["", "| Reason | Families | Family: cause |", "|---|---:|---|"]
+    for group, members in sorted(coarse.items(), key=lambda item: (-len(item[1]), item[0])):
+        listed = "; ".join(f"{name}: {cause}" for name, cause in sorted(members.items()))
+        lines.append(f"| {group} | {len(members)} | {listed} |")
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,7 @@ batch 1), run under `torch.no_grad()`:
 - medium: hidden 512, intermediate 1536, 8 layers, 8 heads (4 KV heads), sequence 128
 
 Every variant is timed from before entering its context to after leaving it, so it includes what the user waits
-for (files written, fsync included where the writer does it). Variants run interleaved, in a rotating order,
+for (files written; fsync where the writer does it before returning). Variants run interleaved, in a rotating order,
 for N rounds after a warm-up, each call in a fresh temporary folder created, deleted and `os.sync`ed outside the
 timing:
 
@@ -21,8 +21,8 @@ timing:
 - `hooks only` (diagnostic): ModuleCapture's hooks, source lines and records, with the tensor summaries switched
   off, and the trace of those records written: the floor of per-module-call Python work before any statistic.
 - `modeltrace stats`: `ModuleCapture(model)` around the forward, then the trace (`Trace`, records and a small
-  header) written with `modeltrace.trace.storage.write_trace` (msgpack, fsync, atomic rename), as
-  `worker/job.py` does (job.py's source hashing of the model files is left out).
+  header) written with `modeltrace.trace.storage.write_trace` (msgpack, atomic rename; the fsync comes after the
+  worker has answered, so it is not timed), as `worker/job.py` does (job.py's source hashing of the model files is left out).
 - `modeltrace full tensors`: the same with `ModuleCapture(model, full_tensors=True)` and the captured tensors
   written to `tensors.safetensors` inside the trace folder, as `worker/job.py` does.
 - `debugger repr`: `transformers.model_debugging_utils.model_addition_debugger_context(model, debug_path=tmp,
@@ -34,7 +34,7 @@ timing:
 Columns: `× plain` is a ratio of medians; `× plain (paired)` is the median over rounds of (variant / plain) timed
 in the same round, which a noisy machine disturbs less (the targets are checked on paired ratios). `of which
 writing` is the part of a ModelTrace variant spent after the capture context exited (building the `Trace`,
-msgpack, safetensors, fsync, rename), and the last column the paired ratio without it. The machine's load
+msgpack, safetensors, rename), and the last column the paired ratio without it. The machine's load
 average is printed with the table: on a shared 2-core machine two torch threads stall whenever another process
 holds a core, so only runs at a low load mean anything.
 """
@@ -123,7 +123,7 @@ class _HooksOnly(ModuleCapture):
 
 def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool,
                 capture_class: type[ModuleCapture] = ModuleCapture) -> float:
-    """Capture and write; returns the seconds spent writing (Trace, msgpack, safetensors, fsync, rename)."""
+    """Capture and write; returns the seconds spent writing (Trace, msgpack, safetensors, rename)."""
     with torch.no_grad(), capture_class(model, full_tensors=full_tensors) as capture:
         model(input_ids)
     writing = time.perf_counter()
@@ -136,7 +136,8 @@ def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_t
         def write_extra(target: Path) -> None:
             save_file(capture.tensors, str(target / TENSORS_FILE))
 
-    write_trace(trace, folder / "bench.mtrace", write_extra)
+    # NOTE: durable=False as worker/job.py writes it: the worker flushes to disk after it has answered
+    write_trace(trace, folder / "bench.mtrace", write_extra, durable=False)
     return time.perf_counter() - writing
 
 

@@ -17,6 +17,7 @@ import * as lspExt from "./lsp_ext";
 import { executeCommand } from "./middleware";
 import {
     checkInterpreter,
+    codeFreeFolder,
     findInterpreter,
     type Interpreter,
     type InterpreterCheck,
@@ -139,7 +140,11 @@ export class ServerManager implements vscode.Disposable {
 
     private createClient(interpreter: Interpreter, settings: ModelTraceSettings, trusted: boolean): LanguageClient {
         const workspaceFolder: vscode.WorkspaceFolder | undefined = vscodeapi.workspaceFolders()[0];
-        const serverOptions: ServerOptions = serverExecutable(interpreter, workspaceFolder?.uri.fsPath);
+        // NOTE: untrusted: not in the workspace, so that nothing of it can land on the server's sys.path.
+        const serverOptions: ServerOptions = serverExecutable(
+            interpreter,
+            trusted ? workspaceFolder?.uri.fsPath : codeFreeFolder,
+        );
         const clientOptions: LanguageClientOptions = {
             documentSelector: [{ scheme: "file", language: "python" }],
             outputChannel: this.outputChannel,

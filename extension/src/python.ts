@@ -126,9 +126,23 @@ export interface ProcessResult {
 
 export type RunProcess = (command: string, args: string[]) => Promise<ProcessResult>;
 
+/**
+ * The environment the server and the interpreter probe run in. PYTHONSAFEPATH (Python 3.11+): `-m` and `-c`
+ * put the working folder first on sys.path, so a workspace file named like a module the server imports
+ * (`modeltrace.py`, `msgpack.py`, ...) would be imported, and run, in place of the real one.
+ */
+export function pythonEnvironment(base: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+    return { ...base, PYTHONUNBUFFERED: "1", PYTHONSAFEPATH: "1" };
+}
+
+/** A folder holding no Python code (this bundle's own): the working folder where the workspace must not be one. */
+export const codeFreeFolder: string = __dirname;
+
 export const runProcess: RunProcess = (command: string, args: string[]): Promise<ProcessResult> =>
     new Promise((resolve) => {
-        execFile(command, args, { timeout: 30_000, windowsHide: true }, (error, stdout, stderr) => {
+        // NOTE: not in the workspace: Python < 3.11 ignores PYTHONSAFEPATH and `-c` puts the working folder on sys.path.
+        const options = { timeout: 30_000, windowsHide: true, cwd: codeFreeFolder, env: pythonEnvironment() };
+        execFile(command, args, options, (error, stdout, stderr) => {
             resolve({ stdout: String(stdout), stderr: String(stderr), error: error ?? undefined });
         });
     });
@@ -180,13 +194,17 @@ export async function checkInterpreter(interpreter: Interpreter, run: RunProcess
 
 export const serverArguments: readonly string[] = ["-m", "modeltrace", "serve"];
 
-/** How languageclient launches the server: `<python> -m modeltrace serve`, LSP on its stdin/stdout. */
+/**
+ * How languageclient launches the server: `<python> -m modeltrace serve`, LSP on its stdin/stdout, in `cwd`
+ * (the workspace folder when it is trusted: model code may open files relative to it; the caller passes
+ * `codeFreeFolder` otherwise, since Python < 3.11 ignores PYTHONSAFEPATH and `-m` puts the working folder on sys.path).
+ */
 export function serverExecutable(interpreter: Interpreter, cwd: string | undefined): Executable {
     // NOTE: no `transport`: with TransportKind.stdio languageclient appends `--stdio`, which `serve` rejects.
     // Without one it still talks over the child's stdin/stdout.
     return {
         command: interpreter.path,
         args: [...serverArguments],
-        options: { cwd, env: { ...process.env, PYTHONUNBUFFERED: "1" } },
+        options: { cwd, env: pythonEnvironment() },
     };
 }

@@ -18,6 +18,13 @@ export interface ModelTraceSettings {
     lines: boolean;
     /** Seconds. */
     timeout: number;
+    /** Full tensors over this many MB keep their statistics only; the trace stores at most maxTraceMB in all. */
+    maxTensorMB: number;
+    maxTraceMB: number;
+    /** Full-size config on the meta device: shapes and dtypes, no statistics. */
+    shapeOnly: boolean;
+    /** A local save_pretrained folder to trace with; "" means none. */
+    checkpoint: string;
     /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
     diffAtol: number | null;
     diffRtol: number | null;
@@ -33,6 +40,10 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     traceOnSave: false,
     lines: false,
     timeout: 120,
+    maxTensorMB: 64,
+    maxTraceMB: 1024,
+    shapeOnly: false,
+    checkpoint: "",
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
@@ -50,6 +61,10 @@ function tolerance(value: unknown): number | null {
     return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
 }
 
+function megabytes(value: unknown, fallback: number): number {
+    return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : fallback;
+}
+
 function oneOf<T extends string>(value: unknown, allowed: readonly T[], fallback: T): T {
     return typeof value === "string" && (allowed as readonly string[]).includes(value) ? (value as T) : fallback;
 }
@@ -61,6 +76,10 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const traceOnSave: unknown = configuration.get("traceOnSave");
     const lines: unknown = configuration.get("lines");
     const timeout: unknown = configuration.get("timeout");
+    const maxTensorMB: unknown = configuration.get("maxTensorMB");
+    const maxTraceMB: unknown = configuration.get("maxTraceMB");
+    const shapeOnly: unknown = configuration.get("shapeOnly");
+    const checkpoint: unknown = configuration.get("checkpoint");
     const diffMaps: unknown = configuration.get("diffMaps");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
@@ -70,6 +89,10 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
+        maxTensorMB: megabytes(maxTensorMB, defaultSettings.maxTensorMB),
+        maxTraceMB: megabytes(maxTraceMB, defaultSettings.maxTraceMB),
+        shapeOnly: typeof shapeOnly === "boolean" ? shapeOnly : defaultSettings.shapeOnly,
+        checkpoint: typeof checkpoint === "string" ? checkpoint.trim() : defaultSettings.checkpoint,
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],

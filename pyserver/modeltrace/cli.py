@@ -17,6 +17,7 @@ from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
@@ -34,6 +35,8 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "checkpoint": _local_path(arguments.checkpoint),
         "shape_only": arguments.shape_only,
         "full_tensors": arguments.full_tensors,
+        "max_tensor_mb": arguments.max_tensor_mb,
+        "max_trace_mb": arguments.max_trace_mb,
         "lines": arguments.lines,
         "device": arguments.device,
         "dtype": arguments.dtype,
@@ -51,6 +54,17 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
         print(f"# trace written to {result['trace']} ({result['seconds']:.2f} s)", file=sys.stderr)
     return 0
+
+
+def _megabytes(text: str) -> float:
+    """An argparse type: a size in MB, >= 0 (0 stores no tensor at all)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of megabytes >= 0")
+    return value
 
 
 def _local_path(value: str | None) -> str | None:
@@ -141,12 +155,14 @@ def _check_command(arguments: argparse.Namespace) -> int:
                 hint = f" [fix: {fix['key']!r}: {fix['entry']}]"
             elif fix:
                 hint = " [fix: add _can_record_outputs]"
-            print(f"{arguments.file}:{problem['line']}: {problem['code']}: {problem['message']}{hint}")
+            level = "hint: " if problem.get("severity") == "hint" else ""
+            print(f"{arguments.file}:{problem['line']}: {level}{problem['code']}: {problem['message']}{hint}")
         for note in analysis.notes:
             print(f"{arguments.file}: note: {note}")
         if not problems and not fixed:
             print(f"{arguments.file}: no recorder problems ({len(analysis.uses)} model(s) with @capture_outputs)")
-    return 1 if problems else 0
+    # hints (the file does not show the entry is wrong) do not fail the check
+    return 1 if any(p.get("severity") != "hint" for p in problems) else 0
 
 
 def _run_evidence(file: Path, model: str | None, timeout: float) -> list[dict]:
@@ -192,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a local folder saved with save_pretrained to load the model from (never downloads)")
     trace.add_argument("--lines", action="store_true", help="also capture tensor variables line by line")
     trace.add_argument("--full-tensors", action="store_true", help="also store every captured tensor")
+    trace.add_argument("--max-tensor-mb", type=_megabytes, default=DEFAULT_MAX_TENSOR_MB, metavar="MB",
+                       help="with --full-tensors: larger tensors keep statistics only "
+                            f"(default: {DEFAULT_MAX_TENSOR_MB:g})")
+    trace.add_argument("--max-trace-mb", type=_megabytes, default=DEFAULT_MAX_TRACE_MB, metavar="MB",
+                       help="with --full-tensors: store no more than this in all; later tensors keep statistics "
+                            f"only (default: {DEFAULT_MAX_TRACE_MB:g})")
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     trace.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or float64")
     trace.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")

@@ -42,8 +42,11 @@ def format_worker_error(error: dict) -> str:
     kind = error.get("type") or "Error"
     message = str(error.get("message") or "").strip().splitlines()
     first_line = message[0] if message else ""
+    # What to provide instead, when the unaided build settled for a model and inputs that never ran (before the
+    # location, which ends the line).
+    advice = f"; {error['advice']}" if error.get("advice") else ""
     if kind in ("ModelTraceError", "TraceFormatError"):
-        return f"{first_line}{location}"
+        return f"{first_line}{advice}{location}"
     if error.get("model_class"):
-        return f"{error['model_class']}.forward raised {kind}: {first_line}{location}"
-    return f"{kind}: {first_line}{location}"
+        return f"{error['model_class']}.forward raised {kind}: {first_line}{advice}{location}"
+    return f"{kind}: {first_line}{advice}{location}"

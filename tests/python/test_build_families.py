@@ -315,3 +315,98 @@ def test_a_config_that_cannot_be_built_asks_for_a_config_or_recipe(tmp_path: Pat
     )
     with pytest.raises(ModelTraceError, match=r"cannot build OddConfig\(\).*--config or --recipe"):
         build_from_file(file, None, None, seed=0)
+
+
+# --- general rules learnt from the breadth benchmark (config-level checks: no model is run) -------------------
+
+
+def test_validation_messages_say_what_to_set() -> None:
+    from modeltrace.worker.shrink import told_values
+
+    assert told_values("ValueError: Qwen4-Exp QSA requires indexer_kv_heads=1.") == {"indexer_kv_heads": 1}
+    assert told_values("hidden_size_per_layer_input must be 0, got 256") == {"hidden_size_per_layer_input": 0}
+    assert told_values("num_key_value_heads must match num_attention_heads") == {
+        "num_key_value_heads": ("=", "num_attention_heads")
+    }
+    # A sum is not a field to copy.
+    assert told_values("n_input_layers + n_recurrent_layers + n_output_layers must equal num_hidden_layers") == {}
+
+
+def test_shrinking_rederives_what_post_init_derived_from_the_layer_count() -> None:
+    from transformers.models.dory.configuration_dory import DoryConfig
+
+    from modeltrace.worker.shrink import shrink
+
+    # Dory's defaults list attention and mlp blocks separately (144 entries for 72 layers) and split the layers
+    # into input, recurrent and output parts that must add up.
+    config = shrink(DoryConfig(), "tiny")
+    assert config.n_input_layers + config.n_recurrent_layers + config.n_output_layers == config.num_hidden_layers
+    assert len(config.layer_types) == config.num_hidden_layers <= 3
+
+
+def test_sizes_the_defaults_leave_unset_are_given_small_values() -> None:
+    from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaConfig
+
+    from modeltrace.worker.shrink import shrink
+
+    text = shrink(DiffusionGemmaConfig(), "tiny").text_config
+    assert (text.num_experts, text.top_k_experts, text.moe_intermediate_size) == (4, 2, 128)
+
+
+def test_mrope_sections_cover_the_rotary_part_of_the_head() -> None:
+    from transformers.models.glm4v_moe.configuration_glm4v_moe import Glm4vMoeConfig
+
+    from modeltrace.worker.shrink import shrink
+
+    text = shrink(Glm4vMoeConfig(), "tiny").text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    factor = text.rope_parameters.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0))
+    assert factor == 0.5
+    assert sum(text.rope_parameters["mrope_section"]) == int(head_dim * factor) // 2
+
+
+def test_defaults_rejected_by_their_own_validation_are_built_as_the_message_says(tmp_path: Path) -> None:
+    from transformers.models.gemma4_assistant.configuration_gemma4_assistant import Gemma4AssistantConfig
+
+    from modeltrace.worker.build import _default_config
+
+    with pytest.raises(Exception, match="must be 0"):
+        Gemma4AssistantConfig()
+    config = _default_config(Gemma4AssistantConfig, tmp_path / "modeling_x.py")
+    assert config.text_config.hidden_size_per_layer_input == 0
+
+
+def test_a_base_model_whose_inputs_cannot_be_made_gives_way_to_another_class_of_the_file() -> None:
+    # SLANet's `SLANetSLAHead` (the base-model rule's pick) takes a backbone's features; the table-recognition
+    # model takes the image.
+    built = build_from_file(MODELS / "slanet" / "modeling_slanet.py", None, None, seed=0)
+    assert built.model_class == "SLANetForTableRecognition"
+    assert "pixel_values" in built.kwargs and "SLANetSLAHead" in built.notes["instead_of"]
+
+
+def test_an_unaided_build_that_never_ran_says_what_to_provide(tmp_path: Path) -> None:
+    modeling = tmp_path / "broken" / "modeling_broken.py"
+    modeling.parent.mkdir()
+    (modeling.parent / "__init__.py").write_text("")
+    modeling.write_text(textwrap.dedent("""
+        import torch
+        from transformers import LlamaConfig, PreTrainedModel
+
+
+        class BrokenModel(PreTrainedModel):
+            config_class = LlamaConfig
+
+            def __init__(self, config):
+                super().__init__(config)
+                self.proj = torch.nn.Linear(config.hidden_size, 3)
+                self.post_init()
+
+            def forward(self, input_ids):
+                return self.proj(input_ids.float())
+    """))
+    request = {"file": str(modeling), "out": str(tmp_path / "broken.mtrace"), "timeout": 60, "seed": 0}
+    with WorkerClient() as worker, pytest.raises(TraceFailed) as caught:
+        worker.trace(request)
+    message = str(caught.value)
+    assert message.startswith("BrokenModel.forward raised RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert "pass --recipe with build_model() and build_inputs(model), or --config" in message

@@ -27,6 +27,8 @@ phi glm glm4 helium olmo2 nemotron biogpt xglm ernie4_5 exaone4 smollm3 persimmo
 bert roberta electra bart pegasus marian m2m_100 plbart blenderbot whisper speech_to_text qwen2_audio
 clip siglip siglip2 vit deit beit dinov2 vit_mae ijepa blip_2
 mixtral qwen2_moe qwen3_moe olmoe deepseek_v3 granitemoe phimoe nllb_moe ernie4_5_moe hunyuan_v1_moe
+t5 mt5 umt5 seamless_m4t musicgen hubert wav2vec2 wavlm granite_speech5 convnext segformer albert convbert
+jamba bamba falcon_h1 dbrx zamba zamba2 d_fine blt t5gemma2 idefics x_clip qwen2_vl mimi eomt
 """.split()
 
 
@@ -58,7 +60,8 @@ class ToyAttention(nn.Module):
         self.q_proj = nn.Linear(4, 4)
 
     def forward(self, hidden_states):
-        return hidden_states, None
+        attn_weights = hidden_states.softmax(-1)
+        return hidden_states, attn_weights
 
 
 class ToyLayer(nn.Module):
@@ -133,6 +136,9 @@ def test_shared_self_and_cross_attention_class():
         "        self.self_attn = ToyAttention(config)\n",
         "        self.self_attn = ToyAttention(config)\n        self.encoder_attn = ToyAttention(config)\n",
     ).replace("BaseModelOutputWithPast", "BaseModelOutputWithPastAndCrossAttentions")
+    # cross-attention runs on encoder states: without them as an input there is nothing to record
+    assert codes(source) == []
+    source = source.replace("def forward(self, input_ids)", "def forward(self, input_ids, encoder_hidden_states=None)")
     analysis = analyze_source(source)
     problem_codes = sorted(p.code for p in analysis.problems)
     assert problem_codes == ["missing-recorder", "shared-attention-class"]
@@ -179,7 +185,8 @@ def test_inherited_and_parent_built_dict():
         'class ToyBase(ToyPreTrainedModel):\n    _can_record_outputs = {**ToyPreTrainedModel._can_record_outputs, "router_logits": ToyAttention}',
     )
     analysis = analyze_source(built)
-    assert analysis.problems == [] and analysis.notes == []
+    # the toy's output has no router_logits field: the entry is left alone, with a note
+    assert analysis.problems == [] and len(analysis.notes) == 1 and "router_logits" in analysis.notes[0]
     assert set(analysis.uses[0].can_record.entries) == {"hidden_states", "attentions", "router_logits"}
 
 
@@ -252,3 +259,127 @@ def test_check_run_on_example_and_injected_problems(tmp_path, capsys):
     assert main(["check", str(indexed), "--run", "--format", "json"]) == 1
     found = {p["code"] for p in json.loads(capsys.readouterr().out)["problems"]}
     assert "index-not-tensor" in found
+
+
+def _toy(attention_forward: str, extra: str = "", layers: str = "nn.ModuleList([ToyLayer(config) for _ in range(2)])") -> str:
+    source = LLAMA_LIKE.replace(
+        "    def forward(self, hidden_states):\n        attn_weights = hidden_states.softmax(-1)\n        return hidden_states, attn_weights\n",
+        textwrap.indent(textwrap.dedent(attention_forward), "    "),
+    )
+    source = source.replace("nn.ModuleList([ToyLayer(config) for _ in range(2)])", layers)
+    return source.replace('        "attentions": ToyAttention,\n', "") + extra
+
+
+def test_attention_returning_its_output_only_is_a_hint(tmp_path, capsys):
+    source = _toy("""
+        def forward(self, hidden_states):
+            return self.q_proj(hidden_states)
+    """)
+    [problem] = analyze_source(source).problems
+    assert problem.severity == "hint" and problem.key == "attentions" and problem.fix_json()["entry"] == "ToyAttention"
+    path = tmp_path / "modeling_hint.py"
+    path.write_text(source)
+    assert main(["check", str(path)]) == 0  # a hint does not fail the check
+    assert "hint: missing-recorder" in capsys.readouterr().out
+
+
+def test_attention_returning_none_weights_needs_no_recorder():
+    source = _toy("""
+        def forward(self, hidden_states):
+            return self.q_proj(hidden_states), None
+    """)
+    analysis = analyze_source(source)
+    assert analysis.problems == [] and any("returns None" in n for n in analysis.notes)
+
+
+def test_layers_from_a_lookup_table_and_a_builder_method():
+    source = LLAMA_LIKE.replace(
+        "class ToyPreTrainedModel(PreTrainedModel):",
+        "class ToyOtherLayer(ToyLayer):\n    pass\n\n\nLAYER_TYPES = {\"a\": ToyLayer, \"b\": ToyOtherLayer}\n\n\nclass ToyPreTrainedModel(PreTrainedModel):",
+    ).replace(
+        "        self.layers = nn.ModuleList([ToyLayer(config) for _ in range(2)])\n",
+        "        self.layers = self.build()\n\n    def build(self):\n        layers = []\n        for kind in self.config.kinds:\n"
+        "            layer_class = LAYER_TYPES[kind]\n            layers.append(layer_class(self.config))\n        return nn.ModuleList(layers)\n",
+    )
+    assert codes(source) == []
+    broken = source.replace('        "hidden_states": ToyLayer,\n', "")
+    [problem] = analyze_source(broken).problems
+    # ToyOtherLayer is a ToyLayer: the base class records both
+    assert problem.code == "missing-recorder" and problem.fix_json()["entry"] in ("ToyLayer", "[ToyLayer, ToyOtherLayer]")
+
+
+T5_LIKE = '''
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+
+class ToyAttention(nn.Module):
+    def forward(self, hidden_states, key_value_states=None):
+        return hidden_states, None, hidden_states.softmax(-1)
+
+
+class ToyLayerSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.SelfAttention = ToyAttention()
+
+    def forward(self, hidden_states):
+        attention_output, position_bias, attn_weights = self.SelfAttention(hidden_states)
+        return attention_output, position_bias, attn_weights
+
+
+class ToyLayerCrossAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.EncDecAttention = ToyAttention()
+
+    def forward(self, hidden_states, key_value_states):
+        attention_output, position_bias, attn_weights = self.EncDecAttention(hidden_states, key_value_states)
+        return attention_output, position_bias, attn_weights
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList()
+        self.layer.append(ToyLayerSelfAttention(config))
+        if config.is_decoder:
+            self.layer.append(ToyLayerCrossAttention(config))
+        self.layer.append(nn.Linear(4, 4))
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        return (hidden_states,)
+
+
+class ToyPreTrainedModel(PreTrainedModel):
+    _can_record_outputs = {
+        "hidden_states": OutputRecorder(ToyBlock, index=0),
+        "attentions": OutputRecorder(ToyLayerSelfAttention, index=-1),
+        "cross_attentions": OutputRecorder(ToyLayerCrossAttention, index=-1),
+    }
+
+
+class ToyStack(ToyPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.block = nn.ModuleList([ToyBlock(config) for _ in range(2)])
+
+    @capture_outputs
+    def forward(self, input_ids, encoder_hidden_states=None) -> BaseModelOutputWithPastAndCrossAttentions:
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=input_ids)
+'''
+
+
+@pytest.mark.parametrize("key", ["attentions", "cross_attentions"])
+def test_t5_like_wrapper_class_and_index_of_the_weights(key):
+    """The inner attention class serves self- and cross-attention: the dedicated wrapper is recorded, at the
+    index of the weights in what its forward returns (2: the same element as the original's -1)."""
+    assert codes(T5_LIKE) == []
+    wrapper = "ToyLayerSelfAttention" if key == "attentions" else "ToyLayerCrossAttention"
+    broken = "\n".join(line for line in T5_LIKE.splitlines() if f'"{key}"' not in line) + "\n"
+    [problem] = analyze_source(broken).problems
+    assert problem.fix_json()["entry"] == f"OutputRecorder({wrapper}, index=2)"
+    fixed, _ = apply_fixes(broken)
+    assert codes(fixed) == []

@@ -21,6 +21,16 @@ SIZES = [pytest.param(SMALL, id="small"), pytest.param(LARGE, id="large")]
 PENDING = [pytest.param(False, id="no-pending"), pytest.param(True, id="pending")]
 
 
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs twice: with the fused C kernel (`worker/native`) and with the NumPy/torch paths."""
+    if request.param == "torch":
+        monkeypatch.setattr(stats, "_native_kernels", None)
+    elif stats._native_kernels is None:
+        pytest.fail(f"the native statistics kernel did not load: {stats.native.load_error}")
+    return request.param
+
+
 def _summarize(tensor: torch.Tensor, with_pending: bool = False, key: str = "x"):
     pending = PendingStats() if with_pending else None
     summary = summarize(tensor, key, pending)
@@ -228,3 +238,76 @@ def test_requires_grad_and_inference_tensors() -> None:
     with torch.inference_mode():
         inference = torch.randn(LARGE, generator=torch.Generator().manual_seed(8))
     _assert_matches(_summarize(inference, True), _expected(inference), rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, 3, 1023, 1024, 1025, 5000])
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda n: -torch.rand(n) - 0.5, id="all-negative"),
+        pytest.param(lambda n: torch.rand(n) + 0.5, id="all-positive"),
+        pytest.param(lambda n: torch.randn(n), id="mixed"),
+        pytest.param(lambda n: torch.where(torch.rand(n) < 0.5, torch.tensor(-0.0), torch.tensor(0.0)), id="signed-zeros"),
+        pytest.param(lambda n: torch.relu(torch.randn(n)) * 1e-40, id="relu-subnormal"),
+    ],
+)
+def test_signs_and_block_edges(values, size: int, dtype: torch.dtype) -> None:
+    """Min and max come from the values' bit patterns in the native kernel, and sums in blocks of 1,024: signs,
+    zeros of both signs, subnormals and sizes around the block edge are where that could go wrong."""
+    torch.manual_seed(size)
+    tensor = values(size).to(dtype)
+    summary = _summarize(tensor)
+    exact = tensor.double()
+    assert summary.min == exact.min().item() and summary.max == exact.max().item()
+    assert summary.abs_max == exact.abs().max().item()
+    assert summary.positive_fraction == (exact > 0).double().mean().item()
+    assert summary.mean == pytest.approx(exact.mean().item(), rel=1e-5, abs=1e-45)
+
+
+def test_native_kernel_is_what_the_worker_uses() -> None:
+    """CI machines have a C compiler: the fast path must load there, or the capture benchmark measures the
+    fallback without anyone noticing."""
+    assert stats.native.library() is not None, stats.native.load_error
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        pytest.param(lambda x: x.transpose(1, 2), id="transpose"),
+        pytest.param(lambda x: x.permute(2, 0, 1), id="permute"),
+        pytest.param(lambda x: x[:, :, :3], id="slice"),
+        pytest.param(lambda x: x[:, :1].expand(4, 5, 6), id="expand"),
+        pytest.param(lambda x: x[::2], id="step"),
+        pytest.param(lambda x: x.transpose(0, 2)[1:], id="transposed-slice"),
+    ],
+)
+def test_views(make_view) -> None:
+    """Dense views (permutations) are read in place, others copied first: either way their own elements."""
+    torch.manual_seed(0)
+    view = make_view(torch.randn(4, 5, 6))
+    assert stats.is_dense(view) == _dense_by_copy(view)
+    _assert_matches(_summarize(view), _expected(view), rel=1e-6)
+
+
+def _dense_by_copy(view: torch.Tensor) -> bool:
+    """Independent check of density: the view's elements, as addresses, are exactly one contiguous block."""
+    offsets = torch.as_strided(torch.arange(10_000), view.shape, view.stride(), 0).reshape(-1)
+    return bool(offsets.sort().values.eq(torch.arange(view.numel())).all())
+
+
+def test_span_cache_reuses_a_view_only_while_nothing_changed() -> None:
+    """A transpose of a summarised tensor gets its statistics with its own shape; after an in-place change
+    (views share their base's version counter) it is summarised again; a sliced view never reuses."""
+    from modeltrace.worker.capture import SummaryCache
+
+    cache = SummaryCache()
+    base = torch.randn(2, 3, 4)
+    summary = _summarize(base)
+    cache.put(base, summary)
+    view = base.transpose(0, 2)
+    reused = cache.get(view, "v")
+    assert reused is not None and reused.shape == [4, 3, 2] and reused.mean == summary.mean and reused.key == "v"
+    assert cache.get(base[:, :, :2], "s") is None
+    base.mul_(2)
+    assert cache.get(view, "v") is None

@@ -141,8 +141,12 @@ def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, An
         "model": model,
         "recipe": None,
         "config": None,
+        "shape_only": settings.shape_only,
+        "checkpoint": settings.checkpoint,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
-        "full_tensors": path in ls.references,
+        "full_tensors": path in ls.references and not settings.shape_only,
+        "max_tensor_mb": settings.max_tensor_mb,
+        "max_trace_mb": settings.max_trace_mb,
         "lines": settings.lines,
         "device": settings.device,
         "dtype": settings.dtype,

@@ -1,6 +1,6 @@
 """Recorder problems (`_can_record_outputs`) as pull diagnostics, and their quick fixes as code actions.
 
-Static only (libcst, no model run), so it works in untrusted workspaces too. Diagnostics are served through
+Static only (stdlib `ast` to read, libcst to edit; no model run), so it works in untrusted workspaces too. Diagnostics are served through
 `textDocument/diagnostic` (the client pulls them on open and on each change) so that they never replace the
 trace failures and divergences the server pushes with `publishDiagnostics` on the same file.
 """
@@ -54,7 +54,7 @@ def _diagnostic(source: str, problem: Problem) -> types.Diagnostic:
     return types.Diagnostic(
         range=_line_range(source, problem.line),
         message=problem.message,
-        severity=types.DiagnosticSeverity.Warning,
+        severity=types.DiagnosticSeverity.Information if problem.severity == "hint" else types.DiagnosticSeverity.Warning,
         code=problem.code,
         source=SOURCE,
         data={"key": problem.key, "code": problem.code, "line": problem.line},

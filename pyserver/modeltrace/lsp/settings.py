@@ -22,6 +22,7 @@ from lsprotocol import types
 from modeltrace.diff.align import parse_maps
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.lines import HintDetail
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
 
 
 # NOTE: the server module imports Settings from here; the handlers only need the name for type checkers.
@@ -51,11 +52,18 @@ class Settings:
     trace_on_save: bool = False
     lines: bool = False
     timeout: float = 120.0
+    # Full tensors kept by a trace (recorded while a reference is set): larger ones keep their statistics only.
+    max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB
+    max_trace_mb: float = DEFAULT_MAX_TRACE_MB
     trace_directory: Path = field(default_factory=default_trace_directory)
     # Diff against a reference trace: tolerances (None: the diff's defaults) and module path rename maps.
     diff_atol: float | None = None
     diff_rtol: float | None = None
     diff_maps: tuple[str, ...] = ()
+    # Shape-only traces (the full-size config on the meta device: shapes and dtypes, no statistics) and a local
+    # checkpoint folder (saved with save_pretrained) to load instead of a shrunk random-weight config.
+    shape_only: bool = False
+    checkpoint: str | None = None
 
     def updated(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the camelCase `values` applied (`hintDetail`, `traceOnSave`, ...); bad ones are skipped."""
@@ -95,6 +103,15 @@ def _seconds(value: Any) -> float:
     return seconds
 
 
+def _megabytes(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number of megabytes")
+    megabytes = float(value)
+    if not 0 <= megabytes < float("inf"):
+        raise ValueError("expected a number of megabytes >= 0")
+    return megabytes
+
+
 def _directory(value: Any) -> Path:
     return Path(_text(value)).expanduser()
 
@@ -106,6 +123,18 @@ def _tolerance(value: Any) -> float | None:
     if tolerance < 0:
         raise ValueError("expected a tolerance >= 0")
     return tolerance
+
+
+def _checkpoint(value: Any) -> str | None:
+    # NOTE: an empty setting means no checkpoint; a hub id is passed on as it is, for the worker to refuse with
+    # a message that names it.
+    if value is None or value == "":
+        return None
+    text = _text(value).strip()
+    if not text:
+        return None
+    expanded = Path(text).expanduser()
+    return str(expanded.resolve()) if expanded.exists() else text
 
 
 def _maps(value: Any) -> tuple[str, ...]:
@@ -127,10 +156,14 @@ _SETTINGS = {
     "traceOnSave": ("trace_on_save", _boolean),
     "lines": ("lines", _boolean),
     "timeout": ("timeout", _seconds),
+    "maxTensorMB": ("max_tensor_mb", _megabytes),
+    "maxTraceMB": ("max_trace_mb", _megabytes),
     "traceDirectory": ("trace_directory", _directory),
     "diffAtol": ("diff_atol", _tolerance),
     "diffRtol": ("diff_rtol", _tolerance),
     "diffMaps": ("diff_maps", _maps),
+    "shapeOnly": ("shape_only", _boolean),
+    "checkpoint": ("checkpoint", _checkpoint),
 }
 
 

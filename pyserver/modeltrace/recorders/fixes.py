@@ -8,7 +8,16 @@ from pathlib import Path
 
 import libcst as cst
 
-from modeltrace.recorders.static import Analysis, Problem, Recorder, analyze_source, dotted
+from modeltrace.recorders.static import Analysis, Problem, Recorder, analyze_source
+
+
+def dotted(node: cst.BaseExpression | None) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else None
+    return None
 
 
 def _entry_element(key: str, recorder: Recorder, comma) -> cst.DictElement:
@@ -29,7 +38,11 @@ class _FixTransformer(cst.CSTTransformer):
         self.depth += 1
         if self.depth == 1:
             self.current = node.name.value
-        return True
+        # only the classes a fix edits are descended into (the other ones are left as they are: faster)
+        return self.depth == 1 and node.name.value in self.by_owner
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
         self.depth -= 1
@@ -111,6 +124,12 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     class AddToCaptureImport(cst.CSTTransformer):
         done = False
 
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False  # imports of a modeling file sit at module level
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
         def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
             if self.done or isinstance(updated.names, cst.ImportStar):
                 return updated
@@ -158,11 +177,27 @@ def apply_fixes(source: str, problems: list[Problem] | None = None, analysis: An
     problems = [p for p in problems if p.owner and (p.recorder is not None or p.code == "no-recorders")]
     if not problems:
         return source, []
+    original = analysis.module
     transformer = _FixTransformer(problems)
-    module = analysis.module.visit(transformer)
+    module = original.visit(transformer)
     if transformer.needs_output_recorder:
         module = _ensure_output_recorder_import(module, analysis.imported)
-    return module.code, transformer.applied
+    return _splice(analysis.source or original.code, original, module), transformer.applied
+
+
+def _splice(source: str, original: cst.Module, fixed: cst.Module) -> str:
+    """The text of `fixed`: the source with the code of each changed top-level statement replaced (the edits
+    touch one class and maybe an import), which is much faster than generating the whole module again."""
+    if len(original.body) != len(fixed.body):
+        return fixed.code
+    for before, after in zip(original.body, fixed.body):
+        if before is after:
+            continue
+        old, new = original.code_for_node(before), fixed.code_for_node(after)
+        if source.count(old) != 1:
+            return fixed.code
+        source = source.replace(old, new)
+    return source
 
 
 def fix_file(path: str | Path) -> list[Problem]:

@@ -21,7 +21,9 @@ class TensorSummary:
     `key` is a dotted path: `""` for a bare tensor, `"0"` / `"1.0"` inside tuples, `"last_hidden_state"` inside
     dicts and ModelOutputs, the parameter name for inputs (`"hidden_states"`, `"position_embeddings.0"`).
     Statistics are `None` where they cannot be computed (meta tensors in shape-only mode, empty tensors).
-    `tensor` names the full tensor in the trace's safetensors file when full tensors were captured.
+    `tensor` names the full tensor in the trace's safetensors file when full tensors were captured;
+    `not_stored` says why a tensor was not stored although full tensors were asked for (over the per-tensor or
+    per-trace size limit): it keeps its statistics, and a diff compares it by them.
     """
 
     key: str
@@ -37,6 +39,7 @@ class TensorSummary:
     inf_count: int = 0
     positive_fraction: float | None = None
     tensor: str | None = None
+    not_stored: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -55,6 +58,8 @@ class TensorSummary:
         }
         if self.tensor is not None:
             data["tensor"] = self.tensor
+        if self.not_stored is not None:
+            data["not_stored"] = self.not_stored
         return data
 
     @classmethod
@@ -73,6 +78,7 @@ class TensorSummary:
             inf_count=int(data.get("inf_count") or 0),
             positive_fraction=data.get("positive_fraction"),
             tensor=data.get("tensor"),
+            not_stored=data.get("not_stored"),
         )
 
 

@@ -40,6 +40,11 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
     if store is None and any(summary.tensor for record in trace.modules for summary in record.outputs):
         notes.append(f"{folder.name}: its records name full tensors but the folder holds no {TENSORS_FILE}; "
                      "comparing statistics only")
+    not_stored = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)
+                  if summary.not_stored is not None]
+    if not_stored:
+        notes.append(f"{folder.name}: {len(not_stored)} tensor(s) over the trace's size limits were not stored "
+                     f"(first: {not_stored[0].not_stored}); they are compared by statistics only")
     return LoadedTrace(trace=trace, tensors=store, path=folder, kind="modeltrace", notes=notes)
 
 

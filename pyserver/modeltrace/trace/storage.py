@@ -28,8 +28,15 @@ TRACE_SUFFIX = ".mtrace"
 MAX_TRACE_BYTES = int(os.environ.get("MODELTRACE_MAX_TRACE_BYTES", 2 * 1024**3))
 
 
-def write_trace(trace: Trace, destination: Path, write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write `trace` to the folder `destination` atomically; `write_extra(tmp_folder)` adds files (tensors)."""
+def write_trace(
+    trace: Trace, destination: Path, write_extra: Callable[[Path], None] | None = None, durable: bool = True
+) -> Path:
+    """Write `trace` to the folder `destination` atomically; `write_extra(tmp_folder)` adds files (tensors).
+
+    The rename makes the write atomic for every process, crashed or not. `durable` also flushes the trace to the
+    disk before the rename (against power loss); the worker passes False and calls `sync_trace` after it has
+    answered, so that the user does not wait for the disk (an fsync costs 1-4 ms here, a tiny model's forward 3).
+    """
     destination = Path(destination).absolute()
     destination.parent.mkdir(parents=True, exist_ok=True)
     temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -38,8 +45,9 @@ def write_trace(trace: Trace, destination: Path, write_extra: Callable[[Path], N
         payload = msgpack.packb(trace.to_json(), use_bin_type=True)
         with open(temporary / TRACE_FILE, "wb") as handle:
             handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         if write_extra is not None:
             write_extra(temporary)
         _swap_into_place(temporary, destination)
@@ -47,6 +55,27 @@ def write_trace(trace: Trace, destination: Path, write_extra: Callable[[Path], N
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return destination
+
+
+def sync_trace(folder: Path) -> None:
+    """Flush a written trace folder's files and its directory entry to the disk (best effort: a trace that was
+    replaced or deleted meanwhile has nothing left to flush)."""
+    folder = Path(folder)
+    try:
+        for path in folder.iterdir():
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        for directory in (folder, folder.parent):
+            descriptor = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+    except OSError:
+        pass
 
 
 def _swap_into_place(temporary: Path, destination: Path) -> None:

@@ -5,7 +5,14 @@ model class (`config_class`); a copy of its defaults is shrunk (`shrink`) and in
 signature and the config (`inputs`). No rule set fits several hundred model families, so the builder tries
 candidates: shrink levels from `tiny` to the config as it is, and input sets from every modality the model
 takes to text alone, and keeps the first pair whose forward pass runs (a trial run of a tiny model costs
-milliseconds). When none runs, the first candidate is returned, so that the trace fails where the model fails.
+milliseconds). When none runs, the first candidate is returned, so that the trace fails where the model fails,
+with a note that says what to provide instead (`--recipe`, `--config`).
+
+Errors that name what they want are acted on, not just reported: a config class's validation saying what a field
+must be ("requires indexer_kv_heads=1"), a sub-config missing a field that another config of the tree has, a
+layer wanting another prompt length or audio frame width ("size of tensor a (7) must match ... b (8)"). A base
+model whose forward takes inputs ModelTrace cannot make (a head fed by a backbone) gives way to another model
+class of the file.
 
 Other ways in:
 - `--model CLASS`: any class of the file; a task head (`…ForCausalLM`), or a plain `nn.Module` such as a
@@ -251,10 +258,38 @@ def _default_config(config_class: type, file: Path) -> Any:
     try:
         return config_class()
     except Exception as error:  # noqa: BLE001 - any failure of user config code is reported, not raised
+        # Defaults that the class's own validation rejects with a message saying what a field must be
+        # ("hidden_size_per_layer_input must be 0, got 256"): built again with that value (a field of a
+        # sub-config, the text config of a composite, goes to each sub-config in turn).
+        built = _default_config_as_told(config_class, error)
+        if built is not None:
+            return built
         raise ModelTraceError(
             f"{file}: cannot build {config_class.__name__}() with its defaults ({type(error).__name__}: "
             f"{_first_line(error)}); pass --config or --recipe"
         ) from None
+
+
+def _default_config_as_told(config_class: type, error: BaseException) -> Any:
+    parameters = inspect.signature(config_class).parameters
+    told: dict[str, int] = {}
+    for _ in range(4):
+        fresh = {name: value for name, value in shrinking.told_values(str(error)).items()
+                 if isinstance(value, int) and told.get(name) != value}
+        if not fresh:
+            return None
+        told.update(fresh)
+        own = {name: value for name, value in told.items() if name in parameters}
+        tries = [own] if len(own) == len(told) else [
+            {**own, sub_name: {name: value for name, value in told.items() if name not in own}}
+            for sub_name in getattr(config_class, "sub_configs", None) or {}
+        ]
+        for arguments in tries:
+            try:
+                return config_class(**arguments)
+            except Exception as next_error:  # noqa: BLE001
+                error = next_error
+    return None
 
 
 def load_config(model_class: type[nn.Module], config_path: Path | None, file: Path) -> Any:
@@ -326,10 +361,52 @@ def _count_parameters_on_meta(build: Callable[[], nn.Module]) -> int | None:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
+_NO_ATTRIBUTE = re.compile(r"'(\w+)' object has no attribute '(\w+)'")
+
+
+def _lend_attribute(config: Any, error: BaseException) -> bool:
+    """After "'DbrxAttentionConfig' object has no attribute 'rope_theta'": give that sub-config the value another
+    config of the tree has (as a field, or as a key of a dict field such as `rope_parameters`). True if it did."""
+    match = _NO_ATTRIBUTE.search(str(error))
+    if not isinstance(error, AttributeError) or match is None:
+        return False
+    owner_name, attribute = match.groups()
+    nodes = list(shrinking._walk(config))
+    owners = [node for node in nodes if type(node).__name__ == owner_name]
+    value = None
+    for node in nodes:
+        if node in owners:
+            continue
+        found = shrinking._safe_getattr(node, attribute)
+        if found is None:
+            found = next((item[attribute] for item in vars(node).values()
+                          if isinstance(item, dict) and attribute in item), None)
+        if found is not None:
+            value = found
+            break
+    if value is None or not owners:
+        return False
+    lent = False
+    for owner in owners:
+        try:
+            setattr(owner, attribute, value)
+            lent = True
+        except Exception:  # noqa: BLE001
+            pass
+    return lent
+
+
 def _construct(model_class: type, config: Any, seed: int, file: Path) -> nn.Module:
     torch.manual_seed(seed)
     try:
-        model = model_class(config)
+        try:
+            model = model_class(config)
+        except AttributeError as error:
+            # A sub-config missing a field the model reads and the parent config has: lent, then built again.
+            if not _lend_attribute(config, error):
+                raise
+            torch.manual_seed(seed)
+            model = model_class(config)
     except Exception as error:  # noqa: BLE001
         raise ModelTraceError(
             f"{file}: building {model_class.__name__} failed: {type(error).__name__}: {_first_line(error)}"
@@ -378,13 +455,16 @@ def _try_inputs(
     if len(variants) == 1 and not always_try:
         return variants[0]
     for name, kwargs in variants:
+        # What the retries below learn (a prompt length, a feature width) holds for this input set only.
+        learnt = (synthesizer.text_length, synthesizer.feature_width)
         for _ in range(3):
             try:
                 _run(model, kwargs, context)
                 return name, kwargs
             except Exception as error:  # noqa: BLE001 - the next candidate may run
                 message = f"{type(error).__name__}: {_first_line(error)}"
-                changed = False
+                changed = (_repair_config(synthesizer, error) or synthesizer.fit_text_length(kwargs, error)
+                           or synthesizer.fit_feature_width(kwargs, error))
                 for modality in ("image", "video", "audio"):
                     if modality in name and modality in str(error).lower():
                         changed = synthesizer.note_mismatch(modality, error) or changed
@@ -392,9 +472,33 @@ def _try_inputs(
                     attempts.append(_Attempt(level, name, message))
                     break
                 kwargs = dict(_rebuild_variant(synthesizer, name))
-            if time.monotonic() > deadline:
-                return None
+                if time.monotonic() > deadline:
+                    return None
+        synthesizer.text_length, synthesizer.feature_width = learnt
     return None
+
+
+def _repair_config(synthesizer: InputSynthesizer, error: BaseException) -> bool:
+    """A config read by the forward pass for a field it lacks: lent from another config of the tree, or, for a
+    special token id (Qwen3-Omni's `vision_start_token_id`), given an ordinary id no other special token uses.
+    True if the config changed (the inputs are then synthesised again: the prompt may use the new token)."""
+    config = synthesizer.config
+    if _lend_attribute(config, error):
+        synthesizer.feature_counts.clear()
+        return True
+    match = _NO_ATTRIBUTE.search(str(error))
+    if not isinstance(error, AttributeError) or match is None or not match.group(2).endswith("_token_id"):
+        return False
+    owners = [node for node in shrinking._walk(config) if type(node).__name__ == match.group(1)]
+    if not owners:
+        return False
+    token = int(synthesizer.text_tokens(1)[0])
+    for owner in owners:
+        try:
+            setattr(owner, match.group(2), token)
+        except Exception:  # noqa: BLE001
+            return False
+    return True
 
 
 def _rebuild_variant(synthesizer: InputSynthesizer, name: str) -> dict[str, Any]:
@@ -443,21 +547,31 @@ def build_from_file(
         return _result(model, model_class, config, chosen, synthesizer, {"config": str(config_path)})
     try:
         return _build_shrunk(model_class, _default_config(config_class, file), seed, attention, file, trial_budget)
-    except _NothingBuilt as error:
+    except (_NothingBuilt, _CannotSynthesise) as error:
         if model_name:
             raise
         # The base model cannot even be constructed from its class's defaults (a composite whose default parts
-        # disagree): another model class of the file may be.
-        for other in _other_models(module, model_class)[:2]:
+        # disagree), or its forward takes inputs that cannot be synthesised (a table-recognition head fed by a
+        # backbone, a detection model whose image input is named `hidden_states`): another model class of the
+        # file may do, its task head included (`…ForObjectDetection` takes `pixel_values`).
+        reason = getattr(error, "reason", None) or str(error).split(": ", 1)[-1]
+        for other in _other_models(module, model_class)[:3]:
             try:
                 config_class = _config_class(other, module, file)
                 built = _build_shrunk(other, _default_config(config_class, file), seed, attention, file,
                                       trial_budget / 2)
             except ModelTraceError:
                 continue
-            built.notes["instead_of"] = f"{model_class.__name__} ({error.reason})"
+            built.notes["instead_of"] = f"{model_class.__name__} ({reason})"
             return built
         raise
+
+
+_MISSING_LIBRARY = re.compile(r"requires the ([\w.-]+) library but it was not found")
+
+
+class _CannotSynthesise(ModelTraceError):
+    """The model builds but its forward needs inputs ModelTrace cannot make (another class of the file may not)."""
 
 
 class _NothingBuilt(ModelTraceError):
@@ -530,7 +644,7 @@ def _build_shrunk(
         reasons = "; ".join(f"{a.level}: {a.error}" for a in attempts[:3]) or "no candidate"
         missing = first[3].missing() if first is not None else []
         if missing:
-            raise ModelTraceError(
+            raise _CannotSynthesise(
                 f"{file}: {model_class.__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot "
                 "synthesise; pass --recipe with build_model() and build_inputs(model)"
             )
@@ -538,11 +652,23 @@ def _build_shrunk(
             f"{file}: {model_class.__name__} could not be built from a shrunk {type(defaults).__name__}: {reasons}; "
             "pass --config with a small config.json, or --recipe"
         )
+        libraries = [_MISSING_LIBRARY.search(attempt.error) for attempt in attempts]
+        if first is None and attempts and all(libraries):
+            # Not a size problem: a library the model (or a part of it, a timm backbone) imports is missing.
+            message = (
+                f"{file}: {model_class.__name__} needs the {libraries[0].group(1)} library, which is not installed "
+                "here; install it, or pass --recipe with build_model() and build_inputs(model)"
+            )
         if first is None:
             raise _NothingBuilt(message, attempts[0].error if attempts else "no candidate")
         raise ModelTraceError(message)
     model, config, chosen, synthesizer, level = first
     notes = {"shrink": level, "failed_candidates": [f"{a.level} / {a.inputs}: {a.error}" for a in attempts]}
+    tried = len({(a.level, a.inputs) for a in attempts})
+    notes["unverified"] = (
+        f"no shrunk {type(defaults).__name__} and synthesised input set ran unaided ({tried} tried); pass --recipe "
+        "with build_model() and build_inputs(model), or --config with a small config.json"
+    )
     # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.
     model = _construct(model_class, config, seed, file)
     synthesizer = InputSynthesizer(model, config, seed)
@@ -629,7 +755,11 @@ def _build_checkpoint(model_class: type, folder: Path, seed: int, attention: str
         )
     torch.manual_seed(seed)
     try:
-        model = model_class.from_pretrained(str(folder), local_files_only=True, attn_implementation=attention)
+        # NOTE: weights_only=True (also transformers' default): a pickled `pytorch_model.bin` is read with torch's
+        # restricted unpickler, so a checkpoint cannot run code; safetensors files are never pickles.
+        model = model_class.from_pretrained(
+            str(folder), local_files_only=True, attn_implementation=attention, weights_only=True
+        )
     except Exception as error:  # noqa: BLE001
         raise ModelTraceError(
             f"{folder}: loading {model_class.__name__} from this folder failed ({type(error).__name__}: "
@@ -637,12 +767,54 @@ def _build_checkpoint(model_class: type, folder: Path, seed: int, attention: str
         ) from error
     model.eval()
     config = model.config
+    _restore_buffers(model, model_class, config)
     if hasattr(config, "use_cache"):
         config.use_cache = False
     synthesizer = InputSynthesizer(model, config, seed)
     chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + DEFAULT_TRIAL_BUDGET, [],
                          "checkpoint", always_try=False)
     return _result(model, model_class, config, chosen, synthesizer, {"checkpoint": str(folder.resolve())})
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Modules built in here get their parameters on the meta device (one at a time on the CPU first) and their
+    buffers for real: what `__init__` computes (rotary frequencies, position ids) without the weights."""
+    register = nn.Module.register_parameter
+
+    def on_meta(self: nn.Module, name: str, parameter: Any) -> None:
+        register(self, name, parameter)
+        if parameter is not None and parameter.device.type != "meta":
+            self._parameters[name] = nn.Parameter(parameter.to("meta"), requires_grad=parameter.requires_grad)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _restore_buffers(model: nn.Module, model_class: type, config: Any) -> None:
+    """Non-persistent buffers (not in the checkpoint) as the class's `__init__` computes them.
+
+    `from_pretrained` builds the model on the meta device and leaves non-persistent buffers (a rotary embedding's
+    `inv_freq`) to the model's `_init_weights`; a model that does not set them there gets uninitialised memory.
+    """
+    persistent = set(model.state_dict())
+    loose = {name: buffer for name, buffer in model.named_buffers() if name not in persistent}
+    if not loose:
+        return
+    try:
+        with _parameters_on_meta():
+            fresh = model_class(config)
+    except Exception:  # noqa: BLE001 - the loaded model keeps what from_pretrained gave it
+        return
+    computed = dict(fresh.named_buffers())
+    with torch.no_grad():
+        for name, buffer in loose.items():
+            value = computed.get(name)
+            if value is not None and value.device.type != "meta" and value.shape == buffer.shape:
+                buffer.copy_(value.to(device=buffer.device, dtype=buffer.dtype))
 
 
 # --- shape-only ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from torch import nn
 
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import source_map
-from modeltrace.worker.stats import PendingStats, summarize
+from modeltrace.worker.stats import PendingStats, is_dense, summarize
 
 
 # NOTE: bounds on what one call records, so that a module returning a huge nested structure cannot blow up
@@ -42,8 +42,19 @@ def iter_tensor_leaves(value: Any, prefix: str = "", depth: int = 0) -> Iterator
             yield from iter_tensor_leaves(item, f"{prefix}.{position}" if prefix else str(position), depth + 1)
 
 
+# NOTE: tensor subclasses (fake, functional) may have no real memory: spans are for these only.
+_PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
+
+
 class SummaryCache:
     """Reuse the summary of a tensor object seen earlier in this pass, unless it was modified in place since.
+
+    Also reuse it for another tensor over exactly the same elements: `q_proj(x).view(...).transpose(1, 2)`,
+    the `reshape` that feeds `o_proj`. Every statistic here ignores the order of the elements, so a view that
+    is dense over the same memory span as a summarised dense tensor (same address, element count and dtype)
+    has the same statistics, with its own shape. That holds only while the summarised tensor is alive (its
+    memory cannot then belong to any other tensor) and neither was modified since (views share the version
+    counter of their base). Callers that store full tensors skip this: a stored tensor has one shape.
 
     A copy handed out before its source has statistics (a device tensor waiting for `PendingStats.resolve`)
     gets them in `clear`, which callers run after resolving.
@@ -51,18 +62,40 @@ class SummaryCache:
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, int, TensorSummary]] = {}
+        self._spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref, int, TensorSummary]] = {}
         self._late_copies: list[tuple[TensorSummary, TensorSummary]] = []
 
     def get(self, tensor: torch.Tensor, key: str) -> TensorSummary | None:
         entry = self._entries.get(id(tensor))
         if entry is None or entry[1] != _version(tensor) or entry[0]() is not tensor:
-            return None
+            return self.get_by_span(tensor, key)
         return self.copy(entry[2], key)
+
+    def get_by_span(self, tensor: torch.Tensor, key: str) -> TensorSummary | None:
+        """The summary of a live, unmodified dense tensor over the same elements as `tensor`, if any."""
+        if not self._spans or not tensor.is_cpu or type(tensor) not in _PLAIN_TENSOR_TYPES:
+            return None
+        entry = self._spans.get((tensor.data_ptr(), tensor.numel(), tensor.dtype))
+        if entry is None:
+            return None
+        source = entry[0]()
+        version = _version(tensor)
+        if source is None or version < 0 or version != entry[1] or _version(source) != version:
+            return None
+        if not (tensor.is_contiguous() or is_dense(tensor)):
+            return None
+        summary = self.copy(entry[2], key)
+        summary.shape = list(tensor.shape)
+        summary.tensor = None
+        return summary
 
     def put(self, tensor: torch.Tensor, summary: TensorSummary) -> None:
         version = _version(tensor)
         if version >= 0:
-            self._entries[id(tensor)] = (weakref.ref(tensor), version, summary)
+            reference = weakref.ref(tensor)
+            self._entries[id(tensor)] = (reference, version, summary)
+            if tensor.is_cpu and type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_contiguous() and summary.tensor is None:
+                self._spans[(tensor.data_ptr(), tensor.numel(), tensor.dtype)] = (reference, version, summary)
 
     def copy(self, source: TensorSummary, key: str) -> TensorSummary:
         # NOTE: positional construction; `dataclasses.replace` costs ~5× more and this runs per cache hit.
@@ -80,6 +113,7 @@ class SummaryCache:
             source.inf_count,
             source.positive_fraction,
             source.tensor,
+            source.not_stored,
         )
         if source.positive_fraction is None and source.mean is None:
             self._late_copies.append((source, summary))
@@ -93,6 +127,7 @@ class SummaryCache:
             summary.positive_fraction = source.positive_fraction
         self._late_copies.clear()
         self._entries.clear()
+        self._spans.clear()
 
 
 def _version(tensor: torch.Tensor) -> int:
@@ -130,11 +165,17 @@ def forward_parameter_names(module: nn.Module) -> list[str]:
 _SCALAR_TYPES = frozenset({int, float, bool, str, bytes, torch.dtype, torch.device})
 
 
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:.3g} MB" if size >= 2**20 else f"{size:,} bytes"
+
+
 class ModuleCapture:
     """Context manager that records every module call of `model` while active.
 
     With `full_tensors`, a CPU copy of every captured tensor is kept in `tensors` under the name stored in
-    its summary's `tensor` field (`"{record index}/outputs/{key}"`), for the safetensors file of the trace.
+    its summary's `tensor` field (`"{record index}/outputs/{key}"`), for the safetensors file of the trace;
+    a tensor over `max_tensor_bytes`, or one that would take the kept total over `max_trace_bytes`, is not
+    kept: its summary says why in `not_stored` and keeps its statistics (`skipped` counts them).
 
     The hooks run on every module call, so they are written for speed (see bench/bench_capture.py): one
     closure per module with its state bound, per-class caches for class locations and `forward`'s parameter
@@ -142,9 +183,19 @@ class ModuleCapture:
     version per pass (`SummaryCache`).
     """
 
-    def __init__(self, model: nn.Module, full_tensors: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        full_tensors: bool = False,
+        max_tensor_bytes: int | None = None,
+        max_trace_bytes: int | None = None,
+    ) -> None:
         self.model = model
         self.full_tensors = full_tensors
+        self.max_tensor_bytes = max_tensor_bytes
+        self.max_trace_bytes = max_trace_bytes
+        self.stored_bytes = 0
+        self.skipped = 0
         self.records: list[ModuleCall] = []
         self.tensors: dict[str, torch.Tensor] = {}
         self._stack: list[int] = []
@@ -232,6 +283,20 @@ class ModuleCapture:
 
         return post_hook
 
+    def _keep(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
+        """Keep a CPU copy of `tensor` for the trace's tensors file, within the size limits."""
+        size = tensor.numel() * tensor.element_size()
+        if self.max_tensor_bytes is not None and size > self.max_tensor_bytes:
+            summary.not_stored = f"{_megabytes(size)} is over the {_megabytes(self.max_tensor_bytes)} limit per tensor"
+        elif self.max_trace_bytes is not None and self.stored_bytes + size > self.max_trace_bytes:
+            summary.not_stored = f"the trace's tensors reached the {_megabytes(self.max_trace_bytes)} limit per trace"
+        else:
+            summary.tensor = name
+            self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+            self.stored_bytes += size
+            return
+        self.skipped += 1
+
     def _summarize_all(self, named_values: Iterable[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
         summaries: list[TensorSummary] = []
         cache = self.summary_cache
@@ -254,12 +319,13 @@ class ModuleCapture:
                 entry = entries.get(id(tensor))
                 if entry is not None and entry[1] == version and entry[0]() is tensor:
                     summary = cache.copy(entry[2], key)
+                elif not self.full_tensors and (summary := cache.get_by_span(tensor, key)) is not None:
+                    pass  # a view over the elements of a tensor summarised earlier
                 else:
                     summary = summarize(tensor, key, self.pending)
                     if self.full_tensors and tensor.device.type != "meta":
-                        summary.tensor = f"{index}/{side}/{key}"
-                        self.tensors[summary.tensor] = tensor.detach().to("cpu", copy=True).contiguous()
+                        self._keep(tensor, summary, f"{index}/{side}/{key}")
                     if version >= 0:
-                        entries[id(tensor)] = (weakref.ref(tensor), version, summary)
+                        cache.put(tensor, summary)
                 summaries.append(summary)
         return summaries

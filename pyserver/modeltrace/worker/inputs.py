@@ -67,6 +67,10 @@ _TOKENS_MISMATCH = re.compile(
 )
 
 
+_MATMUL_MISMATCH = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+_SIZE_MISMATCH = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
 def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(model.forward).parameters)
 
@@ -136,6 +140,11 @@ class InputSynthesizer:
         self.audio_config = sub_config(config, "audio")
         self.feature_counts: dict[str, int] = {}
         self.style: dict[str, Any] = dict(_PLAIN_STYLE)
+        # The prompt length a model wants (one token per audio frame in a streaming model), learnt from an error
+        # naming it (`fit_text_length`); None: the default length.
+        self.text_length: int | None = None
+        # The width of each audio feature frame, learnt the same way (stacked mel frames: 4 × 80).
+        self.feature_width: int | None = None
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -237,13 +246,18 @@ class InputSynthesizer:
             if self._has("pixel_attention_mask"):
                 inputs["pixel_attention_mask"] = torch.ones(BATCH_SIZE, count, dtype=torch.long, device=self.device)
             return inputs
-        size = _first([vision, self.config], "image_size", "img_size", "input_size", "resolution")
+        size = _first([vision, self.config], "image_size", "img_size", "input_size", "resolution", "max_img_size")
         if isinstance(size, dict):
             size = size.get("height") or size.get("shortest_edge")
         if isinstance(size, (list, tuple)) and len(size) >= 2:
             height, width = int(size[-2]), int(size[-1])
         else:
             height = width = _int(size, DEFAULT_IMAGE_SIZE)
+        windows = _first([vision, self.config], "num_windows")
+        if isinstance(windows, int) and windows > 1 and patch > 0 and isinstance(size, int):
+            # A patch grid cut into windows × windows (RF-DETR's windowed DINOv2): a multiple of the windows.
+            side = max(windows, height // patch // windows * windows)
+            height = width = side * patch
         frames = _first([vision, self.config], "num_frames")
         pinpoints = _first([self.config, vision], "image_grid_pinpoints")
         if isinstance(pinpoints, (list, tuple)) and pinpoints and isinstance(pinpoints[0], (list, tuple)):
@@ -318,7 +332,9 @@ class InputSynthesizer:
             # A spectrogram in `input_values` (Audio Spectrogram Transformer): [batch, frames, mel bins].
             frames = _int(_first([audio, self.config], "max_length"), FEATURE_FRAMES)
             return {"input_values": self._randn(BATCH_SIZE, frames, mel_bins)}
-        if self._has("input_values") and (not self._has("input_features") or "input_values" in self._required()):
+        if layout == "raw" or self._has("input_values") and (
+            not self._has("input_features") or "input_values" in self._required()
+        ):
             channels = _int(_first([audio, self.config], "audio_channels", "num_channels"), 0)
             hop = _int(_first([audio, self.config], "hop_length", "frame_size"), 0)
             ratios = _first([audio, self.config], "upsampling_ratios", "downsampling_ratios")
@@ -342,6 +358,8 @@ class InputSynthesizer:
         channels = _int(_first([audio, self.config], "input_channels"), 1)
         if getattr(audio, "input_feat_per_channel", None):
             bins = bins * max(channels, 1)
+        if self.feature_width is not None:
+            bins = self.feature_width
         positions = _first([audio, self.config], "max_source_positions")
         frames = 2 * int(positions) if isinstance(positions, int) and positions > 0 else FEATURE_FRAMES
         if layout == "channels_first":
@@ -357,9 +375,14 @@ class InputSynthesizer:
         return inputs
 
     def audio_layouts(self) -> list[str]:
-        """The feature layout the model's first audio layer suggests first, then the other one."""
+        """The feature layout the model's first audio layer suggests first, then the other ones; raw samples last
+        for a model that takes both (a speech encoder-decoder whose encoder is wav2vec2-like)."""
         if self._has("input_values") and (not self._has("input_features") or "input_values" in self._required()):
             return ["channels_first", "image_like", "hidden"]  # raw samples, with a channel axis, as hidden states
+        raw = ["raw"] if self._has("input_values") else []
+        return [*self._feature_layouts(), *raw]
+
+    def _feature_layouts(self) -> list[str]:
         bins = _int(_first([self.audio_config, self.config], "feature_projection_input_dim", "num_mel_bins",
                            "feature_size", "input_feat_per_channel",
                            "n_mels", "input_dim"), 80)
@@ -436,6 +459,34 @@ class InputSynthesizer:
             return total // width
         return None
 
+    def fit_text_length(self, inputs: dict[str, Any], error: BaseException) -> bool:
+        """After "The size of tensor a (7) must match the size of tensor b (8) at non-singleton dimension 1", where
+        one side is the prompt's length: the prompt gets the other length. True if it changed."""
+        match = _SIZE_MISMATCH.search(str(error))
+        input_ids = inputs.get("input_ids")
+        if match is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() < 2:
+            return False
+        first, second = int(match.group(1)), int(match.group(2))
+        lengths = {input_ids.shape[1], input_ids.shape[-1]}
+        wanted = second if first in lengths else first if second in lengths else None
+        if wanted is None or wanted in lengths or not 1 < wanted <= 4096 or wanted == self.text_length:
+            return False
+        self.text_length = wanted
+        return True
+
+    def fit_feature_width(self, inputs: dict[str, Any], error: BaseException) -> bool:
+        """After "mat1 and mat2 shapes cannot be multiplied (64x80 and 320x64)" on audio features 80 wide: frames
+        320 wide. True if it changed."""
+        match = _MATMUL_MISMATCH.search(str(error))
+        features = inputs.get("input_features")
+        if match is None or not isinstance(features, torch.Tensor) or features.dim() != 3:
+            return False
+        have, wanted = int(match.group(2)), int(match.group(3))
+        if have not in features.shape[1:] or wanted == have or wanted == self.feature_width or wanted > 8192:
+            return False
+        self.feature_width = wanted
+        return True
+
     def note_mismatch(self, modality: str, error: BaseException) -> bool:
         """After an error like 'tokens: 3, features: 16', remember 16 for `modality`; True if it changed."""
         match = _TOKENS_MISMATCH.search(str(error))
@@ -474,7 +525,8 @@ class InputSynthesizer:
             if closer is not None and closer != placeholder:
                 pieces.append(torch.tensor([closer]))
                 types.append(torch.zeros(1, dtype=torch.long))
-        tail = self.text_tokens(SEQUENCE_LENGTH - 3)
+        so_far = sum(len(piece) for piece in pieces)
+        tail = self.text_tokens(SEQUENCE_LENGTH - 3 if self.text_length is None else max(1, self.text_length - so_far))
         pieces.append(tail)
         types.append(torch.zeros(len(tail), dtype=torch.long))
         input_ids = torch.cat(pieces).unsqueeze(0).repeat(BATCH_SIZE, 1).to(self.device)
@@ -605,6 +657,12 @@ class InputSynthesizer:
         elif self._has("decoder_input_ids") and getattr(self.config, "is_encoder_decoder", False):
             # Speech / vision encoder-decoders (Whisper, Speech2Text): the text side is the decoder's.
             inputs["decoder_input_ids"] = self.text_tokens(DECODER_SEQUENCE_LENGTH).unsqueeze(0).to(self.device)
+        if self._has("image_attention_mask") and "input_ids" in inputs and "pixel_values" in inputs:
+            # Which images each token attends to (IDEFICS): every token, every image of its sample.
+            pixels = inputs["pixel_values"]
+            images = pixels.shape[1] if pixels.dim() == 5 else 1
+            inputs["image_attention_mask"] = torch.ones(BATCH_SIZE, inputs["input_ids"].shape[1], images,
+                                                        dtype=torch.long, device=self.device)
         if self._has("bbox") and "input_ids" in inputs:
             inputs["bbox"] = self._boxes(inputs["input_ids"].shape[1])
         inputs.update(self._companion_inputs(inputs))

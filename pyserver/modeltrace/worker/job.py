@@ -26,6 +26,7 @@ from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.lines import LineCapture
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
 
@@ -67,6 +68,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     built = _build(request)
     # Remembered on the request so that a failure from here on names the class (`describe_failure`).
     request["model_class"] = built.model_class
+    if built.notes.get("unverified"):
+        request["advice"] = built.notes["unverified"]
     if not built.shape_only:  # a shape-only model stays on the meta device, built in the requested dtype
         _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
@@ -75,7 +78,12 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
-        capture = stack.enter_context(ModuleCapture(built.model, full_tensors=bool(request.get("full_tensors"))))
+        capture = stack.enter_context(ModuleCapture(
+            built.model,
+            full_tensors=bool(request.get("full_tensors")),
+            max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
+            max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+        ))
         line_capture = None
         if line_files:
             line_capture = stack.enter_context(LineCapture(line_files, capture.summary_cache, capture.pending))
@@ -110,6 +118,11 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         lines=line_capture.records if line_capture else [],
     )
     trace.model["options"]["lines"] = bool(line_files)
+    if capture.full_tensors:
+        trace.model["options"]["max_tensor_bytes"] = capture.max_tensor_bytes
+        trace.model["options"]["max_trace_bytes"] = capture.max_trace_bytes
+    if capture.skipped:
+        trace.model["tensors_not_stored"] = capture.skipped
     if line_capture and line_capture.truncated:
         trace.model["lines_truncated"] = True
     trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(trace.files() | {trace.model["file"]})}
@@ -121,7 +134,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         def write_extra(folder: Path) -> None:
             save_file(capture.tensors, str(folder / TENSORS_FILE))
 
-    destination = write_trace(trace, Path(request["out"]), write_extra)
+    # NOTE: not durable here: the zygote's child flushes the trace to disk after answering (`sync_trace`).
+    destination = write_trace(trace, Path(request["out"]), write_extra, durable=False)
     return {
         "type": "result",
         "trace": str(destination),
@@ -129,6 +143,15 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         "modules": len(trace.modules),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _limit_bytes(request: dict[str, Any], name: str, default_mb: float) -> int:
+    """A size limit of the request in MB (absent or None: the default) as bytes."""
+    value = request.get(name)
+    megabytes = default_mb if value is None else float(value)
+    if not megabytes >= 0:  # also NaN
+        raise ModelTraceError(f"{name.replace('_', '-')} must be a number of megabytes >= 0, not {value!r}")
+    return int(megabytes * 2**20)
 
 
 def _jsonable_notes(notes: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +193,7 @@ def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str,
             "file": file,
             "line": line,
             "model_class": request.get("model_class"),
+            "advice": request.get("advice"),
             "traceback": "".join(traceback.format_exception(error)),
         },
     }

@@ -13,6 +13,7 @@ module returned is summarised once.
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from collections.abc import Iterable
 from types import CodeType, FrameType
@@ -62,30 +63,55 @@ class _FileLayout:
         return self.statement_of_line.get(line, line)
 
 
-class _FrameState:
-    __slots__ = ("statement", "seen")
+# NOTE: parsing a 500-line modeling file takes ~8 ms: layouts are kept per process while the file is unchanged
+# (the bench's repeated captures; in the worker each trace is a fresh fork and parses once).
+_layout_cache: dict[str, tuple[tuple[int, int], _FileLayout]] = {}
 
-    def __init__(self, statement: int) -> None:
+
+def _layout_of_file(path: str) -> _FileLayout:
+    try:
+        status = os.stat(path)
+        stamp = (status.st_mtime_ns, status.st_size)
+    except OSError:
+        return _FileLayout(path)
+    cached = _layout_cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    layout = _FileLayout(path)
+    _layout_cache[path] = (stamp, layout)
+    return layout
+
+
+class _FrameState:
+    """What the tracer of one running frame carries: the statement running now, the identity of each tensor
+    local when last seen, and (bound once per frame) the file's statement table and real path."""
+
+    __slots__ = ("statement", "seen", "statements", "file")
+
+    def __init__(self, statement: int, statements: dict[int, int], file: str) -> None:
         self.statement = statement
         self.seen: dict[str, tuple[int, int]] = {}
+        self.statements = statements
+        self.file = file
 
 
-def _identity(value: Any) -> tuple[int, int]:
-    """What tells a rebound or modified variable apart: object identity, plus the version for tensors."""
+def _identity(value: Any) -> tuple[int, int] | None:
+    """What tells a rebound or modified variable apart (object identity, plus the version for tensors), or
+    None for values that hold no tensors."""
     if isinstance(value, torch.Tensor):
         try:
             return id(value), value._version
-        except RuntimeError:
+        except RuntimeError:  # inference tensors track no version
             return id(value), -1
-    return id(value), 0
+    if isinstance(value, (tuple, list)):
+        for item in value[:MAX_LEAVES_PER_VARIABLE]:
+            if isinstance(item, torch.Tensor):
+                return id(value), 0
+    return None
 
 
 def _holds_tensors(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(isinstance(item, torch.Tensor) for item in value[:MAX_LEAVES_PER_VARIABLE])
-    return False
+    return _identity(value) is not None
 
 
 class LineCapture:
@@ -99,7 +125,6 @@ class LineCapture:
         self._pending = pending
         self._selected: dict[int, tuple[CodeType, _FileLayout | None]] = {}
         self._layouts: dict[str, _FileLayout] = {}
-        self._states: dict[FrameType, _FrameState] = {}
         self._counts: dict[tuple[str, int, str], int] = {}
         self._previous_tracer = None
 
@@ -110,9 +135,9 @@ class LineCapture:
 
     def __exit__(self, *exc_info: object) -> None:
         sys.settrace(self._previous_tracer)
-        self._states.clear()
 
     def _layout_for(self, code: CodeType) -> _FileLayout | None:
+        """The layout of `code`'s file when it is selected and traced, else None (cached per code object)."""
         # NOTE: keyed by identity: code objects compare equal across files (co_filename is not compared), and
         # a port and its original are often the same code in two files. Holding `code` keeps the id unique.
         selected = self._selected.get(id(code))
@@ -120,71 +145,92 @@ class LineCapture:
             return selected[1]
         path = real_path(code.co_filename)
         layout = None
-        if path in self.files:
+        # NOTE: comprehensions, generator expressions and lambdas (`<listcomp>`...) are not traced themselves:
+        # what they build is recorded in the enclosing frame, on the line that assigns it.
+        if path in self.files and not code.co_name.startswith("<"):
             layout = self._layouts.get(path)
             if layout is None:
-                layout = self._layouts[path] = _FileLayout(path)
+                layout = self._layouts[path] = _layout_of_file(path)
         self._selected[id(code)] = (code, layout)
         return layout
 
     def _global_tracer(self, frame: FrameType, event: str, argument: Any):
+        # NOTE: called on every Python call while tracing (~3,500 per medium Llama forward): the library
+        # frames must leave after one dictionary lookup.
         code = frame.f_code
-        layout = self._layout_for(code)
-        # NOTE: comprehensions, generator expressions and lambdas (`<listcomp>`...) are not traced themselves:
-        # what they build is recorded in the enclosing frame, on the line that assigns it.
-        if layout is None or code.co_name.startswith("<"):
+        selected = self._selected.get(id(code))
+        if selected is not None and selected[0] is code:
+            layout = selected[1]
+        else:
+            layout = self._layout_for(code)
+        if layout is None:
             return None
-        state = self._states[frame] = _FrameState(layout.statement(frame.f_lineno))
+        statements = layout.statement_of_line
+        file = real_path(code.co_filename)
+        line = frame.f_lineno
+        state = _FrameState(statements.get(line, line), statements, file)
         def_line = layout.def_line_of_first_line.get(code.co_firstlineno, code.co_firstlineno)
         frame_locals = frame.f_locals
+        seen = state.seen
         for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
             value = frame_locals.get(name)
-            if _holds_tensors(value):
-                self._record(code.co_filename, def_line, name, value)
-        state.seen = {name: _identity(value) for name, value in frame_locals.items() if _holds_tensors(value)}
-        return self._local_tracer
+            identity = _identity(value)
+            if identity is not None:
+                seen[name] = identity
+                self._record(file, def_line, name, value)
+        for name, value in frame_locals.items():
+            if name not in seen:
+                identity = _identity(value)
+                if identity is not None:
+                    seen[name] = identity
+        return self._local_tracer_for(state)
 
-    def _local_tracer(self, frame: FrameType, event: str, argument: Any):
-        state = self._states.get(frame)
-        if state is None:
-            return None
-        if event == "line":
-            layout = self._selected[id(frame.f_code)][1]
-            statement = layout.statement(frame.f_lineno)
-            if statement != state.statement:
-                self._diff(frame, state)
-                state.statement = statement
-        elif event == "return":
-            self._diff(frame, state)
-            if argument is not None and _holds_tensors(argument):
-                self._record(frame.f_code.co_filename, state.statement, "return", argument)
-            del self._states[frame]
-        return self._local_tracer
+    def _local_tracer_for(self, state: _FrameState):
+        """The local tracer of one frame, with its state bound (no lookup per line event)."""
+        statements = state.statements
+        diff = self._diff
+        record = self._record
+
+        def local_tracer(frame: FrameType, event: str, argument: Any):
+            if event == "line":
+                line = frame.f_lineno
+                statement = statements.get(line, line)
+                if statement != state.statement:
+                    diff(frame, state)
+                    state.statement = statement
+            elif event == "return":
+                diff(frame, state)
+                if argument is not None and _identity(argument) is not None:
+                    record(state.file, state.statement, "return", argument)
+            return local_tracer
+
+        return local_tracer
 
     def _diff(self, frame: FrameType, state: _FrameState) -> None:
         """Record the tensor locals that the statement just run bound or modified."""
         seen = state.seen
         for name, value in frame.f_locals.items():
-            if not _holds_tensors(value):
-                continue
             identity = _identity(value)
-            if seen.get(name) != identity:
+            if identity is not None and seen.get(name) != identity:
                 seen[name] = identity
-                self._record(frame.f_code.co_filename, state.statement, name, value)
+                self._record(state.file, state.statement, name, value)
 
-    def _record(self, filename: str, line: int, name: str, value: Any) -> None:
+    def _record(self, file: str, line: int, name: str, value: Any) -> None:
         if len(self.records) >= MAX_LINE_RECORDS:
             self.truncated = True
             return
-        file = real_path(filename)
-        leaves = list(iter_tensor_leaves(value, name))[:MAX_LEAVES_PER_VARIABLE]
+        if isinstance(value, torch.Tensor):
+            leaves: Iterable[tuple[str, torch.Tensor]] = ((name, value),)
+        else:
+            leaves = list(iter_tensor_leaves(value, name))[:MAX_LEAVES_PER_VARIABLE]
+        cache = self._cache
+        counts = self._counts
         for key, tensor in leaves:
-            summary = self._cache.get(tensor, key)
+            summary = cache.get(tensor, key)
             if summary is None:
                 summary = summarize(tensor, key, self._pending)
-                self._cache.put(tensor, summary)
+                cache.put(tensor, summary)
             count_key = (file, line, key)
-            call_index = self._counts.get(count_key, 0)
-            self._counts[count_key] = call_index + 1
-            self.records.append(LineRecord(file=file, line=line, name=key, call_index=call_index, tensor=summary))
-
+            call_index = counts.get(count_key, 0)
+            counts[count_key] = call_index + 1
+            self.records.append(LineRecord(file, line, key, call_index, summary))

@@ -14,6 +14,10 @@ import msgpack
 
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+# Full tensors kept by one trace (`--max-tensor-mb`, `--max-trace-mb`, modelTrace.maxTensorMB/maxTraceMB): a
+# tensor over the first, or one that would take the trace's total over the second, keeps its statistics only.
+DEFAULT_MAX_TENSOR_MB = 64.0
+DEFAULT_MAX_TRACE_MB = 1024.0
 _HEADER = struct.Struct(">I")
 
 

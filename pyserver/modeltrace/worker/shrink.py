@@ -61,7 +61,7 @@ _WIDTH_NAMES = re.compile(
     r"|encoder_hidden_size|decoder_hidden_size|audio_hidden_size|image_text_hidden_size|pooler_output_size"
     r"|encoder_embed_dim|decoder_embed_dim|text_embed_dim|vision_embed_dim|mm_hidden_size|fusion_hidden_size"
     r"|d_latent|latent_dim|context_dim|cross_attention_dim|pooler_hidden_size|output_dim|proj_dim|codebook_dim"
-    r"|[a-z_]*_hidden_size|[a-z_]*_embed_dim)$"
+    r"|[a-z_]*_hidden_size|[a-z_]*_embed_dim|hidden_size_[a-z_]+)$"
 )
 _CORE_WIDTH_NAMES = {"hidden_size", "d_model", "n_embd", "embed_dim"}
 _FFN_NAMES = re.compile(
@@ -92,9 +92,9 @@ _EXPERT_NAMES = re.compile(
 )
 _TOP_K_NAMES = re.compile(
     r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_top_k|top_k|moe_k|topk|num_selected_experts"
-    r"|router_top_k)$"
+    r"|router_top_k|top_k_experts|num_activated_experts)$"
 )
-_VOCAB_NAMES = re.compile(r"^(vocab_size|[a-z_]*_vocab_size|vocab_size_[a-z_]*)$")
+_VOCAB_NAMES = re.compile(r"^(vocab_size|[a-z_]*_vocab_size|vocab_size_[a-z_]*|[a-z_]*_group_vocab)$")
 _POSITION_NAMES = re.compile(
     r"^(max_position_embeddings|n_positions|max_target_positions|n_ctx|max_seq_len|max_sequence_length|seq_length"
     r"|max_length|context_length|model_max_length)$"
@@ -138,10 +138,10 @@ def shrink_candidates(defaults: Any, rejected: list[str] | None = None) -> Itera
     seen: list[dict] = []
     for level in LEVELS:
         try:
-            config = shrink(defaults, level)
+            config = _shrink_as_told(defaults, level)
         except Exception as error:  # noqa: BLE001 - a config class rejecting values is a reason to try the next level
             try:
-                config = shrink(defaults, level, mha=True)  # some classes want as many key/value heads as heads
+                config = _shrink_as_told(defaults, level, mha=True)  # some want as many key/value heads as heads
             except Exception:  # noqa: BLE001
                 errors.append(f"{level}: {type(error).__name__}: {_first_line(error)}")
                 rejected.append(errors[-1])
@@ -158,6 +158,55 @@ def shrink_candidates(defaults: Any, rejected: list[str] | None = None) -> Itera
         )
 
 
+# What a config class's validation says a field must be: "requires indexer_kv_heads=1", "x must be 0, got 256",
+# "num_key_value_heads must match num_attention_heads".
+_MUST_BE = re.compile(
+    r"\b(?:requires?|needs?)\s+([a-z_][a-z0-9_]*)\s*(?:=|==)\s*(-?\d+)\b"
+    r"|\b([a-z_][a-z0-9_]*)\s+(?:must|should)\s+(?:be|equal)\s+(-?\d+)\b"
+)
+_MUST_MATCH = re.compile(
+    r"\b([a-z_][a-z0-9_]*)\s+(?:must|should)\s+(?:match|equal|be equal to)\s+([a-z_][a-z0-9_]*)\b"
+)
+
+
+def told_values(message: str) -> dict[str, Any]:
+    """`{field: value}` (or `{field: ("=", other field)}`) that a validation error message asks for."""
+    told: dict[str, Any] = {}
+    for match in _MUST_BE.finditer(message):
+        name = match.group(1) or match.group(3)
+        told[name] = int(match.group(2) or match.group(4))
+    for match in _MUST_MATCH.finditer(message):
+        if "+" not in message[max(0, match.start() - 3) : match.start()]:  # not a sum ("a + b must equal c")
+            told.setdefault(match.group(1), ("=", match.group(2)))
+    return told
+
+
+def _apply_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> None:
+    for name, value in overrides.items():
+        if name not in values:
+            continue
+        if isinstance(value, tuple):
+            if _is_int(values.get(value[1])):
+                values[name] = values[value[1]]
+        else:
+            values[name] = value
+
+
+def _shrink_as_told(defaults: Any, level: str, mha: bool = False) -> Any:
+    """`shrink`, and where the config class rejects a value with a message that says what it must be, again
+    with that value (three times at most)."""
+    overrides: dict[str, Any] = {}
+    for _ in range(3):
+        try:
+            return shrink(defaults, level, mha, overrides)
+        except Exception as error:  # noqa: BLE001
+            told = {name: value for name, value in told_values(str(error)).items() if overrides.get(name) != value}
+            if not told or level == "default":
+                raise
+            overrides.update(told)
+    return shrink(defaults, level, mha, overrides)
+
+
 def _fingerprint(config: Any) -> dict:
     try:
         return config.to_dict()
@@ -172,7 +221,7 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
-def shrink(config: Any, level: str = "tiny", mha: bool = False) -> Any:
+def shrink(config: Any, level: str = "tiny", mha: bool = False, overrides: dict[str, Any] | None = None) -> Any:
     """A shrunk copy of `config` (a PreTrainedConfig) at `level` (one of `LEVELS`), with `use_cache=False`.
 
     `mha`: as many key/value heads as query heads (for configs that accept no grouping of the shrunk sizes).
@@ -183,7 +232,7 @@ def shrink(config: Any, level: str = "tiny", mha: bool = False) -> Any:
             values["use_cache"] = False
         return _rebuild(type(config), values, config)
     vocab_map = _token_map(config, level)
-    return _shrink_tree(config, level, vocab_map, mha)
+    return _shrink_tree(config, level, vocab_map, mha, overrides or {})
 
 
 # --- the tree -----------------------------------------------------------------------------------------------
@@ -229,7 +278,10 @@ def _rebuild(config_class: type, values: dict[str, Any], original: Any) -> Any:
     return config
 
 
-def _shrink_tree(config: Any, level: str, token_map: dict[int, int], mha: bool = False) -> Any:
+def _shrink_tree(
+    config: Any, level: str, token_map: dict[int, int], mha: bool = False, overrides: dict[str, Any] | None = None
+) -> Any:
+    overrides = overrides or {}
     values = _own_values(config)
     specs = getattr(type(config), "sub_configs_defaults", None) or {}
     for name, value in list(values.items()):
@@ -240,14 +292,26 @@ def _shrink_tree(config: Any, level: str, token_map: dict[int, int], mha: bool =
                 replacement = _default_sub_config(specs[name])
                 if replacement is not None:
                     value = replacement
-            values[name] = _shrink_tree(value, level, token_map, mha)
+            values[name] = _shrink_tree(value, level, token_map, mha, overrides)
     new_values = _shrink_values(config, values, level, mha)
+    _apply_overrides(new_values, overrides)
     for name, value in list(new_values.items()):
         if _TOKEN_NAMES.match(name) and token_map:
             new_values[name] = _remap_tokens(value, token_map)
     if "use_cache" in new_values or hasattr(config, "use_cache"):
         new_values["use_cache"] = False
-    shrunk = _rebuild(type(config), new_values, config)
+    try:
+        shrunk = _rebuild(type(config), new_values, config)
+    except Exception:  # noqa: BLE001
+        # Per-layer lists cut to the new depth that `__post_init__` derived from the layer count (Dory's layer
+        # types, listed as attention / mlp pairs): derived again from the shrunk count instead.
+        defaults = _field_defaults(type(config))
+        derived = {name: None for name in _LAYER_KIND_LISTS if new_values.get(name) is not None
+                   and name in defaults and defaults[name] is None}
+        if not derived:
+            raise
+        new_values = {**new_values, **derived}
+        shrunk = _rebuild(type(config), new_values, config)
     missing = _still_missing(shrunk)
     if missing:
         shrunk = _rebuild(type(config), {**new_values, **missing}, config)
@@ -337,6 +401,18 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
                 new[name] = VOCAB // 2 + _PLACEHOLDER_TOKENS.index(name)
             elif name == "prediction_length":
                 new[name] = 8  # forecasters that need a horizon (Autoformer, Informer)
+            elif _FFN_NAMES.match(name):
+                new[name] = FFN  # an expert's width that a checkpoint sets (Diffusion-Gemma's moe_intermediate_size)
+            elif level == "tiny" and _KV_HEAD_NAMES.match(name):
+                new[name] = 2  # the head layout of a block a checkpoint sets (Qwen4-Exp's indexer)
+            elif level == "tiny" and _HEAD_NAMES.match(name):
+                new[name] = HEADS
+            elif level == "tiny" and _HEAD_DIM_NAMES.match(name) and name != "head_dim":
+                new[name] = HEAD_DIM
+            elif name.endswith(("_compress_ratio", "_ratio")) and not name.endswith("dropout_ratio"):
+                new[name] = 2  # a compression / pooling ratio a checkpoint sets
+            elif name.endswith("_budget"):
+                new[name] = 2 * _SLIDING_WINDOW  # tokens kept by a sparse-attention indexer
             elif name == "sliding_window" and level in ("narrow", "shallow"):
                 new[name] = 4096  # a model that reads it whatever its layer types say (Step3p7)
             elif name == "pad_token_id" and level in ("narrow", "shallow"):
@@ -452,7 +528,18 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
         _fix_state_space(values, new)
         _fix_rope(config, new)
     _fix_image_tokens(new)
+    _fix_windows_in_context(new)
     return new
+
+
+def _fix_windows_in_context(new: dict[str, Any]) -> None:
+    """Windows cut from a forecaster's context (Autoformer's `label_length`) fit inside it."""
+    context = new.get("context_length") if _is_int(new.get("context_length")) else new.get("prediction_length")
+    if not _is_int(context):
+        return
+    for name in ("label_length",):
+        if _is_int(new.get(name)) and new[name] > context:
+            new[name] = context
 
 
 _STAGE_WIDTHS = ("embed_dim", "embed_dims", "hidden_sizes", "dims", "widths", "hidden_dims", "embedding_size",
@@ -704,12 +791,18 @@ def _fix_rope(config: Any, new: dict[str, Any]) -> None:
         hidden, heads = new.get("hidden_size"), new.get("num_attention_heads")
         head_dim = hidden // heads if _is_int(hidden) and _is_int(heads) and heads else HEAD_DIM
     sections = list(rope["mrope_section"])
-    half = head_dim // 2
+    # Rotary embeddings on part of each head (GLM-4V: half of it): the sections cover that part.
+    factor = rope.get("partial_rotary_factor", new.get("partial_rotary_factor"))
+    factor = factor if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1 else 1
+    half = int(head_dim * factor) // 2
     total = sum(sections)
     if total == half:
         return
     scaled = [max(1, section * half // total) for section in sections]
-    scaled[0] += half - sum(scaled)
+    # The remainder goes to a section unlike the others, so that equal sections stay equal (ERNIE-VL stacks its
+    # height and width sections).
+    unique = [index for index, section in enumerate(sections) if sections.count(section) == 1]
+    scaled[unique[0] if unique else 0] += half - sum(scaled)
     new["rope_parameters"] = {**rope, "mrope_section": scaled}
 
 

@@ -15,16 +15,24 @@ tensor. Large ones use torch's multi-threaded kernels: sum, dot, `aminmax`, and 
 Llama's forward at ~40% of `relu(x).sign_().sum()` (whose fresh output page-faults) and ~65% of
 `torch.gt(x, 0, out=buffer).sum()`; `(x > 0).sum()`, with its bool kernel, costs ~3× more still. Sums that are
 not finite, and variances that cancel, go through the same float64 fallbacks on both paths.
+
+Both are the fallback when the fused C kernel of `worker/native` is available (a C compiler on the machine):
+float32 and float64 CPU tensors then get sum, sum of squares, positive count, min and max in one pass over
+memory, called through ctypes in ~1 µs plus ~0.16 ns per element (a medium Llama's hidden states: ~10 µs
+instead of ~130 µs for the torch ops), computed at once. Half precision is widened to float32 first. Non-finite
+sums and cancelling variances take the same fallbacks as the other paths.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 import torch
 
 from modeltrace.trace.records import TensorSummary
+from modeltrace.worker import native
 
 
 # NOTE: mean² / variance above this ratio loses digits in the sum-of-squares formula; recompute exactly.
@@ -84,6 +92,10 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         numel = tensor.numel()
         if numel == 0:
             return summary
+        if _native_kernels is not None and dtype in _NATIVE_DTYPES and not tensor.is_neg():
+            if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # not fake/functional tensors
+                _fill_native(summary, tensor, numel)
+                return summary
         if numel <= _NUMPY_MAX_ELEMENTS:
             array = _float64_copy(tensor)
             if array is not None:
@@ -103,6 +115,55 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         return summary
     _fill_on_cpu(summary, flat)
     return summary
+
+
+def is_dense(tensor: torch.Tensor) -> bool:
+    """Whether the elements of `tensor` fill a contiguous block of memory without overlap, in any order (a
+    transpose or permutation of a contiguous tensor; not an expanded or sliced view)."""
+    expected = 1
+    for stride, size in sorted(zip(tensor.stride(), tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _load_native_kernels() -> dict[torch.dtype, object] | None:
+    library = native.library()
+    if library is None:
+        return None
+    return {torch.float32: library.modeltrace_moments_f32, torch.float64: library.modeltrace_moments_f64}
+
+
+_native_kernels = _load_native_kernels()
+_NATIVE_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+# NOTE: one output buffer for every call: the worker summarises on one thread, and its address is passed as an
+# int (ctypes converts it without building a pointer object per call).
+_native_out = (ctypes.c_double * 5)()
+_native_out_address = ctypes.addressof(_native_out)
+
+
+def _fill_native(summary: TensorSummary, tensor: torch.Tensor, count: int) -> None:
+    """Statistics from the fused kernel, with the torch fallbacks for non-finite sums and cancelling variances."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        tensor = tensor.detach().float()  # exact: every half value is a float32
+    elif not (tensor.is_contiguous() or is_dense(tensor)):
+        tensor = tensor.contiguous()
+    # NOTE: a dense tensor (contiguous, or a permutation of a contiguous one: `x.transpose(1, 2)`, `q * cos` of
+    # such a view) holds exactly its elements in the `count` slots from its first one, in some order, and no
+    # statistic here depends on the order: the kernel reads that memory as it is, with no copy.
+    _native_kernels[tensor.dtype](tensor.data_ptr(), count, _native_out_address)
+    out = _native_out  # NOTE: five indexings cost a quarter of unpacking the ctypes array
+    total, squares, positives, minimum, maximum = out[0], out[1], out[2], out[3], out[4]
+    if not (math.isfinite(total) and math.isfinite(squares)):
+        _fill_on_cpu(summary, _statistics_input(tensor))
+        return
+    _set_moments(summary, tensor, count, total, squares)
+    summary.min, summary.max = minimum, maximum
+    summary.abs_max = max(abs(minimum), abs(maximum))
+    summary.positive_fraction = positives / count
 
 
 def _float64_copy(tensor: torch.Tensor) -> np.ndarray | None:
@@ -220,6 +281,7 @@ def _set_moments(summary: TensorSummary, flat: torch.Tensor, count: int, total: 
         return
     variance = (squares - total * mean) / (count - 1)
     if variance <= 0 or mean * mean > _CANCELLATION_RATIO * variance or not math.isfinite(variance):
+        flat = flat.detach()
         finite = flat[torch.isfinite(flat)].double()
         std, exact_mean = torch.std_mean(finite)
         summary.mean, summary.std = exact_mean.item(), std.item()

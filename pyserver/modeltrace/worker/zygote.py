@@ -48,7 +48,8 @@ def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
         if number == signal.SIGSEGV:
             message = "the model code crashed the worker process (segmentation fault)"
         elif number == signal.SIGKILL:
-            message = "the worker process was killed (SIGKILL: out of memory, or killed from outside)"
+            message = ("the worker process was killed (SIGKILL: out of memory, or killed from outside); for a large "
+                       "model pass --shape-only, --config with a smaller config.json, or --recipe")
         else:
             message = f"the worker process died from signal {name}"
         return {"type": "WorkerCrashed", "message": message, "signal": name}
@@ -96,7 +97,9 @@ class Zygote:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._kill(child)
-                    self._send_error({"type": "TimeoutError", "message": f"the trace ran past its {timeout:g} s timeout and was stopped"})
+                    self._send_error({"type": "TimeoutError", "message": (
+                        f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
+                        "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
                     answered = True
                     break
                 readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
@@ -167,6 +170,10 @@ class Zygote:
         try:
             result = run_trace_job(request, lambda text: write_frame(write_end, {"type": "progress", "message": text}))
             write_frame(write_end, result)
+            if result.get("trace"):
+                from modeltrace.trace.storage import sync_trace
+
+                sync_trace(result["trace"])  # after answering: the user does not wait for the disk
         except BaseException as error:  # noqa: BLE001 - every failure becomes an error frame
             try:
                 write_frame(write_end, describe_failure(error, request))

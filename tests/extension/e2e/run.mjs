@@ -95,7 +95,50 @@ function prepareRunFolder(mode) {
     // NOTE: code-server's window is a remote one: machine-scoped settings (modelTrace.python is
     // machine-overridable) are read from the remote machine's settings, not from the user's.
     writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": options.python }, null, 2));
+    plantTraps(runDir, workspace, mode);
     return { runDir, workspace };
+}
+
+/**
+ * Workspace files that leave a sentinel file in RUN/sentinels/ (outside the workspace) when anything of them
+ * is run: a copy of the example package whose modules write one when imported (trap_llama/, both modes: the
+ * trusted suite traces it and must find the sentinel, so the check can fail); in the untrusted workspace also
+ * a workspace setting pointing modelTrace.python at a workspace "interpreter" that writes one, and a
+ * workspace-root modeltrace.py shadowing the server's own package.
+ */
+function plantTraps(runDir, workspace, mode) {
+    const sentinels = join(runDir, "sentinels");
+    mkdirSync(sentinels, { recursive: true });
+    const prelude = (name) =>
+        `# ModelTrace e2e trap: importing this module writes a sentinel file outside the workspace.\n` +
+        `import os as _os\n` +
+        `with open(_os.path.join(${JSON.stringify(sentinels)}, "${name}-%d" % _os.getpid()), "w") as _sentinel:\n` +
+        `    _sentinel.write(__name__)\n`;
+    const source = join(workspace, "tiny_llama");
+    if (existsSync(join(source, "modeling_tiny_llama.py"))) {
+        const trap = join(workspace, "trap_llama");
+        mkdirSync(trap, { recursive: true });
+        for (const [name, sentinel] of [["__init__.py", "package-import"], ["configuration_tiny_llama.py", "config-import"], ["modeling_tiny_llama.py", "modeling-import"]]) {
+            writeFileSync(join(trap, name), prelude(sentinel) + readFileSync(join(source, name), "utf8"));
+        }
+        writeFileSync(join(trap, "config.json"), JSON.stringify({ model_type: "tiny_llama", hidden_size: 64, num_hidden_layers: 2 }));
+    }
+    if (mode === "untrusted") {
+        const venvBin = join(workspace, ".venv/bin");
+        mkdirSync(venvBin, { recursive: true });
+        // A workspace "interpreter": it runs the real one, after leaving its sentinel.
+        writeFileSync(
+            join(venvBin, "python"),
+            `#!/bin/sh\necho "$*" > ${JSON.stringify(sentinels)}/interpreter-$$\nexec ${JSON.stringify(options.python)} "$@"\n`,
+            { mode: 0o755 },
+        );
+        mkdirSync(join(workspace, ".vscode"), { recursive: true });
+        writeFileSync(
+            join(workspace, ".vscode/settings.json"),
+            JSON.stringify({ "modelTrace.python": join(venvBin, "python"), "modelTrace.traceOnSave": true }, null, 2),
+        );
+        writeFileSync(join(workspace, "modeltrace.py"), prelude("shadow-modeltrace"));
+    }
 }
 
 function codeServerEnv(runDir, mode) {
@@ -218,6 +261,42 @@ function gutterAndSquiggles() {
     return { icons, warning: squiggles("warning"), error: squiggles("error") };
 }
 
+/**
+ * As a person would: click the line holding `snippet` (the cursor lands inside the diagnostic's range), see
+ * the lightbulb, press Ctrl+. and find `title` in the quick-fix menu (left open for the screenshot).
+ */
+async function checkQuickFix(page, { snippet, title }) {
+    const failures = [];
+    const line = page.locator(".monaco-editor .view-line", { hasText: snippet }).first();
+    try {
+        await line.waitFor({ state: "visible", timeout: 20_000 });
+        const box = await line.boundingBox();
+        // NOTE: a little inside the text (the diagnostic's range starts at the first non-blank character)
+        await page.mouse.click(box.x + 60, box.y + box.height / 2);
+    } catch (error) {
+        failures.push(`the line ${JSON.stringify(snippet)} is not on screen (${String(error).split("\n")[0]})`);
+        return failures;
+    }
+    // NOTE: the lightbulb is drawn in the glyph margin (codicon-lightbulb-autofix …) or as a content widget
+    const lightbulb = page.locator(".monaco-editor [class*='lightbulb' i]").first();
+    try {
+        await lightbulb.waitFor({ state: "visible", timeout: 20_000 });
+        log(`lightbulb on screen (${await lightbulb.getAttribute("class")})`);
+    } catch {
+        failures.push("no lightbulb after clicking the diagnostic's line");
+    }
+    await page.keyboard.press("Control+Period");
+    const item = page.locator(".action-widget", { hasText: title }).first();
+    try {
+        await item.waitFor({ state: "visible", timeout: 20_000 });
+        log(`quick-fix menu on screen: ${(await item.innerText()).replace(/\s+/g, " ").trim()}`);
+    } catch {
+        const shown = await page.locator(".action-widget").allInnerTexts().catch(() => []);
+        failures.push(`the quick-fix menu does not offer ${JSON.stringify(title)} (shown: ${JSON.stringify(shown)})`);
+    }
+    return failures;
+}
+
 /** Clicks "Trust" in the workspace trust editor that the extension-host test opened. */
 async function grantTrust(page) {
     const button = page.locator(".workspace-trust-editor .monaco-button", { hasText: /^Trust/ }).first();
@@ -291,6 +370,9 @@ async function checkDom(page, request, runDir) {
             log(`on screen: gutter icons ${JSON.stringify(counts)}, ${seen.warning} warning squiggle(s)`);
         }
     }
+    if (request.quickFix !== undefined) {
+        failures.push(...(await checkQuickFix(page, request.quickFix)));
+    }
     if (request.mode === "untrusted") {
         const traced = (await page.evaluate(allHintTexts)).filter((text) => text.includes("→"));
         if (traced.length > 0) {
@@ -309,6 +391,9 @@ async function checkDom(page, request, runDir) {
         log(`screenshot saved to media/${screenshotName}`);
     } else {
         log(`screenshot saved to ${shot}`);
+    }
+    if (request.quickFix !== undefined) {
+        await page.keyboard.press("Escape");
     }
     if (request.languageStatus !== undefined) {
         // After the screenshot: the hover covers the editor.

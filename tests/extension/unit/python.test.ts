@@ -161,5 +161,7 @@ describe("serverExecutable", () => {
         assert.equal(executable.transport, undefined);
         assert.equal(executable.options?.cwd, "/ws");
         assert.equal(executable.options?.env?.PYTHONUNBUFFERED, "1");
+        // The workspace folder never lands on the server's sys.path (a workspace `modeltrace.py` is not imported).
+        assert.equal(executable.options?.env?.PYTHONSAFEPATH, "1");
     });
 });

@@ -17,6 +17,10 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.timeout", 30);
+        vscodeFake.settings.set("modelTrace.maxTensorMB", 0.5);
+        vscodeFake.settings.set("modelTrace.maxTraceMB", 0);
+        vscodeFake.settings.set("modelTrace.shapeOnly", true);
+        vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
@@ -30,6 +34,10 @@ describe("settings", () => {
                 traceOnSave: true,
                 lines: true,
                 timeout: 30,
+                maxTensorMB: 0.5,
+                maxTraceMB: 0,
+                shapeOnly: true,
+                checkpoint: "/models/tiny-llama",
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
@@ -45,6 +53,10 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
         vscodeFake.settings.set("modelTrace.lines", "no");
         vscodeFake.settings.set("modelTrace.timeout", -5);
+        vscodeFake.settings.set("modelTrace.shapeOnly", "yes");
+        vscodeFake.settings.set("modelTrace.checkpoint", 3);
+        vscodeFake.settings.set("modelTrace.maxTensorMB", -1);
+        vscodeFake.settings.set("modelTrace.maxTraceMB", "big");
         vscodeFake.settings.set("modelTrace.diffAtol", -1);
         vscodeFake.settings.set("modelTrace.diffRtol", "0.1");
         vscodeFake.settings.set("modelTrace.diffMaps", "a=>b");

@@ -17,6 +17,8 @@ export interface DomRequest {
     gutterIcons?: string[];
     /** A squiggle of this severity must be drawn. */
     squiggle?: "warning" | "error";
+    /** Clicking the line holding `snippet` must show the lightbulb, and the quick-fix menu (Ctrl+.) must offer `title`. */
+    quickFix?: { snippet: string; title: string };
     /** The name in media/ the screenshot is saved as when the check passes (default screenshot-hints.png). */
     screenshot?: string;
 }

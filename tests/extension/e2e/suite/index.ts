@@ -10,6 +10,7 @@ export function run(): Promise<void> {
     mocha.addFile(path.join(__dirname, `${mode}.test.js`));
     if (mode === "trusted") {
         mocha.addFile(path.join(__dirname, "reference.test.js"));
+        mocha.addFile(path.join(__dirname, "recorders.test.js"));
     }
     return new Promise((resolve, reject) => {
         const runner: Mocha.Runner = mocha.run((failures: number) => {

@@ -4,6 +4,7 @@ import * as assert from "node:assert/strict";
 import * as vscode from "vscode";
 import { askForDomCheck, type DomResult, hostLog } from "./handshake";
 import { activateInstalledExtension, describeHints, inlayHints, labelText, lineOf, openInEditor, sleep } from "./hints";
+import { sentinels, trapModelingFile, workerProcesses } from "./traps";
 
 /** The file traced, relative to the workspace (the repo's examples/ folder). */
 const modelingFile: string = "tiny_llama/modeling_tiny_llama.py";
@@ -108,5 +109,19 @@ describe("ModelTrace in a trusted workspace", () => {
                 `after the palette re-trace, line ${expected.line + 1} lacks ${expected.label}:\n${describeHints(hints)}`,
             );
         }
+    });
+
+    it("imports the traced file: tracing the trap package writes its sentinel (the untrusted suite's check can fail)", async () => {
+        assert.deepEqual(sentinels().filter((name) => name.startsWith("modeling-import-")), [], "the trap ran before it was traced");
+        const trap: vscode.TextEditor = await openInEditor(trapModelingFile);
+        await vscode.commands.executeCommand("modelTrace.trace", trap.document.uri.toString());
+        const deadline: number = Date.now() + traceTimeoutMs;
+        while (!sentinels().some((name) => name.startsWith("modeling-import-")) && Date.now() < deadline) {
+            await sleep(1000);
+        }
+        hostLog(`trusted: sentinels after tracing the trap: ${JSON.stringify(sentinels())}; workers: ${JSON.stringify(workerProcesses())}`);
+        assert.ok(sentinels().some((name) => name.startsWith("modeling-import-")), `no sentinel after tracing the trap: ${JSON.stringify(sentinels())}`);
+        assert.ok(workerProcesses().length > 0, "no worker process found for this run after a trace");
+        await vscode.window.showTextDocument(editor.document);
     });
 });

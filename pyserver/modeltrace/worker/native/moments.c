@@ -1,0 +1,101 @@
+/* Fused tensor statistics: sum, sum of squares, positive count, min and max of a contiguous float array in one
+ * pass over memory (torch needs ~6 passes and ~6 kernel launches for the same numbers; see worker/stats.py).
+ *
+ * Compiled on first use by worker/native/__init__.py and called through ctypes. float32 sums run in float32
+ * within blocks of BLOCK elements (so that the compiler can vectorise them; a block that overflows is summed
+ * again in double) and in double across blocks. Min and max compare the values' bit patterns as integers, which vectorises without fast-math and
+ * orders every non-NaN float correctly: among non-negative floats the signed integer order is the float order;
+ * among negative ones the unsigned order is the magnitude order. NaN and Inf make the sums non-finite, and the
+ * caller then recomputes everything with NaN-aware torch reductions, so the min/max of such arrays is unused.
+ *
+ * out[0..4] = sum, sum of squares, count of values > 0, min, max.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 1024
+
+void modeltrace_moments_f32(const float *values, int64_t count, double *out) {
+    double total = 0, squares = 0, positives = 0;
+    int32_t signed_min = INT32_MAX, signed_max = INT32_MIN, unsigned_max = INT32_MIN; /* bits ^ sign bit */
+    for (int64_t start = 0; start < count; start += BLOCK) {
+        int64_t stop = start + BLOCK < count ? start + BLOCK : count;
+        float block_total = 0, block_squares = 0;
+        int32_t block_positives = 0;
+        int32_t block_min = INT32_MAX, block_max = INT32_MIN, block_unsigned_max = INT32_MIN;
+        for (int64_t i = start; i < stop; i++) {
+            float value = values[i];
+            int32_t bits;
+            memcpy(&bits, &values[i], sizeof bits);
+            block_total += value;
+            block_squares += value * value;
+            block_positives += value > 0.0f;
+            block_min = bits < block_min ? bits : block_min;
+            block_max = bits > block_max ? bits : block_max;
+            int32_t flipped = bits ^ INT32_MIN;
+            block_unsigned_max = flipped > block_unsigned_max ? flipped : block_unsigned_max;
+        }
+        if (isfinite(block_total) && isfinite(block_squares)) {
+            total += block_total;
+            squares += block_squares;
+        } else {
+            /* float32 overflowed: additive attention masks hold the dtype's minimum, whose square only a
+             * double holds. Redo the block's sums in double; true NaN/Inf stay non-finite for the caller. */
+            double wide_total = 0, wide_squares = 0;
+            for (int64_t i = start; i < stop; i++) {
+                double wide = values[i];
+                wide_total += wide;
+                wide_squares += wide * wide;
+            }
+            total += wide_total;
+            squares += wide_squares;
+        }
+        positives += block_positives;
+        signed_min = block_min < signed_min ? block_min : signed_min;
+        signed_max = block_max > signed_max ? block_max : signed_max;
+        unsigned_max = block_unsigned_max > unsigned_max ? block_unsigned_max : unsigned_max;
+    }
+    /* max: the largest non-negative pattern, or if all are negative the one of smallest magnitude */
+    int32_t max_bits = signed_max >= 0 ? signed_max : signed_min;
+    /* min: the negative pattern of largest magnitude, or if none is negative the smallest non-negative one */
+    int32_t largest_negative = unsigned_max ^ INT32_MIN;
+    int32_t min_bits = largest_negative < 0 ? largest_negative : signed_min;
+    float minimum, maximum;
+    memcpy(&minimum, &min_bits, sizeof minimum);
+    memcpy(&maximum, &max_bits, sizeof maximum);
+    out[0] = total;
+    out[1] = squares;
+    out[2] = positives;
+    out[3] = minimum;
+    out[4] = maximum;
+}
+
+void modeltrace_moments_f64(const double *values, int64_t count, double *out) {
+    double total = 0, squares = 0;
+    int64_t positives = 0;
+    int64_t signed_min = INT64_MAX, signed_max = INT64_MIN, unsigned_max = INT64_MIN;
+    for (int64_t i = 0; i < count; i++) {
+        double value = values[i];
+        int64_t bits;
+        memcpy(&bits, &values[i], sizeof bits);
+        total += value;
+        squares += value * value;
+        positives += value > 0.0;
+        signed_min = bits < signed_min ? bits : signed_min;
+        signed_max = bits > signed_max ? bits : signed_max;
+        int64_t flipped = bits ^ INT64_MIN;
+        unsigned_max = flipped > unsigned_max ? flipped : unsigned_max;
+    }
+    int64_t max_bits = signed_max >= 0 ? signed_max : signed_min;
+    int64_t largest_negative = unsigned_max ^ INT64_MIN;
+    int64_t min_bits = largest_negative < 0 ? largest_negative : signed_min;
+    double minimum, maximum;
+    memcpy(&minimum, &min_bits, sizeof minimum);
+    memcpy(&maximum, &max_bits, sizeof maximum);
+    out[0] = total;
+    out[1] = squares;
+    out[2] = (double)positives;
+    out[3] = minimum;
+    out[4] = maximum;
+}
