@@ -215,6 +215,27 @@ def test_cli_check_text_json_fix(tmp_path, capsys):
     assert main(["check", str(tmp_path / "missing.py")]) == 2
 
 
+def test_fix_that_fails_half_way_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    """`--fix` writes a temporary file and renames it over the original: a crash before the rename (here the
+    rename itself fails) leaves the user's file byte for byte as it was, and no temporary file behind."""
+    import os
+
+    from modeltrace.recorders import fixes
+
+    bad = tmp_path / "modeling_bad.py"
+    original = LLAMA_LIKE.replace('        "attentions": ToyAttention,\n', "")
+    bad.write_text(original)
+
+    def failing_replace(source, destination):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fixes.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        fixes.fix_file(bad)
+    assert bad.read_text() == original
+    assert sorted(os.listdir(tmp_path)) == ["modeling_bad.py"]
+
+
 def test_example_is_clean():
     path = ROOT / "examples" / "tiny_llama" / "modeling_tiny_llama.py"
     analysis = analyze_source(path.read_text(), str(path))

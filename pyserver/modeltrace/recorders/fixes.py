@@ -210,6 +210,8 @@ def fix_file(path: str | Path) -> list[Problem]:
         try:
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
                 handle.write(fixed)
+                handle.flush()
+                os.fsync(handle.fileno())  # the user's source: on disk before it replaces the old one
             os.chmod(temporary, path.stat().st_mode & 0o777)
             os.replace(temporary, path)
         except BaseException:
