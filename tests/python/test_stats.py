@@ -112,6 +112,22 @@ def test_int64(size: int) -> None:
     assert isinstance(summary.min, float) and summary.min == float(tensor.min().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_other_integer_widths_and_large_values(dtype: torch.dtype) -> None:
+    """int64 has its own kernel, the other widths are widened: min and max stay exact integers, also far past
+    float32's 2**24 (ids of large vocabularies, hashed ids)."""
+    info = torch.iinfo(dtype)
+    values = torch.tensor([info.min, -3, 0, 7, info.max, 2**40 if dtype == torch.int64 else 5], dtype=dtype)
+    values = values.clamp(info.min, info.max)
+    summary = _summarize(values[[0, 4, 1, 2, 3, 5]])  # a fancy-indexed copy: contiguous, own memory
+    exact = values.double()
+    assert summary.min == exact.min().item() and summary.max == exact.max().item()
+    assert summary.positive_fraction == (values > 0).double().mean().item()
+    assert summary.mean == pytest.approx(exact.mean().item(), rel=1e-12)
+    strided = _summarize(values[::2])
+    assert strided.min == values[::2].double().min().item() and strided.max == values[::2].double().max().item()
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_bool(size: int) -> None:
     tensor = torch.rand(size, generator=torch.Generator().manual_seed(4)) > 0.3

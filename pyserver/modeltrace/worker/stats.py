@@ -19,7 +19,8 @@ not finite, and variances that cancel, go through the same float64 fallbacks on 
 Both are the fallback when the fused C kernel of `worker/native` is available (a C compiler on the machine):
 float32 and float64 CPU tensors then get sum, sum of squares, positive count, min and max in one pass over
 memory, called through ctypes in ~1 µs plus ~0.16 ns per element (a medium Llama's hidden states: ~10 µs
-instead of ~130 µs for the torch ops), computed at once. Half precision is widened to float32 first. Non-finite
+instead of ~130 µs for the torch ops), computed at once. Half precision is widened to float32 first, int64
+has a kernel of its own, and other integers and booleans are widened to float64. Non-finite
 sums and cancelling variances take the same fallbacks as the other paths.
 """
 
@@ -92,7 +93,7 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         numel = tensor.numel()
         if numel == 0:
             return summary
-        if _native_kernels is not None and dtype in _NATIVE_DTYPES and not tensor.is_neg():
+        if _native_kernels is not None and (dtype in _NATIVE_DTYPES or dtype in _WIDENED_DTYPES) and not tensor.is_neg():
             if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # not fake/functional tensors
                 _fill_native(summary, tensor, numel)
                 return summary
@@ -134,11 +135,19 @@ def _load_native_kernels() -> dict[torch.dtype, object] | None:
     library = native.library()
     if library is None:
         return None
-    return {torch.float32: library.modeltrace_moments_f32, torch.float64: library.modeltrace_moments_f64}
+    return {
+        torch.float32: library.modeltrace_moments_f32,
+        torch.float64: library.modeltrace_moments_f64,
+        torch.int64: library.modeltrace_moments_i64,
+    }
 
 
 _native_kernels = _load_native_kernels()
 _NATIVE_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+# NOTE: int64 (token ids, positions) has its own kernel; the other integers and booleans (masks) go through the
+# float64 one after a float64 copy, exact below 2**53 as on the other paths. All at once, instead of in the NumPy
+# batch resolved after the pass.
+_WIDENED_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 # NOTE: one output buffer for every call: the worker summarises on one thread, and its address is passed as an
 # int (ctypes converts it without building a pointer object per call).
 _native_out = (ctypes.c_double * 5)()
@@ -149,6 +158,8 @@ def _fill_native(summary: TensorSummary, tensor: torch.Tensor, count: int) -> No
     """Statistics from the fused kernel, with the torch fallbacks for non-finite sums and cancelling variances."""
     if tensor.dtype in (torch.float16, torch.bfloat16):
         tensor = tensor.detach().float()  # exact: every half value is a float32
+    elif tensor.dtype in _WIDENED_DTYPES and tensor.dtype != torch.int64:
+        tensor = tensor.detach().to(torch.float64)
     elif not (tensor.is_contiguous() or is_dense(tensor)):
         tensor = tensor.contiguous()
     # NOTE: a dense tensor (contiguous, or a permutation of a contiguous one: `x.transpose(1, 2)`, `q * cos` of

@@ -79,7 +79,7 @@ def library() -> ctypes.CDLL | None:
     try:
         path = _build(compiler, _BASE_FLAGS + _cpu_flags())
         loaded = ctypes.CDLL(str(path))
-        for name in ("modeltrace_moments_f32", "modeltrace_moments_f64"):
+        for name in ("modeltrace_moments_f32", "modeltrace_moments_f64", "modeltrace_moments_i64"):
             function = getattr(loaded, name)
             function.restype = None
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]

@@ -99,3 +99,24 @@ void modeltrace_moments_f64(const double *values, int64_t count, double *out) {
     out[3] = minimum;
     out[4] = maximum;
 }
+
+/* Integers (token ids, positions): sums in double (exact below 2**53, as on the other paths), min and max as
+ * integers; no NaN or Inf to meet. */
+void modeltrace_moments_i64(const int64_t *values, int64_t count, double *out) {
+    double total = 0, squares = 0;
+    int64_t positives = 0, minimum = INT64_MAX, maximum = INT64_MIN;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t value = values[i];
+        double wide = (double)value;
+        total += wide;
+        squares += wide * wide;
+        positives += value > 0;
+        minimum = value < minimum ? value : minimum;
+        maximum = value > maximum ? value : maximum;
+    }
+    out[0] = total;
+    out[1] = squares;
+    out[2] = (double)positives;
+    out[3] = (double)minimum;
+    out[4] = (double)maximum;
+}
