@@ -136,10 +136,21 @@ async def test_trace_process_killed_from_outside(client: LanguageClient, tmp_pat
     shown = len(client.messages)
     inject_into_mlp_forward(client, modeling_file, uri, "import time; time.sleep(60)")
 
+    # NOTE: an earlier trace's child may still be flushing its trace to disk after answering: let it end, and
+    # never take it for this trace's child.
+    await wait_until(lambda: len(_descendants(client)) <= 1, timeout=10)
+    before = {process.pid for process in _descendants(client)}
     trace = asyncio.ensure_future(execute(client, "modelTrace.trace", uri))
     # The trace child is the worker's child: the server's grandchild.
     child = await wait_until(
-        lambda: next((process for process in _descendants(client) if process.ppid() != client._server.pid), None)
+        lambda: next(
+            (
+                process
+                for process in _descendants(client)
+                if process.pid not in before and process.ppid() != client._server.pid
+            ),
+            None,
+        )
     )
     await asyncio.sleep(1.0)
     child.send_signal(signal.SIGKILL)
