@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-import json
+import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -125,27 +125,12 @@ def test_shape_only_gives_the_shapes_of_a_real_run(tmp_path: Path, relative: str
     assert not meta.notes["approximations"]
 
 
-LLAMA_3_70B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-}
+LLAMA_3_70B_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama_3_70b.json"
 
 
 def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(LLAMA_3_70B))
+    shutil.copyfile(LLAMA_3_70B_CONFIG, config)
     started = time.perf_counter()
     built = build_from_request({
         "file": str(MODELS / "llama" / "modeling_llama.py"), "config": str(config), "shape_only": True,
@@ -166,7 +151,7 @@ def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
 def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> None:
     """The request key `shape_only` (CLI `--shape-only`): the model stays on the meta device, the header says so."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(LLAMA_3_70B))
+    shutil.copyfile(LLAMA_3_70B_CONFIG, config)
     result = worker.trace({
         "file": str(MODELS / "llama" / "modeling_llama.py"), "config": str(config), "shape_only": True,
         "dtype": "bfloat16", "out": str(tmp_path / "70b.mtrace"), "timeout": 120,

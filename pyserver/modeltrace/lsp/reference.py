@@ -19,12 +19,10 @@ from pygls.uris import from_fs_path
 
 from modeltrace.diff import (
     DIVERGENCE,
-    DiffOptions,
     close_result,
-    diff_traces,
+    diff_paths,
     line_statuses,
     load_reference,
-    parse_maps,
     plot_data,
 )
 from modeltrace.diff.report import divergence_json
@@ -75,16 +73,8 @@ def load_checked_reference(path: str) -> None:
 def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float | None,
                  maps: tuple[str, ...]) -> DocumentDiff:
     """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread)."""
-    options = DiffOptions(atol=atol, rtol=rtol, maps=tuple(parse_maps(list(maps))))
-    loaded_reference = load_reference(reference)
+    result = diff_paths(reference, candidate, atol, rtol, maps)
     try:
-        loaded_candidate = load_reference(candidate)
-    except BaseException:
-        loaded_reference.close()
-        raise
-    result = None
-    try:
-        result = diff_traces(loaded_reference, loaded_candidate, options)
         calls = {
             (module.candidate.path, module.candidate.call_index): CallDiff(
                 module.status, module.check, module.max_abs_diff, module.max_rel_diff
@@ -101,11 +91,7 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
             notes=list(result.notes),
         )
     finally:
-        if result is not None:
-            close_result(result)
-        else:
-            loaded_reference.close()
-            loaded_candidate.close()
+        close_result(result)
 
 
 async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff | None:

@@ -442,21 +442,14 @@ def _float_formatter(values: np.ndarray):
     """torch's rule: scientific notation (the debugger forces it) unless no value is finite and non-zero, in which
     case integral formatting (`0.`, `inf`, `nan`)."""
     flat = values.reshape(-1)
-    if not np.any(np.isfinite(flat) & (flat != 0)):
-        def element(value: float) -> str:
-            if math.isnan(value):
-                return "nan"
-            if math.isinf(value):
-                return "inf" if value > 0 else "-inf"
-            return f"{value:.0f}."
-        return element
+    integral = not np.any(np.isfinite(flat) & (flat != 0))
 
     def element(value: float) -> str:
         if math.isnan(value):
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return f"{value:.4e}"
+        return f"{value:.0f}." if integral else f"{value:.4e}"
     return element
 
 

@@ -110,10 +110,6 @@ def _identity(value: Any) -> tuple[int, int] | None:
     return None
 
 
-def _holds_tensors(value: Any) -> bool:
-    return _identity(value) is not None
-
-
 class LineCapture:
     """Context manager recording `LineRecord`s for the selected files while active (current thread)."""
 

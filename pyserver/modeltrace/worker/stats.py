@@ -93,7 +93,7 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         numel = tensor.numel()
         if numel == 0:
             return summary
-        if _native_kernels is not None and (dtype in _NATIVE_DTYPES or dtype in _WIDENED_DTYPES) and not tensor.is_neg():
+        if _native_kernels is not None and (dtype in _native_kernels or dtype in _WIDEN_FOR_NATIVE) and not tensor.is_neg():
             if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # not fake/functional tensors
                 _fill_native(summary, tensor, numel)
                 return summary
@@ -143,11 +143,13 @@ def _load_native_kernels() -> dict[torch.dtype, object] | None:
 
 
 _native_kernels = _load_native_kernels()
-_NATIVE_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
-# NOTE: int64 (token ids, positions) has its own kernel; the other integers and booleans (masks) go through the
-# float64 one after a float64 copy, exact below 2**53 as on the other paths. All at once, instead of in the NumPy
-# batch resolved after the pass.
-_WIDENED_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
+# NOTE: dtypes without a kernel of their own are widened first: half precision to float32 (exact), the other
+# integers and booleans (masks) to float64 (exact below 2**53, as on the other paths).
+_WIDEN_FOR_NATIVE: dict[torch.dtype, torch.dtype] = {
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+    **{dtype: torch.float64 for dtype in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)},
+}
 # NOTE: one output buffer for every call: the worker summarises on one thread, and its address is passed as an
 # int (ctypes converts it without building a pointer object per call).
 _native_out = (ctypes.c_double * 5)()
@@ -156,10 +158,9 @@ _native_out_address = ctypes.addressof(_native_out)
 
 def _fill_native(summary: TensorSummary, tensor: torch.Tensor, count: int) -> None:
     """Statistics from the fused kernel, with the torch fallbacks for non-finite sums and cancelling variances."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        tensor = tensor.detach().float()  # exact: every half value is a float32
-    elif tensor.dtype in _WIDENED_DTYPES and tensor.dtype != torch.int64:
-        tensor = tensor.detach().to(torch.float64)
+    wide = _WIDEN_FOR_NATIVE.get(tensor.dtype)
+    if wide is not None:
+        tensor = tensor.detach().to(wide)
     elif not (tensor.is_contiguous() or is_dense(tensor)):
         tensor = tensor.contiguous()
     # NOTE: a dense tensor (contiguous, or a permutation of a contiguous one: `x.transpose(1, 2)`, `q * cos` of
