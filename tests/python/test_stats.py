@@ -7,6 +7,8 @@ and without a `PendingStats` (whose reused comparison buffer the torch path then
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     """Every test runs twice: with the fused C kernel (`worker/native`) and with the NumPy/torch paths."""
     if request.param == "torch":
         monkeypatch.setattr(stats, "_native_kernels", None)
+        monkeypatch.setattr(stats, "_direct_kernels", {})
     elif stats._native_kernels is None:
         pytest.fail(f"the native statistics kernel did not load: {stats.native.load_error}")
     return request.param
@@ -282,9 +285,23 @@ def test_signs_and_block_edges(values, size: int, dtype: torch.dtype) -> None:
 
 
 def test_native_kernel_is_what_the_worker_uses() -> None:
-    """CI machines have a C compiler: the fast path must load there, or the capture benchmark measures the
-    fallback without anyone noticing."""
-    assert stats.native.library() is not None, stats.native.load_error
+    """CI machines have a C compiler and Python's headers: the fast path (the extension module) must load there,
+    or the capture benchmark measures a fallback without anyone noticing."""
+    assert stats.native.kernels() is not None, stats.native.load_error
+    assert stats.native.form == "extension", stats.native.load_error
+
+
+def test_ctypes_form_gives_the_same_numbers() -> None:
+    """Where the extension cannot be built (no Python headers), the same kernels load through ctypes."""
+    path = stats.native._build(shutil.which("cc") or "gcc", stats.native._BASE_FLAGS, None, None)
+    kernels = stats.native._load_ctypes(path)
+    values = torch.randn(50_000, generator=torch.Generator().manual_seed(3))
+    for kind, tensor in (("f32", values), ("f64", values.double()), ("i64", (values * 100).long())):
+        serial = kernels[kind](tensor.data_ptr(), tensor.numel())
+        loaded = stats.native.kernels()[kind](tensor.data_ptr(), tensor.numel())
+        # positives, min and max are exact; the sums' order depends on how many threads shared the array
+        assert serial[2:] == loaded[2:]
+        assert serial[:2] == pytest.approx(loaded[:2], rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -327,3 +344,33 @@ def test_span_cache_reuses_a_view_only_while_nothing_changed() -> None:
     assert cache.get(base[:, :, :2], "s") is None
     base.mul_(2)
     assert cache.get(view, "v") is None
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("size", [32_767, 32_768, 100_003, 1 << 20])
+def test_arrays_split_across_threads(size: int, threads: int) -> None:
+    """Large float32 arrays are reduced by torch's OpenMP threads in runs of whole blocks: every thread count and
+    split point gives the exact min, max and positive count and the same moments; a float32 overflow (an
+    additive mask's minimum) in the last run still takes the float64 re-sum."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tensor = torch.randn(size, generator=torch.Generator().manual_seed(size)) - 0.1
+        tensor[-5:] = torch.finfo(torch.float32).min
+        tensor[size // 2] = 7.5
+        summary = _summarize(tensor)
+    finally:
+        torch.set_num_threads(previous)
+    _assert_matches(summary, _expected(tensor), rel=1e-6)
+
+
+def test_parallel_kernel_shares_torchs_openmp_runtime() -> None:
+    """Where torch runs on OpenMP (the Linux wheels), the kernel joins torch's thread pool: it is built parallel
+    and the process still maps one OpenMP runtime (a second libgomp would start a second pool of threads)."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info() or not Path("/proc/self/maps").exists():
+        pytest.skip("torch does not run on OpenMP here")
+    assert stats.native.kernels() is not None, stats.native.load_error
+    assert stats.native.parallel
+    maps = Path("/proc/self/maps").read_text()
+    runtimes = {line.split(None, 5)[5] for line in maps.splitlines() if "libgomp" in line and len(line.split(None, 5)) == 6}
+    assert len(runtimes) == 1, runtimes

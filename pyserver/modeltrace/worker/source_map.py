@@ -1,9 +1,9 @@
 """Which source line made a module call (`called_at`) and where a module class is defined (`defined_at`).
 
-A forward pre-hook runs several frames below the user's `self.mlp(hidden_states)`: torch's `_call_impl`,
-transformers' `GradientCheckpointingLayer.__call__`, decorator wrappers. We walk up past those frames to the
-first one of model code. Children of `nn.Sequential` (whose loop lives inside torch) map to the line that
-called the Sequential. Decisions are cached per file and per code object, since this runs on every call.
+The capture's wrapper of a module's `_call_impl` runs a few frames below the user's
+`self.mlp(hidden_states)`: torch's `nn.Module.__call__`, transformers' `GradientCheckpointingLayer.__call__`,
+decorator wrappers. We walk up past those frames to the first one of model code. Children of `nn.Sequential`
+(whose loop lives inside torch) map to the line that called the Sequential. Decisions are cached per file and per code object, since this runs on every call.
 """
 
 from __future__ import annotations

@@ -1,34 +1,54 @@
-"""The fused statistics kernel (`moments.c`): compiled on first use with the machine's C compiler, loaded with
-ctypes, and optional: without a compiler (or with `MODELTRACE_NATIVE=0`) `worker/stats.py` uses torch's
-reductions and gets the same numbers, only slower.
+"""The fused statistics kernel (`moments.c`): compiled on first use with the machine's C compiler, and optional:
+without a compiler (or with `MODELTRACE_NATIVE=0`) `worker/stats.py` uses torch's reductions and gets the same
+numbers, only slower.
+
+`kernels()` gives one function per dtype, `(address, count) -> (sum, sum of squares, positives, min, max)`.
+They come from a Python extension module built from the same file where Python's headers are installed (a call
+costs ~0.1 µs), else from the plain shared library through ctypes (~1 µs, and several times that inside a
+forward pass, with the caches cold).
 
 The shared library is cached per user under `$XDG_CACHE_HOME/modeltrace/` (default `~/.cache/modeltrace/`),
 named by a hash of the source, the flags and the compiler, so an edit or another CPU flag set builds a new one.
 It is written to a temporary name and renamed into place, so processes that compile at the same moment never
 load half a file.
+
+Where torch runs on OpenMP with its own libgomp already loaded (the Linux wheels), the kernel is built with
+OpenMP and linked against that very file, so its parallel regions use torch's thread pool and thread count
+(`torch.set_num_threads`) instead of starting a second pool that would fight torch's for the cores. Anywhere
+else, or if that build fails, the kernel is built single-threaded.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
 SOURCE = Path(__file__).with_name("moments.c")
 # NOTE: associative math lets the compiler split the block sums into vector lanes (the blocks keep the float32
 # error small); no -ffinite-math-only: NaN and Inf must still reach the sums, which is how the caller sees them.
-_BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
+_BASE_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
 
-_library: ctypes.CDLL | None = None
+Kernel = Callable[[int, int], tuple[float, float, float, float, float]]
+
+_kernels: dict[str, Kernel] | None = None
 _loaded = False
 load_error: str | None = None
+# how the kernels were loaded ("extension" or "ctypes"), and whether they split large arrays across torch's
+# OpenMP threads
+form: str | None = None
+parallel = False
 
 
 def _cpu_flags() -> list[str]:
@@ -44,30 +64,101 @@ def _cpu_flags() -> list[str]:
     return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= flags else []
 
 
+def torch_openmp_runtime() -> Path | None:
+    """The libgomp that torch loaded into this process, when torch's parallel backend is OpenMP and exactly one
+    libgomp is mapped (Linux); None otherwise."""
+    import torch
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        maps = Path("/proc/self/maps").read_text(errors="replace")
+    except OSError:
+        return None
+    paths = set()
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and "libgomp" in os.path.basename(fields[5]):
+            paths.add(fields[5].strip())
+    if len(paths) != 1:
+        return None
+    runtime = Path(paths.pop())
+    return runtime if runtime.is_file() else None
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "modeltrace"
 
 
-def _build(compiler: str, flags: list[str]) -> Path:
+def _python_include() -> str | None:
+    include = sysconfig.get_paths().get("include")
+    return include if include and os.path.isfile(os.path.join(include, "Python.h")) else None
+
+
+def _build(compiler: str, flags: list[str], openmp_runtime: Path | None, python_include: str | None) -> Path:
+    """Compile `moments.c` into the cache (once per source, flags, compiler, OpenMP runtime and Python)."""
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join([compiler, *flags, sys.platform]).encode()).hexdigest()[:16]
+    if python_include is not None:
+        flags = [*flags, "-DMODELTRACE_PYTHON_MODULE", f"-I{python_include}"]
+    key = [compiler, *flags, sys.platform, str(openmp_runtime), sys.version]
+    digest = hashlib.sha256(source + " ".join(key).encode()).hexdigest()[:16]
     target = _cache_dir() / f"moments-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
+        if openmp_runtime is None:
+            subprocess.run([compiler, "-shared", *flags, str(SOURCE), "-o", str(built)],
+                           check=True, capture_output=True, timeout=120)
+        else:
+            # NOTE: compile with -fopenmp but link without it: -fopenmp at link time adds the system's -lgomp,
+            # a second OpenMP runtime (its own thread pool) whenever torch's copy has another soname.
+            objects = Path(scratch) / "moments.o"
+            subprocess.run([compiler, *flags, "-fopenmp", "-c", str(SOURCE), "-o", str(objects)],
+                           check=True, capture_output=True, timeout=120)
+            subprocess.run([compiler, "-shared", str(objects), str(openmp_runtime),
+                            f"-Wl,-rpath,{openmp_runtime.parent}", "-o", str(built)],
+                           check=True, capture_output=True, timeout=120)
         os.replace(built, target)
     return target
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel, building it the first time; None (with `load_error` saying why) when unavailable."""
-    global _library, _loaded, load_error
+def _load_extension(path: Path) -> dict[str, Kernel]:
+    loader = importlib.machinery.ExtensionFileLoader("modeltrace_moments", str(path))
+    spec = importlib.util.spec_from_file_location("modeltrace_moments", path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return {"f32": module.f32, "f64": module.f64, "i64": module.i64}
+
+
+def _load_ctypes(path: Path) -> dict[str, Kernel]:
+    loaded = ctypes.CDLL(str(path))
+    out = (ctypes.c_double * 5)()
+    out_address = ctypes.addressof(out)
+    kernels: dict[str, Kernel] = {}
+    for kind in ("f32", "f64", "i64"):
+        function = getattr(loaded, f"modeltrace_moments_{kind}")
+        function.restype = None
+        function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+
+        def kernel(address: int, count: int, function=function) -> tuple[float, float, float, float, float]:  # noqa: ANN001
+            function(address, count, out_address)
+            return out[0], out[1], out[2], out[3], out[4]
+
+        kernels[kind] = kernel
+    return kernels
+
+
+def kernels() -> dict[str, Kernel] | None:
+    """The kernels by dtype ("f32", "f64", "i64"), built the first time; None (with `load_error` saying why)
+    when unavailable."""
+    global _kernels, _loaded, load_error, form, parallel
     if _loaded:
-        return _library
+        return _kernels
     _loaded = True
     if os.environ.get("MODELTRACE_NATIVE", "1") == "0":
         load_error = "disabled by MODELTRACE_NATIVE=0"
@@ -76,16 +167,27 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         load_error = "no C compiler (cc, gcc or clang) on PATH"
         return None
-    try:
-        path = _build(compiler, _BASE_FLAGS + _cpu_flags())
-        loaded = ctypes.CDLL(str(path))
-        for name in ("modeltrace_moments_f32", "modeltrace_moments_f64", "modeltrace_moments_i64"):
-            function = getattr(loaded, name)
-            function.restype = None
-            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    except (OSError, subprocess.SubprocessError, AttributeError) as error:
-        stderr = getattr(error, "stderr", b"") or b""
-        load_error = f"{type(error).__name__}: {error} {stderr.decode(errors='replace')[:500]}".strip()
-        return None
-    _library = loaded
-    return _library
+    runtime = torch_openmp_runtime() if os.environ.get("MODELTRACE_NATIVE_OPENMP", "1") != "0" else None
+    include = _python_include()
+    # NOTE: the best first: the extension with OpenMP, then without each in turn; the first that builds wins.
+    attempts = [(runtime, include), (None, include), (runtime, None), (None, None)]
+    seen = set()
+    errors = []
+    for openmp_runtime, python_include in attempts:
+        if (openmp_runtime, python_include) in seen:
+            continue
+        seen.add((openmp_runtime, python_include))
+        try:
+            path = _build(compiler, _BASE_FLAGS + _cpu_flags(), openmp_runtime, python_include)
+            _kernels = _load_extension(path) if python_include is not None else _load_ctypes(path)
+        except (OSError, ImportError, subprocess.SubprocessError, AttributeError) as error:
+            stderr = getattr(error, "stderr", b"") or b""
+            errors.append(f"{type(error).__name__}: {error} {stderr.decode(errors='replace')[:300]}".strip())
+            continue
+        form = "extension" if python_include is not None else "ctypes"
+        parallel = openmp_runtime is not None
+        # NOTE: kept when a better build failed and a lesser one loaded: tests and users can see why
+        load_error = "; ".join(errors) or None
+        return _kernels
+    load_error = "; ".join(errors)
+    return None

@@ -1,0 +1,79 @@
+"""How module capture attaches to a model: a `_call_impl` of its own on each module while active, and nothing
+left behind afterwards, whatever happened in between."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from modeltrace.worker.capture import ModuleCapture
+
+
+class Failing(nn.Module):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad shape in Failing")
+
+
+class Model(nn.Module):
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.second = Failing() if fail else nn.Linear(4, 4)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(hidden_states))
+
+
+def _wrapped(model: nn.Module) -> list[str]:
+    return [path for path, module in model.named_modules() if "_call_impl" in module.__dict__]
+
+
+def test_wrapping_is_removed_and_results_are_unchanged() -> None:
+    torch.manual_seed(0)
+    model = Model().eval()
+    inputs = torch.randn(2, 4)
+    plain = model(inputs)
+    with ModuleCapture(model) as capture:
+        assert _wrapped(model) == ["", "first", "second"]
+        captured = model(inputs)
+    assert _wrapped(model) == []
+    assert torch.equal(plain, captured)
+    assert [record.path for record in capture.records] == ["", "first", "second"]
+    assert [record.parent for record in capture.records] == [-1, 0, 0]
+    assert [record.finish_order for record in capture.records] == [2, 0, 1]
+    assert capture.records[2].outputs[0].shape == [2, 4]
+
+
+def test_a_call_that_raises_keeps_its_record_and_the_model_is_restored() -> None:
+    model = Model(fail=True)
+    with pytest.raises(ValueError, match="bad shape in Failing"):
+        with ModuleCapture(model) as capture:
+            model(torch.randn(2, 4))
+    assert _wrapped(model) == []
+    failing = capture.records[2]
+    assert (failing.path, failing.outputs, failing.inputs[0].shape) == ("second", [], [2, 4])
+    assert sorted(record.finish_order for record in capture.records) == [0, 1, 2]
+
+
+def test_modules_outside_the_model_and_hooks_of_the_model() -> None:
+    """Only the model's modules are recorded; the model's own hooks still run (inputs are recorded as passed,
+    outputs as its forward hooks left them)."""
+    model = Model()
+    outsider = nn.Linear(4, 4)
+    model.first.register_forward_hook(lambda module, args, output: output * 0)
+    with ModuleCapture(model) as capture:
+        outsider(torch.randn(1, 4))
+        model(torch.randn(1, 4))
+    assert [record.path for record in capture.records] == ["", "first", "second"]
+    assert capture.records[1].outputs[0].max == 0.0
+
+
+def test_a_second_capture_of_the_same_model_leaves_the_calls_to_the_first() -> None:
+    model = Model()
+    with ModuleCapture(model) as outer:
+        with ModuleCapture(model) as inner:
+            model(torch.randn(1, 4))
+        assert _wrapped(model) == ["", "first", "second"]
+    assert _wrapped(model) == []
+    assert len(outer.records) == 3 and inner.records == []
