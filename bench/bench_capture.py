@@ -16,10 +16,11 @@ for N rounds after a warm-up, each call in a fresh temporary folder created, del
 timing:
 
 - `plain`: `model(input_ids)`.
-- `empty hooks` (diagnostic): a no-op forward pre-hook (`with_kwargs=True`) and post-hook (`always_call=True`) on
-  every module, as ModuleCapture registers them: what torch's hook dispatch alone costs.
-- `hooks only` (diagnostic): ModuleCapture's hooks, source lines and records, with the tensor summaries switched
-  off, and the trace of those records written: the floor of per-module-call Python work before any statistic.
+- `call wrapping` (diagnostic): ModuleCapture's own `_call_impl` on every module, doing nothing but calling
+  torch's: what attaching to the model costs before any record.
+- `records only` (diagnostic): ModuleCapture's wrapping, source lines and records, with the tensor summaries
+  switched off, and the trace of those records written: the floor of per-module-call Python work before any
+  statistic.
 - `modeltrace stats`: `ModuleCapture(model)` around the forward, then the trace (`Trace`, records and a small
   header) written with `modeltrace.trace.storage.write_trace` (msgpack, atomic rename; the fsync comes after the
   worker has answered, so it is not timed), as `worker/job.py` does (job.py's source hashing of the model files is left out).
@@ -92,30 +93,20 @@ def build(size: str) -> tuple[LlamaModel, torch.Tensor]:
     return model, input_ids
 
 
-class _EmptyHooks:
-    """No-op hooks registered the way ModuleCapture registers its own."""
+class _CallWrapping(ModuleCapture):
+    """ModuleCapture's wrapping of every module, calling straight through: what attaching alone costs."""
 
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
-        self.handles: list = []
+    def _make_call(self, module, path):  # noqa: ANN001, ANN202
+        call_impl = type(module)._call_impl
 
-    def __enter__(self) -> _EmptyHooks:
-        for module in self.model.modules():
-            self.handles.append(module.register_forward_pre_hook(_no_op, with_kwargs=True, prepend=True))
-            self.handles.append(module.register_forward_hook(_no_op, always_call=True))
-        return self
+        def passing_call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            return call_impl(module, *args, **kwargs)
 
-    def __exit__(self, *exc_info: object) -> None:
-        for handle in self.handles:
-            handle.remove()
+        return passing_call
 
 
-def _no_op(*args: object) -> None:
-    return None
-
-
-class _HooksOnly(ModuleCapture):
-    """ModuleCapture with tensor summaries switched off: what the hooks alone cost."""
+class _RecordsOnly(ModuleCapture):
+    """ModuleCapture with tensor summaries switched off: what the records alone cost."""
 
     def _summarize_all(self, named_values, index, side):  # noqa: ANN001
         return []
@@ -153,14 +144,14 @@ def variants() -> dict[str, Callable[[LlamaModel, torch.Tensor, Path], None]]:
         with torch.no_grad():
             model(input_ids)
 
-    def empty_hooks(model, input_ids, folder):  # noqa: ANN001
-        with torch.no_grad(), _EmptyHooks(model):
+    def call_wrapping(model, input_ids, folder):  # noqa: ANN001
+        with torch.no_grad(), _CallWrapping(model):
             model(input_ids)
 
     return {
         "plain": plain,
-        "empty hooks": empty_hooks,
-        "hooks only": lambda m, x, f: _modeltrace(m, x, f, False, _HooksOnly),
+        "call wrapping": call_wrapping,
+        "records only": lambda m, x, f: _modeltrace(m, x, f, False, _RecordsOnly),
         "modeltrace stats": lambda m, x, f: _modeltrace(m, x, f, False),
         "modeltrace full tensors": lambda m, x, f: _modeltrace(m, x, f, True),
         "debugger repr": lambda m, x, f: _debugger(m, x, f, True),

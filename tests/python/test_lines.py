@@ -2,12 +2,22 @@
 
 Checked on the example, on transformers' Llama and BERT files (shapes and statistics against tensors
 computed directly), and on a toy module written to exercise multi-line statements, tuple unpacking,
-comprehensions and early returns, whose expected lines are marked in its source.
+comprehensions and early returns, whose expected lines are marked in its source. A second toy module,
+written to a temporary file, checks the instrumented code itself: in-place calls, `x[...] = v`, `for` targets,
+walrus, a decorated forward, closures, exceptions and tracebacks, a file edited after import (the fallback
+tracer), and that every swapped `__code__` and the injected global are restored.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,9 +27,11 @@ from torch import nn
 
 from modeltrace.trace.lines import HintDetail, index_module_calls, line_label
 from modeltrace.trace.records import Trace
+from modeltrace.worker import lines as lines_module
 from modeltrace.worker.build import build_from_file
 from modeltrace.worker.capture import ModuleCapture
-from modeltrace.worker.lines import LineCapture
+from modeltrace.worker.lines import RECORDER_NAME, LineCapture, live_functions, modules_of_file
+from modeltrace.worker.source_map import real_path
 
 from conftest import EXAMPLE_MODELING_FILE, line_of
 
@@ -154,17 +166,283 @@ def test_statement_forms_attribute_to_the_right_line(stop_early: bool) -> None:
     assert lines_seen <= {_toy_line(marker) for marker in ("def", "comprehension", "unpacking", "multi-line", "early return", "doubled", "final return")}
 
 
-def test_only_selected_files_are_recorded_and_the_tracer_is_restored() -> None:
+# --- the instrumented code itself: a module written to a temporary file, its lines marked `# line: NAME` ---
+
+TOY_SOURCE = '''\
+"""A toy model for line capture."""
+
+import torch
+from torch import nn
+
+
+def make_scaler(factor):
+    def scale(x):  # line: scale def
+        scaled = x * factor  # line: scaled
+        return scaled  # line: scale return
+
+    return scale
+
+
+SCALE = make_scaler(3.0)
+NEGATE = lambda x: -x  # noqa: E731 (lambdas are not instrumented, and need no fallback)
+
+
+def explode(x, inside_return):
+    y = x * 2  # line: before raise
+    if inside_return:
+        return y.view(7, 3)  # line: raise in return
+    z = y.view(3, 7)  # line: raise
+    return z
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.halve = make_scaler(0.5)  # a closure held only by the instance
+        self.register_buffer("scratch", torch.zeros(2, 4))
+
+    @torch.no_grad()
+    def forward(self, hidden_states):  # line: def
+        buffer = torch.zeros(2, 4)  # line: buffer
+        buffer[0] = hidden_states[0]  # line: setitem
+        buffer.add_(1.0)  # line: in-place
+        clipped = buffer.clone()  # line: clone
+        torch.clamp_(clipped, min=1.5)  # line: function in-place
+        self.scratch.copy_(buffer)  # line: copy into an attribute
+        for row in hidden_states.unbind(0):  # line: for
+            total = row.sum()  # line: total
+        if (projected := self.linear(hidden_states)) is not None:  # line: walrus
+            scaled = SCALE(projected)  # line: closure
+        doubled = make_scaler(2.0)(scaled)  # line: fresh closure
+        if hidden_states is None and (never := hidden_states.sum()):  # line: unbound walrus
+            return never
+        halved = self.halve(doubled)  # line: instance closure
+        return buffer + halved  # line: return
+'''
+
+
+def _import_toy(tmp_path: Path, source: str = TOY_SOURCE):
+    name = f"modeltrace_lines_toy_{uuid.uuid4().hex}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def toy_module(tmp_path: Path):
+    module = _import_toy(tmp_path)
+    yield module
+    sys.modules.pop(module.__name__, None)
+
+
+def _marked(marker: str, source: str = TOY_SOURCE) -> int:
+    for number, text in enumerate(source.splitlines(), 1):
+        if text.endswith(f"# line: {marker}"):
+            return number
+    raise AssertionError(marker)
+
+
+def _by_line(records: list) -> dict[int, dict[str, list]]:
+    """line -> name -> the records of that name on that line, in order."""
+    by_line: dict[int, dict[str, list]] = {}
+    for record in records:
+        by_line.setdefault(record.line, {}).setdefault(record.name, []).append(record)
+    return by_line
+
+
+def _shapes(by_line: dict[int, dict[str, list]], marker: str, source: str = TOY_SOURCE) -> dict[str, list]:
+    on_line = by_line.get(_marked(marker, source), {})
+    return {name: [record.tensor.shape for record in records] for name, records in on_line.items()}
+
+
+def _assert_restored(module, originals: dict) -> None:
+    for function, code in originals.items():
+        assert function.__code__ is code, function
+    assert RECORDER_NAME not in vars(module)
+
+
+def test_instrumented_statement_forms(toy_module) -> None:
+    torch.manual_seed(0)
+    toy = toy_module.Toy().eval()
+    inputs = torch.randn(2, 4)
+    plain = toy(inputs)
+    originals = {
+        function: function.__code__
+        for function in (toy_module.Toy.forward.__wrapped__, toy_module.make_scaler, toy_module.SCALE, toy.halve)
+    }
+    with LineCapture([toy_module.__file__]) as capture:
+        assert sys.gettrace() is None, "no tracer when everything could be instrumented"
+        assert not capture.fallback_codes
+        # The decorated forward (torch.no_grad's functools.wraps wrapper), the closure made at import and the
+        # one made by `__init__`, held only by the instance.
+        assert set(originals) <= set(capture.instrumented_functions)
+        assert vars(toy_module)[RECORDER_NAME] is not None
+        captured = toy(inputs)
+        made_during_the_capture = toy_module.make_scaler(4.0)
+    assert torch.equal(plain, captured)
+    _assert_restored(toy_module, originals)
+    # A function that instrumented code made during the capture still runs after it, recording nothing.
+    records = len(capture.records)
+    assert torch.equal(made_during_the_capture(inputs), inputs * 4.0)
+    assert len(capture.records) == records
+
+    by_line = _by_line(capture.records)
+    assert _shapes(by_line, "def") == {"hidden_states": [[2, 4]]}
+    assert _shapes(by_line, "buffer") == {"buffer": [[2, 4]]}
+    assert _shapes(by_line, "setitem") == {"buffer": [[2, 4]]}
+    assert _shapes(by_line, "in-place") == {"buffer": [[2, 4]]}
+    first_row_mean = inputs[0].double().mean().item()
+    assert by_line[_marked("setitem")]["buffer"][0].tensor.mean == pytest.approx(first_row_mean / 2, rel=1e-5)
+    assert by_line[_marked("in-place")]["buffer"][0].tensor.mean == pytest.approx(first_row_mean / 2 + 1, rel=1e-5)
+    assert _shapes(by_line, "clone") == {"clipped": [[2, 4]]}
+    assert _shapes(by_line, "function in-place") == {"clipped": [[2, 4]]}
+    assert by_line[_marked("function in-place")]["clipped"][0].tensor.min == pytest.approx(1.5)
+    assert _shapes(by_line, "copy into an attribute") == {}
+    assert _shapes(by_line, "for") == {"row": [[4], [4]]}
+    assert [record.call_index for record in by_line[_marked("for")]["row"]] == [0, 1]
+    assert _shapes(by_line, "total") == {"total": [[], []]}
+    assert _shapes(by_line, "walrus") == {"projected": [[2, 4]]}
+    assert _shapes(by_line, "closure") == {"scaled": [[2, 4]]}
+    assert _shapes(by_line, "fresh closure") == {"doubled": [[2, 4]]}
+    assert _shapes(by_line, "instance closure") == {"halved": [[2, 4]]}
+    assert _shapes(by_line, "return") == {"return": [[2, 4]]}
+    assert _shapes(by_line, "unbound walrus") == {}
+    # The closures made at import (factor 3), during the forward (2) and in `__init__` (0.5), all instrumented.
+    assert _shapes(by_line, "scale def") == {"x": [[2, 4]] * 3}
+    scaled = by_line[_marked("scaled")]["scaled"]
+    projected_mean = by_line[_marked("walrus")]["projected"][0].tensor.mean
+    assert [record.call_index for record in scaled] == [0, 1, 2]
+    # factors 3, then 2 after 3, then 0.5 after 2
+    expected_means = [3 * projected_mean, 6 * projected_mean, 3 * projected_mean]
+    assert [record.tensor.mean for record in scaled] == pytest.approx(expected_means, rel=1e-5)
+    assert _shapes(by_line, "scale return") == {"return": [[2, 4]] * 3}
+    marked = {_marked(text.rsplit("# line: ", 1)[1]) for text in TOY_SOURCE.splitlines() if "# line: " in text}
+    assert set(by_line) <= marked
+
+
+@pytest.mark.parametrize("inside_return", [False, True])
+def test_an_exception_propagates_unchanged_from_its_own_line(toy_module, inside_return: bool) -> None:
+    inputs = torch.randn(2, 4)
+    with pytest.raises(RuntimeError) as plain:
+        toy_module.explode(inputs, inside_return)
+    original = toy_module.explode.__code__
+    with pytest.raises(RuntimeError) as captured, LineCapture([toy_module.__file__]) as capture:
+        toy_module.explode(inputs, inside_return)
+    assert str(captured.value) == str(plain.value)
+
+    def toy_frames(info) -> list:
+        return [
+            (frame.name, frame.lineno, frame.end_lineno, frame.colno, frame.end_colno, frame.line)
+            for frame in traceback.extract_tb(info.tb)
+            if frame.filename == toy_module.__file__
+        ]
+
+    assert toy_frames(captured) == toy_frames(plain)
+    assert toy_frames(captured)[-1][:2] == ("explode", _marked("raise in return" if inside_return else "raise"))
+    assert _shapes(_by_line(capture.records), "before raise") == {"y": [[2, 4]]}
+    _assert_restored(toy_module, {toy_module.explode: original})
+
+
+def test_a_file_edited_after_import_keeps_its_code_and_lines(tmp_path: Path) -> None:
+    module = _import_toy(tmp_path)
+    try:
+        path = Path(module.__file__)
+        torch.manual_seed(0)
+        toy = module.Toy().eval()
+        inputs = torch.randn(2, 4)
+        plain = toy(inputs)
+        # Edited on disk: the nested `scale` now differs (so do `make_scaler`, which holds its code, and the
+        # closure made at import); the lines are unchanged.
+        edited = TOY_SOURCE.replace("scaled = x * factor", "scaled = x * factor * 10")
+        path.write_text(edited)
+        os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+        with LineCapture([str(path)]) as capture:
+            assert sys.gettrace() is not None, "the fallback tracer"
+            fallback = {code.co_qualname for code in capture.fallback_codes}
+            assert fallback == {"make_scaler", "make_scaler.<locals>.scale"}
+            assert module.Toy.forward.__wrapped__ in capture.instrumented_functions
+            captured = toy(inputs)
+        assert sys.gettrace() is None
+        assert torch.equal(plain, captured), "the running code is kept, not the edited file's"
+        by_line = _by_line(capture.records)
+        projected_mean = by_line[_marked("walrus")]["projected"][0].tensor.mean
+        scaled = by_line[_marked("scaled")]["scaled"]
+        expected_means = [3 * projected_mean, 6 * projected_mean, 3 * projected_mean]  # the code as imported
+        assert [record.tensor.mean for record in scaled] == pytest.approx(expected_means, rel=1e-5)
+        assert _shapes(by_line, "scale def") == {"x": [[2, 4]] * 3}
+        assert _shapes(by_line, "scale return") == {"return": [[2, 4]] * 3}
+
+        # Lines inserted above everything: nothing matches, every line is the one the running code reports.
+        path.write_text("# one\n# two\n" + TOY_SOURCE)
+        os.utime(path, ns=(time.time_ns() + 2 * 10**9,) * 2)
+        with LineCapture([str(path)]) as capture:
+            assert not capture.instrumented_functions
+            captured = toy(inputs)
+        assert torch.equal(plain, captured)
+        by_line = _by_line(capture.records)
+        for marker, names in {
+            "buffer": {"buffer"}, "setitem": {"buffer"}, "in-place": {"buffer"}, "clone": {"clipped"},
+            "function in-place": {"clipped"}, "copy into an attribute": set(), "for": {"row"}, "total": {"total"},
+            "walrus": {"projected"}, "closure": {"scaled"}, "fresh closure": {"doubled"},
+            "instance closure": {"halved"}, "return": {"return"},
+            "scale def": {"x"}, "scaled": {"scaled"}, "scale return": {"return"},
+        }.items():
+            assert set(_shapes(by_line, marker)) == names, marker
+
+        # No longer valid Python: everything falls back too.
+        path.write_text(TOY_SOURCE + "\ndef broken(:\n")
+        with LineCapture([str(path)]) as capture:
+            assert not capture.instrumented_functions and capture.fallback_codes
+            captured = toy(inputs)
+        assert torch.equal(plain, captured)
+        assert _shapes(_by_line(capture.records), "scaled") == {"scaled": [[2, 4]] * 3}
+    finally:
+        sys.modules.pop(module.__name__, None)
+
+
+def test_only_the_entering_thread_records_and_records_are_bounded(toy_module, monkeypatch) -> None:
+    inputs = torch.randn(2, 4)
+    with LineCapture([toy_module.__file__]) as capture:
+        worker = threading.Thread(target=toy_module.SCALE, args=(inputs,))
+        worker.start()
+        worker.join()
+    assert capture.records == []
+    monkeypatch.setattr(lines_module, "MAX_LINE_RECORDS", 3)
+    with LineCapture([toy_module.__file__]) as capture:
+        toy_module.Toy()(inputs)
+    assert len(capture.records) == 3 and capture.truncated
+
+
+def test_only_selected_files_are_recorded_and_everything_is_restored() -> None:
     def previous_tracer(frame, event, argument):  # a debugger or coverage tool already tracing
         return None
 
-    import sys
+    built = build_from_file(EXAMPLE_MODELING_FILE, None, None, seed=0)
+    path = real_path(str(EXAMPLE_MODELING_FILE))
+    (module,) = modules_of_file(path)
+    originals = {function: function.__code__ for function in live_functions(path, [module])}
+    assert len(originals) > 10
 
     sys.settrace(previous_tracer)
     try:
         with LineCapture([str(EXAMPLE_MODELING_FILE)]) as capture:
-            Toy()(torch.randn(1, 4))
+            assert sys.gettrace() is previous_tracer
+            assert set(capture.instrumented_functions) == set(originals) and not capture.fallback_codes
+            assert all(function.__code__ is not code for function, code in originals.items())
+            Toy()(torch.randn(1, 4))  # code of a file that is not selected
         assert sys.gettrace() is previous_tracer
+        assert capture.records == []
+        _assert_restored(module, originals)
+
+        # A forward that raises (a token id past the vocabulary) restores everything too.
+        with pytest.raises(IndexError), LineCapture([str(EXAMPLE_MODELING_FILE)]) as capture:
+            built.model(input_ids=torch.tensor([[10**6]]))
+        assert sys.gettrace() is previous_tracer
+        _assert_restored(module, originals)
     finally:
         sys.settrace(None)
-    assert capture.records == []
