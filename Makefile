@@ -54,7 +54,6 @@ $(VSIX): $(NODE_STAMP) package.json tsconfig.json $(wildcard extension/src/*.ts)
 
 bench: $(PY_STAMP)
 	$(PY) bench/bench_capture.py
-	$(PY) bench/bench_gap_cost.py
 	$(PY) bench/bench_lines.py
 	$(PY) bench/bench_server.py
 	$(PY) bench/bench_diff.py

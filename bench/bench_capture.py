@@ -111,6 +111,9 @@ class _RecordsOnly(ModuleCapture):
     def _summarize_all(self, named_values, index, side):  # noqa: ANN001
         return []
 
+    def _summarize_output(self, output, index):  # noqa: ANN001
+        return []
+
 
 def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool,
                 capture_class: type[ModuleCapture] = ModuleCapture) -> float:

@@ -41,21 +41,42 @@ class TensorSummary:
     tensor: str | None = None
     not_stored: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        data = {
-            "key": self.key,
-            "shape": self.shape,
-            "dtype": self.dtype,
-            "device": self.device,
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "abs_max": self.abs_max,
-            "nan_count": self.nan_count,
-            "inf_count": self.inf_count,
-            "positive_fraction": self.positive_fraction,
-        }
+    def to_json(self, compact: bool = False) -> dict[str, Any]:
+        """The contract's JSON; `compact` (the trace file) leaves out the device when it is the CPU and NaN/Inf
+        counts of zero, which `from_json` restores (a tiny model's trace is written in less time)."""
+        if compact:
+            data = {
+                "key": self.key,
+                "shape": self.shape,
+                "dtype": self.dtype,
+                "mean": self.mean,
+                "std": self.std,
+                "min": self.min,
+                "max": self.max,
+                "abs_max": self.abs_max,
+                "positive_fraction": self.positive_fraction,
+            }
+            if self.device != "cpu":
+                data["device"] = self.device
+            if self.nan_count:
+                data["nan_count"] = self.nan_count
+            if self.inf_count:
+                data["inf_count"] = self.inf_count
+        else:
+            data = {
+                "key": self.key,
+                "shape": self.shape,
+                "dtype": self.dtype,
+                "device": self.device,
+                "mean": self.mean,
+                "std": self.std,
+                "min": self.min,
+                "max": self.max,
+                "abs_max": self.abs_max,
+                "nan_count": self.nan_count,
+                "inf_count": self.inf_count,
+                "positive_fraction": self.positive_fraction,
+            }
         if self.tensor is not None:
             data["tensor"] = self.tensor
         if self.not_stored is not None:
@@ -126,7 +147,7 @@ class ModuleCall:
     inputs: list[TensorSummary] = field(default_factory=list)
     outputs: list[TensorSummary] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, compact: bool = False) -> dict[str, Any]:
         return {
             "index": self.index,
             "path": self.path,
@@ -137,8 +158,8 @@ class ModuleCall:
             "parent": self.parent,
             "finish_order": self.finish_order,
             "call_site": self.call_site,
-            "inputs": [summary.to_json() for summary in self.inputs],
-            "outputs": [summary.to_json() for summary in self.outputs],
+            "inputs": [summary.to_json(compact) for summary in self.inputs],
+            "outputs": [summary.to_json(compact) for summary in self.outputs],
         }
 
     @classmethod
@@ -168,13 +189,13 @@ class LineRecord:
     call_index: int
     tensor: TensorSummary
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, compact: bool = False) -> dict[str, Any]:
         return {
             "file": self.file,
             "line": self.line,
             "name": self.name,
             "call_index": self.call_index,
-            "tensor": self.tensor.to_json(),
+            "tensor": self.tensor.to_json(compact),
         }
 
     @classmethod
@@ -197,12 +218,13 @@ class Trace:
     lines: list[LineRecord] = field(default_factory=list)
     schema: str = SCHEMA
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, compact: bool = False) -> dict[str, Any]:
+        """The `modeltrace.trace/1` JSON; `compact` is the trace file's form (see `TensorSummary.to_json`)."""
         return {
             "schema": self.schema,
             "model": self.model,
-            "modules": [record.to_json() for record in self.modules],
-            "lines": [record.to_json() for record in self.lines],
+            "modules": [record.to_json(compact) for record in self.modules],
+            "lines": [record.to_json(compact) for record in self.lines],
         }
 
     @classmethod

@@ -11,6 +11,7 @@ without capture.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import weakref
 from collections.abc import Iterable, Iterator
@@ -66,12 +67,17 @@ class SummaryCache:
         self._entries: dict[int, tuple[weakref.ref, int, TensorSummary]] = {}
         self._spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref, int, TensorSummary]] = {}
         self._late_copies: list[tuple[TensorSummary, TensorSummary]] = []
+        # (id of source, key) -> (source, its copy under key); the source is held, so the id stays unique
+        self._copies: dict[tuple[int, str], tuple[TensorSummary, TensorSummary]] = {}
 
     def get(self, tensor: torch.Tensor, key: str) -> TensorSummary | None:
+        """The summary of `tensor` under `key` if this pass has one: the cached object itself when it has that
+        key already (summaries are not modified once made), else a copy under `key`."""
         entry = self._entries.get(id(tensor))
         if entry is None or entry[1] != _version(tensor) or entry[0]() is not tensor:
             return self.get_by_span(tensor, key)
-        return self.copy(entry[2], key)
+        source = entry[2]
+        return source if source.key == key else self.copy(source, key)
 
     def get_by_span(self, tensor: torch.Tensor, key: str) -> TensorSummary | None:
         """The summary of a live, unmodified dense tensor over the same elements as `tensor`, if any."""
@@ -86,7 +92,7 @@ class SummaryCache:
             return None
         if not (tensor.is_contiguous() or is_dense(tensor)):
             return None
-        summary = self.copy(entry[2], key)
+        summary = self.copy(entry[2], key, share=False)
         summary.shape = list(tensor.shape)
         summary.tensor = None
         return summary
@@ -100,7 +106,13 @@ class SummaryCache:
             if tensor.is_cpu and type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_contiguous() and summary.tensor is None:
                 self._spans[(tensor.data_ptr(), tensor.numel(), tensor.dtype)] = (reference, version, summary)
 
-    def copy(self, source: TensorSummary, key: str) -> TensorSummary:
+    def copy(self, source: TensorSummary, key: str, share: bool = True) -> TensorSummary:
+        """`source` under another key. Copies are shared (one per source and key: the `input` of q, k and v
+        projections of one tensor is one object) unless `share` is False, for a caller that modifies its copy."""
+        if share:
+            shared = self._copies.get((id(source), key))
+            if shared is not None and shared[0] is source:
+                return shared[1]
         # NOTE: positional construction; `dataclasses.replace` costs ~5× more and this runs per cache hit.
         summary = TensorSummary(
             key,
@@ -120,6 +132,8 @@ class SummaryCache:
         )
         if source.positive_fraction is None and source.mean is None:
             self._late_copies.append((source, summary))
+        if share:
+            self._copies[(id(source), key)] = (source, summary)
         return summary
 
     def clear(self) -> None:
@@ -129,6 +143,7 @@ class SummaryCache:
             summary.nan_count, summary.inf_count = source.nan_count, source.inf_count
             summary.positive_fraction = source.positive_fraction
         self._late_copies.clear()
+        self._copies.clear()
         self._entries.clear()
         self._spans.clear()
 
@@ -208,6 +223,7 @@ class ModuleCapture:
         self._call_counts: dict[str, int] = {}
         self._finished = 0
         self._wrapped: list[tuple[nn.Module, Any]] = []
+        self._collector_was_enabled = False
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
@@ -226,12 +242,21 @@ class ModuleCapture:
         except BaseException:
             self._unwrap()
             raise
+        # NOTE: the records and summaries are the only objects a capture adds, and they hold no reference
+        # cycles: the cyclic collector (which a plain forward never triggers, and a captured one would a few
+        # times) is paused until exit, when whatever the forward left in cycles is collected as usual.
+        self._collector_was_enabled = gc.isenabled()
+        gc.disable()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._unwrap()
-        self.pending.resolve()
-        self.summary_cache.clear()
+        try:
+            self._unwrap()
+            self.pending.resolve()
+            self.summary_cache.clear()
+        finally:
+            if self._collector_was_enabled:
+                gc.enable()
 
     def _unwrap(self) -> None:
         for module, call in self._wrapped:
@@ -243,7 +268,7 @@ class ModuleCapture:
         records = self.records
         stack = self._stack
         call_counts = self._call_counts
-        summarize_all = self._summarize_all
+        summarize_output = self._summarize_output
         caller_location = source_map.caller_location
         module_class = type(module)
         class_name = module_class.__name__
@@ -284,7 +309,7 @@ class ModuleCapture:
             stack.pop()
             record.finish_order = capture._finished
             capture._finished += 1
-            record.outputs = summarize_all((("", output),), index, "outputs")
+            record.outputs = summarize_output(output, index)
             return output
 
         return capturing_call
@@ -316,33 +341,47 @@ class ModuleCapture:
 
     def _summarize_all(self, named_values: Iterable[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
         summaries: list[TensorSummary] = []
-        cache = self.summary_cache
-        entries = cache._entries
+        summary_of = self._summary
         for name, value in named_values:
             if isinstance(value, torch.Tensor):
-                leaves: Iterable[tuple[str, torch.Tensor]] = ((name, value),)
+                if len(summaries) >= MAX_LEAVES_PER_SIDE:
+                    break
+                summaries.append(summary_of(value, name, index, side))
             elif value is None or type(value) in _SCALAR_TYPES:
                 continue
             else:
-                leaves = iter_tensor_leaves(value, name)
-            for key, tensor in leaves:
-                if len(summaries) >= MAX_LEAVES_PER_SIDE:
-                    return summaries
-                # NOTE: SummaryCache.get/put inlined: this loop runs for every argument of every module call.
-                try:
-                    version = tensor._version
-                except RuntimeError:  # inference tensors track no version: never cache them
-                    version = -1
-                entry = entries.get(id(tensor))
-                if entry is not None and entry[1] == version and entry[0]() is tensor:
-                    summary = cache.copy(entry[2], key)
-                elif not self.full_tensors and (summary := cache.get_by_span(tensor, key)) is not None:
-                    pass  # a view over the elements of a tensor summarised earlier
-                else:
-                    summary = summarize(tensor, key, self.pending)
-                    if self.full_tensors and tensor.device.type != "meta":
-                        self._keep(tensor, summary, f"{index}/{side}/{key}")
-                    if version >= 0:
-                        cache.put(tensor, summary, version)
-                summaries.append(summary)
+                for key, tensor in iter_tensor_leaves(value, name):
+                    if len(summaries) >= MAX_LEAVES_PER_SIDE:
+                        return summaries
+                    summaries.append(summary_of(tensor, key, index, side))
         return summaries
+
+    def _summarize_output(self, output: Any, index: int) -> list[TensorSummary]:
+        if isinstance(output, torch.Tensor):  # most modules return one tensor
+            return [self._summary(output, "", index, "outputs")]
+        return self._summarize_all((("", output),), index, "outputs")
+
+    def _summary(self, tensor: torch.Tensor, key: str, index: int, side: str) -> TensorSummary:
+        """The summary of one tensor leaf: the one made earlier in this pass for the same tensor object and
+        version (shared when the key is the same, else copied under `key`), one for a view over its elements,
+        or a new one."""
+        # NOTE: SummaryCache.get/put inlined: this runs for every tensor argument of every module call.
+        cache = self.summary_cache
+        try:
+            version = tensor._version
+        except RuntimeError:  # inference tensors track no version: never cache them
+            version = -1
+        entry = cache._entries.get(id(tensor))
+        if entry is not None and entry[1] == version and entry[0]() is tensor:
+            summary = entry[2]
+            return summary if summary.key == key else cache.copy(summary, key)
+        if not self.full_tensors:
+            summary = cache.get_by_span(tensor, key)
+            if summary is not None:
+                return summary  # a view over the elements of a tensor summarised earlier
+        summary = summarize(tensor, key, self.pending)
+        if self.full_tensors and tensor.device.type != "meta":
+            self._keep(tensor, summary, f"{index}/{side}/{key}")
+        if version >= 0:
+            cache.put(tensor, summary, version)
+        return summary

@@ -652,13 +652,36 @@ class LineCapture:
         thread = self._thread
         tensor_type = torch.Tensor
         containers = (tuple, list, dict)
+        records = self.records
+        counts = self._counts
+        entries = self._cache._entries
+        copy = self._cache.copy
+        record_tensor = self._record_tensor
 
         def __modeltrace_line__(line: int, name: str, value: Any) -> Any:
             # NOTE: runs after every binding statement of the selected files: values without tensors (most of
-            # them: shapes, flags, configs) must leave after a type check or two.
+            # them: shapes, flags, configs) must leave after a type check or two. A tensor this pass has
+            # summarised already (a module's output or input, a re-binding) is recorded here: `_record_tensor`
+            # and `SummaryCache.get` inlined for their commonest case.
             if isinstance(value, tensor_type):
-                if get_ident() == thread:
-                    record(file, line, name, value)
+                if get_ident() != thread:
+                    return value
+                entry = entries.get(id(value))
+                if entry is not None and entry[0]() is value and len(records) < MAX_LINE_RECORDS:
+                    try:
+                        unchanged = entry[1] == value._version
+                    except RuntimeError:
+                        unchanged = False
+                    if unchanged:
+                        summary = entry[2]
+                        if summary.key != name:
+                            summary = copy(summary, name)
+                        count_key = (file, line, name)
+                        call_index = counts.get(count_key, 0)
+                        counts[count_key] = call_index + 1
+                        records.append(LineRecord(file, line, name, call_index, summary))
+                        return value
+                record_tensor(file, line, name, value)
             elif isinstance(value, containers) and _holds_tensors(value) and get_ident() == thread:
                 record(file, line, name, value)
             return value
@@ -720,17 +743,21 @@ class LineCapture:
             self.truncated = True
             return
         if isinstance(value, torch.Tensor):
-            leaves: Iterable[tuple[str, torch.Tensor]] = ((name, value),)
-        else:
-            leaves = itertools.islice(iter_tensor_leaves(value, name), MAX_LEAVES_PER_VARIABLE)
-        cache = self._cache
+            self._record_tensor(file, line, name, value)
+            return
+        for key, tensor in itertools.islice(iter_tensor_leaves(value, name), MAX_LEAVES_PER_VARIABLE):
+            self._record_tensor(file, line, key, tensor)
+
+    def _record_tensor(self, file: str, line: int, key: str, tensor: torch.Tensor) -> None:
+        if len(self.records) >= MAX_LINE_RECORDS:
+            self.truncated = True
+            return
+        summary = self._cache.get(tensor, key)
+        if summary is None:
+            summary = summarize(tensor, key, self._pending)
+            self._cache.put(tensor, summary)
         counts = self._counts
-        for key, tensor in leaves:
-            summary = cache.get(tensor, key)
-            if summary is None:
-                summary = summarize(tensor, key, self._pending)
-                cache.put(tensor, summary)
-            count_key = (file, line, key)
-            call_index = counts.get(count_key, 0)
-            counts[count_key] = call_index + 1
-            self.records.append(LineRecord(file, line, key, call_index, summary))
+        count_key = (file, line, key)
+        call_index = counts.get(count_key, 0)
+        counts[count_key] = call_index + 1
+        self.records.append(LineRecord(file, line, key, call_index, summary))
