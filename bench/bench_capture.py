@@ -69,7 +69,7 @@ from modeltrace.worker.capture import ModuleCapture
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, sequence, rounds)
     "tiny": (64, 128, 2, 4, 2, 7, 200),
-    "medium": (512, 1536, 8, 8, 4, 128, 15),
+    "medium": (512, 1536, 8, 8, 4, 128, 30),
 }
 VOCAB = 1024
 SEED = 0
