@@ -59,8 +59,10 @@ class SummaryCache:
     memory cannot then belong to any other tensor) and neither was modified since (views share the version
     counter of their base). Callers that store full tensors skip this: a stored tensor has one shape.
 
-    A copy handed out before its source has statistics (a device tensor waiting for `PendingStats.resolve`)
-    gets them in `clear`, which callers run after resolving.
+    Summaries are not modified once made, so records share them: the cached summary itself where the key is
+    the same, one copy per other key (`copy`), a fresh copy only for a view (its own shape). A copy handed out
+    before its source has statistics (a device tensor waiting for `PendingStats.resolve`) gets them in
+    `clear`, which callers run after resolving.
     """
 
     def __init__(self) -> None:
