@@ -44,39 +44,27 @@ class TensorSummary:
     def to_json(self, compact: bool = False) -> dict[str, Any]:
         """The contract's JSON; `compact` (the trace file) leaves out the device when it is the CPU and NaN/Inf
         counts of zero, which `from_json` restores (a tiny model's trace is written in less time)."""
+        data = {
+            "key": self.key,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "device": self.device,
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+            "abs_max": self.abs_max,
+            "nan_count": self.nan_count,
+            "inf_count": self.inf_count,
+            "positive_fraction": self.positive_fraction,
+        }
         if compact:
-            data = {
-                "key": self.key,
-                "shape": self.shape,
-                "dtype": self.dtype,
-                "mean": self.mean,
-                "std": self.std,
-                "min": self.min,
-                "max": self.max,
-                "abs_max": self.abs_max,
-                "positive_fraction": self.positive_fraction,
-            }
-            if self.device != "cpu":
-                data["device"] = self.device
-            if self.nan_count:
-                data["nan_count"] = self.nan_count
-            if self.inf_count:
-                data["inf_count"] = self.inf_count
-        else:
-            data = {
-                "key": self.key,
-                "shape": self.shape,
-                "dtype": self.dtype,
-                "device": self.device,
-                "mean": self.mean,
-                "std": self.std,
-                "min": self.min,
-                "max": self.max,
-                "abs_max": self.abs_max,
-                "nan_count": self.nan_count,
-                "inf_count": self.inf_count,
-                "positive_fraction": self.positive_fraction,
-            }
+            if self.device == "cpu":
+                del data["device"]
+            if not self.nan_count:
+                del data["nan_count"]
+            if not self.inf_count:
+                del data["inf_count"]
         if self.tensor is not None:
             data["tensor"] = self.tensor
         if self.not_stored is not None:

@@ -821,7 +821,7 @@ def _restore_buffers(model: nn.Module, model_class: type, config: Any) -> None:
 
 
 def _build_shape_only(model_class: type, config: Any, seed: int, attention: str, file: Path, dtype: str) -> BuiltModel:
-    from modeltrace.worker.shape_only import ShapeOnlyMode, meta_device, to_meta_inputs
+    from modeltrace.worker.shape_only import ShapeOnlyMode, meta_device
 
     torch_dtype = _DTYPES.get(dtype)
     if torch_dtype is None:

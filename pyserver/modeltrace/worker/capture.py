@@ -302,15 +302,11 @@ class ModuleCapture:
             stack.append(index)
             try:
                 output = call_impl(module, *args, **kwargs)
-            except BaseException:
-                # the record stays, with no outputs, in the order it ended
+            finally:
+                # a call that raises keeps its record, with no outputs, in the order it ended
                 stack.pop()
                 record.finish_order = capture._finished
                 capture._finished += 1
-                raise
-            stack.pop()
-            record.finish_order = capture._finished
-            capture._finished += 1
             record.outputs = summarize_output(output, index)
             return output
 

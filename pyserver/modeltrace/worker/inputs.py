@@ -583,10 +583,9 @@ class InputSynthesizer:
             inputs["static_real_features"] = self._randn(BATCH_SIZE, static_real)
         categorical = _int(getattr(config, "num_static_categorical_features", None), 0)
         if self._has("static_categorical_features") and categorical:
-            cardinality = getattr(config, "cardinality", None) or [1] * categorical
+            # category 0 exists whatever each feature's cardinality
             inputs["static_categorical_features"] = torch.tensor(
                 [[0] * categorical] * BATCH_SIZE, dtype=torch.long, device=self.device)
-            del cardinality
         return inputs
 
     def trajectory_inputs(self) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
     `pending.resolve()` (the summary is returned at once and filled in then); without, right away."""
     dtype = tensor.dtype
     name = _dtype_names.get(dtype) or dtype_name(dtype)
-    kernel = _direct_kernels.get(dtype)
+    kernel = _native_kernels.get(dtype)
     if (
         kernel is not None
         and (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)  # not fake/functional tensors
@@ -115,7 +115,7 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         numel = tensor.numel()
         if numel == 0:
             return summary
-        if _native_kernels is not None and (dtype in _native_kernels or dtype in _WIDEN_FOR_NATIVE) and not tensor.is_neg():
+        if _native_kernels and (dtype in _native_kernels or dtype in _WIDEN_FOR_NATIVE) and not tensor.is_neg():
             if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # not fake/functional tensors
                 _fill_native(summary, tensor, numel)
                 return summary
@@ -153,16 +153,15 @@ def is_dense(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _load_native_kernels() -> dict[torch.dtype, native.Kernel] | None:
+def _load_native_kernels() -> dict[torch.dtype, native.Kernel]:
+    """The kernels by dtype; empty without the native library (the torch and NumPy paths then)."""
     kernels = native.kernels()
     if kernels is None:
-        return None
+        return {}
     return {torch.float32: kernels["f32"], torch.float64: kernels["f64"], torch.int64: kernels["i64"]}
 
 
 _native_kernels = _load_native_kernels()
-# NOTE: the kernels `summarize` calls without widening first (an empty dict without the native library)
-_direct_kernels: dict[torch.dtype, native.Kernel] = dict(_native_kernels or {})
 # NOTE: dtypes without a kernel of their own are widened first: half precision to float32 (exact), the other
 # integers and booleans (masks) to float64 (exact below 2**53, as on the other paths).
 _WIDEN_FOR_NATIVE: dict[torch.dtype, torch.dtype] = {

@@ -169,16 +169,14 @@ def kernels() -> dict[str, Kernel] | None:
         return None
     runtime = torch_openmp_runtime() if os.environ.get("MODELTRACE_NATIVE_OPENMP", "1") != "0" else None
     include = _python_include()
-    # NOTE: the best first: the extension with OpenMP, then without each in turn; the first that builds wins.
-    attempts = [(runtime, include), (None, include), (runtime, None), (None, None)]
-    seen = set()
+    flags = _BASE_FLAGS + _cpu_flags()
+    # NOTE: the best first: the extension with OpenMP, then without each in turn; the first that builds wins
+    # (dict.fromkeys drops the repeats where there is no OpenMP runtime or no Python headers).
+    attempts = dict.fromkeys([(runtime, include), (None, include), (runtime, None), (None, None)])
     errors = []
     for openmp_runtime, python_include in attempts:
-        if (openmp_runtime, python_include) in seen:
-            continue
-        seen.add((openmp_runtime, python_include))
         try:
-            path = _build(compiler, _BASE_FLAGS + _cpu_flags(), openmp_runtime, python_include)
+            path = _build(compiler, flags, openmp_runtime, python_include)
             _kernels = _load_extension(path) if python_include is not None else _load_ctypes(path)
         except (OSError, ImportError, subprocess.SubprocessError, AttributeError) as error:
             stderr = getattr(error, "stderr", b"") or b""
