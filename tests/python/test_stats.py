@@ -322,6 +322,77 @@ def test_views(make_view) -> None:
     _assert_matches(_summarize(view), _expected(view), rel=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        # rotate_half's halves of a medium model's query states: short runs grouped into blocks
+        pytest.param(lambda x: x[..., :32], id="first-half"),
+        pytest.param(lambda x: x[..., 32:], id="second-half"),
+        # repeat_kv's expand before its reshape: a stride-0 dimension, read once and weighted
+        pytest.param(lambda x: x[:, :, None].expand(2, 8, 3, 130, 64), id="expand"),
+        pytest.param(lambda x: x[:, :, None, :, :7].expand(2, 8, 4, 130, 7), id="expand-slice"),
+        pytest.param(lambda x: x.transpose(1, 2), id="transpose"),
+        pytest.param(lambda x: x[..., ::2], id="step"),
+        pytest.param(lambda x: x[0, 0, :, 5], id="column"),
+        pytest.param(lambda x: x.reshape(130 * 16, 64)[:, :60].t(), id="long-runs"),
+        pytest.param(lambda x: x.reshape(-1)[:1].expand(50_000), id="one-value"),
+    ],
+)
+def test_strided_views_are_read_in_place(make_view, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float32 views that are not contiguous (slices, steps, expands, transposes) are summarised by the strided
+    kernel in place, with no copy: exact min, max and positive count and the same moments as the view's own
+    elements, for every thread count (large views are split across torch's threads by runs)."""
+    torch.manual_seed(0)
+    view = make_view(torch.randn(2, 8, 130, 64) - 0.1)
+    assert not view.is_contiguous()
+    if stats._native_kernels:
+        monkeypatch.setattr(stats, "_statistics_input", _no_copy)  # the general path would copy: not taken
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        summary = _summarize(view)
+    finally:
+        torch.set_num_threads(previous)
+    assert summary.shape == list(view.shape)
+    _assert_matches(summary, _expected(view), rel=1e-6)
+
+
+def _no_copy(tensor: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("the view was copied instead of read in place")
+
+
+def test_strided_kernel_overflow_nan_and_too_many_dimensions() -> None:
+    """In a strided view a float32 overflow (an additive mask's minimum) is re-summed in float64 and a NaN is
+    counted; a view of more dimensions than the kernel takes gets the same numbers from the general path."""
+    mask = torch.full((1, 1, 64, 64), torch.finfo(torch.float32).min).triu(1)[..., :40]
+    _assert_matches(_summarize(mask), _expected(mask), rel=1e-9)
+    values = torch.randn(4, 64, 64)
+    values[1, 3, 5] = float("nan")
+    summary = _summarize(values[..., :16])
+    assert (summary.nan_count, summary.inf_count) == (1, 0)
+    finite = values[..., :16][~values[..., :16].isnan()]
+    assert summary.min == finite.min().item() and summary.max == finite.max().item()
+    deep = torch.randn([2] * 17 + [3])[..., :2]
+    _assert_matches(_summarize(deep), _expected(deep), rel=1e-6)
+
+
+def test_ctypes_strided_kernel_gives_the_same_numbers() -> None:
+    """The ctypes form of the strided kernel (no Python headers) returns what the extension returns."""
+    if not stats._native_kernels:
+        pytest.skip("checks the native kernels")
+    path = stats.native._build(shutil.which("cc") or "gcc", stats.native._BASE_FLAGS, None, None)
+    strided = stats.native._load_ctypes(path)["f32_strided"]
+    view = torch.randn(3, 40, 64)[:, :, 5:37]
+    arguments = (view.data_ptr(), tuple(view.shape), view.stride())
+    serial, loaded = strided(*arguments), stats.native.kernels()["f32_strided"](*arguments)
+    # positives, min and max are exact; the float32 block sums' rounding depends on the build's vector width
+    assert serial[2:] == loaded[2:]
+    assert serial[:2] == pytest.approx(loaded[:2], rel=1e-6)
+    too_deep = torch.randn([1] * 17 + [4])
+    assert strided(too_deep.data_ptr(), tuple(too_deep.shape), too_deep.stride()) is None
+
+
 def _dense_by_copy(view: torch.Tensor) -> bool:
     """Independent check of density: the view's elements, as addresses, are exactly one contiguous block."""
     offsets = torch.as_strided(torch.arange(10_000), view.shape, view.stride(), 0).reshape(-1)

@@ -22,7 +22,7 @@ from torch import nn
 
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import source_map
-from modeltrace.worker.stats import PendingStats, is_dense, summarize
+from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu
 
 
 # NOTE: bounds on what one call records, so that a module returning a huge nested structure cannot blow up
@@ -76,7 +76,7 @@ class SummaryCache:
         """The summary of `tensor` under `key` if this pass has one: the cached object itself when it has that
         key already (summaries are not modified once made), else a copy under `key`."""
         entry = self._entries.get(id(tensor))
-        if entry is None or entry[1] != _version(tensor) or entry[0]() is not tensor:
+        if entry is None or entry[1] != tensor_version(tensor) or entry[0]() is not tensor:
             return self.get_by_span(tensor, key)
         source = entry[2]
         return source if source.key == key else self.copy(source, key)
@@ -89,8 +89,8 @@ class SummaryCache:
         if entry is None:
             return None
         source = entry[0]()
-        version = _version(tensor)
-        if source is None or version < 0 or version != entry[1] or _version(source) != version:
+        version = tensor_version(tensor)
+        if source is None or version < 0 or version != entry[1] or tensor_version(source) != version:
             return None
         if not (tensor.is_contiguous() or is_dense(tensor)):
             return None
@@ -99,9 +99,45 @@ class SummaryCache:
         summary.tensor = None
         return summary
 
+    def summarize_new(self, tensor: torch.Tensor, key: str, version: int, pending: PendingStats) -> TensorSummary:
+        """The summary of a tensor that is not in the cache under its identity and version: one for a view over
+        the elements of a live tensor summarised earlier, else a new one, which is cached. `get_by_span`,
+        `summarize` and `put` in one: a plain CPU tensor's address, size, dtype and layout are read once, not
+        three times (each is a call into torch's bindings, slow inside a forward pass)."""
+        if (type(tensor) is not torch.Tensor and type(tensor) is not nn.Parameter) or not tensor.is_cpu:
+            summary = self.get_by_span(tensor, key) or summarize(tensor, key, pending)
+            self.put(tensor, summary, version)
+            return summary
+        dtype = tensor.dtype
+        address = tensor.data_ptr()
+        count = tensor.numel()
+        contiguous = tensor.is_contiguous()
+        span = (address, count, dtype)
+        entry = self._spans.get(span) if self._spans else None
+        if entry is not None:
+            source = entry[0]()
+            if (
+                source is not None
+                and version >= 0
+                and version == entry[1]
+                and tensor_version(source) == version
+                and (contiguous or is_dense(tensor))
+            ):
+                summary = self.copy(entry[2], key, share=False)
+                summary.shape = list(tensor.shape)
+                summary.tensor = None
+                return summary
+        summary = summarize_plain_cpu(tensor, key, dtype, address, count, contiguous, pending)
+        if version >= 0:
+            reference = weakref.ref(tensor)
+            self._entries[id(tensor)] = (reference, version, summary)
+            if contiguous:
+                self._spans[span] = (reference, version, summary)
+        return summary
+
     def put(self, tensor: torch.Tensor, summary: TensorSummary, version: int | None = None) -> None:
         if version is None:
-            version = _version(tensor)
+            version = tensor_version(tensor)
         if version >= 0:
             reference = weakref.ref(tensor)
             self._entries[id(tensor)] = (reference, version, summary)
@@ -150,7 +186,7 @@ class SummaryCache:
         self._spans.clear()
 
 
-def _version(tensor: torch.Tensor) -> int:
+def tensor_version(tensor: torch.Tensor) -> int:
     try:
         return tensor._version
     except RuntimeError:  # inference tensors track no version: never cache them
@@ -328,6 +364,8 @@ class ModuleCapture:
 
     def _summarize_arguments(self, args: tuple, kwargs: dict, names: list[str], index: int) -> list[TensorSummary]:
         """Summaries of a call's arguments: positional ones under their parameter names (`args.N` past them)."""
+        if not kwargs and len(args) == 1 and names and isinstance(args[0], torch.Tensor):
+            return [self._summary(args[0], names[0], index, "inputs")]  # most modules take one tensor
         if not args:
             return self._summarize_all(kwargs.items(), index, "inputs")
         named: list[tuple[str, Any]] = list(zip(names, args))
@@ -374,9 +412,7 @@ class ModuleCapture:
             summary = entry[2]
             return summary if summary.key == key else cache.copy(summary, key)
         if not self.full_tensors:
-            summary = cache.get_by_span(tensor, key)
-            if summary is not None:
-                return summary  # a view over the elements of a tensor summarised earlier
+            return cache.summarize_new(tensor, key, version, self.pending)
         summary = summarize(tensor, key, self.pending)
         if self.full_tensors and tensor.device.type != "meta":
             self._keep(tensor, summary, f"{index}/{side}/{key}")

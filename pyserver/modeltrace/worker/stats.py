@@ -87,47 +87,16 @@ def _statistics_input(tensor: torch.Tensor) -> torch.Tensor:
 def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = None) -> TensorSummary:
     """Summarise one tensor. With `pending`, small CPU tensors and off-CPU tensors get their statistics at
     `pending.resolve()` (the summary is returned at once and filled in then); without, right away."""
+    if (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter) and tensor.is_cpu:
+        return summarize_plain_cpu(
+            tensor, key, tensor.dtype, tensor.data_ptr(), tensor.numel(), tensor.is_contiguous(), pending
+        )
     dtype = tensor.dtype
     name = _dtype_names.get(dtype) or dtype_name(dtype)
-    kernel = _native_kernels.get(dtype)
-    if (
-        kernel is not None
-        and (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter)  # not fake/functional tensors
-        and tensor.is_cpu
-        and tensor.is_contiguous()
-        and not tensor.is_neg()
-    ):
-        # NOTE: the common case (a float32 activation) in one step: kernel, moments, one constructor call. It
-        # runs for every new tensor of every module call; anything unusual (overflow, NaN, cancellation, one
-        # element) leaves it for the general path below, which recomputes.
-        count = tensor.numel()
-        if count > 1:
-            total, squares, positives, minimum, maximum = kernel(tensor.data_ptr(), count)
-            mean = total / count
-            variance = (squares - total * mean) / (count - 1)
-            if 0 < variance < math.inf and mean * mean <= _CANCELLATION_RATIO * variance:
-                return TensorSummary(
-                    key, list(tensor.shape), name, "cpu", mean, math.sqrt(variance), minimum, maximum,
-                    -minimum if -minimum > maximum else maximum, 0, 0, positives / count,
-                )
     if tensor.is_cpu:  # NOTE: `tensor.device.type` costs ~10× this; this function runs per tensor per call
+        # a tensor subclass (fake, functional, distributed): torch's and NumPy's paths, never raw memory
         summary = TensorSummary(key, list(tensor.shape), name, "cpu")
-        numel = tensor.numel()
-        if numel == 0:
-            return summary
-        if _native_kernels and (dtype in _native_kernels or dtype in _WIDEN_FOR_NATIVE) and not tensor.is_neg():
-            if type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter:  # not fake/functional tensors
-                _fill_native(summary, tensor, numel)
-                return summary
-        if numel <= _NUMPY_MAX_ELEMENTS:
-            array = _float64_copy(tensor)
-            if array is not None:
-                if pending is not None:
-                    pending.add_small(summary, array)
-                else:
-                    _fill_batch([summary], [array])
-                return summary
-        _fill_on_cpu(summary, _statistics_input(tensor), pending._buffer if pending is not None else None)
+        _fill_cpu(summary, tensor, tensor.numel(), pending)
         return summary
     summary = TensorSummary(key, list(tensor.shape), name, _device_name(tensor.device))
     if tensor.is_meta or tensor.numel() == 0:
@@ -138,6 +107,67 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
         return summary
     _fill_on_cpu(summary, flat)
     return summary
+
+
+def summarize_plain_cpu(
+    tensor: torch.Tensor,
+    key: str,
+    dtype: torch.dtype,
+    address: int,
+    count: int,
+    contiguous: bool,
+    pending: PendingStats | None = None,
+) -> TensorSummary:
+    """`summarize` for a CPU tensor of type `torch.Tensor` or `nn.Parameter` whose dtype, `data_ptr()`,
+    `numel()` and `is_contiguous()` the caller has read already (the summary cache needs them too): each of
+    those is a call into torch's bindings, and inside a forward pass, with the caches cold, they cost more than
+    the statistics of a small tensor."""
+    name = _dtype_names.get(dtype) or dtype_name(dtype)
+    kernel = _native_kernels.get(dtype)
+    if kernel is not None and count > 1 and not tensor.is_neg():
+        # NOTE: the common case (a float32 activation) in one step: kernel, moments, one constructor call. It
+        # runs for every new tensor of every module call and line; anything unusual (overflow, NaN,
+        # cancellation, one element) leaves it for the general path below, which recomputes. A float32 view (a
+        # slice such as rotate_half's `x[..., :d]`, a transpose, an `expand`) is read in place by the strided
+        # kernel: a copy of a medium activation costs more than its statistics.
+        if contiguous:
+            moments = kernel(address, count)
+        elif dtype is torch.float32:
+            moments = _strided_kernel(address, tensor.shape, tensor.stride())
+        else:
+            moments = None
+        if moments is not None:
+            total, squares, positives, minimum, maximum = moments
+            mean = total / count
+            variance = (squares - total * mean) / (count - 1)
+            if 0 < variance < math.inf and mean * mean <= _CANCELLATION_RATIO * variance:
+                return TensorSummary(
+                    key, list(tensor.shape), name, "cpu", mean, math.sqrt(variance), minimum, maximum,
+                    -minimum if -minimum > maximum else maximum, 0, 0, positives / count,
+                )
+    summary = TensorSummary(key, list(tensor.shape), name, "cpu")
+    if count == 0:
+        return summary
+    if _native_kernels and (dtype in _native_kernels or dtype in _WIDEN_FOR_NATIVE) and not tensor.is_neg():
+        _fill_native(summary, tensor, count)
+        return summary
+    _fill_cpu(summary, tensor, count, pending)
+    return summary
+
+
+def _fill_cpu(summary: TensorSummary, tensor: torch.Tensor, count: int, pending: PendingStats | None) -> None:
+    """Statistics without the native kernel: batched NumPy for small tensors, torch's reductions for the rest."""
+    if count == 0:
+        return
+    if count <= _NUMPY_MAX_ELEMENTS:
+        array = _float64_copy(tensor)
+        if array is not None:
+            if pending is not None:
+                pending.add_small(summary, array)
+            else:
+                _fill_batch([summary], [array])
+            return
+    _fill_on_cpu(summary, _statistics_input(tensor), pending._buffer if pending is not None else None)
 
 
 def is_dense(tensor: torch.Tensor) -> bool:
@@ -162,6 +192,7 @@ def _load_native_kernels() -> dict[torch.dtype, native.Kernel]:
 
 
 _native_kernels = _load_native_kernels()
+_strided_kernel = native.kernels()["f32_strided"] if _native_kernels else None
 # NOTE: dtypes without a kernel of their own are widened first: half precision to float32 (exact), the other
 # integers and booleans (masks) to float64 (exact below 2**53, as on the other paths).
 _WIDEN_FOR_NATIVE: dict[torch.dtype, torch.dtype] = {

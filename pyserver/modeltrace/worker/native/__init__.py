@@ -2,7 +2,8 @@
 without a compiler (or with `MODELTRACE_NATIVE=0`) `worker/stats.py` uses torch's reductions and gets the same
 numbers, only slower.
 
-`kernels()` gives one function per dtype, `(address, count) -> (sum, sum of squares, positives, min, max)`.
+`kernels()` gives one function per dtype, `(address, count) -> (sum, sum of squares, positives, min, max)`, and
+`f32_strided(address, sizes, strides)`, the same for a float32 view read in place (None where it cannot be).
 They come from a Python extension module built from the same file where Python's headers are installed (a call
 costs ~0.1 µs), else from the plain shared library through ctypes (~1 µs, and several times that inside a
 forward pass, with the caches cold).
@@ -132,7 +133,7 @@ def _load_extension(path: Path) -> dict[str, Kernel]:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    return {"f32": module.f32, "f64": module.f64, "i64": module.i64}
+    return {"f32": module.f32, "f64": module.f64, "i64": module.i64, "f32_strided": module.f32_strided}
 
 
 def _load_ctypes(path: Path) -> dict[str, Kernel]:
@@ -150,6 +151,18 @@ def _load_ctypes(path: Path) -> dict[str, Kernel]:
             return out[0], out[1], out[2], out[3], out[4]
 
         kernels[kind] = kernel
+    strided_function = loaded.modeltrace_moments_f32_strided
+    strided_function.restype = ctypes.c_int
+    strided_function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+    def strided(address: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[float, ...] | None:
+        dims = len(sizes)
+        if strided_function(address, dims, (ctypes.c_int64 * dims)(*sizes), (ctypes.c_int64 * dims)(*strides),
+                            out_address) != 0:
+            return None
+        return out[0], out[1], out[2], out[3], out[4]
+
+    kernels["f32_strided"] = strided
     return kernels
 
 

@@ -1,12 +1,15 @@
-/* Fused tensor statistics: sum, sum of squares, positive count, min and max of a contiguous float array in one
- * pass over memory (torch needs ~6 passes and ~6 kernel launches for the same numbers; see worker/stats.py).
+/* Fused tensor statistics: sum, sum of squares, positive count, min and max of a float array in one pass over
+ * memory (torch needs ~6 passes and ~6 kernel launches for the same numbers; see worker/stats.py).
  *
- * Compiled on first use by worker/native/__init__.py and called through ctypes. float32 sums run in float32
- * within blocks of BLOCK elements (so that the compiler can vectorise them; a block that overflows is summed
- * again in double) and in double across blocks. Min and max compare the values' bit patterns as integers, which vectorises without fast-math and
- * orders every non-NaN float correctly: among non-negative floats the signed integer order is the float order;
- * among negative ones the unsigned order is the magnitude order. NaN and Inf make the sums non-finite, and the
- * caller then recomputes everything with NaN-aware torch reductions, so the min/max of such arrays is unused.
+ * Compiled on first use by worker/native/__init__.py and called as an extension module (or through ctypes).
+ * float32 sums run in float32 within blocks of BLOCK elements (so that the compiler can vectorise them; a block
+ * that overflows is summed again in double) and in double across blocks. Min and max compare the values' bit
+ * patterns as integers (see f32_add_run). NaN and Inf make the sums non-finite, and the caller then recomputes
+ * everything with NaN-aware torch reductions, so the min/max of such arrays is unused.
+ *
+ * A float32 view that is not contiguous (a slice, a transpose, an `expand`) is read in place as runs of its
+ * innermost dimension (modeltrace_moments_f32_strided): copying a medium model's activation first costs more
+ * than its statistics.
  *
  * Large float32 arrays are split across torch's OpenMP threads when the library is built with -fopenmp (it then
  * shares the libgomp that torch loaded, and with it torch's thread pool and thread count, see __init__.py): during
@@ -31,55 +34,103 @@
 
 struct f32_partial {
     double total, squares, positives;
-    int32_t signed_min, signed_max, unsigned_max;
+    float minimum, maximum;
 };
 
-static void f32_range(const float *values, int64_t begin, int64_t count, struct f32_partial *partial) {
-    double total = 0, squares = 0, positives = 0;
+/* The float32 sums of one block (up to BLOCK values, possibly in several runs), before they reach the doubles. */
+struct f32_block {
+    float total, squares, minimum, maximum;
+    int32_t positives;
+};
+
+static const struct f32_block EMPTY_BLOCK = {0.0f, 0.0f, INFINITY, -INFINITY, 0};
+
+/* Adds `count` contiguous values to `block`. Min and max compare the values' bit patterns as integers, which
+ * vectorises without fast-math (float min/max reductions do not: NaN) and orders every non-NaN float correctly:
+ * among non-negative floats the signed integer order is the float order; among negative ones the unsigned order
+ * is the magnitude order. (AVX2 intrinsics with float min/max and four accumulator sets measured no faster: the
+ * loop is bound by the vector ports, not by the latency of the adds.) */
+static void f32_add_run(const float *values, int64_t count, struct f32_block *block) {
+    float total = 0, squares = 0;
+    int32_t positives = 0;
     int32_t signed_min = INT32_MAX, signed_max = INT32_MIN, unsigned_max = INT32_MIN; /* bits ^ sign bit */
+    for (int64_t i = 0; i < count; i++) {
+        float value = values[i];
+        int32_t bits;
+        memcpy(&bits, &values[i], sizeof bits);
+        total += value;
+        squares += value * value;
+        positives += value > 0.0f;
+        signed_min = bits < signed_min ? bits : signed_min;
+        signed_max = bits > signed_max ? bits : signed_max;
+        int32_t flipped = bits ^ INT32_MIN;
+        unsigned_max = flipped > unsigned_max ? flipped : unsigned_max;
+    }
+    if (count == 0)
+        return;
+    /* max: the largest non-negative pattern, or if all are negative the one of smallest magnitude */
+    int32_t max_bits = signed_max >= 0 ? signed_max : signed_min;
+    /* min: the negative pattern of largest magnitude, or if none is negative the smallest non-negative one */
+    int32_t largest_negative = unsigned_max ^ INT32_MIN;
+    int32_t min_bits = largest_negative < 0 ? largest_negative : signed_min;
+    float minimum, maximum;
+    memcpy(&minimum, &min_bits, sizeof minimum);
+    memcpy(&maximum, &max_bits, sizeof maximum);
+    block->total += total;
+    block->squares += squares;
+    block->positives += positives;
+    block->minimum = minimum < block->minimum ? minimum : block->minimum;
+    block->maximum = maximum > block->maximum ? maximum : block->maximum;
+}
+
+static void f32_add_run_wide(const float *values, int64_t count, double *total, double *squares) {
+    for (int64_t i = 0; i < count; i++) {
+        double wide = values[i];
+        *total += wide;
+        *squares += wide * wide;
+    }
+}
+
+static void f32_merge_block(struct f32_partial *partial, const struct f32_block *block) {
+    partial->positives += block->positives;
+    partial->minimum = block->minimum < partial->minimum ? block->minimum : partial->minimum;
+    partial->maximum = block->maximum > partial->maximum ? block->maximum : partial->maximum;
+}
+
+static void f32_range(const float *values, int64_t begin, int64_t count, struct f32_partial *partial) {
     for (int64_t start = begin; start < count; start += BLOCK) {
-        int64_t stop = start + BLOCK < count ? start + BLOCK : count;
-        float block_total = 0, block_squares = 0;
-        int32_t block_positives = 0;
-        int32_t block_min = INT32_MAX, block_max = INT32_MIN, block_unsigned_max = INT32_MIN;
-        for (int64_t i = start; i < stop; i++) {
-            float value = values[i];
-            int32_t bits;
-            memcpy(&bits, &values[i], sizeof bits);
-            block_total += value;
-            block_squares += value * value;
-            block_positives += value > 0.0f;
-            block_min = bits < block_min ? bits : block_min;
-            block_max = bits > block_max ? bits : block_max;
-            int32_t flipped = bits ^ INT32_MIN;
-            block_unsigned_max = flipped > block_unsigned_max ? flipped : block_unsigned_max;
-        }
-        if (isfinite(block_total) && isfinite(block_squares)) {
-            total += block_total;
-            squares += block_squares;
+        int64_t length = start + BLOCK < count ? BLOCK : count - start;
+        struct f32_block block = EMPTY_BLOCK;
+        f32_add_run(values + start, length, &block);
+        if (isfinite(block.total) && isfinite(block.squares)) {
+            partial->total += block.total;
+            partial->squares += block.squares;
         } else {
             /* float32 overflowed: additive attention masks hold the dtype's minimum, whose square only a
              * double holds. Redo the block's sums in double; true NaN/Inf stay non-finite for the caller. */
-            double wide_total = 0, wide_squares = 0;
-            for (int64_t i = start; i < stop; i++) {
-                double wide = values[i];
-                wide_total += wide;
-                wide_squares += wide * wide;
-            }
-            total += wide_total;
-            squares += wide_squares;
+            f32_add_run_wide(values + start, length, &partial->total, &partial->squares);
         }
-        positives += block_positives;
-        signed_min = block_min < signed_min ? block_min : signed_min;
-        signed_max = block_max > signed_max ? block_max : signed_max;
-        unsigned_max = block_unsigned_max > unsigned_max ? block_unsigned_max : unsigned_max;
+        f32_merge_block(partial, &block);
     }
-    partial->total = total;
-    partial->squares = squares;
-    partial->positives = positives;
-    partial->signed_min = signed_min;
-    partial->signed_max = signed_max;
-    partial->unsigned_max = unsigned_max;
+}
+
+static const struct f32_partial EMPTY_PARTIAL = {0.0, 0.0, 0.0, INFINITY, -INFINITY};
+
+static void f32_combine(const struct f32_partial *partials, int used, double *out) {
+    struct f32_partial sum = EMPTY_PARTIAL;
+    for (int index = 0; index < used; index++) {
+        const struct f32_partial *partial = &partials[index];
+        sum.total += partial->total;
+        sum.squares += partial->squares;
+        sum.positives += partial->positives;
+        sum.minimum = partial->minimum < sum.minimum ? partial->minimum : sum.minimum;
+        sum.maximum = partial->maximum > sum.maximum ? partial->maximum : sum.maximum;
+    }
+    out[0] = sum.total;
+    out[1] = sum.squares;
+    out[2] = sum.positives;
+    out[3] = sum.minimum;
+    out[4] = sum.maximum;
 }
 
 void modeltrace_moments_f32(const float *values, int64_t count, double *out) {
@@ -94,37 +145,183 @@ void modeltrace_moments_f32(const float *values, int64_t count, double *out) {
             int thread = omp_get_thread_num(), team = omp_get_num_threads();
             int64_t blocks = (count + BLOCK - 1) / BLOCK;
             int64_t first = blocks * thread / team * BLOCK, last = blocks * (thread + 1) / team * BLOCK;
+            partials[thread] = EMPTY_PARTIAL;
             f32_range(values, first, last < count ? last : count, &partials[thread]);
             if (thread == 0)
                 used = team;
         }
     } else
 #endif
+    {
+        partials[0] = EMPTY_PARTIAL;
         f32_range(values, 0, count, &partials[0]);
-    double total = 0, squares = 0, positives = 0;
-    int32_t signed_min = INT32_MAX, signed_max = INT32_MIN, unsigned_max = INT32_MIN;
-    for (int index = 0; index < used; index++) {
-        const struct f32_partial *partial = &partials[index];
-        total += partial->total;
-        squares += partial->squares;
-        positives += partial->positives;
-        signed_min = partial->signed_min < signed_min ? partial->signed_min : signed_min;
-        signed_max = partial->signed_max > signed_max ? partial->signed_max : signed_max;
-        unsigned_max = partial->unsigned_max > unsigned_max ? partial->unsigned_max : unsigned_max;
     }
-    /* max: the largest non-negative pattern, or if all are negative the one of smallest magnitude */
-    int32_t max_bits = signed_max >= 0 ? signed_max : signed_min;
-    /* min: the negative pattern of largest magnitude, or if none is negative the smallest non-negative one */
-    int32_t largest_negative = unsigned_max ^ INT32_MIN;
-    int32_t min_bits = largest_negative < 0 ? largest_negative : signed_min;
-    float minimum, maximum;
-    memcpy(&minimum, &min_bits, sizeof minimum);
-    memcpy(&maximum, &max_bits, sizeof maximum);
-    out[0] = total;
-    out[1] = squares;
-    out[2] = positives;
-    out[3] = minimum;
-    out[4] = maximum;
+    f32_combine(partials, used, out);
+}
+
+/* A strided float32 view (a slice, a transpose, an expanded tensor) without copying it: `sizes` and `strides`
+ * (in elements) are normalised to runs of the innermost dimension, read in place. Every logical element is
+ * visited once in some order, and no statistic depends on the order; a dimension of stride 0 (`expand`)
+ * repeats the same values, so it is read once and its size weights the sums and the count. */
+#define MAX_DIMS 16
+
+struct f32_runs {
+    const float *values;
+    int outer;                   /* outer dimensions, outermost first */
+    int64_t sizes[MAX_DIMS], strides[MAX_DIMS];
+    int64_t run, step;           /* innermost dimension: elements per run and their stride */
+    int64_t runs;                /* number of runs: the product of the outer sizes */
+};
+
+/* Offset of run `index` (row-major over the outer dimensions). */
+static int64_t f32_run_offset(const struct f32_runs *view, int64_t index) {
+    int64_t offset = 0;
+    for (int dim = view->outer - 1; dim >= 0; dim--) {
+        offset += index % view->sizes[dim] * view->strides[dim];
+        index /= view->sizes[dim];
+    }
+    return offset;
+}
+
+static void f32_add_strided(const float *values, int64_t count, int64_t step, struct f32_block *block) {
+    if (step == 1) {
+        f32_add_run(values, count, block);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        float value = values[i * step];
+        block->total += value;
+        block->squares += value * value;
+        block->positives += value > 0.0f;
+        block->minimum = value < block->minimum ? value : block->minimum;
+        block->maximum = value > block->maximum ? value : block->maximum;
+    }
+}
+
+/* Runs [first, last) into `partial`: short runs are grouped into blocks of about BLOCK values, long ones split. */
+static void f32_runs_range(const struct f32_runs *view, int64_t first, int64_t last, struct f32_partial *partial) {
+    int64_t per_block = view->run >= BLOCK ? 1 : BLOCK / view->run;
+    for (int64_t group = first; group < last; group += per_block) {
+        int64_t group_end = group + per_block < last ? group + per_block : last;
+        for (int64_t piece = 0; piece < view->run; piece += BLOCK) {
+            int64_t length = view->run - piece < BLOCK ? view->run - piece : BLOCK;
+            struct f32_block block = EMPTY_BLOCK;
+            for (int64_t index = group; index < group_end; index++)
+                f32_add_strided(view->values + f32_run_offset(view, index) + piece * view->step, length, view->step,
+                                &block);
+            if (isfinite(block.total) && isfinite(block.squares)) {
+                partial->total += block.total;
+                partial->squares += block.squares;
+            } else {
+                for (int64_t index = group; index < group_end; index++) {
+                    const float *run = view->values + f32_run_offset(view, index) + piece * view->step;
+                    for (int64_t i = 0; i < length; i++) {
+                        double wide = run[i * view->step];
+                        partial->total += wide;
+                        partial->squares += wide * wide;
+                    }
+                }
+            }
+            f32_merge_block(partial, &block);
+        }
+    }
+}
+
+/* Returns 0, or -1 when the view has more than MAX_DIMS dimensions or a negative stride (the caller copies). */
+int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int64_t *sizes, const int64_t *strides,
+                                   double *out) {
+    struct f32_runs view;
+    int64_t kept_sizes[MAX_DIMS], kept_strides[MAX_DIMS];
+    int kept = 0;
+    double weight = 1;
+    if (ndim > MAX_DIMS)
+        return -1;
+    for (int64_t dim = 0; dim < ndim; dim++) {
+        if (strides[dim] < 0)
+            return -1;
+        if (sizes[dim] == 0) {
+            out[0] = out[1] = out[2] = 0;
+            out[3] = INFINITY;
+            out[4] = -INFINITY;
+            return 0;
+        }
+        if (sizes[dim] == 1)
+            continue;
+        if (strides[dim] == 0) {
+            weight *= (double)sizes[dim];
+            continue;
+        }
+        /* insertion by decreasing stride: the innermost (smallest) stride ends up last */
+        int position = kept++;
+        while (position > 0 && kept_strides[position - 1] < strides[dim]) {
+            kept_sizes[position] = kept_sizes[position - 1];
+            kept_strides[position] = kept_strides[position - 1];
+            position--;
+        }
+        kept_sizes[position] = sizes[dim];
+        kept_strides[position] = strides[dim];
+    }
+    /* merge a dimension into the next one where they step through memory as one (a contiguous prefix) */
+    int merged = 0;
+    for (int dim = 0; dim < kept; dim++) {
+        if (merged > 0 && kept_strides[merged - 1] == kept_strides[dim] * kept_sizes[dim]) {
+            kept_sizes[merged - 1] *= kept_sizes[dim];
+            kept_strides[merged - 1] = kept_strides[dim];
+        } else {
+            kept_sizes[merged] = kept_sizes[dim];
+            kept_strides[merged] = kept_strides[dim];
+            merged++;
+        }
+    }
+    view.values = values;
+    if (merged == 0) {
+        view.outer = 0;
+        view.run = 1;
+        view.step = 1;
+    } else {
+        view.outer = merged - 1;
+        view.run = kept_sizes[merged - 1];
+        view.step = kept_strides[merged - 1];
+    }
+    if (view.outer == 0 && view.step == 1) {
+        /* dense once the repeats are dropped: the contiguous kernel, parallel where it is large */
+        modeltrace_moments_f32(values, view.run, out);
+        out[0] *= weight;
+        out[1] *= weight;
+        out[2] *= weight;
+        return 0;
+    }
+    view.runs = 1;
+    for (int dim = 0; dim < view.outer; dim++) {
+        view.sizes[dim] = kept_sizes[dim];
+        view.strides[dim] = kept_strides[dim];
+        view.runs *= kept_sizes[dim];
+    }
+    struct f32_partial partials[MAX_THREADS];
+    int used = 1;
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+    threads = threads < MAX_THREADS ? threads : MAX_THREADS;
+    if (view.runs * view.run >= PARALLEL_MIN && view.runs >= threads && threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            int thread = omp_get_thread_num(), team = omp_get_num_threads();
+            partials[thread] = EMPTY_PARTIAL;
+            f32_runs_range(&view, view.runs * thread / team, view.runs * (thread + 1) / team, &partials[thread]);
+            if (thread == 0)
+                used = team;
+        }
+    } else
+#endif
+    {
+        partials[0] = EMPTY_PARTIAL;
+        f32_runs_range(&view, 0, view.runs, &partials[0]);
+    }
+    f32_combine(partials, used, out);
+    out[0] *= weight;
+    out[1] *= weight;
+    out[2] *= weight;
+    return 0;
 }
 
 void modeltrace_moments_f64(const double *values, int64_t count, double *out) {
@@ -221,6 +418,46 @@ static PyObject *call_kernel(moments_kernel kernel, PyObject *const *args, Py_ss
     return result;
 }
 
+/* f32_strided(address, sizes, strides): the tuple as f32 gives, or None where the view cannot be read in place. */
+static PyObject *py_f32_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "expected (address, sizes tuple, strides tuple)");
+        return NULL;
+    }
+    Py_ssize_t ndim = PyTuple_GET_SIZE(args[1]);
+    if (PyTuple_GET_SIZE(args[2]) != ndim) {
+        PyErr_SetString(PyExc_ValueError, "sizes and strides differ in length");
+        return NULL;
+    }
+    if (ndim > MAX_DIMS)
+        Py_RETURN_NONE;
+    int64_t sizes[MAX_DIMS], strides[MAX_DIMS], count = 1;
+    for (Py_ssize_t dim = 0; dim < ndim; dim++) {
+        sizes[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[1], dim));
+        strides[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], dim));
+        count *= sizes[dim];
+    }
+    void *address = PyLong_AsVoidPtr(args[0]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (address == NULL) {
+        PyErr_SetString(PyExc_ValueError, "address must be non-zero");
+        return NULL;
+    }
+    double out[5];
+    int status;
+    if (count >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        status = modeltrace_moments_f32_strided(address, ndim, sizes, strides, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        status = modeltrace_moments_f32_strided(address, ndim, sizes, strides, out);
+    }
+    if (status != 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(ddddd)", out[0], out[1], out[2], out[3], out[4]);
+}
+
 static PyObject *py_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return call_kernel((moments_kernel)modeltrace_moments_f32, args, nargs);
 }
@@ -235,6 +472,8 @@ static PyObject *py_i64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"f32", (PyCFunction)(void (*)(void))py_f32, METH_FASTCALL, "moments of float32 values at (address, count)"},
+    {"f32_strided", (PyCFunction)(void (*)(void))py_f32_strided, METH_FASTCALL,
+     "moments of a float32 view at (address, sizes, strides), in place; None where it cannot be read so"},
     {"f64", (PyCFunction)(void (*)(void))py_f64, METH_FASTCALL, "moments of float64 values at (address, count)"},
     {"i64", (PyCFunction)(void (*)(void))py_i64, METH_FASTCALL, "moments of int64 values at (address, count)"},
     {NULL, NULL, 0, NULL},
