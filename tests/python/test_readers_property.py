@@ -73,3 +73,27 @@ def test_arbitrary_documents_with_the_right_schema_fail_cleanly(tmp_path_factory
         read_trace(folder)
     except TraceFormatError:
         pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tables=st.lists(st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=8) | st.binary(max_size=16),
+        lambda children: st.lists(children, max_size=12) | st.dictionaries(
+            st.sampled_from(["keys", "shapes", "dtypes", "statistics", "extra"]) | st.text(max_size=6), children, max_size=5
+        ),
+        max_leaves=40,
+    ), min_size=4, max_size=4),
+)
+def test_arbitrary_tables_fail_cleanly(tmp_path_factory, tables: list) -> None:
+    """A table-layout file whose tables and records are anything at all reads or raises `TraceFormatError`."""
+    folder = tmp_path_factory.mktemp("table") / "table.mtrace"
+    folder.mkdir()
+    locations, summaries, modules, lines = tables
+    payload = {"schema": "modeltrace.trace/1", "layout": "table/1", "model": {}, "locations": locations,
+               "summaries": summaries, "modules": modules, "lines": lines}
+    (folder / TRACE_FILE).write_bytes(msgpack.packb(payload, use_bin_type=True))
+    try:
+        read_trace(folder)
+    except TraceFormatError:
+        pass

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import msgpack
 import pytest
 
 from modeltrace.errors import TraceFormatError
-from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
+from modeltrace.trace import storage
+from modeltrace.trace.records import LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 from modeltrace.trace.storage import TRACE_FILE, read_trace, write_trace
 
 
@@ -70,6 +72,105 @@ def test_bad_files_raise_a_clear_error(tmp_path: Path, content: bytes | None, me
     folder.mkdir()
     if content is not None:
         (folder / TRACE_FILE).write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message) as error:
+        read_trace(folder)
+    assert "bad.mtrace" in str(error.value)
+
+
+def _rich_trace() -> Trace:
+    """Every field the table layout stores: shared summaries, missing and NaN statistics, off-CPU devices,
+    NaN/Inf counts, stored and unstored tensors, locations with and without a column, line records."""
+    hidden = TensorSummary(key="", shape=[1, 7, 64], dtype="float32", mean=0.1, std=1.0, min=-2.0, max=2.0,
+                           abs_max=2.0, positive_fraction=0.5)
+    meta = TensorSummary(key="attention_mask", shape=[1, 1, 7, 7], dtype="bool", device="meta")
+    odd = TensorSummary(key="0", shape=[3], dtype="float16", device="cuda:0", mean=float("nan"), std=None, min=-1.0,
+                        max=float("inf"), nan_count=2, inf_count=1, tensor="1/outputs/0", not_stored=None)
+    skipped = TensorSummary(key="1", shape=[], dtype="int64", mean=3.0, std=None, min=3.0, max=3.0, abs_max=3.0,
+                            positive_fraction=1.0, not_stored="over the limit")
+    location = SourceLocation("/m.py", 40, 8)
+    records = [
+        ModuleCall(index=0, path="", class_name="Model", defined_at=SourceLocation("/m.py", 3), called_at=None,
+                   call_index=0, parent=-1, finish_order=1, call_site=None, inputs=[meta], outputs=[hidden]),
+        ModuleCall(index=1, path="layer", class_name="Layer", defined_at=SourceLocation("/m.py", 20),
+                   called_at=location, call_index=0, parent=0, finish_order=0, call_site=14,
+                   inputs=[hidden, meta], outputs=[odd, skipped]),
+    ]
+    lines = [LineRecord(file="/m.py", line=41, name="x", call_index=0, tensor=hidden),
+             LineRecord(file="/m.py", line=42, name="y", call_index=1, tensor=odd)]
+    return Trace(model={"class": "Model", "file": "/m.py", "options": {"lines": True}}, modules=records, lines=lines)
+
+
+def _same(read: object, written: object) -> bool:
+    """Equality of JSON values where NaN equals NaN."""
+    if isinstance(written, float) and math.isnan(written):
+        return isinstance(read, float) and math.isnan(read)
+    if isinstance(written, dict):
+        return isinstance(read, dict) and read.keys() == written.keys() and all(_same(read[k], written[k]) for k in written)
+    if isinstance(written, list):
+        return isinstance(read, list) and len(read) == len(written) and all(map(_same, read, written))
+    return read == written and type(read) is type(written)
+
+
+def test_table_layout_round_trip_keeps_every_field_and_stores_shared_summaries_once(tmp_path: Path) -> None:
+    written = write_trace(_rich_trace(), tmp_path / "rich.mtrace")
+    document = msgpack.unpackb((written / TRACE_FILE).read_bytes())
+    assert document["layout"] == "table/1"
+    assert len(document["summaries"]["keys"]) == 4  # `hidden` and `meta` appear in several records, stored once
+    assert len(document["locations"]) == 3
+    read = read_trace(written)
+    assert _same(read.to_json(), _rich_trace().to_json())
+    assert read.modules[1].outputs[0].mean != read.modules[1].outputs[0].mean  # a stored NaN stays a NaN
+    assert read.modules[1].outputs[0].std is None  # and a missing statistic stays missing
+    assert read_trace(written, inputs=False).modules[1].inputs == []
+
+
+@pytest.mark.parametrize("form", ["json", "compact-json"])
+def test_traces_written_before_the_table_layout_still_read(tmp_path: Path, form: str) -> None:
+    """Older files hold the records' JSON (the compact form leaves out CPU devices and zero counts)."""
+    document = _rich_trace().to_json()
+    if form == "compact-json":
+        for record in document["modules"]:
+            for summary in record["inputs"] + record["outputs"]:
+                for key, default in (("device", "cpu"), ("nan_count", 0), ("inf_count", 0)):
+                    if summary[key] == default:
+                        del summary[key]
+    folder = tmp_path / "old.mtrace"
+    folder.mkdir()
+    (folder / TRACE_FILE).write_bytes(msgpack.packb(document))
+    assert _same(read_trace(folder).to_json(), _rich_trace().to_json())
+
+
+def _table_document(**changes: object) -> dict:
+    document = msgpack.unpackb(msgpack.packb(storage._table(_rich_trace())))
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        target = document
+        for parent in parents:
+            target = target[int(parent)] if isinstance(target, list) else target[parent]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+    return document
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (_table_document(modules__1__9=[0, 4]), "summary index 4 is not one of the 4 summaries"),
+        (_table_document(modules__1__9=[-1]), "summary index -1"),
+        (_table_document(modules__1__4=7), "location index 7 is not one of the 3 locations"),
+        (_table_document(lines__0__4="0"), "summary index '0'"),
+        (_table_document(summaries__statistics=b"\x00" * 8), "summary columns of different lengths"),
+        (_table_document(summaries__dtypes=["float32"]), "summary columns of different lengths"),
+        (_table_document(modules__0=[0, "", "Model"]), "malformed trace record"),
+        (_table_document(layout="table/9"), "trace layout 'table/9'"),
+    ],
+)
+def test_malformed_tables_raise_a_clear_error(tmp_path: Path, document: dict, message: str) -> None:
+    folder = tmp_path / "bad.mtrace"
+    folder.mkdir()
+    (folder / TRACE_FILE).write_bytes(msgpack.packb(document))
     with pytest.raises(TraceFormatError, match=message) as error:
         read_trace(folder)
     assert "bad.mtrace" in str(error.value)

@@ -41,9 +41,7 @@ class TensorSummary:
     tensor: str | None = None
     not_stored: str | None = None
 
-    def to_json(self, compact: bool = False) -> dict[str, Any]:
-        """The contract's JSON; `compact` (the trace file) leaves out the device when it is the CPU and NaN/Inf
-        counts of zero, which `from_json` restores (a tiny model's trace is written in less time)."""
+    def to_json(self) -> dict[str, Any]:
         data = {
             "key": self.key,
             "shape": self.shape,
@@ -58,13 +56,6 @@ class TensorSummary:
             "inf_count": self.inf_count,
             "positive_fraction": self.positive_fraction,
         }
-        if compact:
-            if self.device == "cpu":
-                del data["device"]
-            if not self.nan_count:
-                del data["nan_count"]
-            if not self.inf_count:
-                del data["inf_count"]
         if self.tensor is not None:
             data["tensor"] = self.tensor
         if self.not_stored is not None:
@@ -135,7 +126,7 @@ class ModuleCall:
     inputs: list[TensorSummary] = field(default_factory=list)
     outputs: list[TensorSummary] = field(default_factory=list)
 
-    def to_json(self, compact: bool = False) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "path": self.path,
@@ -146,8 +137,8 @@ class ModuleCall:
             "parent": self.parent,
             "finish_order": self.finish_order,
             "call_site": self.call_site,
-            "inputs": [summary.to_json(compact) for summary in self.inputs],
-            "outputs": [summary.to_json(compact) for summary in self.outputs],
+            "inputs": [summary.to_json() for summary in self.inputs],
+            "outputs": [summary.to_json() for summary in self.outputs],
         }
 
     @classmethod
@@ -177,13 +168,13 @@ class LineRecord:
     call_index: int
     tensor: TensorSummary
 
-    def to_json(self, compact: bool = False) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "file": self.file,
             "line": self.line,
             "name": self.name,
             "call_index": self.call_index,
-            "tensor": self.tensor.to_json(compact),
+            "tensor": self.tensor.to_json(),
         }
 
     @classmethod
@@ -206,13 +197,13 @@ class Trace:
     lines: list[LineRecord] = field(default_factory=list)
     schema: str = SCHEMA
 
-    def to_json(self, compact: bool = False) -> dict[str, Any]:
-        """The `modeltrace.trace/1` JSON; `compact` is the trace file's form (see `TensorSummary.to_json`)."""
+    def to_json(self) -> dict[str, Any]:
+        """The `modeltrace.trace/1` JSON of the contract (`show --format json`)."""
         return {
             "schema": self.schema,
             "model": self.model,
-            "modules": [record.to_json(compact) for record in self.modules],
-            "lines": [record.to_json(compact) for record in self.lines],
+            "modules": [record.to_json() for record in self.modules],
+            "lines": [record.to_json() for record in self.lines],
         }
 
     @classmethod
