@@ -97,21 +97,24 @@ static void f32_merge_block(struct f32_partial *partial, const struct f32_block 
     partial->maximum = block->maximum > partial->maximum ? block->maximum : partial->maximum;
 }
 
-static void f32_range(const float *values, int64_t begin, int64_t count, struct f32_partial *partial) {
-    for (int64_t start = begin; start < count; start += BLOCK) {
-        int64_t length = start + BLOCK < count ? BLOCK : count - start;
-        struct f32_block block = EMPTY_BLOCK;
-        f32_add_run(values + start, length, &block);
-        if (isfinite(block.total) && isfinite(block.squares)) {
-            partial->total += block.total;
-            partial->squares += block.squares;
-        } else {
-            /* float32 overflowed: additive attention masks hold the dtype's minimum, whose square only a
-             * double holds. Redo the block's sums in double; true NaN/Inf stay non-finite for the caller. */
-            f32_add_run_wide(values + start, length, &partial->total, &partial->squares);
-        }
-        f32_merge_block(partial, &block);
+/* One block of up to BLOCK contiguous values into `partial`. */
+static void f32_add_block(const float *values, int64_t length, struct f32_partial *partial) {
+    struct f32_block block = EMPTY_BLOCK;
+    f32_add_run(values, length, &block);
+    if (isfinite(block.total) && isfinite(block.squares)) {
+        partial->total += block.total;
+        partial->squares += block.squares;
+    } else {
+        /* float32 overflowed: additive attention masks hold the dtype's minimum, whose square only a double
+         * holds. Redo the block's sums in double; true NaN/Inf stay non-finite for the caller. */
+        f32_add_run_wide(values, length, &partial->total, &partial->squares);
     }
+    f32_merge_block(partial, &block);
+}
+
+static void f32_range(const float *values, int64_t begin, int64_t count, struct f32_partial *partial) {
+    for (int64_t start = begin; start < count; start += BLOCK)
+        f32_add_block(values + start, start + BLOCK < count ? BLOCK : count - start, partial);
 }
 
 static const struct f32_partial EMPTY_PARTIAL = {0.0, 0.0, 0.0, INFINITY, -INFINITY};
@@ -183,48 +186,37 @@ static int64_t f32_run_offset(const struct f32_runs *view, int64_t index) {
     return offset;
 }
 
-static void f32_add_strided(const float *values, int64_t count, int64_t step, struct f32_block *block) {
-    if (step == 1) {
-        f32_add_run(values, count, block);
-        return;
-    }
-    for (int64_t i = 0; i < count; i++) {
-        float value = values[i * step];
-        block->total += value;
-        block->squares += value * value;
-        block->positives += value > 0.0f;
-        block->minimum = value < block->minimum ? value : block->minimum;
-        block->maximum = value > block->maximum ? value : block->maximum;
-    }
-}
-
-/* Runs [first, last) into `partial`: short runs are grouped into blocks of about BLOCK values, long ones split. */
+/* Runs [first, last) into `partial`. Long contiguous runs are read in place a block at a time; short runs
+ * (rotate_half's halves: 32 values) and strided ones are gathered into a block-sized buffer first, so that the
+ * vector loop and its final reduction run once per block rather than once per run. */
 static void f32_runs_range(const struct f32_runs *view, int64_t first, int64_t last, struct f32_partial *partial) {
-    int64_t per_block = view->run >= BLOCK ? 1 : BLOCK / view->run;
-    for (int64_t group = first; group < last; group += per_block) {
-        int64_t group_end = group + per_block < last ? group + per_block : last;
-        for (int64_t piece = 0; piece < view->run; piece += BLOCK) {
-            int64_t length = view->run - piece < BLOCK ? view->run - piece : BLOCK;
-            struct f32_block block = EMPTY_BLOCK;
-            for (int64_t index = group; index < group_end; index++)
-                f32_add_strided(view->values + f32_run_offset(view, index) + piece * view->step, length, view->step,
-                                &block);
-            if (isfinite(block.total) && isfinite(block.squares)) {
-                partial->total += block.total;
-                partial->squares += block.squares;
+    float buffer[BLOCK];
+    int64_t filled = 0;
+    for (int64_t index = first; index < last; index++) {
+        const float *run = view->values + f32_run_offset(view, index);
+        if (view->step == 1 && view->run >= BLOCK / 4) {
+            f32_range(run, 0, view->run, partial);
+            continue;
+        }
+        for (int64_t done = 0; done < view->run;) {
+            int64_t length = view->run - done < BLOCK - filled ? view->run - done : BLOCK - filled;
+            const float *source = run + done * view->step;
+            if (view->step == 1) {
+                memcpy(buffer + filled, source, (size_t)length * sizeof(float));
             } else {
-                for (int64_t index = group; index < group_end; index++) {
-                    const float *run = view->values + f32_run_offset(view, index) + piece * view->step;
-                    for (int64_t i = 0; i < length; i++) {
-                        double wide = run[i * view->step];
-                        partial->total += wide;
-                        partial->squares += wide * wide;
-                    }
-                }
+                for (int64_t i = 0; i < length; i++)
+                    buffer[filled + i] = source[i * view->step];
             }
-            f32_merge_block(partial, &block);
+            filled += length;
+            done += length;
+            if (filled == BLOCK) {
+                f32_add_block(buffer, filled, partial);
+                filled = 0;
+            }
         }
     }
+    if (filled > 0)
+        f32_add_block(buffer, filled, partial);
 }
 
 /* Returns 0, or -1 when the view has more than MAX_DIMS dimensions or a negative stride (the caller copies). */
