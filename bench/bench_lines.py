@@ -12,6 +12,7 @@ a rotating order; ratios are medians of per-round ratios to the plain forward of
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(rounds):
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
+                # NOTE: as in bench_capture.py, every call starts from a collected heap: the records of the call
+                # before would otherwise set off the cyclic collector inside whichever variant runs next.
+                gc.collect()
                 started = time.perf_counter()
                 variants[name]()
                 times[name].append(time.perf_counter() - started)

@@ -126,6 +126,9 @@ class SummaryCache:
                 summary = self.copy(entry[2], key, share=False)
                 summary.shape = list(tensor.shape)
                 summary.tensor = None
+                # NOTE: the view itself is cached too: the same object is usually recorded again (a line's
+                # `query_states`, then the `q` parameter of `apply_rotary_pos_emb`), by identity from then on.
+                self._entries[id(tensor)] = (weakref.ref(tensor), version, summary)
                 return summary
         summary = summarize_plain_cpu(tensor, key, dtype, address, count, contiguous, pending)
         if version >= 0:
