@@ -61,7 +61,7 @@ import transformers
 from transformers import LlamaConfig, LlamaModel
 from transformers.model_debugging_utils import model_addition_debugger_context
 
-from modeltrace.trace.records import Trace
+from modeltrace.trace.records import TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.worker.capture import ModuleCapture
 
@@ -105,13 +105,17 @@ class _CallWrapping(ModuleCapture):
         return passing_call
 
 
+_PLACEHOLDER = TensorSummary("", [], "float32")
+
+
 class _RecordsOnly(ModuleCapture):
-    """ModuleCapture with tensor summaries switched off: what the records alone cost."""
+    """ModuleCapture with tensor summaries switched off: what the records alone cost (a call of one tensor
+    gets one shared placeholder summary instead of none: the wrapper's own path for that case stays)."""
+
+    def _summary(self, tensor, key, index, side):  # noqa: ANN001
+        return _PLACEHOLDER
 
     def _summarize_all(self, named_values, index, side):  # noqa: ANN001
-        return []
-
-    def _summarize_output(self, output, index):  # noqa: ANN001
         return []
 
 

@@ -261,7 +261,6 @@ class ModuleCapture:
         self.records: list[ModuleCall] = []
         self.tensors: dict[str, torch.Tensor] = {}
         self._stack: list[int] = []
-        self._call_counts: dict[str, int] = {}
         self._finished = 0
         self._wrapped: list[tuple[nn.Module, Any]] = []
         self._collector_was_enabled = False
@@ -308,35 +307,35 @@ class ModuleCapture:
     def _make_call(self, module: nn.Module, path: str):  # noqa: ANN202
         records = self.records
         stack = self._stack
-        call_counts = self._call_counts
+        summary_of = self._summary
         summarize_output = self._summarize_output
+        summarize_arguments = self._summarize_arguments
         caller_location = source_map.caller_location
         module_class = type(module)
         class_name = module_class.__name__
         class_location = source_map.defined_at(module_class)
         parameter_names = forward_parameter_names(module)
-        summarize_arguments = self._summarize_arguments
+        first_name = parameter_names[0] if parameter_names else None
         call_impl = module_class._call_impl  # torch's, with hooks and all
+        tensor_type = torch.Tensor
         capture = self
+        calls = 0  # of this module in this capture: its records' call_index
 
         def capturing_call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
             # depth 2: caller_location <- capturing_call <- torch's `__call__`, where the walk up starts
             called_at, call_site = caller_location(2)
             index = len(records)
-            call_index = call_counts.get(path, 0)
-            call_counts[path] = call_index + 1
+            # NOTE: most modules take one tensor and return one: those skip the generic walks
+            if not kwargs and len(args) == 1 and first_name is not None and isinstance(args[0], tensor_type):
+                inputs = [summary_of(args[0], first_name, index, "inputs")]
+            else:
+                inputs = summarize_arguments(args, kwargs, parameter_names, index) if args or kwargs else []
             record = ModuleCall(
-                index,
-                path,
-                class_name,
-                class_location,
-                called_at,
-                call_index,
-                stack[-1] if stack else -1,
-                -1,
-                call_site,
-                summarize_arguments(args, kwargs, parameter_names, index) if args or kwargs else [],
+                index, path, class_name, class_location, called_at, calls, stack[-1] if stack else -1, -1, call_site,
+                inputs,
             )
+            calls += 1
             records.append(record)
             stack.append(index)
             try:
@@ -346,7 +345,10 @@ class ModuleCapture:
                 stack.pop()
                 record.finish_order = capture._finished
                 capture._finished += 1
-            record.outputs = summarize_output(output, index)
+            if isinstance(output, tensor_type):
+                record.outputs = [summary_of(output, "", index, "outputs")]
+            else:
+                record.outputs = summarize_output(output, index)
             return output
 
         return capturing_call
@@ -367,8 +369,6 @@ class ModuleCapture:
 
     def _summarize_arguments(self, args: tuple, kwargs: dict, names: list[str], index: int) -> list[TensorSummary]:
         """Summaries of a call's arguments: positional ones under their parameter names (`args.N` past them)."""
-        if not kwargs and len(args) == 1 and names and isinstance(args[0], torch.Tensor):
-            return [self._summary(args[0], names[0], index, "inputs")]  # most modules take one tensor
         if not args:
             return self._summarize_all(kwargs.items(), index, "inputs")
         named: list[tuple[str, Any]] = list(zip(names, args))
@@ -396,8 +396,6 @@ class ModuleCapture:
         return summaries
 
     def _summarize_output(self, output: Any, index: int) -> list[TensorSummary]:
-        if isinstance(output, torch.Tensor):  # most modules return one tensor
-            return [self._summary(output, "", index, "outputs")]
         return self._summarize_all((("", output),), index, "outputs")
 
     def _summary(self, tensor: torch.Tensor, key: str, index: int, side: str) -> TensorSummary:
