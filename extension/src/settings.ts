@@ -38,7 +38,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     dtype: "float32",
     hintDetail: "dtype",
     traceOnSave: false,
-    lines: false,
+    lines: true,
     timeout: 120,
     maxTensorMB: 64,
     maxTraceMB: 1024,

@@ -95,6 +95,27 @@ def test_example_statistics_match_a_direct_computation() -> None:
     assert first_query.min == pytest.approx(query.min().item(), abs=1e-6)
 
 
+def test_full_tensors_are_kept_for_module_outputs_that_lines_summarised_first() -> None:
+    """With full tensors (a reference is set) and line capture, a module's output that a `return` line of its
+    forward summarised first is still stored, under the module record's name, and equals the output."""
+    built = build_from_file(EXAMPLE_MODELING_FILE, None, None, seed=0)
+    model = built.model
+    outputs: dict[str, torch.Tensor] = {}
+    handle = model.layers[0].mlp.register_forward_hook(lambda module, args, output: outputs.setdefault("mlp", output.clone()))
+    try:
+        with torch.no_grad(), ModuleCapture(model, full_tensors=True) as capture:
+            with LineCapture([str(EXAMPLE_MODELING_FILE)], capture.summary_cache, capture.pending):
+                model(**built.kwargs)
+    finally:
+        handle.remove()
+    for record in capture.records:
+        for summary in record.outputs:
+            assert summary.tensor is not None or summary.not_stored is not None, (record.path, summary.key)
+            assert summary.tensor in capture.tensors, (record.path, summary.key)
+    mlp = next(record for record in capture.records if record.path == "layers.0.mlp")
+    assert torch.equal(capture.tensors[mlp.outputs[0].tensor], outputs["mlp"])
+
+
 def test_transformers_llama_and_bert_lines() -> None:
     _, llama = _run(LLAMA_FILE)
     query = _records(llama, LLAMA_FILE, "query_states = self.q_proj(hidden_states).view(hidden_shape)", "query_states")

@@ -353,6 +353,10 @@ class ModuleCapture:
 
         return capturing_call
 
+    def _keep_unless_meta(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
+        if tensor.device.type != "meta":
+            self._keep(tensor, summary, name)
+
     def _keep(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
         """Keep a CPU copy of `tensor` for the trace's tensors file, within the size limits."""
         size = tensor.numel() * tensor.element_size()
@@ -411,12 +415,15 @@ class ModuleCapture:
         entry = cache._entries.get(id(tensor))
         if entry is not None and entry[1] == version and entry[0]() is tensor:
             summary = entry[2]
+            if self.full_tensors and summary.tensor is None and summary.not_stored is None:
+                # made by line capture (which keeps no tensors) before the module returned it: keep it now,
+                # unchanged since (same version), under this record's name
+                self._keep_unless_meta(tensor, summary, f"{index}/{side}/{key}")
             return summary if summary.key == key else cache.copy(summary, key)
         if not self.full_tensors:
             return cache.summarize_new(tensor, key, version, self.pending)
         summary = summarize(tensor, key, self.pending)
-        if self.full_tensors and tensor.device.type != "meta":
-            self._keep(tensor, summary, f"{index}/{side}/{key}")
+        self._keep_unless_meta(tensor, summary, f"{index}/{side}/{key}")
         if version >= 0:
             cache.put(tensor, summary, version)
         return summary

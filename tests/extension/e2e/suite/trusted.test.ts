@@ -13,7 +13,8 @@ const modelingFile: string = "tiny_llama/modeling_tiny_llama.py";
 const expectedHints: { snippet: string; labelStartsWith: string; labelIncludes: string }[] = [
     { snippet: "hidden_states = self.mlp(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
     { snippet: "hidden_states = self.input_layernorm(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
-    { snippet: "hidden_states, _ = self.self_attn(", labelStartsWith: "→ [1, 7, 64] float32, [1, 4, 7, 7] float32", labelIncludes: "×2" },
+    // line capture is on by default: a line that assigns several variables names them
+    { snippet: "hidden_states, _ = self.self_attn(", labelStartsWith: "→ hidden_states: [1, 7, 64] float32 ×2", labelIncludes: "_: [1, 4, 7, 7] float32 ×2" },
     { snippet: "hidden_states = self.post_attention_layernorm(hidden_states)", labelStartsWith: "→ [1, 7, 64] float32", labelIncludes: "×2" },
 ];
 
