@@ -444,3 +444,22 @@ def test_parallel_kernel_shares_torchs_openmp_runtime() -> None:
     maps = Path("/proc/self/maps").read_text()
     runtimes = {line.split(None, 5)[5] for line in maps.splitlines() if "libgomp" in line and len(line.split(None, 5)) == 6}
     assert len(runtimes) == 1, runtimes
+
+
+def test_cpu_flags_the_compiler_rejects_fall_back_to_the_baseline_build(
+    kernel: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A compiler that does not know the CPU's vector flags (an old one and AVX-512) still gives the kernels,
+    built with the baseline flags, and says why the better build failed."""
+    if kernel != "native":
+        pytest.skip("checks the native build")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(stats.native, "_cpu_flags", lambda: ["-mno-such-flag-modeltrace"])
+    for name, value in (("_loaded", False), ("_kernels", None), ("load_error", None), ("form", None), ("parallel", False)):
+        monkeypatch.setattr(stats.native, name, value)
+    kernels = stats.native.kernels()
+    assert kernels is not None, stats.native.load_error
+    assert "-mno-such-flag-modeltrace" in (stats.native.load_error or "")
+    assert stats.native.form == "extension"
+    values = torch.tensor([1.0, -2.0, 3.5])
+    assert kernels["f32"](values.data_ptr(), 3) == (2.5, 17.25, 2.0, -2.0, 3.5)

@@ -188,14 +188,18 @@ def kernels() -> dict[str, Kernel] | None:
         return None
     runtime = torch_openmp_runtime() if os.environ.get("MODELTRACE_NATIVE_OPENMP", "1") != "0" else None
     include = _python_include()
-    flags = _BASE_FLAGS + _cpu_flags()
-    # NOTE: the best first: the extension with OpenMP, then without each in turn; the first that builds wins
-    # (dict.fromkeys drops the repeats where there is no OpenMP runtime or no Python headers).
-    attempts = dict.fromkeys([(runtime, include), (None, include), (runtime, None), (None, None)])
+    # NOTE: the best first: the CPU's vector flags (a compiler too old for them falls back to the baseline),
+    # the extension with OpenMP, then without each in turn; the first that builds wins (dict.fromkeys drops
+    # the repeats where there are no CPU flags, no OpenMP runtime or no Python headers).
+    attempts = dict.fromkeys(
+        (tuple(flags), openmp_runtime, python_include)
+        for flags in (_BASE_FLAGS + _cpu_flags(), _BASE_FLAGS)
+        for openmp_runtime, python_include in ((runtime, include), (None, include), (runtime, None), (None, None))
+    )
     errors = []
-    for openmp_runtime, python_include in attempts:
+    for flags, openmp_runtime, python_include in attempts:
         try:
-            path = _build(compiler, flags, openmp_runtime, python_include)
+            path = _build(compiler, list(flags), openmp_runtime, python_include)
             _kernels = _load_extension(path) if python_include is not None else _load_ctypes(path)
         except (OSError, ImportError, subprocess.SubprocessError, AttributeError) as error:
             stderr = getattr(error, "stderr", b"") or b""
