@@ -410,7 +410,6 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
         raise TraceFormatError(f"{trace_file}: trace schema {schema!r}; this ModelTrace reads {SCHEMA!r}")
     try:
         # NOTE: the header goes through `Trace.from_json`, so this reader follows the format as it grows.
-        document.pop("layout", None)
         trace = Trace.from_json({**document, "modules": [], "lines": []})
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise TraceFormatError(f"{trace_file}: malformed trace header ({type(error).__name__}: {error})") from None

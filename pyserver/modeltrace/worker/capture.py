@@ -37,12 +37,21 @@ def iter_tensor_leaves(value: Any, prefix: str = "", depth: int = 0) -> Iterator
         yield prefix, value
     elif depth >= MAX_NESTING:
         return
-    elif isinstance(value, dict):  # includes transformers' ModelOutput (an OrderedDict)
-        for name, item in value.items():
-            yield from iter_tensor_leaves(item, f"{prefix}.{name}" if prefix else str(name), depth + 1)
-    elif isinstance(value, (tuple, list)):
-        for position, item in enumerate(value):
-            yield from iter_tensor_leaves(item, f"{prefix}.{position}" if prefix else str(position), depth + 1)
+    else:
+        if isinstance(value, dict):  # includes transformers' ModelOutput (an OrderedDict)
+            items: Iterable[tuple[object, Any]] = value.items()
+        elif isinstance(value, (tuple, list)):
+            items = enumerate(value)
+        else:
+            return
+        for name, item in items:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            # NOTE: a tensor item is yielded here, not by a nested generator: `cos, sin` and the like are the
+            # common container, walked on module calls and lines alike
+            if isinstance(item, torch.Tensor):
+                yield key, item
+            else:
+                yield from iter_tensor_leaves(item, key, depth + 1)
 
 
 # NOTE: tensor subclasses (fake, functional) may have no real memory: spans are for these only.
@@ -88,11 +97,17 @@ class SummaryCache:
         entry = self._spans.get((tensor.data_ptr(), tensor.numel(), tensor.dtype))
         if entry is None:
             return None
+        return self._view_summary(entry, tensor, key, tensor_version(tensor), tensor.is_contiguous())
+
+    def _view_summary(
+        self, entry: tuple[weakref.ref, int, TensorSummary], tensor: torch.Tensor, key: str, version: int, contiguous: bool
+    ) -> TensorSummary | None:
+        """The summary in span `entry`, with `tensor`'s shape under `key`, if its tensor is alive and neither was
+        modified since (views share their base's version counter) and `tensor` is dense over those elements."""
         source = entry[0]()
-        version = tensor_version(tensor)
         if source is None or version < 0 or version != entry[1] or tensor_version(source) != version:
             return None
-        if not (tensor.is_contiguous() or is_dense(tensor)):
+        if not (contiguous or is_dense(tensor)):
             return None
         summary = self.copy(entry[2], key, share=False)
         summary.shape = list(tensor.shape)
@@ -105,7 +120,7 @@ class SummaryCache:
         `summarize` and `put` in one: a plain CPU tensor's address, size, dtype and layout are read once, not
         three times (each is a call into torch's bindings, slow inside a forward pass)."""
         if (type(tensor) is not torch.Tensor and type(tensor) is not nn.Parameter) or not tensor.is_cpu:
-            summary = self.get_by_span(tensor, key) or summarize(tensor, key, pending)
+            summary = summarize(tensor, key, pending)  # no span sharing: only plain CPU tensors have spans
             self.put(tensor, summary, version)
             return summary
         dtype = tensor.dtype
@@ -115,17 +130,8 @@ class SummaryCache:
         span = (address, count, dtype)
         entry = self._spans.get(span) if self._spans else None
         if entry is not None:
-            source = entry[0]()
-            if (
-                source is not None
-                and version >= 0
-                and version == entry[1]
-                and tensor_version(source) == version
-                and (contiguous or is_dense(tensor))
-            ):
-                summary = self.copy(entry[2], key, share=False)
-                summary.shape = list(tensor.shape)
-                summary.tensor = None
+            summary = self._view_summary(entry, tensor, key, version, contiguous)
+            if summary is not None:
                 # NOTE: the view itself is cached too: the same object is usually recorded again (a line's
                 # `query_states`, then the `q` parameter of `apply_rotary_pos_emb`), by identity from then on.
                 self._entries[id(tensor)] = (weakref.ref(tensor), version, summary)

@@ -755,11 +755,6 @@ class LineCapture:
         if isinstance(value, torch.Tensor):
             self._record_tensor(file, line, name, value)
             return
-        if type(value) is tuple and all(isinstance(item, torch.Tensor) for item in value):
-            # NOTE: the common container (`cos, sin`, a `return q_embed, k_embed`), without the generic walk
-            for position, tensor in enumerate(value[:MAX_LEAVES_PER_VARIABLE]):
-                self._record_tensor(file, line, f"{name}.{position}", tensor)
-            return
         for key, tensor in itertools.islice(iter_tensor_leaves(value, name), MAX_LEAVES_PER_VARIABLE):
             self._record_tensor(file, line, key, tensor)
 

@@ -41,7 +41,8 @@ SOURCE = Path(__file__).with_name("moments.c")
 # error small); no -ffinite-math-only: NaN and Inf must still reach the sums, which is how the caller sees them.
 _BASE_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
 
-Kernel = Callable[[int, int], tuple[float, float, float, float, float]]
+# the dtype kernels take (address, count); "f32_strided" takes (address, sizes, strides) and may return None
+Kernel = Callable[..., tuple[float, float, float, float, float] | None]
 
 _kernels: dict[str, Kernel] | None = None
 _loaded = False

@@ -4,7 +4,7 @@
  * Compiled on first use by worker/native/__init__.py and called as an extension module (or through ctypes).
  * float32 sums run in float32 within blocks of BLOCK elements (so that the compiler can vectorise them; a block
  * that overflows is summed again in double) and in double across blocks. Min and max compare the values' bit
- * patterns as integers (see f32_add_run). NaN and Inf make the sums non-finite, and the caller then recomputes
+ * patterns as integers (see f32_block_sums). NaN and Inf make the sums non-finite, and the caller then recomputes
  * everything with NaN-aware torch reductions, so the min/max of such arrays is unused.
  *
  * A float32 view that is not contiguous (a slice, a transpose, an `expand`) is read in place as runs of its
@@ -37,20 +37,18 @@ struct f32_partial {
     float minimum, maximum;
 };
 
-/* The float32 sums of one block (up to BLOCK values, possibly in several runs), before they reach the doubles. */
+/* The float32 sums of one block of up to BLOCK contiguous values, before they reach the doubles. */
 struct f32_block {
     float total, squares, minimum, maximum;
     int32_t positives;
 };
 
-static const struct f32_block EMPTY_BLOCK = {0.0f, 0.0f, INFINITY, -INFINITY, 0};
-
-/* Adds `count` contiguous values to `block`. Min and max compare the values' bit patterns as integers, which
+/* The sums of `count` (> 0) contiguous values. Min and max compare the values' bit patterns as integers, which
  * vectorises without fast-math (float min/max reductions do not: NaN) and orders every non-NaN float correctly:
  * among non-negative floats the signed integer order is the float order; among negative ones the unsigned order
  * is the magnitude order. (AVX2 intrinsics with float min/max and four accumulator sets measured no faster: the
  * loop is bound by the vector ports, not by the latency of the adds.) */
-static void f32_add_run(const float *values, int64_t count, struct f32_block *block) {
+static void f32_block_sums(const float *values, int64_t count, struct f32_block *block) {
     float total = 0, squares = 0;
     int32_t positives = 0;
     int32_t signed_min = INT32_MAX, signed_max = INT32_MIN, unsigned_max = INT32_MIN; /* bits ^ sign bit */
@@ -66,8 +64,6 @@ static void f32_add_run(const float *values, int64_t count, struct f32_block *bl
         int32_t flipped = bits ^ INT32_MIN;
         unsigned_max = flipped > unsigned_max ? flipped : unsigned_max;
     }
-    if (count == 0)
-        return;
     /* max: the largest non-negative pattern, or if all are negative the one of smallest magnitude */
     int32_t max_bits = signed_max >= 0 ? signed_max : signed_min;
     /* min: the negative pattern of largest magnitude, or if none is negative the smallest non-negative one */
@@ -76,11 +72,11 @@ static void f32_add_run(const float *values, int64_t count, struct f32_block *bl
     float minimum, maximum;
     memcpy(&minimum, &min_bits, sizeof minimum);
     memcpy(&maximum, &max_bits, sizeof maximum);
-    block->total += total;
-    block->squares += squares;
-    block->positives += positives;
-    block->minimum = minimum < block->minimum ? minimum : block->minimum;
-    block->maximum = maximum > block->maximum ? maximum : block->maximum;
+    block->total = total;
+    block->squares = squares;
+    block->positives = positives;
+    block->minimum = minimum;
+    block->maximum = maximum;
 }
 
 static void f32_add_run_wide(const float *values, int64_t count, double *total, double *squares) {
@@ -91,16 +87,10 @@ static void f32_add_run_wide(const float *values, int64_t count, double *total, 
     }
 }
 
-static void f32_merge_block(struct f32_partial *partial, const struct f32_block *block) {
-    partial->positives += block->positives;
-    partial->minimum = block->minimum < partial->minimum ? block->minimum : partial->minimum;
-    partial->maximum = block->maximum > partial->maximum ? block->maximum : partial->maximum;
-}
-
 /* One block of up to BLOCK contiguous values into `partial`. */
 static void f32_add_block(const float *values, int64_t length, struct f32_partial *partial) {
-    struct f32_block block = EMPTY_BLOCK;
-    f32_add_run(values, length, &block);
+    struct f32_block block;
+    f32_block_sums(values, length, &block);
     if (isfinite(block.total) && isfinite(block.squares)) {
         partial->total += block.total;
         partial->squares += block.squares;
@@ -109,7 +99,9 @@ static void f32_add_block(const float *values, int64_t length, struct f32_partia
          * holds. Redo the block's sums in double; true NaN/Inf stay non-finite for the caller. */
         f32_add_run_wide(values, length, &partial->total, &partial->squares);
     }
-    f32_merge_block(partial, &block);
+    partial->positives += block.positives;
+    partial->minimum = block.minimum < partial->minimum ? block.minimum : partial->minimum;
+    partial->maximum = block.maximum > partial->maximum ? block.maximum : partial->maximum;
 }
 
 static void f32_range(const float *values, int64_t begin, int64_t count, struct f32_partial *partial) {
@@ -219,6 +211,31 @@ static void f32_runs_range(const struct f32_runs *view, int64_t first, int64_t l
         f32_add_block(buffer, filled, partial);
 }
 
+/* The moments of a view of at least one outer dimension, its runs split across threads where it is large. */
+static void f32_runs_moments(const struct f32_runs *view, double *out) {
+    struct f32_partial partials[MAX_THREADS];
+    int used = 1;
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+    threads = threads < MAX_THREADS ? threads : MAX_THREADS;
+    if (view->runs * view->run >= PARALLEL_MIN && view->runs >= threads && threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            int thread = omp_get_thread_num(), team = omp_get_num_threads();
+            partials[thread] = EMPTY_PARTIAL;
+            f32_runs_range(view, view->runs * thread / team, view->runs * (thread + 1) / team, &partials[thread]);
+            if (thread == 0)
+                used = team;
+        }
+    } else
+#endif
+    {
+        partials[0] = EMPTY_PARTIAL;
+        f32_runs_range(view, 0, view->runs, &partials[0]);
+    }
+    f32_combine(partials, used, out);
+}
+
 /* Returns 0, or -1 when the view has more than MAX_DIMS dimensions or a negative stride (the caller copies). */
 int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int64_t *sizes, const int64_t *strides,
                                    double *out) {
@@ -275,41 +292,17 @@ int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int6
         view.run = kept_sizes[merged - 1];
         view.step = kept_strides[merged - 1];
     }
-    if (view.outer == 0 && view.step == 1) {
-        /* dense once the repeats are dropped: the contiguous kernel, parallel where it is large */
-        modeltrace_moments_f32(values, view.run, out);
-        out[0] *= weight;
-        out[1] *= weight;
-        out[2] *= weight;
-        return 0;
-    }
     view.runs = 1;
     for (int dim = 0; dim < view.outer; dim++) {
         view.sizes[dim] = kept_sizes[dim];
         view.strides[dim] = kept_strides[dim];
         view.runs *= kept_sizes[dim];
     }
-    struct f32_partial partials[MAX_THREADS];
-    int used = 1;
-#ifdef _OPENMP
-    int threads = omp_get_max_threads();
-    threads = threads < MAX_THREADS ? threads : MAX_THREADS;
-    if (view.runs * view.run >= PARALLEL_MIN && view.runs >= threads && threads > 1) {
-#pragma omp parallel num_threads(threads)
-        {
-            int thread = omp_get_thread_num(), team = omp_get_num_threads();
-            partials[thread] = EMPTY_PARTIAL;
-            f32_runs_range(&view, view.runs * thread / team, view.runs * (thread + 1) / team, &partials[thread]);
-            if (thread == 0)
-                used = team;
-        }
-    } else
-#endif
-    {
-        partials[0] = EMPTY_PARTIAL;
-        f32_runs_range(&view, 0, view.runs, &partials[0]);
-    }
-    f32_combine(partials, used, out);
+    if (view.outer == 0 && view.step == 1)
+        /* dense once the repeats are dropped: the contiguous kernel, parallel where it is large */
+        modeltrace_moments_f32(values, view.run, out);
+    else
+        f32_runs_moments(&view, out);
     out[0] *= weight;
     out[1] *= weight;
     out[2] *= weight;
@@ -375,6 +368,10 @@ void modeltrace_moments_i64(const int64_t *values, int64_t count, double *out) {
 
 typedef void (*moments_kernel)(const void *, int64_t, double *);
 
+static PyObject *moments_tuple(const double *out) {
+    return Py_BuildValue("(ddddd)", out[0], out[1], out[2], out[3], out[4]);
+}
+
 static PyObject *call_kernel(moments_kernel kernel, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "expected (address, count)");
@@ -396,18 +393,7 @@ static PyObject *call_kernel(moments_kernel kernel, PyObject *const *args, Py_ss
     } else {
         kernel(address, count, out);
     }
-    PyObject *result = PyTuple_New(5);
-    if (result == NULL)
-        return NULL;
-    for (Py_ssize_t index = 0; index < 5; index++) {
-        PyObject *number = PyFloat_FromDouble(out[index]);
-        if (number == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(result, index, number);
-    }
-    return result;
+    return moments_tuple(out);
 }
 
 /* f32_strided(address, sizes, strides): the tuple as f32 gives, or None where the view cannot be read in place. */
@@ -447,7 +433,7 @@ static PyObject *py_f32_strided(PyObject *self, PyObject *const *args, Py_ssize_
     }
     if (status != 0)
         Py_RETURN_NONE;
-    return Py_BuildValue("(ddddd)", out[0], out[1], out[2], out[3], out[4]);
+    return moments_tuple(out);
 }
 
 static PyObject *py_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
