@@ -26,6 +26,7 @@ demo: $(PY_STAMP) $(VSIX)
 test: test-python test-extension
 
 test-python: $(PY_STAMP)
+	$(VENV)/bin/ruff check pyserver tests bench
 	$(PY) -m pytest -q
 
 test-extension: $(PY_STAMP) $(VSIX)

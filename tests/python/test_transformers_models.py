@@ -45,7 +45,7 @@ def test_builds_the_base_model_small(name: str) -> None:
     built = _build(name)
     assert built.model_class == CASES[name][1]
     config = built.model.config
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model")
+    hidden = getattr(config, "hidden_size", None) or config.d_model
     assert hidden == 64
     assert not built.model.training
     assert built.kwargs["input_ids"].shape == (1, 7)

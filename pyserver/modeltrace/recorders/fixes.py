@@ -64,12 +64,9 @@ class _FixTransformer(cst.CSTTransformer):
         lines.append("    }")
         statement = cst.parse_statement("\n".join(line[4:] for line in lines) + "\n")
         # after the docstring and class-level assignments, before the first method
-        position = 0
-        for position, item in enumerate(body):
-            if isinstance(item, (cst.FunctionDef, cst.ClassDef)):
-                break
-        else:
-            position = len(body)
+        position = next(
+            (index for index, item in enumerate(body) if isinstance(item, (cst.FunctionDef, cst.ClassDef))), len(body)
+        )
         body.insert(position, statement)
         self.applied.extend(problems)
         return updated.with_changes(body=updated.body.with_changes(body=body))

@@ -1269,7 +1269,7 @@ def _analyze(analysis: Analysis) -> None:
             if not recorders:
                 problem.owner = None
             analysis.problems.append(problem)
-    for owner, users in by_owner.items():
+    for users in by_owner.values():
         can_record = _resolve_can_record(analysis, users[0])
         if can_record is None or can_record.unresolved:
             continue

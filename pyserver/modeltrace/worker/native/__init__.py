@@ -46,6 +46,7 @@ Kernel = Callable[..., tuple[float, float, float, float, float] | None]
 
 _kernels: dict[str, Kernel] | None = None
 _loaded = False
+_baseline: tuple[dict[str, Kernel] | None] | None = None
 load_error: str | None = None
 # how the kernels were loaded ("extension" or "ctypes"), and whether they split large arrays across torch's
 # OpenMP threads
@@ -173,43 +174,72 @@ def _load_ctypes(path: Path) -> dict[str, Kernel]:
     return kernels
 
 
-def kernels() -> dict[str, Kernel] | None:
-    """The kernels by dtype ("f32", "f64", "i64"), built the first time; None (with `load_error` saying why)
-    when unavailable."""
-    global _kernels, _loaded, load_error, form, parallel
-    if _loaded:
-        return _kernels
-    _loaded = True
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def absent_reason() -> str | None:
+    """Why this machine has no kernel by its own configuration (`MODELTRACE_NATIVE=0`, no C compiler), as
+    opposed to a build that was tried and failed; None when a build can be tried."""
     if os.environ.get("MODELTRACE_NATIVE", "1") == "0":
-        load_error = "disabled by MODELTRACE_NATIVE=0"
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        return "disabled by MODELTRACE_NATIVE=0"
+    if _compiler() is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    return None
+
+
+def _load(flag_sets: list[list[str]]) -> tuple[dict[str, Kernel] | None, str | None, bool, list[str]]:
+    """The first build of `flag_sets` (best first) that compiles and loads: (kernels, form, parallel, errors of
+    the better builds that failed)."""
+    compiler = _compiler()
     if compiler is None:
-        load_error = "no C compiler (cc, gcc or clang) on PATH"
-        return None
+        return None, None, False, ["no C compiler (cc, gcc or clang) on PATH"]
     runtime = torch_openmp_runtime() if os.environ.get("MODELTRACE_NATIVE_OPENMP", "1") != "0" else None
     include = _python_include()
-    # NOTE: the best first: the CPU's vector flags (a compiler too old for them falls back to the baseline),
-    # the extension with OpenMP, then without each in turn; the first that builds wins (dict.fromkeys drops
-    # the repeats where there are no CPU flags, no OpenMP runtime or no Python headers).
+    # NOTE: the extension with OpenMP first, then without each in turn, for each flag set; the first that builds
+    # wins (dict.fromkeys drops the repeats where there are no CPU flags, no OpenMP runtime or no headers).
     attempts = dict.fromkeys(
         (tuple(flags), openmp_runtime, python_include)
-        for flags in (_BASE_FLAGS + _cpu_flags(), _BASE_FLAGS)
+        for flags in flag_sets
         for openmp_runtime, python_include in ((runtime, include), (None, include), (runtime, None), (None, None))
     )
     errors = []
     for flags, openmp_runtime, python_include in attempts:
         try:
             path = _build(compiler, list(flags), openmp_runtime, python_include)
-            _kernels = _load_extension(path) if python_include is not None else _load_ctypes(path)
+            loaded = _load_extension(path) if python_include is not None else _load_ctypes(path)
         except (OSError, ImportError, subprocess.SubprocessError, AttributeError) as error:
             stderr = getattr(error, "stderr", b"") or b""
             errors.append(f"{type(error).__name__}: {error} {stderr.decode(errors='replace')[:300]}".strip())
             continue
-        form = "extension" if python_include is not None else "ctypes"
-        parallel = openmp_runtime is not None
-        # NOTE: kept when a better build failed and a lesser one loaded: tests and users can see why
-        load_error = "; ".join(errors) or None
+        return loaded, "extension" if python_include is not None else "ctypes", openmp_runtime is not None, errors
+    return None, None, False, errors
+
+
+def kernels() -> dict[str, Kernel] | None:
+    """The kernels by dtype ("f32", "f64", "i64", "f32_strided"), built the first time; None (with `load_error`
+    saying why) when unavailable. `MODELTRACE_NATIVE=baseline` builds without the CPU's vector flags, as
+    `baseline_kernels` does."""
+    global _kernels, _loaded, load_error, form, parallel
+    if _loaded:
         return _kernels
-    load_error = "; ".join(errors)
-    return None
+    _loaded = True
+    load_error = absent_reason()
+    if load_error is not None:
+        return None
+    baseline_only = os.environ.get("MODELTRACE_NATIVE") == "baseline"
+    # NOTE: the CPU's vector flags first; a compiler too old for them falls back to the baseline
+    flag_sets = [_BASE_FLAGS] if baseline_only else [_BASE_FLAGS + _cpu_flags(), _BASE_FLAGS]
+    _kernels, form, parallel, errors = _load(flag_sets)
+    # NOTE: kept when a better build failed and a lesser one loaded: tests and users can see why
+    load_error = "; ".join(errors) or None
+    return _kernels
+
+
+def baseline_kernels() -> dict[str, Kernel] | None:
+    """The kernels built with the baseline flags only (no AVX2, FMA or AVX-512: what a CPU without them runs),
+    beside the CPU's own build in the same process; None when no build of them loads."""
+    global _baseline
+    if _baseline is None:
+        _baseline = (_load([_BASE_FLAGS])[0],) if absent_reason() is None else (None,)
+    return _baseline[0]
