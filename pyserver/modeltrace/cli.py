@@ -88,7 +88,8 @@ def _show_command(arguments: argparse.Namespace) -> int:
 def _diff_command(arguments: argparse.Namespace) -> int:
     from modeltrace.diff import close_result, diff_paths, render_text, to_json
 
-    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map)
+    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map,
+                        mapping=arguments.mapping, automatic=not arguments.no_auto_align)
     try:
         if arguments.format == "json":
             json.dump(to_json(result), sys.stdout, allow_nan=False)
@@ -98,6 +99,47 @@ def _diff_command(arguments: argparse.Namespace) -> int:
         return 0 if result.match else 1
     finally:
         close_result(result)
+
+
+def _align_command(arguments: argparse.Namespace) -> int:
+    from modeltrace.diff import align_modules, render_mapping
+    from modeltrace.trace.reference import load_reference
+
+    if not 0 < arguments.threshold <= 1:
+        raise ModelTraceError(f"--threshold {arguments.threshold}: expected a confidence in (0, 1]")
+    with load_reference(arguments.reference) as reference, load_reference(arguments.candidate) as candidate:
+        try:
+            mapping = align_modules(reference.trace, candidate.trace, arguments.threshold)
+        except ValueError as error:
+            raise ModelTraceError(str(error)) from None
+        aligned = [pair for pair in mapping.pairs if any(pair.candidate)]
+        if arguments.format == "json":
+            document = {
+                "pairs": [{"reference": pair.reference, "candidate": pair.candidate, "confidence": pair.confidence,
+                           "evidence": pair.evidence, "fused": pair.fused} for pair in mapping.pairs],
+                "unaligned": [{"side": item.side, "path": item.path,
+                               "candidates": [{"path": path, "confidence": score, "why": why}
+                                              for path, score, why in item.candidates]}
+                              for item in mapping.leftovers],
+                "threshold": mapping.threshold,
+            }
+            text = json.dumps(document, indent=1) + "\n"
+        else:
+            text = render_mapping(mapping, f"{arguments.reference} ({reference.trace.model.get('class', '?')})",
+                                  f"{arguments.candidate} ({candidate.trace.model.get('class', '?')})")
+    if not aligned:
+        raise ModelTraceError(
+            f"nothing aligns: no module of {arguments.candidate} pairs with one of {arguments.reference} above "
+            f"confidence {arguments.threshold}; are they traces of the same model?"
+        )
+    if arguments.out:
+        Path(arguments.out).write_text(text, encoding="utf-8")
+        fused = sum(1 for pair in mapping.pairs if pair.fused)
+        print(f"# {len(mapping.pairs)} module pairs ({fused} fused), {len(mapping.leftovers)} unaligned: "
+              f"written to {arguments.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _export_command(arguments: argparse.Namespace) -> int:
@@ -238,8 +280,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)")
     diff.add_argument("--map", action="append", default=[], metavar="'REGEX=>REPL'",
                       help="rename module paths to align them (repeatable)")
+    diff.add_argument("--mapping", metavar="FILE",
+                      help="a module mapping file (written by `modeltrace align`, edited or not) to align by")
+    diff.add_argument("--no-auto-align", action="store_true",
+                      help="align by paths and --map only, never by evidence")
     diff.add_argument("--format", choices=("text", "json"), default="text")
     diff.set_defaults(handler=_diff_command)
+
+    align = commands.add_parser("align", help="align two implementations' modules without names; write the mapping")
+    align.add_argument("reference", help="a trace folder or a transformers debugger output (folder or JSON)")
+    align.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
+    align.add_argument("--out", metavar="FILE", help="write the mapping here (default: standard output)")
+    align.add_argument("--threshold", type=float, default=0.5,
+                       help="pairs below this confidence are left unaligned (default: 0.5)")
+    align.add_argument("--format", choices=("text", "json"), default="text")
+    align.set_defaults(handler=_align_command)
 
     export = commands.add_parser("export", help="write a trace in another format")
     export.add_argument("trace", help="a NAME.mtrace folder")

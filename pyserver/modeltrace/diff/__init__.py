@@ -4,7 +4,9 @@ No torch import: the language server uses this package. Entry points:
 
 - `load_reference(path)`: a trace folder or a transformers debugger output, with its full tensors
   (`LoadedTrace`; close it, or use it as a context manager, to release the tensors' memory map);
-- `diff_traces(reference, candidate, DiffOptions(atol, rtol, maps))` -> `DiffResult`, or `diff_paths(...)`;
+- `diff_traces(reference, candidate, DiffOptions(atol, rtol, maps, mapping))` -> `DiffResult`, or `diff_paths(...)`;
+- `align_modules(reference_trace, candidate_trace)` -> `ModuleMapping` (automatic alignment by evidence, not
+  names), `render_mapping` / `read_mapping` (the mapping file `modeltrace align` writes and `--mapping` reads);
 - `to_json(result)` (the `diff --format json` document), `render_text(result)`, `line_statuses(result)`
   (per (file, line) of the candidate: "divergence" / "mismatch" / "match" / "not_compared"), and
   `plot_data(result)` (max abs difference per module in the order calls finished, and per layer).
@@ -15,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, parse_maps
+from modeltrace.diff.auto_align import ModuleMapping, align_modules
+from modeltrace.diff.mapping import read_mapping, render_mapping
 from modeltrace.diff.compare import (
     DIVERGENCE,
     MATCH,
@@ -34,10 +38,12 @@ from modeltrace.trace.tensors import LoadedTrace
 
 
 def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None = None, rtol: float | None = None,
-               maps: list[str] | tuple[str, ...] = ()) -> DiffResult:
+               maps: list[str] | tuple[str, ...] = (), mapping: Path | str | None = None,
+               automatic: bool = True) -> DiffResult:
     """Load both (any accepted format) and diff them; the tensors stay open on the result's `LoadedTrace`s
-    until `close_result(result)`."""
-    options = DiffOptions(atol=atol, rtol=rtol, maps=tuple(parse_maps(maps)))
+    until `close_result(result)`. `mapping`: a mapping file (`modeltrace align`) that replaces alignment by
+    names; `automatic`: align by evidence when names leave most modules unaligned."""
+    parsed_maps = tuple(parse_maps(maps))
     loaded_reference = load_reference(reference)
     try:
         loaded_candidate = load_reference(candidate)
@@ -45,6 +51,9 @@ def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None 
         loaded_reference.close()
         raise
     try:
+        module_mapping = (read_mapping(mapping, loaded_reference.trace, loaded_candidate.trace)
+                          if mapping is not None else None)
+        options = DiffOptions(atol=atol, rtol=rtol, maps=parsed_maps, mapping=module_mapping, automatic=automatic)
         return diff_traces(loaded_reference, loaded_candidate, options)
     except BaseException:
         loaded_reference.close()
@@ -68,8 +77,10 @@ __all__ = [
     "DiffResult",
     "Divergence",
     "LoadedTrace",
+    "ModuleMapping",
     "ModuleResult",
     "RenameMap",
+    "align_modules",
     "align_traces",
     "close_result",
     "compare_arrays",
@@ -80,6 +91,8 @@ __all__ = [
     "load_reference",
     "parse_maps",
     "plot_data",
+    "read_mapping",
+    "render_mapping",
     "render_text",
     "to_json",
 ]

@@ -2,7 +2,9 @@
 
 In order: the same path and call index; then user rename maps (`--map 'REGEX=>REPL'`, a `re.sub` tried on
 reference paths to find a candidate path, then on candidate paths to find a reference path); then, when most
-modules are still unaligned, a common leading prefix (`model.` of a `…ForCausalLM` against its base model).
+modules are still unaligned, a common leading prefix (`model.` of a `…ForCausalLM` against its base model);
+then, when most are still unaligned, the automatic alignment of `auto_align` (evidence other than names), if it
+aligns more. A mapping file (`--mapping`, `diff/mapping.py`) replaces all of these: its pairs are the alignment.
 Candidate modules inside numbered layers that the reference lacks while it has layers on both sides of them
 (`layers.0` and `layers.7` but not `layers.3`) are what `do_prune_layers=True` leaves out: they are marked
 pruned, not unaligned. Everything else left over is reported.
@@ -14,6 +16,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from modeltrace.diff.auto_align import ModuleMapping, align_modules
+from modeltrace.diff.mapping import pair_calls
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, Trace
 
@@ -63,7 +67,10 @@ def _rewrite(path: str, maps: list[RenameMap]) -> str:
 @dataclass
 class Alignment:
     """`reference_for[i]`: the reference record index of candidate record `i`, or -1; `how[i]` says why
-    ("path", "map", "prefix"); `pruned` holds candidate indices absent from a pruned reference."""
+    ("path", "map", "prefix", "auto", "mapping"); `pruned` holds candidate indices absent from a pruned reference.
+    `mapping` is the module mapping used ("auto" or "mapping"), whose pairs carry confidence and evidence;
+    `pair_of[i]` is the mapping pair candidate call `i` was aligned by; `groups` says whether a fused pair added
+    group records (whose concatenated tensors `mapping.ConcatenatedTensors` serves)."""
 
     reference_for: list[int]
     how: list[str]
@@ -72,14 +79,66 @@ class Alignment:
     unaligned_candidate: list[int] = field(default_factory=list)
     prefix: str | None = None
     prefix_side: str | None = None
+    mapping: ModuleMapping | None = None
+    pair_of: dict = field(default_factory=dict)
+    groups: bool = False
 
     @property
     def aligned_count(self) -> int:
         return sum(1 for index in self.reference_for if index >= 0)
 
 
-def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | None = None) -> Alignment:
-    maps = maps or []
+def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | None = None,
+                 mapping: ModuleMapping | None = None, automatic: bool = True) -> Alignment:
+    if mapping is not None:
+        return _finish(_from_mapping(reference, candidate, mapping, "mapping"), reference, candidate)
+    alignment = _align_by_names(reference, candidate, maps or [])
+    non_root = sum(1 for record in candidate.modules if record.path)
+    aligned = sum(1 for position, record in enumerate(candidate.modules)
+                  if record.path and alignment.reference_for[position] >= 0)
+    if automatic and non_root and aligned < non_root / 2 and reference.modules:
+        try:
+            found = align_modules(reference, candidate)
+        except ValueError:  # too many calls for the automatic alignment: keep what names gave
+            found = None
+        if found is not None and sum(len(pair.candidate) for pair in found.pairs if any(pair.candidate)) > aligned:
+            alignment = _from_mapping(reference, candidate, found, "auto")
+    return _finish(alignment, reference, candidate)
+
+
+def _from_mapping(reference: Trace, candidate: Trace, mapping: ModuleMapping, how: str) -> Alignment:
+    """The alignment a module mapping makes (group records added for fused pairs)."""
+    calls = pair_calls(reference, candidate, mapping)
+    alignment = Alignment([-1] * len(candidate.modules), [""] * len(candidate.modules))
+    alignment.mapping = mapping
+    alignment.groups = any(pair.fused for pair in mapping.pairs)
+    for cand_position, ref_position, pair in calls:
+        alignment.reference_for[cand_position] = ref_position
+        alignment.how[cand_position] = how
+        alignment.pair_of[cand_position] = pair
+    return alignment
+
+
+def _finish(alignment: Alignment, reference: Trace, candidate: Trace) -> Alignment:
+    """Pruned layers and the lists of what is left unaligned on each side."""
+    used = set(alignment.reference_for)
+    grouped = {path for pair in (alignment.mapping.pairs if alignment.mapping else []) if pair.fused
+               for path in (pair.reference if len(pair.reference) > 1 else pair.candidate)}
+    if any(found < 0 for found in alignment.reference_for):
+        _mark_pruned(alignment, candidate.modules)
+    # NOTE: members of a fused run are compared through their group record, not unaligned
+    alignment.unaligned_reference = [
+        position for position, record in enumerate(reference.modules)
+        if position not in used and record.path not in grouped and " + " not in record.path
+    ]
+    alignment.unaligned_candidate = [
+        position for position, found in enumerate(alignment.reference_for)
+        if found < 0 and position not in alignment.pruned and candidate.modules[position].path not in grouped
+    ]
+    return alignment
+
+
+def _align_by_names(reference: Trace, candidate: Trace, maps: list[RenameMap]) -> Alignment:
     ref_records, cand_records = reference.modules, candidate.modules
     reference_for = [-1] * len(cand_records)
     how = [""] * len(cand_records)
@@ -120,13 +179,6 @@ def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | Non
     if non_root and aligned_non_root < len(non_root) / 2:
         _align_by_prefix(alignment, ref_records, cand_records, used)
 
-    if any(found < 0 for found in reference_for):
-        _mark_pruned(alignment, cand_records)
-    alignment.unaligned_reference = [position for position, flag in enumerate(used) if not flag]
-    alignment.unaligned_candidate = [
-        position for position, found in enumerate(alignment.reference_for)
-        if found < 0 and position not in alignment.pruned
-    ]
     return alignment
 
 

@@ -30,6 +30,8 @@ from itertools import chain
 import numpy as np
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces
+from modeltrace.diff.auto_align import ModuleMapping, ModulePair
+from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.trace.tensors import LoadedTrace
@@ -60,11 +62,15 @@ class DiffError(ModelTraceError):
 
 @dataclass(frozen=True)
 class DiffOptions:
-    """`atol` / `rtol` None: the defaults above, dtype-aware; `maps`: rename rules for alignment."""
+    """`atol` / `rtol` None: the defaults above, dtype-aware; `maps`: rename rules for alignment; `mapping`: a
+    module mapping (`--mapping` file) that replaces alignment by names; `automatic`: align by evidence when names
+    leave most modules unaligned."""
 
     atol: float | None = None
     rtol: float | None = None
     maps: tuple[RenameMap, ...] = ()
+    mapping: ModuleMapping | None = None
+    automatic: bool = True
 
 
 @dataclass(slots=True)
@@ -95,6 +101,7 @@ class ModuleResult:
     atol: float | None = None
     rtol: float | None = None
     aligned_by: str | None = None
+    pair: ModulePair | None = None  # the mapping pair that aligned it (automatic alignment or a mapping file)
     input_leaves: list[LeafResult] = field(default_factory=list)
     output_leaves: list[LeafResult] = field(default_factory=list)
 
@@ -504,7 +511,11 @@ def _pair_by_key(refs: list[TensorSummary], cands: list[TensorSummary]):
 def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
     """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns."""
     options = options or DiffOptions()
-    alignment = align_traces(reference.trace, candidate.trace, list(options.maps))
+    alignment = align_traces(reference.trace, candidate.trace, list(options.maps), options.mapping, options.automatic)
+    if alignment.groups:  # fused pairs compare concatenations of the run's tensors
+        for loaded in (reference, candidate):
+            if loaded.tensors is not None and not isinstance(loaded.tensors, ConcatenatedTensors):
+                loaded.tensors = ConcatenatedTensors(loaded.tensors)
     cand_records = candidate.trace.modules
     ref_records = reference.trace.modules
     reference_for = alignment.reference_for
@@ -529,7 +540,7 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
             results.append(result)
             continue
         ref = ref_records[ref_position]
-        results.append(ModuleResult(record, ref, aligned_by=how[position]))
+        results.append(ModuleResult(record, ref, aligned_by=how[position], pair=alignment.pair_of.get(position)))
         compare_side(ref.inputs, record.inputs, 2 * position)
         if ref.outputs and record.outputs:
             compare_side(ref.outputs, record.outputs, 2 * position + 1)
@@ -649,5 +660,6 @@ def _nothing_aligns(reference: LoadedTrace, candidate: LoadedTrace) -> str:
     return (
         f"nothing aligns: the reference ({ref_class}: {sample(reference)}, …) and the candidate "
         f"({cand_class}: {sample(candidate)}, …) share no module path; are they traces of the same model? "
-        "Map names with --map 'REGEX=>REPLACEMENT'"
+        "the automatic alignment found no pair above its confidence threshold either (`modeltrace align` lists "
+        "the best candidates); map names with --map 'REGEX=>REPLACEMENT' or give a --mapping file"
     )

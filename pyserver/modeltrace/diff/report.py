@@ -73,6 +73,10 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
         data["atol"], data["rtol"] = module.atol, module.rtol
     if module.reference is not None and module.reference.path != record.path:
         data["reference_path"] = module.reference.path
+    pair = module.pair
+    if pair is not None:
+        data["alignment"] = {"how": module.aligned_by, "confidence": pair.confidence, "evidence": pair.evidence,
+                             "fused": pair.fused, **({"mapping_line": pair.line} if pair.line else {})}
     if module.status in (MISMATCH, DIVERGENCE):
         data["differing"] = [
             {"side": side, "key": leaf.key, "check": leaf.check, "reason": leaf.reason,
@@ -140,6 +144,12 @@ def to_json(result: DiffResult) -> dict[str, Any]:
             "candidate": [_label(cand_records[index]) for index in alignment.unaligned_candidate],
         },
         "pruned": [_label(cand_records[index]) for index in sorted(alignment.pruned)],
+        "mapping": None if alignment.mapping is None else {
+            "source": alignment.mapping.source,
+            "pairs": len(alignment.mapping.pairs),
+            "fused": sum(1 for pair in alignment.mapping.pairs if pair.fused),
+            "threshold": alignment.mapping.threshold,
+        },
         "notes": result.notes,
     }
 
@@ -242,6 +252,18 @@ def _kind(loaded) -> str:
     return f"{what} of {loaded.trace.model.get('class') or '?'}, {len(loaded.trace.modules)} module calls, {tensors}"
 
 
+def _mapping_source(alignment) -> str:  # noqa: ANN001
+    """How a mapping aligned the traces, for the report's header."""
+    mapping = alignment.mapping
+    fused = sum(1 for pair in mapping.pairs if pair.fused)
+    lowest = min((pair.confidence for pair in mapping.pairs), default=1.0)
+    counts = f"{len(mapping.pairs)} module pairs" + (f", {fused} fused (compared concatenated)" if fused else "")
+    if mapping.source == "automatic":
+        return (f"evidence, not names (no shared module paths): {counts}, confidence ≥ {lowest:.2f}; "
+                "`modeltrace align` writes the mapping to read or fix, `--mapping FILE` uses it")
+    return f"the mapping file {mapping.source}: {counts}"
+
+
 def render_text(result: DiffResult, verbose: bool = True) -> str:
     lines: list[str] = []
     add = lines.append
@@ -253,6 +275,8 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     alignment = result.alignment
     add(f"aligned    {alignment.aligned_count} of {len(result.modules)} candidate module calls; "
         f"atol {atol}, rtol {rtol}")
+    if alignment.mapping is not None:
+        add(f"aligned by {_mapping_source(alignment)}")
     for note in result.notes:
         add(f"note       {note}")
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)

@@ -1,0 +1,511 @@
+"""Automatic alignment of two implementations whose module names and nesting differ.
+
+A research implementation rarely shares transformers' names (`blocks.3.attn.wq` / `layers.3.self_attn.q_proj`)
+or its nesting (a wrapper more or less, a `ModuleDict` never called). This aligner uses no path names. Each pair
+of calls gets one score in [0, 1] from evidence:
+
+- **kind** (`diff/kinds.py`): linear, norm, embedding, attention, MLP, block… from the class name's vocabulary
+  and what the call takes; different known kinds nearly veto a pair;
+- **signatures**: the first input's and first output's shapes, compared up to leading 1s (`[7, 64]` and
+  `[1, 7, 64]` hold the same numbers); a shared last dimension is partial evidence (a last-position head);
+- **values**: the first output's mean and std, relative to its spread (a port with copied weights reproduces
+  them to ~1e-6; downstream of a bug they differ, so values add evidence and never veto);
+- **structure**: the layer index (the integers of the path: the repetition, not a name) and call order, which
+  the sequence alignment below keeps.
+
+Calls are aligned in the order they started (a pre-order walk of each call tree) by a weighted longest common
+subsequence: pairs keep their order, extra calls on either side (wrappers, dropout, an extra rotary module) are
+skipped for free. Children left over inside aligned parents are then paired regardless of order (q/k/v called in
+another order), and a fused module is matched with the run of modules it replaces (`qkv` against `q`, `k`, `v`;
+`gate_up` against `gate`, `up`), on either side, when their output widths add up and their inputs agree.
+Calls align to module pairs by majority; every pair carries its confidence and evidence, and pairs below the
+threshold are left unaligned with the best candidates they were refused against.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from modeltrace.diff.kinds import UNKNOWN, kind_of
+from modeltrace.trace.records import ModuleCall, Trace
+
+
+DEFAULT_THRESHOLD = 0.5
+# NOTE: below this a pair is never taken by the sequence alignment (it would only add noise to the order)
+_FLOOR = 0.3
+_WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2}
+_KIND_MISMATCH = 0.25
+_SHAPE_MISMATCH = 0.5
+# NOTE: the sequence alignment keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
+_MAX_CELLS = 60_000_000
+_INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+
+@dataclass
+class CallFeatures:
+    """What the aligner knows of one call, names left out."""
+
+    kind: str
+    output_shape: tuple[int, ...] | None
+    input_shape: tuple[int, ...] | None
+    mean: float | None
+    std: float | None
+    layer: tuple[int, ...]
+    depth: int
+    is_leaf: bool
+
+
+@dataclass
+class ModulePair:
+    """Reference module(s) aligned with candidate module(s): one-to-one, or one side a fused module against a
+    run of modules on the other (compared on the concatenation along the last dimension)."""
+
+    reference: list[str]
+    candidate: list[str]
+    confidence: float
+    evidence: str
+    line: int | None = None  # where a mapping file gave it
+
+    @property
+    def fused(self) -> bool:
+        return len(self.reference) > 1 or len(self.candidate) > 1
+
+
+@dataclass
+class Leftover:
+    """A module left unaligned, with the best candidates it was refused against and why."""
+
+    side: str
+    path: str
+    candidates: list[tuple[str, float, str]] = field(default_factory=list)
+
+
+@dataclass
+class ModuleMapping:
+    pairs: list[ModulePair]
+    leftovers: list[Leftover] = field(default_factory=list)
+    threshold: float = DEFAULT_THRESHOLD
+    source: str = "automatic"
+
+
+def _normalised(shape: list[int]) -> tuple[int, ...]:
+    """The shape without leading 1s: broadcasting makes `[1, 7, 64]` and `[7, 64]` hold the same numbers."""
+    start = 0
+    while start < len(shape) - 1 and shape[start] == 1:
+        start += 1
+    return tuple(shape[start:])
+
+
+def features(trace: Trace) -> list[CallFeatures]:
+    records = trace.modules
+    has_children = [False] * len(records)
+    depth = [0] * len(records)
+    for record in records:
+        if 0 <= record.parent < len(records):
+            has_children[record.parent] = True
+            depth[record.index] = depth[record.parent] + 1
+    found = []
+    for record in records:
+        first_out = record.outputs[0] if record.outputs else None
+        first_in = record.inputs[0] if record.inputs else None
+        found.append(CallFeatures(
+            kind=kind_of(record, not has_children[record.index]),
+            output_shape=_normalised(first_out.shape) if first_out else None,
+            input_shape=_normalised(first_in.shape) if first_in else None,
+            mean=first_out.mean if first_out else None,
+            std=first_out.std if first_out else None,
+            layer=tuple(int(number) for number in _INTEGER.findall(record.path)),
+            depth=depth[record.index],
+            is_leaf=not has_children[record.index],
+        ))
+    return found
+
+
+def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) -> float:
+    if left is None or right is None:
+        # NOTE: unknown, not different: a debugger output records outputs of leaf modules only
+        return 0.5
+    if left == right:
+        return 1.0
+    if left and right and left[-1] == right[-1] and len(left) == len(right):
+        return 0.6  # the same width over other positions: a last-position head, a subset of tokens
+    return 0.0
+
+
+def _values_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
+    if ref.mean is None or cand.mean is None or ref.std is None or cand.std is None:
+        return None
+    spread = max(abs(ref.std), abs(cand.std), 1e-12)
+    distance = (abs(ref.mean - cand.mean) + abs(ref.std - cand.std)) / spread
+    if distance <= 1e-3:
+        return 1.0
+    return max(0.0, 1.0 - math.log10(distance / 1e-3) / 3.0)
+
+
+def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
+    """The score of one pair and the evidence, as a short text."""
+    parts: dict[str, float] = {
+        "output": _shape_score(ref.output_shape, cand.output_shape),
+        "input": _shape_score(ref.input_shape, cand.input_shape),
+        "layer": 1.0 if ref.layer == cand.layer else (0.5 if not ref.layer or not cand.layer else 0.0),
+    }
+    values = _values_score(ref, cand)
+    if values is not None:
+        parts["values"] = values
+    total_weight = sum(_WEIGHTS[name] for name in parts)
+    score = sum(_WEIGHTS[name] * value for name, value in parts.items()) / total_weight
+    if parts["output"] == 0:
+        score *= _SHAPE_MISMATCH  # different numbers: at most part of a fused pair, never one-to-one
+    if ref.kind == cand.kind and ref.kind != UNKNOWN:
+        kind_text = f"kind {ref.kind}"
+    elif UNKNOWN in (ref.kind, cand.kind):
+        score *= 0.8
+        kind_text = f"kind {ref.kind}/{cand.kind}"
+    else:
+        score *= _KIND_MISMATCH
+        kind_text = f"kinds differ ({ref.kind}/{cand.kind})"
+    evidence = [kind_text]
+    evidence.append("output " + _shape_text(cand.output_shape) + ("" if parts["output"] == 1 else
+                    f" vs {_shape_text(ref.output_shape)}"))
+    if values is not None:
+        evidence.append("values equal" if values == 1 else f"values {values:.2f}")
+    if ref.layer or cand.layer:
+        evidence.append("same layer" if parts["layer"] == 1 else "layer differs")
+    return score, ", ".join(evidence)
+
+
+def _shape_text(shape: tuple[int, ...] | None) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(size) for size in shape) + "]"
+
+
+class _Codes:
+    """Integer codes of the features, for scoring every pair at once with NumPy."""
+
+    def __init__(self, ref: list[CallFeatures], cand: list[CallFeatures]) -> None:
+        kinds: dict[str, int] = {UNKNOWN: 0}
+        shapes: dict[object, int] = {None: 0}
+        lasts: dict[object, int] = {None: 0}
+        layers: dict[tuple[int, ...], int] = {(): 0}
+
+        def code(table: dict, key: object) -> int:
+            return table.setdefault(key, len(table))
+
+        def encode(side: list[CallFeatures]) -> dict[str, np.ndarray]:
+            return {
+                "kind": np.array([code(kinds, item.kind) for item in side], dtype=np.int32),
+                "out": np.array([code(shapes, item.output_shape) for item in side], dtype=np.int32),
+                "in": np.array([code(shapes, item.input_shape) for item in side], dtype=np.int32),
+                "out_last": np.array([code(lasts, (len(item.output_shape), item.output_shape[-1])
+                                           if item.output_shape else None) for item in side], dtype=np.int32),
+                "in_last": np.array([code(lasts, (len(item.input_shape), item.input_shape[-1])
+                                          if item.input_shape else None) for item in side], dtype=np.int32),
+                "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
+                "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float64),
+                "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float64),
+            }
+
+        self.ref = encode(ref)
+        self.cand = encode(cand)
+
+
+def _score_rows(codes: _Codes, rows: slice) -> np.ndarray:
+    """Scores of candidate calls `rows` (axis 0) against every reference call (axis 1), as `pair_score` gives
+    them (NumPy form of the same rule)."""
+    cand = {name: values[rows, None] for name, values in codes.cand.items()}
+    ref = {name: values[None, :] for name, values in codes.ref.items()}
+
+    def shape(side: str, last: str) -> np.ndarray:
+        equal = (cand[side] == ref[side]) & (cand[side] != 0)
+        partial = (cand[last] == ref[last]) & (cand[last] != 0)
+        missing = (cand[side] == 0) | (ref[side] == 0)
+        return np.where(equal, 1.0, np.where(partial, 0.6, np.where(missing, 0.5, 0.0)))
+
+    output, inputs = shape("out", "out_last"), shape("in", "in_last")
+    layer = np.where(cand["layer"] == ref["layer"], 1.0,
+                     np.where((cand["layer"] == 0) | (ref["layer"] == 0), 0.5, 0.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.maximum(np.maximum(np.abs(cand["std"]), np.abs(ref["std"])), 1e-12)
+        distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / spread
+        values = np.clip(1.0 - np.log10(np.maximum(distance, 1e-3) / 1e-3) / 3.0, 0.0, 1.0)
+    has_values = ~np.isnan(values)
+    weighted = _WEIGHTS["output"] * output + _WEIGHTS["input"] * inputs + _WEIGHTS["layer"] * layer
+    base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
+    score = np.where(has_values, (weighted + _WEIGHTS["values"] * np.nan_to_num(values)) / (base + _WEIGHTS["values"]),
+                     weighted / base)
+    score *= np.where(output == 0, _SHAPE_MISMATCH, 1.0)
+    same_kind = (cand["kind"] == ref["kind"]) & (cand["kind"] != 0)
+    unknown = (cand["kind"] == 0) | (ref["kind"] == 0)
+    return score * np.where(same_kind, 1.0, np.where(unknown, 0.8, _KIND_MISMATCH))
+
+
+def _sequence_alignment(codes: _Codes, count_cand: int, count_ref: int) -> list[tuple[int, int, float]]:
+    """Weighted longest common subsequence of the two call orders: pairs (candidate, reference, score) keeping
+    the order, each pair scoring at least `_FLOOR`, gaps free.
+
+    With free gaps, row i of the table is the running maximum of max(D[i-1][j], D[i-1][j-1] + S[i][j]), so each
+    row is three NumPy operations."""
+    table = np.zeros((count_cand + 1, count_ref + 1), dtype=np.float32)
+    scores = np.zeros((count_cand, count_ref), dtype=np.float32)
+    chunk = max(1, 2_000_000 // max(count_ref, 1))
+    for start in range(0, count_cand, chunk):
+        block = _score_rows(codes, slice(start, min(start + chunk, count_cand)))
+        scores[start:start + block.shape[0]] = np.where(block >= _FLOOR, block, -np.inf)
+    for row in range(1, count_cand + 1):
+        previous = table[row - 1]
+        best = np.maximum(previous[1:], previous[:-1] + scores[row - 1])
+        np.maximum.accumulate(best, out=table[row, 1:])
+    pairs = []
+    row, column = count_cand, count_ref
+    while row > 0 and column > 0:
+        value = table[row, column]
+        if value == table[row - 1, column]:
+            row -= 1
+        elif value == table[row, column - 1]:
+            column -= 1
+        else:
+            pairs.append((row - 1, column - 1, float(scores[row - 1, column - 1])))
+            row -= 1
+            column -= 1
+    pairs.reverse()
+    return pairs
+
+
+def align_calls(reference: Trace, candidate: Trace) -> tuple[dict[int, tuple[int, float]], list[CallFeatures],
+                                                             list[CallFeatures]]:
+    """Candidate call index -> (reference call index, score), from the sequence alignment and the order-free
+    pass over children of aligned parents."""
+    ref_features, cand_features = features(reference), features(candidate)
+    count_ref, count_cand = len(ref_features), len(cand_features)
+    if count_ref * count_cand > _MAX_CELLS:
+        raise ValueError(f"automatic alignment handles up to {_MAX_CELLS:,} call pairs; these traces have "
+                         f"{count_cand:,} × {count_ref:,}: give a mapping file (--mapping) or --map rules")
+    codes = _Codes(ref_features, cand_features)
+    matched: dict[int, tuple[int, float]] = {}
+    if count_ref and count_cand:
+        for cand_index, ref_index, score in _sequence_alignment(codes, count_cand, count_ref):
+            matched[cand_index] = (ref_index, score)
+    # NOTE: the roots always correspond: the two models were called with the same inputs
+    if count_ref and count_cand and 0 not in matched:
+        matched[0] = (0, pair_score(ref_features[0], cand_features[0])[0])
+    _pair_leftover_children(reference, candidate, ref_features, cand_features, matched)
+    return matched, ref_features, cand_features
+
+
+def _children(trace: Trace) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = defaultdict(list)
+    for record in trace.modules:
+        found[record.parent].append(record.index)
+    return found
+
+
+def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: list[CallFeatures],
+                            cand_features: list[CallFeatures], matched: dict[int, tuple[int, float]]) -> None:
+    """Children of aligned parents that the ordered pass left over, paired best-first regardless of order."""
+    used = {ref_index for ref_index, _ in matched.values()}
+    ref_children, cand_children = _children(reference), _children(candidate)
+    for cand_parent, (ref_parent, _) in list(matched.items()):
+        free_cand = [index for index in cand_children.get(cand_parent, []) if index not in matched]
+        free_ref = [index for index in ref_children.get(ref_parent, []) if index not in used]
+        if not free_cand or not free_ref:
+            continue
+        options = sorted(
+            ((pair_score(ref_features[r], cand_features[c])[0], c, r) for c in free_cand for r in free_ref),
+            reverse=True,
+        )
+        for score, cand_index, ref_index in options:
+            if score < DEFAULT_THRESHOLD:
+                break
+            if cand_index in matched or ref_index in used:
+                continue
+            matched[cand_index] = (ref_index, score)
+            used.add(ref_index)
+
+
+def _module_pairs(reference: Trace, candidate: Trace, matched: dict[int, tuple[int, float]],
+                  ref_features: list[CallFeatures], cand_features: list[CallFeatures],
+                  threshold: float) -> tuple[list[ModulePair], set[str], set[str]]:
+    """Calls aligned into module pairs by majority (each path on one side pairs with the path its calls aligned
+    with most often), with the mean score of those calls as the confidence."""
+    votes: dict[tuple[str, str], list[float]] = defaultdict(list)
+    evidence: dict[tuple[str, str], str] = {}
+    for cand_index, (ref_index, score) in matched.items():
+        key = (reference.modules[ref_index].path, candidate.modules[cand_index].path)
+        votes[key].append(score)
+        if key not in evidence:
+            evidence[key] = pair_score(ref_features[ref_index], cand_features[cand_index])[1]
+    pairs: list[ModulePair] = []
+    taken_ref: set[str] = set()
+    taken_cand: set[str] = set()
+    for (ref_path, cand_path), scores in sorted(votes.items(), key=lambda item: (-len(item[1]), -sum(item[1]))):
+        if ref_path in taken_ref or cand_path in taken_cand:
+            continue
+        confidence = sum(scores) / len(scores)
+        if confidence < threshold:
+            continue
+        taken_ref.add(ref_path)
+        taken_cand.add(cand_path)
+        pairs.append(ModulePair([ref_path], [cand_path], round(confidence, 3), evidence[(ref_path, cand_path)]))
+    return pairs, taken_ref, taken_cand
+
+
+def _fused_pairs(reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_ref: set[str],
+                 taken_cand: set[str]) -> list[ModulePair]:
+    """A fused module on one side against a run of sibling modules on the other, under aligned parents: the
+    same input, output widths adding up, and the run's combined output statistics equal to the fused one's
+    when both have values."""
+    found = []
+    cand_to_ref = {pair.candidate[0]: pair.reference[0] for pair in pairs}
+    ref_to_cand = {value: key for key, value in cand_to_ref.items()}
+    for fused_trace, run_trace, taken_fused, taken_run, counterpart_of, fused_is_candidate in (
+        (candidate, reference, taken_cand, taken_ref, cand_to_ref, True),
+        (reference, candidate, taken_ref, taken_cand, ref_to_cand, False),
+    ):
+        run_children = _children(run_trace)
+        first_call = _first_calls(run_trace)
+        for record in fused_trace.modules:
+            if record.path in taken_fused or record.call_index != 0 or record.parent < 0:
+                continue
+            counterpart = counterpart_of.get(fused_trace.modules[record.parent].path)
+            if counterpart is None or counterpart not in first_call:
+                continue
+            siblings = [run_trace.modules[index] for index in run_children.get(first_call[counterpart], [])
+                        if run_trace.modules[index].path not in taken_run]
+            run = _matching_run(record, siblings)
+            if run is None:
+                continue
+            confidence, evidence, members = run
+            taken_run.update(item.path for item in members)
+            taken_fused.add(record.path)
+            paths = [item.path for item in members]
+            found.append(ModulePair(paths, [record.path], confidence, evidence) if fused_is_candidate
+                         else ModulePair([record.path], paths, confidence, evidence))
+    return found
+
+
+def _same_input(left: ModuleCall, right: ModuleCall) -> bool:
+    first, second = left.inputs[0], right.inputs[0]
+    if _normalised(first.shape) != _normalised(second.shape):
+        return False
+    if first.mean is None or second.mean is None or first.std is None or second.std is None:
+        return True
+    spread = max(abs(first.std), abs(second.std), 1e-12)
+    return abs(first.mean - second.mean) + abs(first.std - second.std) <= 1e-3 * spread
+
+
+def _matching_run(fused: ModuleCall, siblings: list[ModuleCall]) -> tuple[float, str, list[ModuleCall]] | None:
+    """The siblings, in call order, that take the fused call's input and whose outputs, concatenated on the last
+    dimension, have its shape: (confidence, evidence, members), or None. Siblings taking another input (an
+    activation between `gate` and `up`, `down` after them) are passed over."""
+    if not fused.outputs or not fused.inputs:
+        return None
+    target = fused.outputs[0].shape
+    eligible = [
+        item for item in siblings
+        if item.outputs and item.inputs and item.call_index == 0 and len(item.outputs[0].shape) == len(target)
+        and item.outputs[0].shape[:-1] == target[:-1] and item.outputs[0].shape[-1] < target[-1]
+        and _same_input(item, fused)
+    ]
+    for start in range(len(eligible)):
+        members, width = [], 0
+        for item in eligible[start:]:
+            members.append(item)
+            width += item.outputs[0].shape[-1]
+            if width >= target[-1]:
+                break
+        if len(members) < 2 or width != target[-1]:
+            continue
+        evidence = (f"fused: {fused.path} {_shape_text(tuple(target))} is the concatenation of "
+                    + " + ".join(f"{item.path} [{item.outputs[0].shape[-1]}]" for item in members))
+        combined = _combined_moments(members)
+        confidence = 0.75
+        if combined is not None and fused.outputs[0].mean is not None and fused.outputs[0].std is not None:
+            mean, std = combined
+            spread = max(std, fused.outputs[0].std, 1e-12)
+            distance = (abs(mean - fused.outputs[0].mean) + abs(std - fused.outputs[0].std)) / spread
+            if distance < 1e-3:
+                confidence = 0.95
+                evidence += ", combined values equal"
+            elif distance > 0.1:
+                confidence = 0.6
+                evidence += ", combined values differ"
+        return confidence, evidence, members
+    return None
+
+
+def _combined_moments(members: list[ModuleCall]) -> tuple[float, float] | None:
+    """Mean and std of the concatenation of the members' first outputs, from their own moments."""
+    counts, means, stds = [], [], []
+    for item in members:
+        summary = item.outputs[0]
+        if summary.mean is None or summary.std is None:
+            return None
+        counts.append(math.prod(summary.shape))
+        means.append(summary.mean)
+        stds.append(summary.std)
+    total = sum(counts)
+    mean = sum(count * value for count, value in zip(counts, means)) / total
+    squares = sum((count - 1) * std * std + count * value * value for count, std, value in zip(counts, stds, means))
+    variance = (squares - total * mean * mean) / max(total - 1, 1)
+    return mean, math.sqrt(max(variance, 0.0))
+
+
+def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_features: list[CallFeatures],
+               cand_features: list[CallFeatures], threshold: float) -> list[Leftover]:
+    """Modules of either side in no pair, each with its best three candidates and why they were refused."""
+    paired_ref = {path for pair in pairs for path in pair.reference}
+    paired_cand = {path for pair in pairs for path in pair.candidate}
+    first_ref = _first_calls(reference)
+    first_cand = _first_calls(candidate)
+    found = []
+    for side, own, other, own_features, other_features, paired, own_paired_other in (
+        ("reference", first_ref, first_cand, ref_features, cand_features, paired_ref, paired_cand),
+        ("candidate", first_cand, first_ref, cand_features, ref_features, paired_cand, paired_ref),
+    ):
+        for path, index in own.items():
+            if path in paired:
+                continue
+            options = []
+            for other_path, other_index in other.items():
+                if side == "reference":
+                    score, evidence = pair_score(own_features[index], other_features[other_index])
+                else:
+                    score, evidence = pair_score(other_features[other_index], own_features[index])
+                options.append((score, other_path, evidence))
+            options.sort(key=lambda item: -item[0])
+            best = []
+            for score, other_path, evidence in options[:3]:
+                why = (f"below the threshold {threshold}" if score < threshold else
+                       "its counterpart aligned better elsewhere" if other_path in own_paired_other else
+                       "a better pair took the calls")
+                best.append((other_path, round(score, 3), f"{evidence}; {why}"))
+            found.append(Leftover(side, path, best))
+    return found
+
+
+def _first_calls(trace: Trace) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for record in trace.modules:
+        first.setdefault(record.path, record.index)
+    return first
+
+
+def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT_THRESHOLD) -> ModuleMapping:
+    """The module mapping between two traces, found without names."""
+    matched, ref_features, cand_features = align_calls(reference, candidate)
+    pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features,
+                                                 threshold)
+    pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
+    order = {record.path: record.index for record in reversed(candidate.modules)}
+    pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
+    return ModuleMapping(pairs, _leftovers(reference, candidate, pairs, ref_features, cand_features, threshold),
+                         threshold)
+
+
+def vote_summary(mapping: ModuleMapping) -> Counter:
+    """How many pairs of each form (one-to-one, fused) the mapping holds."""
+    return Counter("fused" if pair.fused else "one-to-one" for pair in mapping.pairs)

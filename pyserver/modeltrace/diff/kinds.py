@@ -1,0 +1,73 @@
+"""What kind of module a call is (linear, norm, embedding, attention, MLP, block, …), for aligning two
+implementations whose module names differ.
+
+Two codebases name their modules differently (`q_proj` / `wq`, `mlp` / `feed_forward`), but their classes are
+named from a small vocabulary (`Linear`, `Conv1D`, `LayerNorm`, `RMSNorm`, `Attention`, `MLP`, `Block`), and
+what a call takes and returns tells the rest (a leaf called with integer ids is an embedding). The vocabulary is
+data: one row per pattern, with the reason it means that kind. First matching row wins.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from modeltrace.trace.records import ModuleCall
+
+
+@dataclass(frozen=True)
+class KindRule:
+    pattern: re.Pattern
+    kind: str
+    reason: str
+
+
+def _rule(pattern: str, kind: str, reason: str) -> KindRule:
+    return KindRule(re.compile(pattern, re.IGNORECASE), kind, reason)
+
+
+# NOTE: ordered from specific to general: "RotaryEmbedding" is rotary, not an embedding; "SelfAttention" before
+# "Attention"; "DecoderLayer" is a block while "LayerNorm" is a norm.
+KIND_RULES: tuple[KindRule, ...] = (
+    _rule(r"rotary|rope", "rotary", "rotary position embeddings compute cos/sin tables, no lookup"),
+    _rule(r"norm", "norm", "LayerNorm, RMSNorm, GroupNorm and the families' own *Norm classes"),
+    _rule(r"embed", "embedding", "Embedding and the families' *Embeddings lookups"),
+    _rule(r"^(linear|conv1d|dense|.*proj.*|lora.*linear|.*linear)$", "linear",
+          "nn.Linear, transformers' Conv1D (GPT-2: a Linear with the weight transposed), Dense layers"),
+    _rule(r"^conv[123]d$|^conv$", "conv", "convolutions"),
+    _rule(r"attention|attn", "attention", "self- and cross-attention modules"),
+    _rule(r"mlp|feedforward|feed_forward|ffn|swiglu|glu$", "mlp", "the feed-forward part of a block"),
+    _rule(r"moe|expert|router|gate$", "moe", "mixture-of-experts routing and experts"),
+    _rule(r"layer$|block$|decoderlayer|encoderlayer|transformerblock", "block",
+          "one transformer layer: attention + MLP with residuals"),
+    _rule(r"dropout", "dropout", "dropout (identity in eval mode)"),
+    _rule(r"gelu|silu|relu|swish|tanh|sigmoid|activation|^act|newgelu|quickgelu|softmax|mish", "activation",
+          "elementwise activations"),
+    _rule(r"^(modulelist|moduledict|sequential)$", "container", "containers: called only when Sequential"),
+    _rule(r"head$|lmhead|pooler|classifier", "head", "output heads"),
+    _rule(r"model$|transformer$|encoder$|decoder$|backbone", "model", "whole models and stacks"),
+)
+UNKNOWN = "unknown"
+
+_cache: dict[str, str] = {}
+
+
+def kind_of_class(class_name: str) -> str:
+    """The kind named by a class name alone, or "unknown"."""
+    found = _cache.get(class_name)
+    if found is None:
+        found = next((rule.kind for rule in KIND_RULES if rule.pattern.search(class_name)), UNKNOWN)
+        _cache[class_name] = found
+    return found
+
+
+def kind_of(call: ModuleCall, is_leaf: bool) -> str:
+    """The kind of one call: its class name's kind, corrected by what it takes (a leaf whose first input is an
+    integer tensor looks things up: an embedding, whatever its class is called)."""
+    kind = kind_of_class(call.class_name)
+    if is_leaf and call.inputs and call.inputs[0].dtype.startswith(("int", "uint")) and kind in (UNKNOWN, "linear"):
+        return "embedding"
+    if kind == "linear" and not is_leaf:
+        # a composite whose class name says "Proj" (a projector, a merger): not a single linear map
+        return UNKNOWN
+    return kind
