@@ -246,3 +246,18 @@ def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path,
 def _cli(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True,
                           timeout=300)
+
+
+def test_vectorised_scores_are_the_scalar_rule(traces: dict[str, Path]) -> None:
+    """The NumPy scoring the alignment runs on every pair gives what `pair_score` (whose evidence text the
+    mapping shows) gives, on every pair of two real traces."""
+    import numpy as np
+
+    from modeltrace.diff import auto_align
+
+    reference, candidate = read_trace(traces["reference"]), read_trace(traces["fused"])
+    ref_features, cand_features = auto_align.features(reference), auto_align.features(candidate)
+    codes = auto_align._Codes(ref_features, cand_features)
+    matrix = auto_align._score_rows(codes, slice(None))
+    expected = np.array([[auto_align.pair_score(ref, cand)[0] for ref in ref_features] for cand in cand_features])
+    np.testing.assert_allclose(matrix, expected, atol=1e-5)

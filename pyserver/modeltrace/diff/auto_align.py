@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +43,10 @@ _KIND_MISMATCH = 0.25
 _SHAPE_MISMATCH = 0.5
 # NOTE: the sequence alignment keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
 _MAX_CELLS = 60_000_000
+_BAND = 0.1
+_BAND_MIN = 128
+# NOTE: stretches between anchors up to this many pairs are aligned in plain Python, all scored at once
+_SMALL = 4096
 _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
@@ -205,60 +209,171 @@ class _Codes:
                 "in_last": np.array([code(lasts, (len(item.input_shape), item.input_shape[-1])
                                           if item.input_shape else None) for item in side], dtype=np.int32),
                 "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
-                "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float64),
-                "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float64),
+                "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
+                "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
+                "spread": np.array([1e-12 if item.std is None else max(abs(item.std), 1e-12) for item in side],
+                                   dtype=np.float32),
             }
 
         self.ref = encode(ref)
         self.cand = encode(cand)
 
 
-def _score_rows(codes: _Codes, rows: slice) -> np.ndarray:
-    """Scores of candidate calls `rows` (axis 0) against every reference call (axis 1), as `pair_score` gives
-    them (NumPy form of the same rule)."""
-    cand = {name: values[rows, None] for name, values in codes.cand.items()}
-    ref = {name: values[None, :] for name, values in codes.ref.items()}
+def _score_rows(codes: _Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None),
+                paired: bool = False) -> np.ndarray:
+    """Scores of candidate calls `rows` (axis 0) against reference calls `columns` (axis 1), or with `paired`
+    of `rows[k]` against `columns[k]` (one axis), as `pair_score` gives them (NumPy form of the same rule, in
+    float32 and whole-array operations: it runs on millions of pairs)."""
+    if paired:
+        cand = {name: values[rows] for name, values in codes.cand.items()}
+        ref = {name: values[columns] for name, values in codes.ref.items()}
+    else:
+        cand = {name: values[rows, None] for name, values in codes.cand.items()}
+        ref = {name: values[None, columns] for name, values in codes.ref.items()}
+    one, half, zero = np.float32(1.0), np.float32(0.5), np.float32(0.0)
 
     def shape(side: str, last: str) -> np.ndarray:
-        equal = (cand[side] == ref[side]) & (cand[side] != 0)
-        partial = (cand[last] == ref[last]) & (cand[last] != 0)
-        missing = (cand[side] == 0) | (ref[side] == 0)
-        return np.where(equal, 1.0, np.where(partial, 0.6, np.where(missing, 0.5, 0.0)))
+        # 1 equal, 0.5 unknown on a side, 0.6 the same width elsewhere, 0 different
+        partial = np.where(cand[last] == ref[last], np.float32(0.6), zero)
+        known = np.where((cand[side] == 0) | (ref[side] == 0), half, partial)
+        return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
 
-    output, inputs = shape("out", "out_last"), shape("in", "in_last")
-    layer = np.where(cand["layer"] == ref["layer"], 1.0,
-                     np.where((cand["layer"] == 0) | (ref["layer"] == 0), 0.5, 0.0))
+    output = shape("out", "out_last")
+    layer = np.where(cand["layer"] == ref["layer"], one,
+                     np.where((cand["layer"] == 0) | (ref["layer"] == 0), half, zero))
+    structure = (np.float32(_WEIGHTS["output"]) * output + np.float32(_WEIGHTS["input"]) * shape("in", "in_last")
+                 + np.float32(_WEIGHTS["layer"]) * layer)
     with np.errstate(invalid="ignore", divide="ignore"):
-        spread = np.maximum(np.maximum(np.abs(cand["std"]), np.abs(ref["std"])), 1e-12)
-        distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / spread
-        values = np.clip(1.0 - np.log10(np.maximum(distance, 1e-3) / 1e-3) / 3.0, 0.0, 1.0)
-    has_values = ~np.isnan(values)
-    weighted = _WEIGHTS["output"] * output + _WEIGHTS["input"] * inputs + _WEIGHTS["layer"] * layer
+        distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / np.maximum(
+            cand["spread"], ref["spread"])
+        values = np.log10(np.maximum(distance, np.float32(1e-3)))  # NaN where a side has no statistics
+    values = np.clip(values * np.float32(-1 / 3), zero, one)  # 1 - log10(distance / 1e-3) / 3
     base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
-    score = np.where(has_values, (weighted + _WEIGHTS["values"] * np.nan_to_num(values)) / (base + _WEIGHTS["values"]),
-                     weighted / base)
-    score *= np.where(output == 0, _SHAPE_MISMATCH, 1.0)
-    same_kind = (cand["kind"] == ref["kind"]) & (cand["kind"] != 0)
-    unknown = (cand["kind"] == 0) | (ref["kind"] == 0)
-    return score * np.where(same_kind, 1.0, np.where(unknown, 0.8, _KIND_MISMATCH))
+    score = np.where(np.isnan(values), structure / np.float32(base),
+                     (structure + np.float32(_WEIGHTS["values"]) * values) / np.float32(base + _WEIGHTS["values"]))
+    kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
+    kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
+    return score * kind * np.where(output == 0, np.float32(_SHAPE_MISMATCH), one)
 
 
-def _sequence_alignment(codes: _Codes, count_cand: int, count_ref: int) -> list[tuple[int, int, float]]:
-    """Weighted longest common subsequence of the two call orders: pairs (candidate, reference, score) keeping
-    the order, each pair scoring at least `_FLOOR`, gaps free.
+def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
+    """(candidate, reference) calls that are the only ones of their kind, output and input shapes and layer index
+    on each side, scoring at least the threshold, and keeping their order (the longest increasing run of them)."""
+    def keys(side: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
+        return list(zip(side["kind"].tolist(), side["out"].tolist(), side["in"].tolist(), side["layer"].tolist()))
 
-    With free gaps, row i of the table is the running maximum of max(D[i-1][j], D[i-1][j-1] + S[i][j]), so each
-    row is three NumPy operations."""
+    def unique(side_keys: list[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+        counts: dict[tuple[int, ...], int] = defaultdict(int)
+        for key in side_keys:
+            counts[key] += 1
+        return {key: index for index, key in enumerate(side_keys) if counts[key] == 1 and key[0] != 0}
+
+    cand_unique, ref_unique = unique(keys(codes.cand)), unique(keys(codes.ref))
+    candidates = sorted((index, ref_unique[key]) for key, index in cand_unique.items() if key in ref_unique)
+    if not candidates:
+        return []
+    scores = _score_rows(codes, np.array([c for c, _ in candidates]), np.array([r for _, r in candidates]),
+                         paired=True).tolist()
+    kept = [(cand, ref, score) for (cand, ref), score in zip(candidates, scores) if score >= DEFAULT_THRESHOLD]
+    return _increasing_run(kept)
+
+
+def _increasing_run(pairs: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """The longest run of `pairs` (sorted by their first item) whose second items increase (patience sorting)."""
+    tails: list[int] = []  # tails[k]: position in `pairs` of the smallest tail of an increasing run of length k+1
+    back = [-1] * len(pairs)
+    for position, (_, value, _) in enumerate(pairs):
+        low, high = 0, len(tails)
+        while low < high:
+            middle = (low + high) // 2
+            if pairs[tails[middle]][1] < value:
+                low = middle + 1
+            else:
+                high = middle
+        back[position] = tails[low - 1] if low > 0 else -1
+        if low == len(tails):
+            tails.append(position)
+        else:
+            tails[low] = position
+    run = []
+    position = tails[-1] if tails else -1
+    while position >= 0:
+        run.append(pairs[position])
+        position = back[position]
+    return run[::-1]
+
+
+def _small_alignments(codes: _Codes, segments: list[tuple[int, int, int, int]]) -> list[tuple[int, int, float]]:
+    """`_sequence_alignment` of many small stretches: every pair of every stretch scored in one NumPy call, each
+    table filled in plain Python (a few dozen cells)."""
+    if not segments:
+        return []
+    rows, columns = [], []
+    for cand_start, cand_stop, ref_start, ref_stop in segments:
+        for cand_index in range(cand_start, cand_stop):
+            rows.extend([cand_index] * (ref_stop - ref_start))
+            columns.extend(range(ref_start, ref_stop))
+    flat = _score_rows(codes, np.array(rows), np.array(columns), paired=True).tolist()
+    pairs = []
+    offset = 0
+    for cand_start, cand_stop, ref_start, ref_stop in segments:
+        height, width = cand_stop - cand_start, ref_stop - ref_start
+        scores = [flat[offset + row * width: offset + (row + 1) * width] for row in range(height)]
+        offset += height * width
+        table = [[0.0] * (width + 1) for _ in range(height + 1)]
+        for row in range(1, height + 1):
+            previous, current, row_scores = table[row - 1], table[row], scores[row - 1]
+            for column in range(1, width + 1):
+                score = row_scores[column - 1]
+                diagonal = previous[column - 1] + score if score >= _FLOOR else -1.0
+                current[column] = max(previous[column], current[column - 1], diagonal)
+        row, column = height, width
+        found = []
+        while row > 0 and column > 0:
+            value = table[row][column]
+            if value == table[row - 1][column]:
+                row -= 1
+            elif value == table[row][column - 1]:
+                column -= 1
+            else:
+                found.append((cand_start + row - 1, ref_start + column - 1, scores[row - 1][column - 1]))
+                row -= 1
+                column -= 1
+        pairs.extend(reversed(found))
+    return pairs
+
+
+def _sequence_alignment(codes: _Codes, cand_range: slice, ref_range: slice) -> list[tuple[int, int, float]]:
+    """Weighted longest common subsequence of two stretches of the call orders: pairs (candidate, reference,
+    score) keeping the order, each pair scoring at least `_FLOOR`, gaps free.
+
+    With free gaps, D[i][j] is the running maximum over j of max(D[i-1][j], D[i-1][j-1] + S[i][j]), so a row is
+    a few NumPy operations. In a long stretch, pairs are scored only near the diagonal (relative positions at
+    most `_BAND` of the longer stretch apart, never fewer than `_BAND_MIN` calls): a wrapper more or less, or a
+    module missing on one side, shift positions by a few percent. Left of a row's band D[i][j] = D[i-1][j];
+    right of it, the band's last value or D[i-1][j]."""
+    count_cand, count_ref = cand_range.stop - cand_range.start, ref_range.stop - ref_range.start
     table = np.zeros((count_cand + 1, count_ref + 1), dtype=np.float32)
-    scores = np.zeros((count_cand, count_ref), dtype=np.float32)
-    chunk = max(1, 2_000_000 // max(count_ref, 1))
+    scores = np.full((count_cand, count_ref), -np.inf, dtype=np.float32)
+    half_width = max(_BAND_MIN, int(_BAND * max(count_ref, count_cand)))
+    bands = []
+    chunk = 256
     for start in range(0, count_cand, chunk):
-        block = _score_rows(codes, slice(start, min(start + chunk, count_cand)))
-        scores[start:start + block.shape[0]] = np.where(block >= _FLOOR, block, -np.inf)
+        stop = min(start + chunk, count_cand)
+        low = max(0, int(start * count_ref / count_cand) - half_width)
+        high = min(count_ref, int(stop * count_ref / count_cand) + half_width + 1)
+        block = _score_rows(codes, slice(cand_range.start + start, cand_range.start + stop),
+                            slice(ref_range.start + low, ref_range.start + high))
+        scores[start:stop, low:high] = np.where(block >= _FLOOR, block, -np.inf)
+        bands.extend([(low, high)] * (stop - start))
     for row in range(1, count_cand + 1):
-        previous = table[row - 1]
-        best = np.maximum(previous[1:], previous[:-1] + scores[row - 1])
-        np.maximum.accumulate(best, out=table[row, 1:])
+        previous, current = table[row - 1], table[row]
+        low, high = bands[row - 1]
+        current[: low + 1] = previous[: low + 1]
+        segment = np.maximum(previous[low + 1 : high + 1], previous[low:high] + scores[row - 1, low:high])
+        segment[0] = max(segment[0], previous[low])
+        np.maximum.accumulate(segment, out=current[low + 1 : high + 1])
+        np.maximum(previous[high + 1 :], current[high], out=current[high + 1 :])
     pairs = []
     row, column = count_cand, count_ref
     while row > 0 and column > 0:
@@ -268,7 +383,8 @@ def _sequence_alignment(codes: _Codes, count_cand: int, count_ref: int) -> list[
         elif value == table[row, column - 1]:
             column -= 1
         else:
-            pairs.append((row - 1, column - 1, float(scores[row - 1, column - 1])))
+            pairs.append((cand_range.start + row - 1, ref_range.start + column - 1,
+                          float(scores[row - 1, column - 1])))
             row -= 1
             column -= 1
     pairs.reverse()
@@ -276,9 +392,9 @@ def _sequence_alignment(codes: _Codes, count_cand: int, count_ref: int) -> list[
 
 
 def align_calls(reference: Trace, candidate: Trace) -> tuple[dict[int, tuple[int, float]], list[CallFeatures],
-                                                             list[CallFeatures]]:
+                                                             list[CallFeatures], _Codes]:
     """Candidate call index -> (reference call index, score), from the sequence alignment and the order-free
-    pass over children of aligned parents."""
+    pass over children of aligned parents; with both sides' features and their codes."""
     ref_features, cand_features = features(reference), features(candidate)
     count_ref, count_cand = len(ref_features), len(cand_features)
     if count_ref * count_cand > _MAX_CELLS:
@@ -286,14 +402,33 @@ def align_calls(reference: Trace, candidate: Trace) -> tuple[dict[int, tuple[int
                          f"{count_cand:,} × {count_ref:,}: give a mapping file (--mapping) or --map rules")
     codes = _Codes(ref_features, cand_features)
     matched: dict[int, tuple[int, float]] = {}
-    if count_ref and count_cand:
-        for cand_index, ref_index, score in _sequence_alignment(codes, count_cand, count_ref):
-            matched[cand_index] = (ref_index, score)
+    # NOTE: anchors split the sequence alignment into small independent pieces: calls whose kind, signatures
+    # and layer index occur once on each side (a layer's block, its attention, its MLP) pair with each other
+    # when they keep their order; the alignment then runs between consecutive anchors, so two 5,000-call
+    # traces cost a few thousand small tables (scored in one NumPy call) instead of one 5,000 × 5,000 one.
+    anchors = _anchors(codes)
+    segments = []
+    previous_cand, previous_ref = 0, 0
+    for cand_anchor, ref_anchor, score in [*anchors, (count_cand, count_ref, 0.0)]:
+        if cand_anchor > previous_cand and ref_anchor > previous_ref:
+            segments.append((previous_cand, cand_anchor, previous_ref, ref_anchor))
+        if cand_anchor < count_cand:
+            matched[cand_anchor] = (ref_anchor, score)
+        previous_cand, previous_ref = cand_anchor + 1, ref_anchor + 1
+    small = [segment for segment in segments if (segment[1] - segment[0]) * (segment[3] - segment[2]) <= _SMALL]
+    for cand_index, ref_index, score in _small_alignments(codes, small):
+        matched[cand_index] = (ref_index, score)
+    for cand_start, cand_stop, ref_start, ref_stop in segments:
+        if (cand_stop - cand_start) * (ref_stop - ref_start) > _SMALL:
+            for cand_index, ref_index, score in _sequence_alignment(
+                codes, slice(cand_start, cand_stop), slice(ref_start, ref_stop)
+            ):
+                matched[cand_index] = (ref_index, score)
     # NOTE: the roots always correspond: the two models were called with the same inputs
     if count_ref and count_cand and 0 not in matched:
         matched[0] = (0, pair_score(ref_features[0], cand_features[0])[0])
     _pair_leftover_children(reference, candidate, ref_features, cand_features, matched)
-    return matched, ref_features, cand_features
+    return matched, ref_features, cand_features, codes
 
 
 def _children(trace: Trace) -> dict[int, list[int]]:
@@ -455,35 +590,41 @@ def _combined_moments(members: list[ModuleCall]) -> tuple[float, float] | None:
 
 
 def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_features: list[CallFeatures],
-               cand_features: list[CallFeatures], threshold: float) -> list[Leftover]:
-    """Modules of either side in no pair, each with its best three candidates and why they were refused."""
-    paired_ref = {path for pair in pairs for path in pair.reference}
-    paired_cand = {path for pair in pairs for path in pair.candidate}
-    first_ref = _first_calls(reference)
-    first_cand = _first_calls(candidate)
+               cand_features: list[CallFeatures], codes: _Codes, threshold: float) -> list[Leftover]:
+    """Modules of either side in no pair, each with its best three candidates on the other side and why they
+    were refused (scored all at once with NumPy; the evidence text only for the three)."""
+    paired = {"reference": {path for pair in pairs for path in pair.reference},
+              "candidate": {path for pair in pairs for path in pair.candidate}}
+    first = {"reference": _first_calls(reference), "candidate": _first_calls(candidate)}
+    features_of = {"reference": ref_features, "candidate": cand_features}
     found = []
-    for side, own, other, own_features, other_features, paired, own_paired_other in (
-        ("reference", first_ref, first_cand, ref_features, cand_features, paired_ref, paired_cand),
-        ("candidate", first_cand, first_ref, cand_features, ref_features, paired_cand, paired_ref),
-    ):
-        for path, index in own.items():
-            if path in paired:
-                continue
+    for side, other in (("reference", "candidate"), ("candidate", "reference")):
+        own = [(path, index) for path, index in first[side].items() if path not in paired[side]]
+        targets = list(first[other].items())
+        if not own or not targets:
+            found.extend(Leftover(side, path) for path, _ in own)
+            continue
+        own_indices = np.array([index for _, index in own])
+        target_indices = np.array([index for _, index in targets])
+        # NOTE: `_score_rows` scores candidate rows against reference columns
+        scores = (_score_rows(codes, own_indices, target_indices) if side == "candidate"
+                  else _score_rows(codes, target_indices, own_indices).T)
+        count = min(3, scores.shape[1])
+        best = np.argpartition(-scores, count - 1, axis=1)[:, :count]
+        best = np.take_along_axis(best, np.argsort(-np.take_along_axis(scores, best, axis=1), axis=1), axis=1)
+        for row, (path, index) in enumerate(own):
             options = []
-            for other_path, other_index in other.items():
+            for column in best[row]:
+                other_path, other_index = targets[column]
                 if side == "reference":
-                    score, evidence = pair_score(own_features[index], other_features[other_index])
+                    score, evidence = pair_score(features_of[side][index], features_of[other][other_index])
                 else:
-                    score, evidence = pair_score(other_features[other_index], own_features[index])
-                options.append((score, other_path, evidence))
-            options.sort(key=lambda item: -item[0])
-            best = []
-            for score, other_path, evidence in options[:3]:
+                    score, evidence = pair_score(features_of[other][other_index], features_of[side][index])
                 why = (f"below the threshold {threshold}" if score < threshold else
-                       "its counterpart aligned better elsewhere" if other_path in own_paired_other else
-                       "a better pair took the calls")
-                best.append((other_path, round(score, 3), f"{evidence}; {why}"))
-            found.append(Leftover(side, path, best))
+                       "its counterpart is paired with another module" if other_path in paired[other] else
+                       "the calls aligned elsewhere")
+                options.append((other_path, round(score, 3), f"{evidence}; {why}"))
+            found.append(Leftover(side, path, options))
     return found
 
 
@@ -496,16 +637,11 @@ def _first_calls(trace: Trace) -> dict[str, int]:
 
 def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT_THRESHOLD) -> ModuleMapping:
     """The module mapping between two traces, found without names."""
-    matched, ref_features, cand_features = align_calls(reference, candidate)
+    matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features,
                                                  threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
-    return ModuleMapping(pairs, _leftovers(reference, candidate, pairs, ref_features, cand_features, threshold),
-                         threshold)
-
-
-def vote_summary(mapping: ModuleMapping) -> Counter:
-    """How many pairs of each form (one-to-one, fused) the mapping holds."""
-    return Counter("fused" if pair.fused else "one-to-one" for pair in mapping.pairs)
+    leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)
+    return ModuleMapping(pairs, leftovers, threshold)
