@@ -104,6 +104,21 @@ class SourceLocation:
 
 
 @dataclass(slots=True)
+class SourceRange:
+    """Lines `start`..`end` (1-based, inclusive) of an absolute file path: where a diff says the cause lies."""
+
+    file: str
+    start: int
+    end: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "start": self.start, "end": self.end}
+
+    def __contains__(self, line: object) -> bool:
+        return isinstance(line, int) and self.start <= line <= self.end
+
+
+@dataclass(slots=True)
 class ModuleCall:
     """One call of one submodule during the forward pass.
 
