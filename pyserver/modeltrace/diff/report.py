@@ -69,6 +69,10 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
     }
     if module.reason:
         data["reason"] = module.reason
+    if module.settings:
+        data["settings"] = [difference.to_json() for difference in module.settings]
+    if module.parameters:
+        data["parameters"] = [difference.to_json() for difference in module.parameters]
     if module.atol is not None:
         data["atol"], data["rtol"] = module.atol, module.rtol
     if module.reference is not None and module.reference.path != record.path:
@@ -96,7 +100,7 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         return None
     module = divergence.module
     record = module.candidate
-    return {
+    data = {
         "path": record.path,
         "called_at": _location(record.called_at),
         "defined_at": _location(record.defined_at),
@@ -110,6 +114,19 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "reason": module.reason,
         "after": _brief(divergence.last_matching_child),
         "before": _brief(divergence.first_differing_child),
+    }
+    data.update(evidence_json(divergence))
+    return data
+
+
+def evidence_json(divergence: Divergence) -> dict[str, Any]:
+    """The divergence's evidence (diff/evidence.py): the first differing line, the module's construction line,
+    and what differs in its settings and parameters."""
+    return {
+        "line": divergence.line.to_json() if divergence.line is not None else None,
+        "built_at": _location(divergence.built_at),
+        "settings": [difference.to_json() for difference in divergence.settings],
+        "parameters": [difference.to_json() for difference in divergence.parameters],
     }
 
 
@@ -160,6 +177,13 @@ def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
         current = statuses.get(key)
         if current is None or STATUS_RANK[module.status] > STATUS_RANK[current]:
             statuses[key] = module.status
+    # NOTE: the divergence's first differing line, and the line that built it differently, are where the bug is
+    divergence = result.first_divergence
+    if divergence is not None:
+        if divergence.line is not None:
+            statuses[(divergence.line.file, divergence.line.line)] = DIVERGENCE
+        if divergence.built_at is not None and (divergence.settings or divergence.parameters):
+            statuses[(divergence.built_at.file, divergence.built_at.line)] = DIVERGENCE
     return statuses
 
 
@@ -295,6 +319,7 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
                 parts.append(f"{before.candidate.path} (line {_line(before)}) already receives differing inputs")
             where = _between(after, before)
             add("  inside it: " + "; ".join(parts) + (f": look at {where}" if where else ""))
+    lines.extend(evidence_text(result))
     unaligned_ref = [result.reference.trace.modules[index] for index in alignment.unaligned_reference]
     unaligned_cand = [result.candidate.trace.modules[index] for index in alignment.unaligned_candidate]
     if unaligned_ref:
@@ -321,6 +346,49 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     add(", ".join(f"{counts.get(status, 0)} {status.replace('_', ' ')}"
                   for status in (MATCH, DIVERGENCE, MISMATCH, NOT_COMPARED)))
     return "\n".join(lines) + "\n"
+
+
+def evidence_text(result: DiffResult, limit: int = 6) -> list[str]:
+    """Report lines for the divergence's evidence (its first differing line, what differs in how it was built)
+    and for the other modules built differently."""
+    lines: list[str] = []
+    divergence = result.first_divergence
+    if divergence is not None:
+        line = divergence.line
+        if line is not None:
+            lines.append(f"  first differing line  {_short(line.file)}:{line.line}: {line.reason}")
+        built = f", built at {_where(divergence.built_at)}" if divergence.built_at is not None else ""
+        for difference in divergence.settings:
+            lines.append(f"  {difference.path or '(root)'}: {_setting(difference)}{built}")
+        for difference in divergence.parameters:
+            lines.append(f"  {difference.path or '(root)'}: {_parameter(difference)}{built}")
+    shown = {divergence.module.candidate.path} if divergence is not None else set()
+    others: dict[str, ModuleResult] = {}
+    for module in result.modules:
+        path = module.candidate.path
+        if (module.settings or module.parameters) and path not in shown:
+            others.setdefault(path, module)
+    if others:
+        lines.append(f"built differently ({len(others)} modules):")
+        for path, module in list(others.items())[:limit]:
+            what = [_setting(item) for item in module.settings] + [_parameter(item) for item in module.parameters]
+            built_at = next((build.built_at for build in result.candidate.trace.builds if build.path == path), None)
+            where = f", built at {_where(built_at)}" if built_at is not None else ""
+            lines.append(f"  {path or '(root)'}: {'; '.join(what[:3])}{where}")
+        if len(others) > limit:
+            lines.append(f"  … (+{len(others) - limit})")
+    return lines
+
+
+def _setting(difference) -> str:  # noqa: ANN001 - a diff.settings.SettingDifference
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.reference!r} (reference) vs {difference.candidate!r} (candidate){note}"
+
+
+def _parameter(difference) -> str:  # noqa: ANN001 - a diff.settings.ParameterDifference
+    value = f", max abs diff {_format_number(difference.max_abs_diff)}" if difference.max_abs_diff is not None else ""
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.status}{value}{note}"
 
 
 def _line(module: ModuleResult) -> str:
