@@ -150,7 +150,7 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
     statistic = max(_STATISTICS, key=lambda name: _difference(getattr(ref, name), getattr(cand, name)))
     return LineDivergence(
         cand_record.file, cand_record.line, cand_record.name, gap,
-        f"{cand_record.name} {statistic} {getattr(cand, statistic):.5g} vs {getattr(ref, statistic):.5g} "
+        f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
         f"({where} in the reference)")
 
 
