@@ -45,7 +45,7 @@ def _gpt2(layer_norm_epsilon: float = 1e-5) -> tuple[GPT2LMHeadModel, dict]:
     return model, {build.path: build for build in record_builds(model, constructions)}
 
 
-def _source_line(location) -> str:  # noqa: ANN001
+def _source_line(location) -> str:
     return Path(location.file).read_text().splitlines()[location.line - 1]
 
 
@@ -151,12 +151,12 @@ def test_dropped_weight_copy_in_a_transformers_model() -> None:
 # ---------------------------------------------------------------------------------------- through traces
 
 
-def _trace(worker, file: Path, out: Path, lines: bool = True) -> Path:  # noqa: ANN001
+def _trace(worker, file: Path, out: Path, lines: bool = True) -> Path:
     return Path(worker.trace({"file": str(file), "out": str(out), "lines": lines, "seed": 0})["trace"])
 
 
 @pytest.fixture(scope="module")
-def original(worker, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
+def original(worker, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _trace(worker, EXAMPLE_PACKAGE / "modeling_tiny_llama.py", tmp_path_factory.mktemp("evidence") / "a.mtrace")
 
 
@@ -170,7 +170,7 @@ def _edited_copy(tmp_path: Path, old: str, new: str) -> Path:
     return modeling
 
 
-def test_eps_in_one_layer_is_named_with_its_construction_line(worker, original: Path, tmp_path: Path) -> None:  # noqa: ANN001
+def test_eps_in_one_layer_is_named_with_its_construction_line(worker, original: Path, tmp_path: Path) -> None:
     edited = _edited_copy(tmp_path, EPS_LINE, EPS_LINE.replace("eps=config.rms_norm_eps",
                                                                "eps=config.rms_norm_eps if layer_idx != 1 else 1e-2"))
     candidate = _trace(worker, edited, tmp_path / "b.mtrace")
@@ -196,7 +196,7 @@ def test_eps_in_one_layer_is_named_with_its_construction_line(worker, original: 
         assert statuses[(divergence.line.file, divergence.line.line)] == DIVERGENCE
 
 
-def test_port_in_another_file_names_its_first_differing_line(worker, original: Path, tmp_path: Path) -> None:  # noqa: ANN001
+def test_port_in_another_file_names_its_first_differing_line(worker, original: Path, tmp_path: Path) -> None:
     candidate = _trace(worker, PORT_FILE, tmp_path / "port.mtrace")
     with load_reference(original) as ref, load_reference(candidate) as cand:
         result = diff_traces(ref, cand, DiffOptions())
@@ -207,7 +207,7 @@ def test_port_in_another_file_names_its_first_differing_line(worker, original: P
         assert not any(module.settings or module.parameters for module in result.modules)
 
 
-def test_identical_traces_have_no_evidence(worker, original: Path, tmp_path: Path) -> None:  # noqa: ANN001
+def test_identical_traces_have_no_evidence(worker, original: Path, tmp_path: Path) -> None:
     again = _trace(worker, EXAMPLE_PACKAGE / "modeling_tiny_llama.py", tmp_path / "again.mtrace")
     with load_reference(original) as ref, load_reference(again) as cand:
         result = diff_traces(ref, cand, DiffOptions())

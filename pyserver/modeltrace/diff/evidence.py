@@ -19,6 +19,7 @@ from modeltrace.diff.compare import (
 )
 from modeltrace.diff.lines import drill_down
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.trace.records import SourceLocation
 
 
 def explain(result: DiffResult) -> None:
@@ -76,7 +77,7 @@ def _built_differently_inside(
     return found
 
 
-def _built_at(result: DiffResult, path: str):  # noqa: ANN202
+def _built_at(result: DiffResult, path: str) -> SourceLocation | None:
     for build in result.candidate.trace.builds:
         if build.path == path:
             return build.built_at

@@ -24,6 +24,7 @@ from modeltrace.diff.compare import (
     Divergence,
     ModuleResult,
 )
+from modeltrace.diff.settings import ParameterDifference, SettingDifference
 from modeltrace.trace.records import SourceLocation
 
 
@@ -380,12 +381,12 @@ def evidence_text(result: DiffResult, limit: int = 6) -> list[str]:
     return lines
 
 
-def _setting(difference) -> str:  # noqa: ANN001 - a diff.settings.SettingDifference
+def _setting(difference: SettingDifference) -> str:
     note = f" ({difference.note})" if difference.note else ""
     return f"{difference.name} {difference.reference!r} (reference) vs {difference.candidate!r} (candidate){note}"
 
 
-def _parameter(difference) -> str:  # noqa: ANN001 - a diff.settings.ParameterDifference
+def _parameter(difference: ParameterDifference) -> str:
     value = f", max abs diff {_format_number(difference.max_abs_diff)}" if difference.max_abs_diff is not None else ""
     note = f" ({difference.note})" if difference.note else ""
     return f"{difference.name} {difference.status}{value}{note}"
