@@ -10,7 +10,9 @@ Values are compared on full tensors when both sides have them. A pair matches wh
 
 - elementwise: |a - b| <= atol' + rtol·|reference| everywhere, where atol' is atol, or, when atol is left to
   its default, atol per unit of the tensor's scale: atol · max(1, max|reference|) (floating-point error is
-  relative: logits of magnitude 1e3 carry errors a thousand times those of hidden states of magnitude 1);
+  relative: logits of magnitude 1e3 carry errors a thousand times those of hidden states of magnitude 1); with
+  rtol left to its default too, that per-unit atol is at least the dtype's rtol (bfloat16: 1.6e-2 of
+  max|reference|, its rounding at the tensor's scale);
 - scale-aware: the relative error ‖a - b‖ / max(‖reference‖, atol·√n) is at most `rel_tol` (float32 1e-4,
   float16 2e-3, bfloat16 2e-2, float64 1e-7 by default; the lower precision of the two dtypes decides), so a
   module whose output is 3e-4 off on values of std 0.02 (relative error ~1e-2) is flagged although it is under
@@ -233,6 +235,11 @@ def _tolerances(ref_dtype: str, cand_dtype: str, options: DiffOptions,
         rtol = options.rtol if options.rtol is not None else HALF_PRECISION_RTOL.get(lower, DEFAULT_RTOL)
         rel_tol = options.rel_tol if options.rel_tol is not None else DEFAULT_REL_TOL.get(lower,
                                                                                           DEFAULT_REL_TOL["float32"])
+        if options.atol is None and options.rtol is None:
+            # NOTE: the default atol is per unit of the tensor's scale, and a half-precision dtype cannot do
+            # better than its rounding at that scale (bfloat16's 2^-7 of max|ref|): elements near zero carry the
+            # absolute error of the large ones computed before them
+            atol = max(atol, rtol)
         found = cache[key] = (atol, rtol, rel_tol, options.atol is None)
     return found
 
