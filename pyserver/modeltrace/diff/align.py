@@ -144,19 +144,19 @@ def _align_by_maps(alignment: Alignment, ref_records: list[ModuleCall], cand_rec
                     if rename.pattern.search(spelling):
                         matched[number] += 1
 
-    def rewrite_all(path: str, prefixed: bool) -> list[tuple[str, int | None]]:
-        """Rewritten spellings of `path` with the map that made the first change (None: the chain changed
-        nothing)."""
+    def rewrite_all(path: str, prefixed: bool) -> list[tuple[str, list[int]]]:
+        """Rewritten spellings of `path`, each with the maps of the chain that changed it (a spelling the chain
+        leaves as it is is not a rewrite)."""
         out = []
         for spelling in _spellings(path, prefix, prefixed):
-            current, first = spelling, None
+            current, changed_by = spelling, []
             for number, rename in enumerate(maps):
                 rewritten = rename.apply(current)
-                if rewritten != current and first is None:
-                    first = number
+                if rewritten != current:
+                    changed_by.append(number)
                 current = rewritten
-            if first is not None:
-                out.append((current, first))
+            if changed_by:
+                out.append((current, changed_by))
         return out
 
     def lookup_table(records: list[ModuleCall], prefixed: bool, free: Callable[[int], bool]) -> dict[tuple[str, int], int]:
@@ -172,23 +172,25 @@ def _align_by_maps(alignment: Alignment, ref_records: list[ModuleCall], cand_rec
     for ref_position, record in enumerate(ref_records):
         if used[ref_position]:
             continue
-        for target_path, number in rewrite_all(record.path, ref_prefixed):
+        for target_path, changed_by in rewrite_all(record.path, ref_prefixed):
             target = free_cand.get((target_path, record.call_index))
             if target is not None and reference_for[target] < 0:
                 reference_for[target], how[target] = ref_position, "map"
                 used[ref_position] = True
-                aligned[number] += 1
+                for number in changed_by:
+                    aligned[number] += 1
                 break
     free_ref = lookup_table(ref_records, ref_prefixed, lambda position: not used[position])
     for position, record in enumerate(cand_records):
         if reference_for[position] >= 0:
             continue
-        for target_path, number in rewrite_all(record.path, cand_prefixed):
+        for target_path, changed_by in rewrite_all(record.path, cand_prefixed):
             found = free_ref.get((target_path, record.call_index))
             if found is not None and not used[found]:
                 reference_for[position], how[position] = found, "map"
                 used[found] = True
-                aligned[number] += 1
+                for number in changed_by:
+                    aligned[number] += 1
                 break
     alignment.map_usage = [(rename, matched[number], aligned[number]) for number, rename in enumerate(maps)]
 

@@ -10,7 +10,9 @@ Values are compared on full tensors when both sides have them. A pair matches wh
 
 - elementwise: |a - b| <= atol' + rtol·|reference| everywhere, where atol' is atol, or, when atol is left to
   its default, atol per unit of the tensor's scale: atol · max(1, max|reference|) (floating-point error is
-  relative: logits of magnitude 1e3 carry errors a thousand times those of hidden states of magnitude 1);
+  relative: logits of magnitude 1e3 carry errors a thousand times those of hidden states of magnitude 1); with
+  rtol left to its default too, that per-unit atol is at least the dtype's rtol (bfloat16: 1.6e-2 of
+  max|reference|, its rounding at the tensor's scale);
 - scale-aware: the relative error ‖a - b‖ / max(‖reference‖, atol·√n) is at most `rel_tol` (float32 1e-4,
   float16 2e-3, bfloat16 2e-2, float64 1e-7 by default; the lower precision of the two dtypes decides), so a
   module whose output is 3e-4 off on values of std 0.02 (relative error ~1e-2) is flagged although it is under
@@ -49,7 +51,16 @@ import numpy as np
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.errors import ModelTraceError
-from modeltrace.diff.pairing import BROADCAST, DIFFERENT, OVERLAP, Pairing, _padded, dtype_kind, pair_leaves
+from modeltrace.diff.pairing import (
+    BROADCAST,
+    DIFFERENT,
+    OVERLAP,
+    LeafPair,
+    Pairing,
+    _padded,
+    dtype_kind,
+    pair_leaves,
+)
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary
 from modeltrace.trace.tensors import LoadedTrace
 
@@ -224,6 +235,11 @@ def _tolerances(ref_dtype: str, cand_dtype: str, options: DiffOptions,
         rtol = options.rtol if options.rtol is not None else HALF_PRECISION_RTOL.get(lower, DEFAULT_RTOL)
         rel_tol = options.rel_tol if options.rel_tol is not None else DEFAULT_REL_TOL.get(lower,
                                                                                           DEFAULT_REL_TOL["float32"])
+        if options.atol is None and options.rtol is None:
+            # NOTE: the default atol is per unit of the tensor's scale, and a half-precision dtype cannot do
+            # better than its rounding at that scale (bfloat16's 2^-7 of max|ref|): elements near zero carry the
+            # absolute error of the large ones computed before them
+            atol = max(atol, rtol)
         found = cache[key] = (atol, rtol, rel_tol, options.atol is None)
     return found
 
@@ -395,6 +411,52 @@ _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
 
 
+def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: DiffOptions, cache: dict,
+                        ref_precision: tuple[float, float] = (0.0, 0.0),
+                        cand_precision: tuple[float, float] = (0.0, 0.0)) -> LeafResult:
+    """The full-tensor verdict on one pair of tensors (reference `a`, candidate `b`) by the rule of the module
+    docstring, after bringing broadcast-equivalent shapes together and cutting overlapping ones to the
+    positions both hold."""
+    ref, cand, relation = pair.reference, pair.candidate, pair.relation
+    note = None
+    if relation == OVERLAP and a.ndim and b.ndim:
+        rank = max(a.ndim, b.ndim)
+        a = a.reshape(_padded(list(a.shape), rank))
+        b = b.reshape(_padded(list(b.shape), rank))
+        dimension, count = pair.dimension, pair.count
+        if dimension is not None and count is not None and count <= min(a.shape[dimension], b.shape[dimension]):
+            index = tuple(slice(-count, None) if axis == dimension else slice(None) for axis in range(rank))
+            a, b = a[index], b[index]
+            note = pair.describe()
+    elif a.shape != b.shape and a.size == b.size:
+        b = b.reshape(a.shape)
+        note = pair.describe()
+    if a.shape != b.shape:
+        return LeafResult(cand.key, MISMATCH, "shape", reason=f"stored shape {list(a.shape)} vs {list(b.shape)}",
+                          reference_key=ref.key)
+    if dtype_kind(ref.dtype) != dtype_kind(cand.dtype):
+        return LeafResult(cand.key, MISMATCH, "full", reason=f"dtype {ref.dtype} vs {cand.dtype}",
+                          reference_key=ref.key)
+    if ref.dtype != cand.dtype:
+        note = f"{note + '; ' if note else ''}dtype {ref.dtype} vs {cand.dtype}"
+    atol, rtol, rel_tol, scaled = _tolerances(ref.dtype, cand.dtype, options, cache)
+    ref_abs, ref_rel = ref_precision
+    cand_abs, cand_rel = cand_precision
+    found = measure_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
+    rel_limit = rel_tol + ref_rel + cand_rel
+    close = found.close and not found.rel_err > rel_limit
+    reason = found.reason
+    if not close and reason is None:
+        if not found.close:
+            reason = (f"max abs diff {found.max_abs:.3g} over atol {found.limit:.3g}"
+                      + (f" + rtol {rtol:g}·|ref|" if rtol else ""))
+        else:
+            reason = (f"relative error {found.rel_err:.3g} over {rel_tol:g} (‖a-b‖/‖ref‖; max abs diff "
+                      f"{found.max_abs:.3g}, cosine {found.cosine:.6f})")
+    return LeafResult(cand.key, MATCH if close else MISMATCH, "full", found.max_abs, found.max_rel, reason, atol,
+                      rtol, found.rel_err, found.cosine, ref.key, note)
+
+
 class _Comparer:
     """Compares the leaf pairs of every side (inputs of module call i are side 2i, its outputs side 2i + 1).
 
@@ -473,52 +535,16 @@ class _Comparer:
         if queued:
             self.queued_sides.append(side)
             self.queued_counts.append(queued)
-        if not refs and not cands:
-            return None
         return None if pairing.trivial else pairing
 
-    def _full(self, pair) -> LeafResult | None:
-        ref, cand, relation = pair.reference, pair.candidate, pair.relation
-        a = self.ref_store.get(ref.tensor)
-        b = self.cand_store.get(cand.tensor)
+    def _full(self, pair: LeafPair) -> LeafResult | None:
+        a = self.ref_store.get(pair.reference.tensor)
+        b = self.cand_store.get(pair.candidate.tensor)
         if a is None or b is None:
             return None
-        note = None
-        if relation == OVERLAP and list(a.shape) == ref.shape and list(b.shape) == cand.shape:
-            rank = max(a.ndim, b.ndim)
-            a = a.reshape(_padded(list(a.shape), rank))
-            b = b.reshape(_padded(list(b.shape), rank))
-            dimension, count = pair.dimension, pair.count
-            index = tuple(slice(-count, None) if axis == dimension else slice(None) for axis in range(rank))
-            a, b = a[index], b[index]
-            note = pair.describe()
-        elif relation == BROADCAST and a.size == b.size:
-            b = b.reshape(a.shape)
-            note = pair.describe()
-        if a.shape != b.shape:
-            return LeafResult(cand.key, MISMATCH, "shape", reason=f"stored shape {list(a.shape)} vs {list(b.shape)}",
-                              reference_key=ref.key)
-        if dtype_kind(ref.dtype) != dtype_kind(cand.dtype):
-            return LeafResult(cand.key, MISMATCH, "full", reason=f"dtype {ref.dtype} vs {cand.dtype}",
-                              reference_key=ref.key)
-        if ref.dtype != cand.dtype:
-            note = f"{note + '; ' if note else ''}dtype {ref.dtype} vs {cand.dtype}"
-        atol, rtol, rel_tol, scaled = _tolerances(ref.dtype, cand.dtype, self.options, self.tolerances)
-        ref_abs, ref_rel = self.ref_store.precision(ref.tensor)
-        cand_abs, cand_rel = self.cand_store.precision(cand.tensor)
-        found = measure_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
-        rel_limit = rel_tol + ref_rel + cand_rel
-        close = found.close and not found.rel_err > rel_limit
-        reason = found.reason
-        if not close and reason is None:
-            if not found.close:
-                reason = (f"max abs diff {found.max_abs:.3g} over atol {found.limit:.3g}"
-                          + (f" + rtol {rtol:g}·|ref|" if rtol else ""))
-            else:
-                reason = (f"relative error {found.rel_err:.3g} over {rel_tol:g} (‖a-b‖/‖ref‖; max abs diff "
-                          f"{found.max_abs:.3g}, cosine {found.cosine:.6f})")
-        return LeafResult(cand.key, MATCH if close else MISMATCH, "full", found.max_abs, found.max_rel, reason, atol,
-                          rtol, found.rel_err, found.cosine, ref.key, note)
+        return compare_pair_arrays(a, b, pair, self.options, self.tolerances,
+                                   self.ref_store.precision(pair.reference.tensor),
+                                   self.cand_store.precision(pair.candidate.tensor))
 
     @staticmethod
     def _table(summaries: list[TensorSummary]) -> np.ndarray:

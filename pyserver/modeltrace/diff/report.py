@@ -15,6 +15,7 @@ from typing import Any
 
 from modeltrace.diff.compare import (
     DEFAULT_ATOL,
+    DEFAULT_REL_TOL,
     DEFAULT_RTOL,
     DIVERGENCE,
     MATCH,
@@ -23,9 +24,11 @@ from modeltrace.diff.compare import (
     DiffResult,
     Divergence,
     ModuleResult,
+    ReplayResult,
 )
+from modeltrace.diff.pairing import Pairing
 from modeltrace.diff.settings import ParameterDifference, SettingDifference
-from modeltrace.trace.records import SourceLocation
+from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 
 STATUS_RANK = {NOT_COMPARED: 0, MATCH: 1, MISMATCH: 2, DIVERGENCE: 3}
@@ -70,12 +73,21 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
     }
     if module.reason:
         data["reason"] = module.reason
-    if module.settings:
-        data["settings"] = [difference.to_json() for difference in module.settings]
-    if module.parameters:
-        data["parameters"] = [difference.to_json() for difference in module.parameters]
     if module.atol is not None:
         data["atol"], data["rtol"] = module.atol, module.rtol
+    if module.rel_tol is not None:
+        data["rel_tol"] = module.rel_tol
+    if module.rel_err is not None:
+        data["rel_err"] = _number(module.rel_err)
+        data["cosine"] = _number(module.cosine)
+    if module.reference is not None:
+        data["compared"] = compared_json(module)
+    if module.replay is not None:
+        data["replay"] = replay_json(module.replay)
+    for name in ("settings", "parameters"):
+        values = getattr(module, name)
+        if values:
+            data[name] = [_jsonable(value) for value in values]
     if module.reference is not None and module.reference.path != record.path:
         data["reference_path"] = module.reference.path
     if module.status in (MISMATCH, DIVERGENCE):
@@ -87,6 +99,53 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             if leaf.status == MISMATCH
         ][:16]
     return data
+
+
+def _jsonable(value: Any) -> Any:
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(value)
+    return value
+
+
+def _side_pairs(pairing: Pairing | None, refs: list[TensorSummary],
+                cands: list[TensorSummary]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if pairing is None:
+        return [{"reference": ref.key, "candidate": cand.key, "how": "same shape"}
+                for ref, cand in zip(refs, cands)], []
+    pairs = [{"reference": pair.reference.key, "candidate": pair.candidate.key, "how": pair.describe(),
+              "relation": pair.relation} for pair in pairing.pairs]
+    left = [{"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason}
+            for leaf in pairing.left_out]
+    return pairs, left
+
+
+def compared_json(module: ModuleResult) -> dict[str, Any]:
+    """Which tensors of each side were compared with which, and which were left out and why."""
+    reference, candidate = module.reference, module.candidate
+    inputs, left_inputs = _side_pairs(module.input_pairing, reference.inputs, candidate.inputs)
+    if reference.outputs and candidate.outputs:
+        outputs, left_outputs = _side_pairs(module.output_pairing, reference.outputs, candidate.outputs)
+    else:
+        outputs, left_outputs = [], []
+    left_out = [{"side": "inputs", **leaf} for leaf in left_inputs] + [{"side": "outputs", **leaf}
+                                                                       for leaf in left_outputs]
+    return {"inputs": inputs, "outputs": outputs, "left_out": left_out}
+
+
+def replay_json(replay: ReplayResult | None) -> dict[str, Any] | None:
+    if replay is None:
+        return None
+    return {"status": replay.status, "reason": replay.reason, "max_abs_diff": _number(replay.max_abs_diff),
+            "rel_err": _number(replay.rel_err), "cosine": _number(replay.cosine), "replaced": replay.replaced}
+
+
+def _range(lines: SourceRange | None) -> dict[str, Any] | None:
+    return lines.to_json() if lines is not None else None
 
 
 def _brief(module: ModuleResult | None) -> dict[str, Any] | None:
@@ -101,7 +160,7 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         return None
     module = divergence.module
     record = module.candidate
-    data = {
+    return {
         "path": record.path,
         "called_at": _location(record.called_at),
         "defined_at": _location(record.defined_at),
@@ -115,19 +174,16 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "reason": module.reason,
         "after": _brief(divergence.last_matching_child),
         "before": _brief(divergence.first_differing_child),
-    }
-    data.update(evidence_json(divergence))
-    return data
-
-
-def evidence_json(divergence: Divergence) -> dict[str, Any]:
-    """The divergence's evidence (diff/evidence.py): the first differing line, the module's construction line,
-    and what differs in its settings and parameters."""
-    return {
-        "line": divergence.line.to_json() if divergence.line is not None else None,
+        "lines": _range(divergence.lines),
+        "line": _jsonable(divergence.line) if divergence.line is not None else None,
         "built_at": _location(divergence.built_at),
-        "settings": [difference.to_json() for difference in divergence.settings],
-        "parameters": [difference.to_json() for difference in divergence.parameters],
+        "settings": [_jsonable(value) for value in divergence.settings],
+        "parameters": [_jsonable(value) for value in divergence.parameters],
+        "rel_err": _number(module.rel_err),
+        "cosine": _number(module.cosine),
+        "by_replay": divergence.by_replay,
+        "replay": replay_json(module.replay),
+        "compared": compared_json(module) if module.reference is not None else None,
     }
 
 
@@ -140,7 +196,11 @@ def to_json(result: DiffResult) -> dict[str, Any]:
     for module in result.modules:
         counts[module.status] = counts.get(module.status, 0) + 1
     return {
-        "match": result.match,
+        # NOTE: a diff with too little aligned is not a match (`verdict` "not_comparable", exit 2)
+        "match": result.match and not result.not_comparable,
+        "verdict": result.verdict,
+        "not_comparable": result.not_comparable,
+        "replayed": result.replayed,
         "first_divergence": divergence_json(result.first_divergence),
         "modules": [module_json(module) for module in result.modules],
         "reference": _describe(result.reference),
@@ -150,6 +210,9 @@ def to_json(result: DiffResult) -> dict[str, Any]:
             "rtol": DEFAULT_RTOL if result.options.rtol is None else result.options.rtol,
             # rtol left to its default follows half precision (float16 1e-3, bfloat16 1.6e-2)
             "dtype_aware": result.options.rtol is None,
+            # ‖a-b‖/‖ref‖ allowed: the given value, or per dtype
+            "rel_tol": result.options.rel_tol if result.options.rel_tol is not None else DEFAULT_REL_TOL,
+            "atol_scaled": result.options.atol is None,
         },
         "counts": counts,
         "aligned": alignment.aligned_count,
@@ -276,8 +339,14 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     atol = "1e-3" if options.atol is None else f"{options.atol:g}"
     rtol = "0 (dtype-aware for half precision)" if options.rtol is None else f"{options.rtol:g}"
     alignment = result.alignment
+    rel_tol = ("per dtype (float32 1e-4, float16 2e-3, bfloat16 2e-2)" if options.rel_tol is None
+               else f"{options.rel_tol:g}")
     add(f"aligned    {alignment.aligned_count} of {len(result.modules)} candidate module calls; "
-        f"atol {atol}, rtol {rtol}")
+        f"atol {atol}{' per unit of scale' if options.atol is None else ''}, rtol {rtol}, "
+        f"relative error (‖a-b‖/‖ref‖) {rel_tol}")
+    if result.replayed:
+        replayed = [module for module in result.modules if module.replay is not None]
+        add(f"replay     {len(replayed)} suspect module calls re-run on the reference's inputs")
     for note in result.notes:
         add(f"note       {note}")
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)
@@ -285,7 +354,9 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add("note       the model's inputs differ: trace both with the same inputs (and seed) to compare them")
     add("")
     divergence = result.first_divergence
-    if result.match:
+    if result.match and result.not_comparable:
+        add(f"NOT COMPARABLE: {result.not_comparable}")
+    elif result.match:
         checks = [module.check for module in result.modules if module.status == MATCH]
         weaker = [f"{checks.count(name)} on {what}" for name, what in
                   (("statistics", "statistics only, a weaker check"), ("shape", "shapes and dtypes only"))
@@ -307,10 +378,20 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
             inputs = "inputs match" if divergence.inputs_match else "inputs differ"
             check = {"full": "full tensors", "statistics": "statistics only, a weaker check",
                      "shape": "shapes only"}.get(module.check or "", "")
+            scale = (f", relative error {_format_number(module.rel_err)}, cosine {module.cosine:.6f}"
+                     if module.rel_err is not None and module.cosine is not None else "")
             add(f"  {inputs}, outputs differ: max abs diff {_format_number(module.max_abs_diff)}, "
-                f"max rel diff {_format_number(module.max_rel_diff)}" + (f" ({check})" if check else ""))
+                f"max rel diff {_format_number(module.max_rel_diff)}{scale}" + (f" ({check})" if check else ""))
             if module.reason:
                 add(f"  {module.reason}")
+        replay = module.replay
+        if replay is not None:
+            add("  " + _replay_text(replay))
+        for text in _compared_text(module):
+            add("  " + text)
+        if divergence.lines is not None:
+            span = divergence.lines
+            add(f"  look at     {_short(span.file)} lines {span.start}-{span.end}")
         after, before = divergence.last_matching_child, divergence.first_differing_child
         if after is not None or before is not None:
             parts = []
@@ -390,6 +471,38 @@ def _parameter(difference: ParameterDifference) -> str:
     value = f", max abs diff {_format_number(difference.max_abs_diff)}" if difference.max_abs_diff is not None else ""
     note = f" ({difference.note})" if difference.note else ""
     return f"{difference.name} {difference.status}{value}{note}"
+
+
+def _replay_text(replay: ReplayResult) -> str:
+    if replay.status == MATCH:
+        return ("replayed on the reference's inputs: its output matches the reference's "
+                f"(relative error {_format_number(replay.rel_err)})")
+    if replay.status == MISMATCH:
+        return ("replayed on the reference's inputs: its output still differs (max abs diff "
+                f"{_format_number(replay.max_abs_diff)}, relative error {_format_number(replay.rel_err)}): the "
+                "difference arises in this module")
+    return f"replay not used: {replay.reason}"
+
+
+def _compared_text(module: ModuleResult) -> list[str]:
+    """What was compared with what, for the report's first divergence (only when not one-to-one)."""
+    if module.reference is None or (module.input_pairing is None and module.output_pairing is None):
+        return []
+    data = compared_json(module)
+    lines = []
+    for side in ("inputs", "outputs"):
+        pairs = data[side]
+        if pairs:
+            described = ", ".join(
+                (pair["candidate"] or "(tensor)") + ("" if pair["reference"] == pair["candidate"]
+                                                     else f" ~ {pair['reference'] or '(tensor)'}")
+                + ("" if pair["how"] == "same shape" else f" ({pair['how']})")
+                for pair in pairs)
+            lines.append(f"compared {side}: {described}")
+    for leaf in data["left_out"][:8]:
+        lines.append(f"left out: {leaf['in']} {leaf['side'][:-1]} {leaf['key'] or '(tensor)'} {leaf['shape']}: "
+                     f"{leaf['reason']}")
+    return lines
 
 
 def _line(module: ModuleResult) -> str:

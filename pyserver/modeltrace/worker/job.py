@@ -62,7 +62,12 @@ def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
 
 
 def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
-    """Build, run and write one trace; returns the `result` frame."""
+    """Build, run and write one trace; returns the `result` frame. A request carrying `replay` is a replay of
+    suspect modules for a diff instead (`worker/replay.py`): it writes no trace."""
+    if request.get("replay"):
+        from modeltrace.worker.replay import run_replay_job
+
+        return run_replay_job(request, progress)
     started = time.perf_counter()
     source = request.get("recipe") or request["file"]
     progress(f"building the model from {Path(source).name}")
