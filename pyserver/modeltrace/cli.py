@@ -89,14 +89,21 @@ def _diff_command(arguments: argparse.Namespace) -> int:
     from modeltrace.diff import close_result, diff_paths, render_text, to_json
 
     result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map,
-                        mapping=arguments.mapping, automatic=not arguments.no_auto_align)
+                        rel_tol=arguments.rel_tol, replay=arguments.replay, mapping=arguments.mapping,
+                        automatic=not arguments.no_auto_align)
     try:
         if arguments.format == "json":
             json.dump(to_json(result), sys.stdout, allow_nan=False)
             sys.stdout.write("\n")
         else:
             sys.stdout.write(render_text(result))
-        return 0 if result.match else 1
+        if not result.match:
+            return 1
+        if result.not_comparable:
+            # NOTE: not a match: too little aligned to trust one (exit 2, bad input, with the reason)
+            print(f"modeltrace diff: not comparable: {result.not_comparable}", file=sys.stderr)
+            return 2
+        return 0
     finally:
         close_result(result)
 
@@ -284,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a module mapping file (written by `modeltrace align`, edited or not) to align by")
     diff.add_argument("--no-auto-align", action="store_true",
                       help="align by paths and --map only, never by evidence")
+    diff.add_argument("--rel-tol", type=float, default=None, dest="rel_tol",
+                      help="relative error ‖a-b‖/‖ref‖ allowed (default: float32 1e-4, float16 2e-3, bfloat16 2e-2)")
+    diff.add_argument("--replay", action="store_true",
+                      help="re-run the first modules whose outputs differ on the reference's inputs (needs a "
+                           "reference with full tensors; runs the candidate's code in a worker)")
     diff.add_argument("--format", choices=("text", "json"), default="text")
     diff.set_defaults(handler=_diff_command)
 

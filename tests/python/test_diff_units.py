@@ -214,7 +214,10 @@ def test_maps_and_prefixes_align_renamed_modules() -> None:
         record.path = record.path.replace("h_layers.", "h.")
     candidate = _loaded(_chain([0.0, 1.0]))
     with pytest.raises(ModelTraceError, match="nothing aligns"):
-        diff_traces(reference, candidate)
+        diff_traces(reference, candidate, DiffOptions(automatic=False))
+    # names left aside, the evidence (order, signatures, values, layer index) aligns them
+    automatic = diff_traces(reference, candidate)
+    assert automatic.match and {module.aligned_by for module in automatic.modules} == {"auto"}
     options = DiffOptions(maps=tuple(parse_maps([r"^transformer\.h\.(\d+)=>layers.\1"])))
     assert diff_traces(reference, candidate, options).match
     # A `...ForCausalLM` reference against its base model: the common `model.` prefix is found on its own.

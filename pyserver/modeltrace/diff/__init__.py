@@ -4,7 +4,9 @@ No torch import: the language server uses this package. Entry points:
 
 - `load_reference(path)`: a trace folder or a transformers debugger output, with its full tensors
   (`LoadedTrace`; close it, or use it as a context manager, to release the tensors' memory map);
-- `diff_traces(reference, candidate, DiffOptions(atol, rtol, maps, mapping))` -> `DiffResult`, or `diff_paths(...)`;
+- `diff_traces(reference, candidate, DiffOptions(atol, rtol, maps, rel_tol, mapping))` -> `DiffResult`, or
+  `diff_paths(...)` (with `replay=True`: suspect candidate modules re-run on the reference's inputs in the
+  worker, `replay.run_replay`);
 - `align_modules(reference_trace, candidate_trace)` -> `ModuleMapping` (automatic alignment by evidence, not
   names), `render_mapping` / `read_mapping` (the mapping file `modeltrace align` writes and `--mapping` reads);
 - `to_json(result)` (the `diff --format json` document), `render_text(result)`, `line_statuses(result)`
@@ -15,6 +17,7 @@ No torch import: the language server uses this package. Entry points:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, parse_maps
 from modeltrace.diff.auto_align import ModuleMapping, align_modules
@@ -32,17 +35,20 @@ from modeltrace.diff.compare import (
     compare_arrays,
     diff_traces,
 )
+from modeltrace.diff.replay import DEFAULT_REPLAY_LIMIT, replay_unavailable, run_replay
 from modeltrace.diff.report import line_statuses, line_statuses_for_file, plot_data, render_text, to_json
 from modeltrace.trace.reference import load_reference
 from modeltrace.trace.tensors import LoadedTrace
 
 
 def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None = None, rtol: float | None = None,
-               maps: list[str] | tuple[str, ...] = (), mapping: Path | str | None = None,
+               maps: list[str] | tuple[str, ...] = (), rel_tol: float | None = None, replay: bool = False,
+               client: Any = None, replay_limit: int = DEFAULT_REPLAY_LIMIT, mapping: Path | str | None = None,
                automatic: bool = True) -> DiffResult:
-    """Load both (any accepted format) and diff them; the tensors stay open on the result's `LoadedTrace`s
-    until `close_result(result)`. `mapping`: a mapping file (`modeltrace align`) that replaces alignment by
-    names; `automatic`: align by evidence when names leave most modules unaligned."""
+    """Load both (any accepted format) and diff them, with the replay when asked (falling back, with a note,
+    where it cannot run); the tensors stay open on the result's `LoadedTrace`s until `close_result(result)`.
+    `mapping`: a mapping file (`modeltrace align`) that replaces alignment by names; `automatic`: align by
+    evidence when names leave most modules unaligned."""
     parsed_maps = tuple(parse_maps(maps))
     loaded_reference = load_reference(reference)
     try:
@@ -53,8 +59,12 @@ def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None 
     try:
         module_mapping = (read_mapping(mapping, loaded_reference.trace, loaded_candidate.trace)
                           if mapping is not None else None)
-        options = DiffOptions(atol=atol, rtol=rtol, maps=parsed_maps, mapping=module_mapping, automatic=automatic)
-        return diff_traces(loaded_reference, loaded_candidate, options)
+        options = DiffOptions(atol=atol, rtol=rtol, maps=parsed_maps, rel_tol=rel_tol, mapping=module_mapping,
+                              automatic=automatic)
+        result = diff_traces(loaded_reference, loaded_candidate, options)
+        if replay:
+            run_replay(result, client, replay_limit)
+        return result
     except BaseException:
         loaded_reference.close()
         loaded_candidate.close()
@@ -94,5 +104,7 @@ __all__ = [
     "read_mapping",
     "render_mapping",
     "render_text",
+    "replay_unavailable",
+    "run_replay",
     "to_json",
 ]

@@ -1,0 +1,324 @@
+"""Judge `modeltrace diff` verdicts on the port corpus: trace a reference once, trace a (patched) port, diff them
+through the CLI, and check the first divergence against the bug's truth.
+
+The truth check (docs: /work/shared issue 15 interfaces): for a bug injected on candidate line L inside module
+path P, the diff exits 1, `first_divergence.path == P`, and L lies in `lines` (start..end), or is `line.line`,
+or is `built_at.line`; a clean port is a match (exit 0). Both traces keep full tensors; with `lines=True` both
+also capture line records (the reference's lines are those of the transformers modeling file).
+
+Used by tests/python/test_port_verdicts.py (with the session's warm worker) and bench/port_verdicts.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import shutil
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modeltrace.errors import TraceFailed
+from modeltrace.worker.client import WorkerClient
+
+from ports.corpus import BUGS, CORPUS_ROOT, PAIRS, PAIRS_BY_NAME, Bug, Pair, bugs_of
+
+# NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
+DIFF_OPTIONS: tuple[str, ...] = ()
+TRACE_TIMEOUT_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class Case:
+    """A pair's clean port (`bug` None) or the port with one bug."""
+
+    pair: Pair
+    bug: Bug | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.pair.name}-{self.bug.name if self.bug else 'clean'}"
+
+
+def all_cases() -> list[Case]:
+    """Every pair's clean port, then each of its bugs, in table order."""
+    cases = []
+    for pair in PAIRS:
+        cases.append(Case(pair))
+        cases.extend(Case(pair, bug) for bug in bugs_of(pair.name))
+    return cases
+
+
+@dataclass(frozen=True)
+class PreparedPort:
+    """A copy of a pair folder with the bug applied: the port file, its recipe, and the truth line (or None)."""
+
+    folder: Path
+    port_file: Path
+    recipe: Path
+    truth_line: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `modeltrace diff --format json` said, reduced to what the truth check reads."""
+
+    exit_code: int
+    path: str | None = None
+    lines: tuple[str, int, int] | None = None
+    line: tuple[str, int] | None = None
+    built_at: tuple[str, int] | None = None
+    # the call lines of the children around the divergence (`after` / `before`): shown, not judged
+    bounds: tuple[int | None, int | None] | None = None
+    error: str | None = None
+    document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def located(self) -> str:
+        """`path:start-end` (plus `line N`, `built N` when given), `match`, or the error."""
+        if self.error:
+            return f"error: {self.error}"
+        if self.exit_code == 0:
+            return "match"
+        if self.path is None:
+            return "no first divergence"
+        where = [f"{self.lines[1]}-{self.lines[2]}"] if self.lines else []
+        if not self.lines and self.bounds:
+            where.append(f"(calls {self.bounds[0] or '?'}..{self.bounds[1] or '?'})")
+        if self.line:
+            where.append(f"line {self.line[1]}")
+        if self.built_at:
+            where.append(f"built {self.built_at[1]}")
+        return f"{self.path or '<root>'}:{' '.join(where) or '?'}"
+
+
+@dataclass(frozen=True)
+class Judged:
+    case: Case
+    port: PreparedPort
+    verdict: Verdict
+    right: bool
+    why: str
+
+    def truth(self) -> str:
+        if self.case.bug is None:
+            return "match"
+        return f"{self.case.bug.module}:{self.port.truth_line}"
+
+
+# --- preparing ports ----------------------------------------------------------------------------------------
+
+
+def apply_bug(source: str, bug: Bug, file: Path) -> tuple[str, int]:
+    """The patched text and the truth line; the patch's `old` text must occur exactly once."""
+    count = source.count(bug.old)
+    if count != 1:
+        raise ValueError(f"{file}: bug {bug.name!r}: its old text occurs {count} times (expected once): {bug.old!r}")
+    start = source.index(bug.old)
+    patched = source[:start] + bug.new + source[start + len(bug.old):]
+    truth_line = patched.count("\n", 0, start) + 1
+    if bug.truth_at is not None:
+        found = [number for number, text in enumerate(patched.splitlines(), 1) if bug.truth_at in text]
+        if len(found) != 1:
+            raise ValueError(f"{file}: bug {bug.name!r}: truth_at {bug.truth_at!r} is on {len(found)} lines")
+        truth_line = found[0]
+    return patched, truth_line
+
+
+def prepare_port(case: Case, workdir: Path) -> PreparedPort:
+    """Copy the pair folder (and the corpus's shared module) under `workdir/CASE_ID/` and apply the bug."""
+    target = workdir / case.id
+    if target.exists():
+        shutil.rmtree(target)
+    folder = target / case.pair.folder
+    shutil.copytree(case.pair.path, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(CORPUS_ROOT / "corpus_common.py", target / "corpus_common.py")
+    port_file = folder / case.pair.port_file
+    truth_line = None
+    if case.bug is not None:
+        patched, truth_line = apply_bug(port_file.read_text(), case.bug, port_file)
+        port_file.write_text(patched)
+    return PreparedPort(folder, port_file, folder / "recipe_port.py", truth_line)
+
+
+def reference_modeling_file(pair: Pair) -> Path:
+    spec = importlib.util.find_spec(pair.reference_module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"pair {pair.name!r}: {pair.reference_module} is not importable here")
+    return Path(spec.origin).resolve()
+
+
+@dataclass
+class Built:
+    """A recipe's model and inputs, built in this process (plain torch, no trace)."""
+
+    model: Any
+    inputs: Any
+
+    def run(self) -> Any:
+        import torch
+
+        with torch.no_grad():
+            if isinstance(self.inputs, dict):
+                return self.model(**self.inputs)
+            return self.model(*self.inputs)
+
+
+def build_recipe(recipe: Path) -> Built:
+    """`build_model()` and `build_inputs(model)` of a recipe, seeded as the worker seeds them; the modules the
+    recipe imports from its corpus folder (the pair's port and reference, the shared module) are forgotten
+    afterwards, so that a patched copy of a port imports fresh next time."""
+    import torch
+
+    saved_path = list(sys.path)
+    saved_modules = set(sys.modules)
+    try:
+        spec = importlib.util.spec_from_file_location(f"port_corpus_recipe_{recipe.parent.name}", recipe)
+        assert spec is not None and spec.loader is not None, recipe
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        model = module.build_model().eval()
+        torch.manual_seed(0)
+        return Built(model, module.build_inputs(model))
+    finally:
+        sys.path[:] = saved_path
+        root = recipe.resolve().parents[1]
+        for name in set(sys.modules) - saved_modules:
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and Path(file).resolve().is_relative_to(root):
+                del sys.modules[name]
+
+
+# --- tracing and diffing ------------------------------------------------------------------------------------
+
+
+def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verdict:
+    """`modeltrace diff REF CAND --format json OPTIONS` through the CLI's `main`, in this process."""
+    from modeltrace.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    arguments = ["diff", str(reference), str(candidate), "--format", "json", *options]
+    try:
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            exit_code = main(arguments)
+    except Exception as error:  # noqa: BLE001 - a crash of the diff is a wrong verdict, reported as such
+        return Verdict(exit_code=-1, error=f"the diff raised {type(error).__name__}: {error}")
+    if exit_code not in (0, 1):
+        return Verdict(exit_code=exit_code, error=stderr.getvalue().strip() or f"exit {exit_code}")
+    document = json.loads(stdout.getvalue())
+    first = document.get("first_divergence") or {}
+    lines = first.get("lines")
+    line = first.get("line")
+    built_at = first.get("built_at")
+    return Verdict(
+        exit_code=exit_code,
+        path=first.get("path") if first else None,
+        lines=(lines["file"], int(lines["start"]), int(lines["end"])) if lines else None,
+        line=(line["file"], int(line["line"])) if line and line.get("line") is not None else None,
+        built_at=(built_at["file"], int(built_at["line"])) if built_at else None,
+        bounds=_bounds(first),
+        document=document,
+    )
+
+
+def _bounds(first: dict[str, Any]) -> tuple[int | None, int | None] | None:
+    def call_line(child: dict[str, Any] | None) -> int | None:
+        location = (child or {}).get("called_at") or {}
+        return location.get("line")
+
+    after, before = call_line(first.get("after")), call_line(first.get("before"))
+    return (after, before) if after is not None or before is not None else None
+
+
+def _same_file(reported: str, port_file: Path) -> bool:
+    return Path(reported).resolve() == port_file.resolve()
+
+
+def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
+    """The truth check of the interfaces file; returns (right, why not)."""
+    if verdict.error:
+        return False, verdict.error
+    if case.bug is None:
+        return (verdict.exit_code == 0, "" if verdict.exit_code == 0 else f"diff says {verdict.located()}")
+    if verdict.exit_code != 1:
+        return False, "diff says match"
+    if verdict.path != case.bug.module:
+        return False, f"blames {verdict.path!r}, not {case.bug.module!r}"
+    line = port.truth_line
+    if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
+        return True, ""
+    if verdict.line and _same_file(verdict.line[0], port.port_file) and verdict.line[1] == line:
+        return True, ""
+    if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
+        return True, ""
+    return False, f"right module, but no range, line or construction line names line {line}"
+
+
+class PortHarness:
+    """Traces and verdicts for the corpus, in `workdir`; reference traces are made once per (pair, lines)."""
+
+    def __init__(self, worker: WorkerClient, workdir: Path, lines: bool = True,
+                 diff_options: tuple[str, ...] = DIFF_OPTIONS) -> None:
+        self.worker = worker
+        self.workdir = workdir
+        self.lines = lines
+        self.diff_options = diff_options
+        self._references: dict[tuple[str, bool], Path] = {}
+
+    def _trace(self, file: Path, recipe: Path, out: Path) -> Path:
+        request = {
+            "file": str(file), "recipe": str(recipe), "out": str(out), "full_tensors": True, "lines": self.lines,
+            "seed": 0, "timeout": TRACE_TIMEOUT_SECONDS,
+        }
+        try:
+            return Path(self.worker.trace(request)["trace"])
+        except TraceFailed as failure:
+            raise RuntimeError(f"tracing {recipe} failed: {failure}") from failure
+
+    def reference(self, pair: Pair) -> Path:
+        key = (pair.name, self.lines)
+        if key not in self._references:
+            folder = self.workdir / f"reference-{pair.name}"
+            folder.mkdir(parents=True, exist_ok=True)
+            suffix = "-lines" if self.lines else ""
+            self._references[key] = self._trace(
+                reference_modeling_file(pair), pair.path / "recipe_reference.py", folder / f"reference{suffix}.mtrace"
+            )
+        return self._references[key]
+
+    def candidate(self, case: Case) -> tuple[Path, PreparedPort]:
+        port = prepare_port(case, self.workdir)
+        suffix = "-lines" if self.lines else ""
+        return self._trace(port.port_file, port.recipe, port.folder.parent / f"candidate{suffix}.mtrace"), port
+
+    def judge(self, case: Case) -> Judged:
+        reference = self.reference(case.pair)
+        candidate, port = self.candidate(case)
+        options = tuple(option for rule in case.pair.maps for option in ("--map", rule)) + self.diff_options
+        verdict = run_diff(reference, candidate, options)
+        right, why = judge(case, port, verdict)
+        return Judged(case, port, verdict, right, why)
+
+
+__all__ = [
+    "BUGS",
+    "DIFF_OPTIONS",
+    "PAIRS",
+    "PAIRS_BY_NAME",
+    "Built",
+    "Case",
+    "Judged",
+    "PortHarness",
+    "PreparedPort",
+    "Verdict",
+    "all_cases",
+    "apply_bug",
+    "build_recipe",
+    "judge",
+    "prepare_port",
+    "reference_modeling_file",
+    "run_diff",
+]
