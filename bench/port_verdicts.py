@@ -53,13 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-lines", action="store_true", help="trace without line records")
     parser.add_argument("--pair", action="append", default=[], help="only this pair (repeatable)")
+    parser.add_argument("--no-maps", action="store_true",
+                        help="diff without the pairs' --map rules: modules aligned automatically, by evidence")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     arguments = parser.parse_args(argv)
     cases = [case for case in all_cases() if not arguments.pair or case.pair.name in arguments.pair]
     started = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="port-verdicts-") as folder, WorkerClient() as worker:
-        harness = PortHarness(worker, Path(folder), lines=not arguments.no_lines)
+        harness = PortHarness(worker, Path(folder), lines=not arguments.no_lines, maps=not arguments.no_maps)
         for case in cases:
             results.append(harness.judge(case))
             print(f"# {case.id}: {results[-1].verdict.located()}", file=sys.stderr, flush=True)

@@ -47,6 +47,8 @@ _BAND = 0.1
 _BAND_MIN = 128
 # NOTE: stretches between anchors up to this many pairs are aligned in plain Python, all scored at once
 _SMALL = 4096
+# NOTE: how much better an order-free pairing of siblings must score in all to replace the ordered one
+_REORDER_GAIN = 0.1
 _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
@@ -62,6 +64,8 @@ class CallFeatures:
     layer: tuple[int, ...]
     depth: int
     is_leaf: bool
+    input_mean: float | None = None
+    input_std: float | None = None
 
 
 @dataclass
@@ -126,6 +130,8 @@ def features(trace: Trace) -> list[CallFeatures]:
             layer=tuple(int(number) for number in _INTEGER.findall(record.path)),
             depth=depth[record.index],
             is_leaf=not has_children[record.index],
+            input_mean=first_in.mean if first_in else None,
+            input_std=first_in.std if first_in else None,
         ))
     return found
 
@@ -142,10 +148,21 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
 
 
 def _values_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
-    if ref.mean is None or cand.mean is None or ref.std is None or cand.std is None:
+    """How close the first outputs' mean and std are, relative to their spread: 1 within 1e-3, 0 from 1 on."""
+    return _moments_score(ref.mean, ref.std, cand.mean, cand.std)
+
+
+def _input_values_score(ref: CallFeatures, cand: CallFeatures) -> float:
+    """As `_values_score`, for the first inputs (0 where unknown): upstream of anything the call computes."""
+    return _moments_score(ref.input_mean, ref.input_std, cand.input_mean, cand.input_std) or 0.0
+
+
+def _moments_score(ref_mean: float | None, ref_std: float | None, cand_mean: float | None,
+                   cand_std: float | None) -> float | None:
+    if ref_mean is None or cand_mean is None or ref_std is None or cand_std is None:
         return None
-    spread = max(abs(ref.std), abs(cand.std), 1e-12)
-    distance = (abs(ref.mean - cand.mean) + abs(ref.std - cand.std)) / spread
+    spread = max(abs(ref_std), abs(cand_std), 1e-12)
+    distance = (abs(ref_mean - cand_mean) + abs(ref_std - cand_std)) / spread
     if distance <= 1e-3:
         return 1.0
     return max(0.0, 1.0 - math.log10(distance / 1e-3) / 3.0)
@@ -181,6 +198,12 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
     if ref.layer or cand.layer:
         evidence.append("same layer" if parts["layer"] == 1 else "layer differs")
     return score, ", ".join(evidence)
+
+
+def _outputs_agree(ref: CallFeatures, cand: CallFeatures) -> bool:
+    """Whether two calls' outputs agree as far as their statistics tell (or cannot be told apart)."""
+    values = _values_score(ref, cand)
+    return values is None or values >= 0.99
 
 
 def _shape_text(shape: tuple[int, ...] | None) -> str:
@@ -440,25 +463,54 @@ def _children(trace: Trace) -> dict[int, list[int]]:
 
 def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: list[CallFeatures],
                             cand_features: list[CallFeatures], matched: dict[int, tuple[int, float]]) -> None:
-    """Children of aligned parents that the ordered pass left over, paired best-first regardless of order."""
-    used = {ref_index for ref_index, _ in matched.values()}
+    """Children of each aligned parent pair, paired again regardless of order where that scores better: the
+    ordered pass keeps call order, but two codebases may call siblings in another order (the position and
+    segment embeddings, q/k/v) or leave some over. Children whose partner lies elsewhere (under a wrapper) are
+    left alone; unless the total gains clearly, and the parents' outputs agree, the ordered pairs stay."""
     ref_children, cand_children = _children(reference), _children(candidate)
     for cand_parent, (ref_parent, _) in list(matched.items()):
-        free_cand = [index for index in cand_children.get(cand_parent, []) if index not in matched]
-        free_ref = [index for index in ref_children.get(ref_parent, []) if index not in used]
-        if not free_cand or not free_ref:
+        cand_kids, ref_kids = cand_children.get(cand_parent, []), ref_children.get(ref_parent, [])
+        if not cand_kids or not ref_kids:
             continue
-        options = sorted(
-            ((pair_score(ref_features[r], cand_features[c])[0], c, r) for c in free_cand for r in free_ref),
-            reverse=True,
-        )
-        for score, cand_index, ref_index in options:
-            if score < DEFAULT_THRESHOLD:
-                break
-            if cand_index in matched or ref_index in used:
+        partner_of = {ref_index: cand_index for cand_index, (ref_index, _) in matched.items()}
+        ref_set, cand_set = set(ref_kids), set(cand_kids)
+        free_cand = [c for c in cand_kids if c not in matched or matched[c][0] in ref_set]
+        free_ref = [r for r in ref_kids if r not in partner_of or partner_of[r] in cand_set]
+        if not free_cand or not free_ref or (len(free_cand) == 1 and len(free_ref) == 1 and free_cand[0] in matched):
+            continue
+        current = {c: matched[c] for c in free_cand if c in matched}
+        # NOTE: which evidence may re-pair siblings against their call order: where the parents' outputs agree
+        # (the port computes the same thing, its children in another order), the children's whole scores;
+        # where they differ, the values that would re-pair the children may be the bug itself (gate and up
+        # weights swapped), so only what flows into the children, upstream of any bug in them: their inputs
+        # (position ids into the position embedding, token type ids into the segment embedding).
+        parents_agree = _outputs_agree(ref_features[ref_parent], cand_features[cand_parent])
+        options = []
+        for c in free_cand:
+            for r in free_ref:
+                score = pair_score(ref_features[r], cand_features[c])[0]
+                evidence = score if parents_agree else _input_values_score(ref_features[r], cand_features[c])
+                options.append((evidence, score, c, r))
+        options.sort(reverse=True)
+        chosen: dict[int, tuple[int, float]] = {}
+        chosen_evidence = 0.0
+        taken: set[int] = set()
+        for evidence, score, cand_index, ref_index in options:
+            if score < _FLOOR or cand_index in chosen or ref_index in taken:
                 continue
-            matched[cand_index] = (ref_index, score)
-            used.add(ref_index)
+            chosen[cand_index] = (ref_index, score)
+            chosen_evidence += evidence
+            taken.add(ref_index)
+        current_evidence = sum(
+            score if parents_agree else _input_values_score(ref_features[ref_index], cand_features[cand_index])
+            for cand_index, (ref_index, score) in current.items()
+        )
+        # NOTE: a clear gain only: between near-equal siblings (q/k/v of random weights) the statistics differ
+        # by noise, and call order is the better evidence
+        if chosen_evidence > current_evidence + _REORDER_GAIN:
+            for cand_index in current:
+                del matched[cand_index]
+            matched.update(chosen)
 
 
 def _module_pairs(reference: Trace, candidate: Trace, matched: dict[int, tuple[int, float]],

@@ -418,6 +418,25 @@ _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
 
 
+def _features_permuted(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """`b` with its last dimension's features put in `a`'s order, when one order of features (the same for
+    every row) could make them agree: each feature is matched by a signature of its whole column (its sum and
+    its sum of magnitudes over every row), so rows permuted each their own way, or values merely shuffled,
+    are never taken for a layout change. None where there is no last dimension to reorder."""
+    if a.ndim == 0 or a.shape[-1] < 2 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
+        return None
+    columns = a.shape[-1]
+    a_rows = a.reshape(-1, columns).astype(np.float64)
+    b_rows = b.reshape(-1, columns).astype(np.float64)
+    a_order = np.argsort(a_rows.sum(axis=0) + 0.61803 * np.abs(a_rows).sum(axis=0), kind="stable")
+    b_order = np.argsort(b_rows.sum(axis=0) + 0.61803 * np.abs(b_rows).sum(axis=0), kind="stable")
+    if np.array_equal(a_order, b_order):
+        return None  # already in the same order: nothing a reordering could change
+    reordered = np.empty_like(b_rows)
+    reordered[:, a_order] = b_rows[:, b_order]
+    return reordered.reshape(a.shape).astype(b.dtype)
+
+
 def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: DiffOptions, cache: dict,
                         ref_precision: tuple[float, float] = (0.0, 0.0),
                         cand_precision: tuple[float, float] = (0.0, 0.0)) -> LeafResult:
@@ -452,6 +471,15 @@ def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: D
     found = measure_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
     rel_limit = rel_tol + ref_rel + cand_rel
     close = found.close and not found.rel_err > rel_limit
+    if not close:
+        permuted = _features_permuted(a, b)
+        if permuted is not None:
+            again = measure_arrays(a, permuted, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
+            if again.close and not again.rel_err > rel_limit:
+                note = (f"{note + '; ' if note else ''}equal once the last dimension's features are reordered: "
+                        "the same numbers in another layout (the permuted q/k rows of an interleaved rotary)")
+                return LeafResult(cand.key, MATCH, "full", again.max_abs, again.max_rel, None, atol, rtol,
+                                  again.rel_err, again.cosine, ref.key, note)
     reason = found.reason
     if not close and reason is None:
         if not found.close:

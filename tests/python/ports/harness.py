@@ -261,12 +261,16 @@ class PortHarness:
     """Traces and verdicts for the corpus, in `workdir`; reference traces are made once per (pair, lines)."""
 
     def __init__(self, worker: WorkerClient, workdir: Path, lines: bool = True,
-                 diff_options: tuple[str, ...] = DIFF_OPTIONS) -> None:
+                 diff_options: tuple[str, ...] = DIFF_OPTIONS, maps: bool = True) -> None:
+        """`maps`: diff with each pair's hand-written `--map` rules; without, the diff aligns the port by
+        evidence alone (automatic alignment)."""
         self.worker = worker
         self.workdir = workdir
         self.lines = lines
         self.diff_options = diff_options
+        self.maps = maps
         self._references: dict[tuple[str, bool], Path] = {}
+        self._candidates: dict[tuple[str, bool], tuple[Path, PreparedPort]] = {}
 
     def _trace(self, file: Path, recipe: Path, out: Path) -> Path:
         request = {
@@ -290,14 +294,22 @@ class PortHarness:
         return self._references[key]
 
     def candidate(self, case: Case) -> tuple[Path, PreparedPort]:
-        port = prepare_port(case, self.workdir)
-        suffix = "-lines" if self.lines else ""
-        return self._trace(port.port_file, port.recipe, port.folder.parent / f"candidate{suffix}.mtrace"), port
+        """The case's port, traced once per harness (verdicts with and without maps share it)."""
+        key = (case.id, self.lines)
+        if key not in self._candidates:
+            port = prepare_port(case, self.workdir)
+            suffix = "-lines" if self.lines else ""
+            out = port.folder.parent / f"candidate{suffix}.mtrace"
+            self._candidates[key] = (self._trace(port.port_file, port.recipe, out), port)
+        return self._candidates[key]
 
-    def judge(self, case: Case) -> Judged:
+    def judge(self, case: Case, maps: bool | None = None) -> Judged:
+        """The verdict on one case; `maps` (default: the harness's) says whether the pair's `--map` rules are
+        given or the diff aligns the port by evidence alone."""
         reference = self.reference(case.pair)
         candidate, port = self.candidate(case)
-        options = tuple(option for rule in case.pair.maps for option in ("--map", rule)) + self.diff_options
+        maps = case.pair.maps if (self.maps if maps is None else maps) else ()
+        options = tuple(option for rule in maps for option in ("--map", rule)) + self.diff_options
         verdict = run_diff(reference, candidate, options)
         right, why = judge(case, port, verdict)
         return Judged(case, port, verdict, right, why)
