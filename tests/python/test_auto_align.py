@@ -137,6 +137,18 @@ def test_fused_projections_pair_with_the_runs_they_replace(traces: dict[str, Pat
     assert fused["layers.0.attention.wqkv"].reference == [f"layers.0.self_attn.{name}_proj" for name in "qkv"]
     assert "concatenation" in fused["layers.0.attention.wqkv"].evidence
     assert "combined values equal" in fused["layers.0.feed_forward.w13"].evidence
+    # the traces record each module's parameters: the fused weight is the concatenation of the run's
+    assert "weights concatenated" in fused["layers.0.attention.wqkv"].evidence
+    one_to_one = {pair.candidate[0]: pair for pair in mapping.pairs if not pair.fused}
+    assert "weights equal" in one_to_one["layers.0.attention.wo"].evidence
+    assert "weights equal" in one_to_one["tok_embeddings"].evidence
+
+
+def test_random_weights_are_no_evidence(traces: dict[str, Path]) -> None:
+    """Different weights neither pair nor refuse: the random-weight port aligns by structure, and no pair claims
+    equal weights."""
+    mapping = align_modules(read_trace(traces["reference"]), read_trace(traces["random"]))
+    assert not [pair for pair in mapping.pairs if "weights equal" in pair.evidence]
 
 
 def test_diff_compares_fused_pairs_on_the_concatenation(traces: dict[str, Path]) -> None:
@@ -261,3 +273,20 @@ def test_vectorised_scores_are_the_scalar_rule(traces: dict[str, Path]) -> None:
     matrix = auto_align._score_rows(codes, slice(None))
     expected = np.array([[auto_align.pair_score(ref, cand)[0] for ref in ref_features] for cand in cand_features])
     np.testing.assert_allclose(matrix, expected, atol=1e-5)
+
+
+def test_transposed_weights_identify_conv1d_against_linear(worker: WorkerClient, tmp_path: Path) -> None:
+    """transformers' GPT-2 stores its projections as `Conv1D` (weight `[in, out]`); the corpus's nanoGPT-style
+    port uses `nn.Linear` (`[out, in]`) with the weights copied: the aligner sees the same values transposed."""
+    pair = Path(__file__).parent / "ports" / "gpt2"
+    traced = {}
+    for side, modeling_file in (("reference", "gpt2_reference.py"), ("port", "gpt2_port.py")):
+        out = tmp_path / f"{side}.mtrace"
+        worker.trace({"file": str(pair / modeling_file), "recipe": str(pair / f"recipe_{side}.py"), "out": str(out)})
+        traced[side] = read_trace(out)
+    mapping = align_modules(traced["reference"], traced["port"])
+    by_candidate = {pair.candidate[0]: pair for pair in mapping.pairs if not pair.fused}
+    projection = by_candidate["blocks.0.attn.qkv"]
+    assert projection.reference == ["transformer.h.0.attn.c_attn"]
+    assert "weights equal transposed" in projection.evidence
+    assert "weights equal transposed" in by_candidate["blocks.1.mlp.fc"].evidence

@@ -10,6 +10,10 @@ of calls gets one score in [0, 1] from evidence:
   `[1, 7, 64]` hold the same numbers); a shared last dimension is partial evidence (a last-position head);
 - **values**: the first output's mean and std, relative to its spread (a port with copied weights reproduces
   them to ~1e-6; downstream of a bug they differ, so values add evidence and never veto);
+- **weights**: a port's weights are copied from the reference, so a module whose own parameters hold the same
+  values (the fixed-position samples a trace records per parameter, `ModuleBuild`), directly or transposed
+  (transformers' `Conv1D` against `nn.Linear`), is the same module; different weights add nothing (random
+  weights, or a weight not copied: the bug being looked for);
 - **structure**: the layer index (the integers of the path: the repetition, not a name) and call order, which
   the sequence alignment below keeps.
 
@@ -38,7 +42,7 @@ from modeltrace.trace.records import ModuleCall, Trace
 DEFAULT_THRESHOLD = 0.5
 # NOTE: below this a pair is never taken by the sequence alignment (it would only add noise to the order)
 _FLOOR = 0.3
-_WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2}
+_WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2, "weights": 0.4}
 _KIND_MISMATCH = 0.25
 _SHAPE_MISMATCH = 0.5
 # NOTE: the sequence alignment keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
@@ -66,6 +70,9 @@ class CallFeatures:
     is_leaf: bool
     input_mean: float | None = None
     input_std: float | None = None
+    # the module's own parameters as sampled values, and with 2-D ones transposed (None: it has none recorded)
+    weights: tuple | None = None
+    weights_transposed: tuple | None = None
 
 
 @dataclass
@@ -109,8 +116,26 @@ def _normalised(shape: list[int]) -> tuple[int, ...]:
     return tuple(shape[start:])
 
 
+def _weight_fingerprints(trace: Trace) -> dict[str, tuple[tuple, tuple]]:
+    """Per module path: its own non-constant parameters' samples (sorted, so that names do not matter), directly
+    and with 2-D parameters transposed. Traces without builds (older ones, debugger outputs) give none."""
+    found = {}
+    for build in getattr(trace, "builds", None) or []:
+        # NOTE: a constant parameter (a norm's initial ones, a zero bias) identifies nothing: every norm has one
+        parameters = [parameter for parameter in build.parameters
+                      if parameter.kind == "parameter" and parameter.shared_with is None
+                      and len(set(parameter.sample)) > 1]
+        if not parameters:
+            continue
+        direct = tuple(sorted(tuple(parameter.sample) for parameter in parameters))
+        transposed = tuple(sorted(tuple(parameter.sample_transposed or parameter.sample) for parameter in parameters))
+        found[build.path] = (direct, transposed)
+    return found
+
+
 def features(trace: Trace) -> list[CallFeatures]:
     records = trace.modules
+    weights = _weight_fingerprints(trace)
     has_children = [False] * len(records)
     depth = [0] * len(records)
     for record in records:
@@ -132,6 +157,8 @@ def features(trace: Trace) -> list[CallFeatures]:
             is_leaf=not has_children[record.index],
             input_mean=first_in.mean if first_in else None,
             input_std=first_in.std if first_in else None,
+            weights=weights[record.path][0] if record.path in weights else None,
+            weights_transposed=weights[record.path][1] if record.path in weights else None,
         ))
     return found
 
@@ -150,6 +177,17 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
 def _values_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
     """How close the first outputs' mean and std are, relative to their spread: 1 within 1e-3, 0 from 1 on."""
     return _moments_score(ref.mean, ref.std, cand.mean, cand.std)
+
+
+def _weights_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
+    """1 when the two modules hold the same parameter values (directly, or one's 2-D parameters transposed),
+    None when either has no parameters recorded or they differ (different weights are no evidence against a
+    pair: random weights, or the very weight a bug failed to copy)."""
+    if ref.weights is None or cand.weights is None:
+        return None
+    if ref.weights == cand.weights or ref.weights == cand.weights_transposed or ref.weights_transposed == cand.weights:
+        return 1.0
+    return None
 
 
 def _input_values_score(ref: CallFeatures, cand: CallFeatures) -> float:
@@ -178,6 +216,9 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
     values = _values_score(ref, cand)
     if values is not None:
         parts["values"] = values
+    weights = _weights_score(ref, cand)
+    if weights is not None:
+        parts["weights"] = weights
     total_weight = sum(_WEIGHTS[name] for name in parts)
     score = sum(_WEIGHTS[name] * value for name, value in parts.items()) / total_weight
     if parts["output"] == 0:
@@ -195,6 +236,8 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
                     f" vs {_shape_text(ref.output_shape)}"))
     if values is not None:
         evidence.append("values equal" if values == 1 else f"values {values:.2f}")
+    if weights:
+        evidence.append("weights equal" if ref.weights == cand.weights else "weights equal transposed")
     if ref.layer or cand.layer:
         evidence.append("same layer" if parts["layer"] == 1 else "layer differs")
     return score, ", ".join(evidence)
@@ -222,8 +265,12 @@ class _Codes:
         def code(table: dict, key: object) -> int:
             return table.setdefault(key, len(table))
 
+        weight_codes: dict[object, int] = {None: 0}
+
         def encode(side: list[CallFeatures]) -> dict[str, np.ndarray]:
             return {
+                "weights": np.array([code(weight_codes, item.weights) for item in side], dtype=np.int32),
+                "weights_t": np.array([code(weight_codes, item.weights_transposed) for item in side], dtype=np.int32),
                 "kind": np.array([code(kinds, item.kind) for item in side], dtype=np.int32),
                 "out": np.array([code(shapes, item.output_shape) for item in side], dtype=np.int32),
                 "in": np.array([code(shapes, item.input_shape) for item in side], dtype=np.int32),
@@ -271,9 +318,15 @@ def _score_rows(codes: _Codes, rows: slice | np.ndarray, columns: slice | np.nda
             cand["spread"], ref["spread"])
         values = np.log10(np.maximum(distance, np.float32(1e-3)))  # NaN where a side has no statistics
     values = np.clip(values * np.float32(-1 / 3), zero, one)  # 1 - log10(distance / 1e-3) / 3
+    has_values = ~np.isnan(values)
+    weights_equal = (cand["weights"] != 0) & (ref["weights"] != 0) & (
+        (cand["weights"] == ref["weights"]) | (cand["weights_t"] == ref["weights"]) | (cand["weights"] == ref["weights_t"]))
     base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
-    score = np.where(np.isnan(values), structure / np.float32(base),
-                     (structure + np.float32(_WEIGHTS["values"]) * values) / np.float32(base + _WEIGHTS["values"]))
+    total = structure + np.float32(_WEIGHTS["values"]) * np.where(has_values, values, zero)
+    total += np.float32(_WEIGHTS["weights"]) * weights_equal
+    weight = (np.float32(base) + np.float32(_WEIGHTS["values"]) * has_values
+              + np.float32(_WEIGHTS["weights"]) * weights_equal)
+    score = total / weight
     kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
     kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
     return score * kind * np.where(output == 0, np.float32(_SHAPE_MISMATCH), one)
@@ -562,7 +615,7 @@ def _fused_pairs(reference: Trace, candidate: Trace, pairs: list[ModulePair], ta
                 continue
             siblings = [run_trace.modules[index] for index in run_children.get(first_call[counterpart], [])
                         if run_trace.modules[index].path not in taken_run]
-            run = _matching_run(record, siblings)
+            run = _matching_run(record, siblings, _weight_moments(fused_trace), _weight_moments(run_trace))
             if run is None:
                 continue
             confidence, evidence, members = run
@@ -584,7 +637,30 @@ def _same_input(left: ModuleCall, right: ModuleCall) -> bool:
     return abs(first.mean - second.mean) + abs(first.std - second.std) <= 1e-3 * spread
 
 
-def _matching_run(fused: ModuleCall, siblings: list[ModuleCall]) -> tuple[float, str, list[ModuleCall]] | None:
+def _weight_moments(trace: Trace) -> dict[str, tuple[int, float, float]]:
+    """Per module path: element count, mean and std of its largest own parameter (its weight), for telling a
+    fused weight from the concatenation of the weights it replaces."""
+    found = {}
+    for build in getattr(trace, "builds", None) or []:
+        summaries = [parameter.summary for parameter in build.parameters
+                     if parameter.kind == "parameter" and parameter.summary.mean is not None
+                     and parameter.summary.std is not None]
+        if summaries:
+            largest = max(summaries, key=lambda summary: math.prod(summary.shape))
+            found[build.path] = (math.prod(largest.shape), largest.mean, largest.std)
+    return found
+
+
+def _pooled(moments: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """Mean and std of a concatenation, from its parts' counts, means and stds."""
+    total = sum(count for count, _, _ in moments)
+    mean = sum(count * value for count, value, _ in moments) / total
+    squares = sum((count - 1) * std * std + count * value * value for count, value, std in moments)
+    return mean, math.sqrt(max((squares - total * mean * mean) / max(total - 1, 1), 0.0))
+
+
+def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: dict[str, tuple[int, float, float]],
+                  run_weights: dict[str, tuple[int, float, float]]) -> tuple[float, str, list[ModuleCall]] | None:
     """The siblings, in call order, that take the fused call's input and whose outputs, concatenated on the last
     dimension, have its shape: (confidence, evidence, members), or None. Siblings taking another input (an
     activation between `gate` and `up`, `down` after them) are passed over."""
@@ -620,25 +696,26 @@ def _matching_run(fused: ModuleCall, siblings: list[ModuleCall]) -> tuple[float,
             elif distance > 0.1:
                 confidence = 0.6
                 evidence += ", combined values differ"
+        if fused.path in fused_weights and all(item.path in run_weights for item in members):
+            count, mean, std = fused_weights[fused.path]
+            parts = [run_weights[item.path] for item in members]
+            pooled_mean, pooled_std = _pooled(parts)
+            if count == sum(part[0] for part in parts) and abs(pooled_mean - mean) + abs(pooled_std - std) <= 1e-5 * max(std, 1e-12):
+                confidence = max(confidence, 0.95)
+                evidence += ", weights concatenated"
         return confidence, evidence, members
     return None
 
 
 def _combined_moments(members: list[ModuleCall]) -> tuple[float, float] | None:
     """Mean and std of the concatenation of the members' first outputs, from their own moments."""
-    counts, means, stds = [], [], []
+    moments = []
     for item in members:
         summary = item.outputs[0]
         if summary.mean is None or summary.std is None:
             return None
-        counts.append(math.prod(summary.shape))
-        means.append(summary.mean)
-        stds.append(summary.std)
-    total = sum(counts)
-    mean = sum(count * value for count, value in zip(counts, means)) / total
-    squares = sum((count - 1) * std * std + count * value * value for count, std, value in zip(counts, stds, means))
-    variance = (squares - total * mean * mean) / max(total - 1, 1)
-    return mean, math.sqrt(max(variance, 0.0))
+        moments.append((math.prod(summary.shape), summary.mean, summary.std))
+    return _pooled(moments)
 
 
 def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_features: list[CallFeatures],
