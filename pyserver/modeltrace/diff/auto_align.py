@@ -53,6 +53,8 @@ _BAND_MIN = 128
 _SMALL = 4096
 # NOTE: how much better an order-free pairing of siblings must score in all to replace the ordered one
 _REORDER_GAIN = 0.1
+# NOTE: sibling groups up to this many pairs may be re-paired against their call order (scored pair by pair)
+_REORDER_MAX_PAIRS = 1024
 _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
@@ -190,9 +192,11 @@ def _weights_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
     return None
 
 
-def _input_values_score(ref: CallFeatures, cand: CallFeatures) -> float:
-    """As `_values_score`, for the first inputs (0 where unknown): upstream of anything the call computes."""
-    return _moments_score(ref.input_mean, ref.input_std, cand.input_mean, cand.input_std) or 0.0
+def _same_inputs(ref: CallFeatures, cand: CallFeatures) -> float:
+    """1 when the first inputs' mean and std agree to 1e-3 of their spread (upstream of anything the calls
+    compute), else 0: near misses are noise, not evidence."""
+    score = _moments_score(ref.input_mean, ref.input_std, cand.input_mean, cand.input_std)
+    return 1.0 if score is not None and score >= 0.99 else 0.0
 
 
 def _moments_score(ref_mean: float | None, ref_std: float | None, cand_mean: float | None,
@@ -521,14 +525,18 @@ def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: li
     segment embeddings, q/k/v) or leave some over. Children whose partner lies elsewhere (under a wrapper) are
     left alone; unless the total gains clearly, and the parents' outputs agree, the ordered pairs stay."""
     ref_children, cand_children = _children(reference), _children(candidate)
+    partner_of = {ref_index: cand_index for cand_index, (ref_index, _) in matched.items()}
     for cand_parent, (ref_parent, _) in list(matched.items()):
         cand_kids, ref_kids = cand_children.get(cand_parent, []), ref_children.get(ref_parent, [])
         if not cand_kids or not ref_kids:
             continue
-        partner_of = {ref_index: cand_index for cand_index, (ref_index, _) in matched.items()}
         ref_set, cand_set = set(ref_kids), set(cand_kids)
         free_cand = [c for c in cand_kids if c not in matched or matched[c][0] in ref_set]
         free_ref = [r for r in ref_kids if r not in partner_of or partner_of[r] in cand_set]
+        if len(free_cand) * len(free_ref) > _REORDER_MAX_PAIRS:
+            # NOTE: a long run of siblings (a model's 384 layers) keeps its order; only its leftovers are paired
+            free_cand = [c for c in free_cand if c not in matched]
+            free_ref = [r for r in free_ref if r not in partner_of]
         if not free_cand or not free_ref or (len(free_cand) == 1 and len(free_ref) == 1 and free_cand[0] in matched):
             continue
         current = {c: matched[c] for c in free_cand if c in matched}
@@ -542,7 +550,7 @@ def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: li
         for c in free_cand:
             for r in free_ref:
                 score = pair_score(ref_features[r], cand_features[c])[0]
-                evidence = score if parents_agree else _input_values_score(ref_features[r], cand_features[c])
+                evidence = score if parents_agree else _same_inputs(ref_features[r], cand_features[c])
                 options.append((evidence, score, c, r))
         options.sort(reverse=True)
         chosen: dict[int, tuple[int, float]] = {}
@@ -555,15 +563,17 @@ def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: li
             chosen_evidence += evidence
             taken.add(ref_index)
         current_evidence = sum(
-            score if parents_agree else _input_values_score(ref_features[ref_index], cand_features[cand_index])
+            score if parents_agree else _same_inputs(ref_features[ref_index], cand_features[cand_index])
             for cand_index, (ref_index, score) in current.items()
         )
         # NOTE: a clear gain only: between near-equal siblings (q/k/v of random weights) the statistics differ
         # by noise, and call order is the better evidence
         if chosen_evidence > current_evidence + _REORDER_GAIN:
-            for cand_index in current:
+            for cand_index, (ref_index, _) in current.items():
                 del matched[cand_index]
+                partner_of.pop(ref_index, None)
             matched.update(chosen)
+            partner_of.update({ref_index: cand_index for cand_index, (ref_index, _) in chosen.items()})
 
 
 def _module_pairs(reference: Trace, candidate: Trace, matched: dict[int, tuple[int, float]],
