@@ -16,6 +16,8 @@ No torch import: the language server uses this package. Entry points:
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +110,17 @@ __all__ = [
     "run_replay",
     "to_json",
 ]
+
+
+class _CallableDiffPackage(types.ModuleType):
+    """`modeltrace.diff(reference, candidate, **options)` is the library's diff (`modeltrace.api.diff`), while
+    `modeltrace.diff` is also this package: once the package is imported, the attribute of `modeltrace` is the
+    package, so the package itself answers the call."""
+
+    def __call__(self, reference: Path | str, candidate: Path | str, **options: Any) -> Any:
+        from modeltrace.api import diff
+
+        return diff(reference, candidate, **options)
+
+
+sys.modules[__name__].__class__ = _CallableDiffPackage

@@ -7,8 +7,6 @@ into the structured error frame, located at the innermost frame of the user's ow
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import platform
 import sys
 import time
 import traceback
@@ -17,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
-import modeltrace
+
 from modeltrace.errors import ModelTraceError
-from modeltrace.trace.records import Trace
-from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker.assemble import assemble_trace, write_captured
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
@@ -105,8 +101,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     )
     constructions.clear()
     builds_at = time.perf_counter()
-    trace = Trace(
-        model={
+    trace = assemble_trace(
+        {
             "class": built.model_class,
             "file": real_path(request["file"]),
             "recipe": real_path(request["recipe"]) if request.get("recipe") else None,
@@ -122,38 +118,14 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
                 "checkpoint": request.get("checkpoint") or None,
             },
             "build": _jsonable_notes(built.notes),
-            "versions": {
-                "modeltrace": modeltrace.__version__,
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "python": platform.python_version(),
-            },
             "seconds": {"build": built_at - started, "forward": finished_at - built_at,
                         "builds": builds_at - finished_at},
         },
-        modules=capture.records,
-        lines=line_capture.records if line_capture else [],
-        builds=builds,
+        capture, line_capture, builds,
     )
-    trace.model["options"]["lines"] = bool(line_files)
-    if capture.full_tensors:
-        trace.model["options"]["max_tensor_bytes"] = capture.max_tensor_bytes
-        trace.model["options"]["max_trace_bytes"] = capture.max_trace_bytes
-    if capture.skipped:
-        trace.model["tensors_not_stored"] = capture.skipped
-    if line_capture and line_capture.truncated:
-        trace.model["lines_truncated"] = True
-    trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(trace.files() | {trace.model["file"]})}
     progress("writing the trace")
-    write_extra = None
-    if capture.tensors:
-        from safetensors.torch import save_file
-
-        def write_extra(folder: Path) -> None:
-            save_file(capture.tensors, str(folder / TENSORS_FILE))
-
     # NOTE: not durable here: the zygote's child flushes the trace to disk after answering (`sync_trace`).
-    destination = write_trace(trace, Path(request["out"]), write_extra, durable=False)
+    destination = write_captured(trace, capture, Path(request["out"]), durable=False)
     return {
         "type": "result",
         "trace": str(destination),
@@ -180,13 +152,6 @@ def _jsonable_notes(notes: dict[str, Any]) -> dict[str, Any]:
 def _input_summaries(built: BuiltModel) -> list:
     named = [(f"args.{position}", value) for position, value in enumerate(built.args)] + list(built.kwargs.items())
     return [summarize(tensor, key) for name, value in named for key, tensor in iter_tensor_leaves(value, name)]
-
-
-def _sha256(file: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str, Any]:

@@ -13,15 +13,23 @@ import os
 import sys
 from types import CodeType, FrameType
 
+import importlib.util
+
 import torch
-import transformers
 
 import modeltrace
 from modeltrace.trace.records import SourceLocation
 
 
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
-_TRANSFORMERS_DIR = os.path.dirname(os.path.realpath(transformers.__file__)) + os.sep
+def _package_dir(name: str) -> str | None:
+    """Where a package is installed, found without importing it (transformers is optional for the library)."""
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.realpath(locations[0]) + os.sep if locations else None
+
+
+_TRANSFORMERS_DIR = _package_dir("transformers") or "\0no transformers\0"
 _MODELTRACE_DIR = os.path.dirname(os.path.realpath(modeltrace.__file__)) + os.sep
 # NOTE: transformers wraps modules and forwards in generic helpers (`GradientCheckpointingLayer.__call__`,
 # `capture_outputs`'s `wrapper`, `deprecate_kwarg`'s `wrapped_func`): those frames are plumbing, not the call

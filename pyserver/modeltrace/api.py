@@ -1,0 +1,215 @@
+"""ModelTrace as a library, for scripts and notebooks: capture a forward pass in the caller's own process, load a
+trace, diff two traces.
+
+    import modeltrace
+
+    with modeltrace.capture(model, "ref.mtrace", full_tensors=True) as session:
+        model(**inputs)
+    trace = modeltrace.load("ref.mtrace")            # shows itself as HTML in Jupyter
+    result = modeltrace.diff("ref.mtrace", "port.mtrace", replay=False)
+    result.match, result.first_divergence            # the data of `modeltrace diff --format json`
+
+`capture` uses the worker's capture engine (`ModuleCapture`, `LineCapture`, `record_builds`) and writes with
+the worker's own assembly (`worker/assemble.py`): the `.mtrace` is the one the CLI writes, with the same
+overheads, and only torch is needed (transformers when the model is a transformers model). Every forward pass
+run inside the block, nested or repeated, is recorded: a second call of the model is the root's call 1.
+`diff` is `modeltrace diff` (`diff.diff_paths`, `diff.to_json`): no second code path for the numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modeltrace.errors import ModelTraceError
+from modeltrace.trace.records import Trace
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+
+
+@dataclass
+class CaptureSession:
+    """What `capture` yields: after the block, `path` is the trace folder written and `trace` the trace."""
+
+    path: Path
+    trace: Trace | None = None
+
+    def load(self) -> TraceView:
+        if self.trace is None:
+            raise ModelTraceError(f"{self.path}: the capture has not finished (use it after the `with` block)")
+        return TraceView(self.trace, self.path)
+
+
+@contextlib.contextmanager
+def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: bool = False,
+            files: list[str | Path] | None = None, max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
+            max_trace_mb: float = DEFAULT_MAX_TRACE_MB) -> Iterator[CaptureSession]:
+    """Record every module call of `model` run inside the block, then write the trace folder `path`.
+
+    `full_tensors` keeps each tensor (within `max_tensor_mb` per tensor and `max_trace_mb` in all, as the CLI);
+    `lines` records the tensors each line assigns in the model class's source file and in `files`. An exception
+    inside the block propagates and writes nothing; a trace already at `path` is replaced only when the new one
+    is complete."""
+    from torch import nn
+
+    from modeltrace.worker.assemble import assemble_trace, write_captured
+    from modeltrace.worker.builds import record_builds
+    from modeltrace.worker.capture import ModuleCapture
+    from modeltrace.worker.lines import LineCapture
+    from modeltrace.worker.source_map import real_path
+
+    if not isinstance(model, nn.Module):
+        raise ModelTraceError(f"modeltrace.capture: expected a torch.nn.Module, got {type(model).__name__}")
+    for name, value in (("max_tensor_mb", max_tensor_mb), ("max_trace_mb", max_trace_mb)):
+        if not (isinstance(value, (int, float)) and value >= 0):
+            raise ModelTraceError(f"modeltrace.capture: {name} must be a number of megabytes >= 0, not {value!r}")
+    destination = Path(path).absolute()
+    if destination.exists() and not destination.is_dir():
+        raise ModelTraceError(f"{destination}: exists and is not a folder; give a NAME.mtrace folder to write")
+    source = _source_file(type(model))
+    line_files = ([source] if source else []) + [str(Path(item).resolve()) for item in files or []]
+    if lines and not line_files:
+        raise ModelTraceError(f"modeltrace.capture: lines=True, but {type(model).__name__} has no source file "
+                              "to record lines of; pass files=[...]")
+    session = CaptureSession(destination)
+    with contextlib.ExitStack() as stack:
+        module_capture = stack.enter_context(ModuleCapture(
+            model, full_tensors=full_tensors, max_tensor_bytes=int(max_tensor_mb * 2**20),
+            max_trace_bytes=int(max_trace_mb * 2**20),
+        ))
+        line_capture = None
+        if lines:
+            line_capture = stack.enter_context(LineCapture(
+                line_files, module_capture.summary_cache, module_capture.pending, module_capture.call_stack
+            ))
+        yield session
+    builds = record_builds(model, None, module_capture._keep_unless_meta if module_capture.full_tensors else None)
+    first_parameter = next(model.parameters(), None)
+    config = getattr(model, "config", None)
+    root_inputs = module_capture.records[0].inputs if module_capture.records else []
+    header = {
+        "class": type(model).__name__,
+        "file": real_path(source) if source else None,
+        "recipe": None,
+        "config": _jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        "inputs": [summary.to_json() for summary in root_inputs],
+        "options": {
+            "device": str(first_parameter.device) if first_parameter is not None else "cpu",
+            "dtype": str(first_parameter.dtype).removeprefix("torch.") if first_parameter is not None else None,
+            "full_tensors": full_tensors,
+            "attention": getattr(config, "_attn_implementation", None),
+            "shape_only": False,
+            "checkpoint": None,
+        },
+        "build": {"source": "library: modeltrace.capture"},
+        "seconds": {},
+    }
+    trace = assemble_trace(header, module_capture, line_capture, builds)
+    session.path = write_captured(trace, module_capture, destination)
+    session.trace = trace
+
+
+def _source_file(model_class: type) -> str | None:
+    try:
+        found = inspect.getsourcefile(model_class)
+    except (TypeError, OSError):
+        return None
+    return str(Path(found).resolve()) if found else None
+
+
+def _jsonable(value: Any) -> Any:
+    """A copy of a config dict holding only msgpack/JSON-safe values."""
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+@dataclass
+class TraceView:
+    """A loaded trace: `trace` (records), `to_json()` (the `modeltrace.trace/1` document), and in Jupyter the
+    annotated source of the traced lines."""
+
+    trace: Trace
+    path: Path
+
+    @property
+    def modules(self) -> list:
+        return self.trace.modules
+
+    @property
+    def lines(self) -> list:
+        return self.trace.lines
+
+    def to_json(self) -> dict[str, Any]:
+        return self.trace.to_json()
+
+    def __repr__(self) -> str:
+        return (f"<modeltrace trace of {self.trace.model.get('class', '?')}: {len(self.trace.modules)} module "
+                f"calls, {len(self.trace.lines)} line records, {self.path}>")
+
+    def _repr_html_(self) -> str:
+        from modeltrace.trace.html import trace_html
+
+        return trace_html(self.trace, self.path)
+
+
+def load(path: str | Path) -> TraceView:
+    """Read a trace folder (`.mtrace`)."""
+    from modeltrace.trace.storage import read_trace
+
+    return TraceView(read_trace(path), Path(path))
+
+
+@dataclass
+class DiffView:
+    """A diff: `document` is the `modeltrace diff --format json` document; `match`, `first_divergence` and
+    `modules` are read from it. In Jupyter: the verdict, the table with the first divergence highlighted, and
+    the difference per module."""
+
+    document: dict[str, Any]
+    text: str = field(repr=False, default="")
+
+    @property
+    def match(self) -> bool:
+        return bool(self.document["match"])
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        return self.document["first_divergence"]
+
+    @property
+    def modules(self) -> list[dict[str, Any]]:
+        return self.document["modules"]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.document
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        from modeltrace.trace.html import diff_html
+
+        return diff_html(self.document)
+
+
+def diff(reference: str | Path, candidate: str | Path, *, atol: float | None = None, rtol: float | None = None,
+         rel_tol: float | None = None, maps: list[str] | tuple[str, ...] = (), mapping: str | Path | None = None,
+         automatic: bool = True, replay: bool = False) -> DiffView:
+    """`modeltrace diff REFERENCE CANDIDATE` as an object (the same options, the same numbers). A reference
+    or candidate may be a trace folder or a transformers debugger output."""
+    from modeltrace.diff import close_result, diff_paths, render_text, to_json
+
+    result = diff_paths(reference, candidate, atol, rtol, maps, rel_tol=rel_tol, replay=replay, mapping=mapping,
+                        automatic=automatic)
+    try:
+        return DiffView(to_json(result), render_text(result))
+    finally:
+        close_result(result)

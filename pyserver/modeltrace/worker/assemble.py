@@ -1,0 +1,81 @@
+"""A capture made into a trace on disk: the header completed (library versions, limits, what was left out, source
+hashes) and the folder written with its full tensors.
+
+Shared by the worker's jobs (`job.run_trace_job`: the CLI's and the editor's traces) and the library
+(`modeltrace.capture`, in the caller's own process), so that both write the same `.mtrace`. Needs torch only:
+transformers, when installed, is named among the versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import modeltrace
+from modeltrace.trace.records import Trace
+from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.lines import LineCapture
+
+
+def _transformers_version() -> str | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__
+
+
+def assemble_trace(header: dict[str, Any], capture: ModuleCapture, line_capture: LineCapture | None,
+                   builds: list) -> Trace:
+    """The trace of one capture: `header` (class, file, options…) completed with the library versions, the
+    capture's limits and what it left out, and the hashes of every source file the records point at. The CLI's
+    and the editor's traces (`run_trace_job`) and the library's (`modeltrace.capture`) are made here."""
+    trace = Trace(
+        model={**header, "versions": {
+            "modeltrace": modeltrace.__version__,
+            "torch": torch.__version__,
+            "transformers": _transformers_version(),
+            "python": platform.python_version(),
+        }},
+        modules=capture.records,
+        lines=line_capture.records if line_capture else [],
+        builds=builds,
+    )
+    options = trace.model.setdefault("options", {})
+    options["lines"] = line_capture is not None
+    if capture.full_tensors:
+        options["max_tensor_bytes"] = capture.max_tensor_bytes
+        options["max_trace_bytes"] = capture.max_trace_bytes
+    if capture.skipped:
+        trace.model["tensors_not_stored"] = capture.skipped
+    if line_capture and line_capture.truncated:
+        trace.model["lines_truncated"] = True
+    files = trace.files() | ({trace.model["file"]} if trace.model.get("file") else set())
+    trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(files)}
+    return trace
+
+
+def write_captured(trace: Trace, capture: ModuleCapture, out: Path, durable: bool = True) -> Path:
+    """Write `trace` with the capture's full tensors (safetensors) into the folder `out`, atomically."""
+    write_extra = None
+    if capture.tensors:
+        from safetensors.torch import save_file
+
+        def write_extra(folder: Path) -> None:
+            save_file(capture.tensors, str(folder / TENSORS_FILE))
+
+    return write_trace(trace, out, write_extra, durable=durable)
+
+
+def _sha256(file: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
