@@ -55,7 +55,7 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
     is complete."""
     from torch import nn
 
-    from modeltrace.worker.assemble import assemble_trace, write_captured
+    from modeltrace.worker.assemble import assemble_trace, jsonable, write_captured
     from modeltrace.worker.builds import record_builds
     from modeltrace.worker.capture import ModuleCapture
     from modeltrace.worker.lines import LineCapture
@@ -94,7 +94,7 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
         "class": type(model).__name__,
         "file": real_path(source) if source else None,
         "recipe": None,
-        "config": _jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        "config": jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
         "inputs": [summary.to_json() for summary in root_inputs],
         "options": {
             "device": str(first_parameter.device) if first_parameter is not None else "cpu",
@@ -118,17 +118,6 @@ def _source_file(model_class: type) -> str | None:
     except (TypeError, OSError):
         return None
     return str(Path(found).resolve()) if found else None
-
-
-def _jsonable(value: Any) -> Any:
-    """A copy of a config dict holding only msgpack/JSON-safe values."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
 
 
 @dataclass

@@ -22,6 +22,17 @@ from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.lines import LineCapture
 
 
+def jsonable(value: Any) -> Any:
+    """A copy of a config dict holding only msgpack/JSON-safe values."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 def _transformers_version() -> str | None:
     try:
         import transformers

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.worker.assemble import jsonable
 from modeltrace.worker import shrink as shrinking
 from modeltrace.worker.inputs import (
     BATCH_SIZE,
@@ -722,7 +723,7 @@ def _result(
         model=model,
         kwargs=kwargs,
         model_class=model_class.__name__,
-        config=_jsonable(config.to_dict()),
+        config=jsonable(config.to_dict()),
         notes={**notes, "inputs": name},
     )
 
@@ -908,7 +909,7 @@ def _build_plain_module(
         model=model,
         kwargs=kwargs,
         model_class=model_class.__name__,
-        config=_jsonable(text_config.to_dict()),
+        config=jsonable(text_config.to_dict()),
         notes={"plain_module": True},
         shape_only=shape_only,
     )
@@ -1083,7 +1084,7 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         args=args,
         kwargs=kwargs,
         model_class=type(model).__name__,
-        config=_jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        config=jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
     )
 
 
@@ -1106,14 +1107,3 @@ def build_from_request(request: dict[str, Any]) -> BuiltModel:
         dtype=request.get("dtype") or "float32",
         trial_budget=min(DEFAULT_TRIAL_BUDGET, timeout / 2),
     )
-
-
-def _jsonable(value: Any) -> Any:
-    """A copy of a config dict holding only msgpack/JSON-safe values."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
