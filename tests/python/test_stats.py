@@ -575,3 +575,31 @@ def test_baseline_build_is_a_build_of_its_own(kernel: str) -> None:
     environment = {**os.environ, "MODELTRACE_NATIVE": "baseline"}
     result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "True", result.stderr
+
+
+def test_prebuilt_kernel_serves_machines_without_a_compiler(kernel: str, tmp_path: Path) -> None:
+    """The package carries the kernel compiled at install time (`modeltrace_moments`, baseline flags): with no C
+    compiler on PATH the worker loads it, and it gives the compiled kernel's numbers."""
+    if kernel != "native":
+        pytest.skip("checks the kernel as this CPU builds it")
+    prebuilt = native._prebuilt()
+    if prebuilt is None:
+        pytest.skip("this installation was built without the prebuilt kernel (no compiler at install time)")
+    values = torch.randn(50_000, generator=torch.Generator().manual_seed(9)) - 0.2
+    built = native.kernels()["f32"](values.data_ptr(), values.numel())
+    packaged = prebuilt["f32"](values.data_ptr(), values.numel())
+    assert packaged[2:] == built[2:]
+    for packaged_sum, built_sum, bound in zip(packaged[:2], built[:2], _sum_bounds(values, True)):
+        assert abs(packaged_sum - built_sum) <= 2 * bound
+    script = (
+        "from modeltrace.worker import native, stats\n"
+        "import torch\n"
+        "summary = stats.summarize(torch.arange(10.0), 'x')\n"
+        "print(native.form, native.absent_reason(), summary.mean)"
+    )
+    environment = {key: value for key, value in os.environ.items() if key != "CC"}
+    environment["PATH"] = str(tmp_path)  # no cc, gcc or clang
+    environment["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                            timeout=300)
+    assert result.stdout.split() == ["prebuilt", "None", "4.5"], result.stderr

@@ -1,6 +1,7 @@
-"""The fused statistics kernel (`moments.c`): compiled on first use with the machine's C compiler, and optional:
-without a compiler (or with `MODELTRACE_NATIVE=0`) `worker/stats.py` uses torch's reductions and gets the same
-numbers, only slower.
+"""The fused statistics kernel (`moments.c`): compiled on first use with the machine's C compiler (the CPU's
+vector flags, torch's OpenMP threads); without a compiler, the copy prebuilt into the installed package (the
+wheel's `modeltrace_moments` extension: baseline flags, one thread); with neither (or `MODELTRACE_NATIVE=0`)
+`worker/stats.py` uses torch's reductions and gets the same numbers, only slower.
 
 `kernels()` gives one function per dtype, `(address, count) -> (sum, sum of squares, positives, min, max)`, and
 `f32_strided(address, sizes, strides)`, the same for a float32 view read in place (None where it cannot be).
@@ -48,8 +49,8 @@ _kernels: dict[str, Kernel] | None = None
 _loaded = False
 _baseline: tuple[dict[str, Kernel] | None] | None = None
 load_error: str | None = None
-# how the kernels were loaded ("extension" or "ctypes"), and whether they split large arrays across torch's
-# OpenMP threads
+# how the kernels were loaded ("extension" or "ctypes": built here; "prebuilt": the package's own), and whether
+# they split large arrays across torch's OpenMP threads
 form: str | None = None
 parallel = False
 
@@ -179,13 +180,24 @@ def _compiler() -> str | None:
 
 
 def absent_reason() -> str | None:
-    """Why this machine has no kernel by its own configuration (`MODELTRACE_NATIVE=0`, no C compiler), as
-    opposed to a build that was tried and failed; None when a build can be tried."""
+    """Why this machine has no kernel by its own configuration (`MODELTRACE_NATIVE=0`, or no C compiler and no
+    prebuilt kernel in the installation), as opposed to a build that was tried and failed; None when a kernel
+    can be had."""
     if os.environ.get("MODELTRACE_NATIVE", "1") == "0":
         return "disabled by MODELTRACE_NATIVE=0"
-    if _compiler() is None:
-        return "no C compiler (cc, gcc or clang) on PATH"
+    if _compiler() is None and _prebuilt() is None:
+        return "no C compiler (cc, gcc or clang) on PATH and no prebuilt kernel in this installation"
     return None
+
+
+def _prebuilt() -> dict[str, Kernel] | None:
+    """The kernel compiled into the installed package (the wheel's `modeltrace_moments` extension, baseline
+    flags, one thread), or None where the package was built without it."""
+    try:
+        from modeltrace.worker.native import modeltrace_moments as module
+    except ImportError:
+        return None
+    return {"f32": module.f32, "f64": module.f64, "i64": module.i64, "f32_strided": module.f32_strided}
 
 
 def _load(flag_sets: list[list[str]]) -> tuple[dict[str, Kernel] | None, str | None, bool, list[str]]:
@@ -228,9 +240,14 @@ def kernels() -> dict[str, Kernel] | None:
     if load_error is not None:
         return None
     baseline_only = os.environ.get("MODELTRACE_NATIVE") == "baseline"
-    # NOTE: the CPU's vector flags first; a compiler too old for them falls back to the baseline
+    # NOTE: the CPU's vector flags first; a compiler too old for them falls back to the baseline; without a
+    # compiler (or when every build failed), the kernel prebuilt into the package
     flag_sets = [_BASE_FLAGS] if baseline_only else [_BASE_FLAGS + _cpu_flags(), _BASE_FLAGS]
     _kernels, form, parallel, errors = _load(flag_sets)
+    if _kernels is None:
+        _kernels = _prebuilt()
+        if _kernels is not None:
+            form, parallel = "prebuilt", False
     # NOTE: kept when a better build failed and a lesser one loaded: tests and users can see why
     load_error = "; ".join(errors) or None
     return _kernels
