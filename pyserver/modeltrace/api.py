@@ -12,7 +12,8 @@ trace, diff two traces.
 `capture` uses the worker's capture engine (`ModuleCapture`, `LineCapture`, `record_builds`) and writes with
 the worker's own assembly (`worker/assemble.py`): the `.mtrace` is the one the CLI writes, with the same
 overheads, and only torch is needed (transformers when the model is a transformers model). Every forward pass
-run inside the block, nested or repeated, is recorded: a second call of the model is the root's call 1.
+run inside the block, nested or repeated, is recorded: a second call of the model is the root's call 1. Any
+nn.Module works (a model defined in a notebook cell too: `lines` needs a source file, the rest does not).
 `diff` is `modeltrace diff` (`diff.diff_paths`, `diff.to_json`): no second code path for the numbers.
 """
 
@@ -51,8 +52,9 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
 
     `full_tensors` keeps each tensor (within `max_tensor_mb` per tensor and `max_trace_mb` in all, as the CLI);
     `lines` records the tensors each line assigns in the model class's source file and in `files`. An exception
-    inside the block propagates and writes nothing; a trace already at `path` is replaced only when the new one
-    is complete."""
+    inside the block still writes what was recorded until then, marked `incomplete` in the header, and then
+    propagates unchanged. The folder is written atomically (a trace already there is replaced only by a whole
+    one)."""
     from torch import nn
 
     from modeltrace.worker.assemble import assemble_trace, jsonable, write_captured
@@ -69,12 +71,14 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
     destination = Path(path).absolute()
     if destination.exists() and not destination.is_dir():
         raise ModelTraceError(f"{destination}: exists and is not a folder; give a NAME.mtrace folder to write")
-    source = _source_file(type(model))
-    line_files = ([source] if source else []) + [str(Path(item).resolve()) for item in files or []]
+    model_files = _model_files(model)
+    source = model_files[0] if model_files else None
+    line_files = model_files + [str(Path(item).resolve()) for item in files or []]
     if lines and not line_files:
         raise ModelTraceError(f"modeltrace.capture: lines=True, but {type(model).__name__} has no source file "
                               "to record lines of; pass files=[...]")
     session = CaptureSession(destination)
+    failure: BaseException | None = None
     with contextlib.ExitStack() as stack:
         module_capture = stack.enter_context(ModuleCapture(
             model, full_tensors=full_tensors, max_tensor_bytes=int(max_tensor_mb * 2**20),
@@ -85,7 +89,10 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
             line_capture = stack.enter_context(LineCapture(
                 line_files, module_capture.summary_cache, module_capture.pending, module_capture.call_stack
             ))
-        yield session
+        try:
+            yield session
+        except BaseException as error:  # noqa: BLE001 - written down, then raised again unchanged
+            failure = error
     builds = record_builds(model, None, module_capture._keep_unless_meta if module_capture.full_tensors else None)
     first_parameter = next(model.parameters(), None)
     config = getattr(model, "config", None)
@@ -107,17 +114,34 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
         "build": {"source": "library: modeltrace.capture"},
         "seconds": {},
     }
+    if failure is not None:
+        # NOTE: what ran before the exception is often what the user needs to see: kept, and said to be partial
+        header["incomplete"] = f"{type(failure).__name__}: {failure}"
     trace = assemble_trace(header, module_capture, line_capture, builds)
     session.path = write_captured(trace, module_capture, destination)
     session.trace = trace
+    if failure is not None:
+        raise failure
 
 
-def _source_file(model_class: type) -> str | None:
-    try:
-        found = inspect.getsourcefile(model_class)
-    except (TypeError, OSError):
-        return None
-    return str(Path(found).resolve()) if found else None
+def _model_files(model: Any) -> list[str]:
+    """The source files of the model's module classes, the root's first, torch's own left out: the files whose
+    lines are recorded (a `Sequential` of blocks written in a script records the script)."""
+    import torch
+
+    torch_folder = Path(torch.__file__).resolve().parent
+    found: list[str] = []
+    for module in model.modules():
+        try:
+            file = inspect.getsourcefile(type(module))
+        except (TypeError, OSError):
+            continue
+        if file is None:
+            continue
+        resolved = Path(file).resolve()
+        if not resolved.is_relative_to(torch_folder) and str(resolved) not in found:
+            found.append(str(resolved))
+    return found
 
 
 @dataclass

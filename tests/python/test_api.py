@@ -120,11 +120,57 @@ def test_bad_input_names_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(ModelTraceError, match="max_trace_mb must be a number of megabytes >= 0, not -1"):
         with modeltrace.capture(torch.nn.Linear(2, 2), tmp_path / "y.mtrace", max_trace_mb=-1):
             pass
-    # an exception inside the block propagates and writes nothing
-    with pytest.raises(ValueError, match="the user's own error"):
-        with modeltrace.capture(torch.nn.Linear(2, 2), tmp_path / "z.mtrace"):
-            raise ValueError("the user's own error")
-    assert not (tmp_path / "z.mtrace").exists()
+    # an exception inside the block: what ran is written, marked incomplete, and the exception propagates
+    layer = torch.nn.Linear(2, 2)
+    error = ValueError("the user's own error")
+    with pytest.raises(ValueError, match="the user's own error") as caught:
+        with modeltrace.capture(layer, tmp_path / "z.mtrace"):
+            layer(torch.ones(1, 2))
+            raise error
+    assert caught.value is error
+    partial = read_trace(tmp_path / "z.mtrace")
+    assert partial.model["incomplete"] == "ValueError: the user's own error" and len(partial.modules) == 1
+
+
+def test_a_plain_module_defined_in_a_script(tmp_path: Path) -> None:
+    """A model written in a script (no modeling file, no transformers), captured there, diffed through the API
+    as the CLI diffs it."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        import torch
+        import modeltrace
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(8, 8)
+                self.norm = torch.nn.LayerNorm(8)
+
+            def forward(self, x):
+                hidden = self.proj(x)
+                return self.norm(hidden + x)
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Block(), Block())
+        inputs = torch.randn(3, 8)
+        for name in ("a", "b"):
+            with torch.no_grad(), modeltrace.capture(model, {str(tmp_path)!r} + f"/{{name}}.mtrace", lines=True,
+                                                     full_tensors=True):
+                model(inputs)
+            model[1].norm.eps = 1e-2 if name == "a" else model[1].norm.eps
+        result = modeltrace.diff({str(tmp_path / 'a.mtrace')!r}, {str(tmp_path / 'b.mtrace')!r})
+        print(json.dumps(result.to_json()))
+    """))
+    completed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    api_document = json.loads(completed.stdout)
+    cli = subprocess.run([sys.executable, "-m", "modeltrace", "diff", str(tmp_path / "a.mtrace"),
+                          str(tmp_path / "b.mtrace"), "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert json.loads(cli.stdout) == api_document
+    trace = read_trace(tmp_path / "a.mtrace")
+    assert trace.model["file"] == str(script.resolve())
+    assert {record.name for record in trace.lines} >= {"hidden"}
 
 
 def test_importable_with_torch_alone(tmp_path: Path) -> None:
