@@ -106,7 +106,6 @@ SYNONYMS = (
     Synonym("elementwise_affine", ("elementwise_affine",), "whether a LayerNorm has a weight (and bias)"),
     Synonym("approximate", ("approximate",), "GELU's exact (erf) or tanh form"),
     Synonym("bias", ("bias", "use_bias"), "whether a projection adds a bias"),
-    Synonym("padding_idx", ("padding_idx", "pad_token_id"), "the embedding row kept at zero"),
     Synonym("negative_slope", ("negative_slope",), "LeakyReLU's slope"),
 )
 
@@ -126,6 +125,8 @@ IGNORED_SETTINGS: dict[str, str] = {
     "kernel_config": "kernel selection, not the math",
     "loss_type": "the loss, not the forward pass",
     "is_cross_attention": "the kind of attention is given by the module's inputs",
+    "padding_idx": "an embedding's padding row only changes its gradient and initialisation; the forward pass "
+                   "reads the table as it is (a different row is a parameter difference)",
 }
 
 # How a class stores a projection's weight: transformers' Conv1D computes `x @ weight` and stores
