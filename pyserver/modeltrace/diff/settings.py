@@ -339,7 +339,11 @@ def _compare_parameter(
         return None  # meta tensors: shapes agree, values unknown
     same = _close(ref.sample, cand.sample, atol, rtol)
     if same and ref.shape == cand.shape:
-        statistics = _statistics_gap(ref_parameter, cand_parameter)
+        # NOTE: strided statistics (large weights) are comparable only over the same elements: same stride,
+        # same storage layout
+        comparable = ref_parameter.statistics_stride == cand_parameter.statistics_stride and (
+            ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape)
+        statistics = _statistics_gap(ref_parameter, cand_parameter) if comparable else None
         if statistics is None or statistics <= atol + rtol * _scale(ref_parameter) + 1e-6 * _scale(ref_parameter):
             return None
         return ParameterDifference(name, DIFFERENT, statistics, "statistics differ (sample agrees)", candidate.path)
