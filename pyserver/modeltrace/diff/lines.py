@@ -7,11 +7,13 @@ not its children's) are known on both sides. They are paired:
 - same file on both sides (a trace of the same modeling file, before and after an edit): by line, variable name
   and occurrence within the call;
 - different files (a port against its original): in execution order, each candidate value is first looked for
-  among the reference's values of the call (same statistics, same elements up to broadcasting or a view): a
-  value the reference also computed is right. The first candidate value that the reference never computed and
-  that has a counterpart at its place (the next unpaired reference value of the same variable name, else of the
-  same shape) is the first differing line. Intermediates only one side has (a fused qkv projection) have no
-  counterpart and are passed over.
+  among the reference's values of the call (same statistics over as many elements, whatever the layout): a
+  value the reference also computed is right, and moves the reference's position past it. The first candidate
+  value that the reference never computed and that has a counterpart there (among the reference's values new
+  in the call past that position: the first of the same variable name, else one of the next three of a shape
+  holding the same numbers) is the first differing line. Intermediates only one side has (a fused qkv
+  projection) have no counterpart and are passed over. Masks compare as masks whether written with -inf or
+  the dtype's minimum.
 
 Line records hold statistics, not full tensors, so values are compared as the diff compares statistics: a
 statistic further apart than the tolerance proves a difference. The tolerance is relative to the values' scale,
@@ -24,9 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modeltrace.trace.records import LineRecord, TensorSummary
+
+
+if TYPE_CHECKING:  # NOTE: compare imports this module (through evidence) at run time
+    from modeltrace.diff.compare import DiffResult, Divergence
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ _MASKED = 1e30
 _STATISTICS = ("mean", "std", "min", "max")
 
 
-def drill_down(result: Any, divergence: Any) -> LineDivergence | None:
+def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | None:
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
+
+
+if TYPE_CHECKING:  # NOTE: compare imports this package's evidence at run time; only the type is needed here
+    from modeltrace.diff.compare import DiffResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +257,7 @@ def compare_parameters(
     """Parameters and buffers of two aligned modules that differ, are transposed, or are missing."""
     differences: list[ParameterDifference] = []
     cand_by_name = {parameter.name: parameter for parameter in candidate.parameters}
-    leftovers = [parameter for parameter in candidate.parameters]
+    leftovers = list(candidate.parameters)
     pairs: list[tuple[ParameterRecord, ParameterRecord | None]] = []
     for ref_parameter in reference.parameters:
         cand_parameter = cand_by_name.get(ref_parameter.name)
@@ -418,11 +422,11 @@ class ModuleEvidence:
     parameters: list[ParameterDifference]
 
 
-def module_evidence(result: Any) -> dict[str, ModuleEvidence]:
+def module_evidence(result: DiffResult) -> dict[str, ModuleEvidence]:
     """Settings and parameter differences of every aligned module pair of a `DiffResult`, by candidate path,
     also set on each `ModuleResult` (every call of the module gets the same lists)."""
-    ref_builds = {build.path: build for build in getattr(result.reference.trace, "builds", [])}
-    cand_builds = {build.path: build for build in getattr(result.candidate.trace, "builds", [])}
+    ref_builds = {build.path: build for build in result.reference.trace.builds}
+    cand_builds = {build.path: build for build in result.candidate.trace.builds}
     evidence: dict[str, ModuleEvidence] = {}
     if not ref_builds or not cand_builds:
         return evidence

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation, TensorSummary
+from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
 from modeltrace.worker.stats import summarize
 
