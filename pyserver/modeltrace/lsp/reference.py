@@ -113,7 +113,7 @@ async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff
     try:
         diff = await asyncio.to_thread(
             compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps,
-            settings.diff_replay, ls.worker if settings.diff_replay else None,
+            settings.diff_replay, ls.worker() if settings.diff_replay else None,
         )
     except ModelTraceError as error:
         ls.show_message(f"ModelTrace: comparing with the reference failed: {error}", types.MessageType.Error)
@@ -192,11 +192,9 @@ def divergence_diagnostic(
         f"max rel diff {format_number(divergence.get('max_rel_diff'))}"
         + (f" ({check} check)" if check else "")
     )
-    if divergence.get("by_replay"):
-        message += "; re-run on the reference's inputs, it still differs: the difference arises in it"
     span = divergence.get("lines")
-    if span and span.get("file") == file and span["start"] != span["end"]:
-        message += f"; look at lines {span['start']}-{span['end']}"
+    if span and span["start"] != span["end"] and not (divergence.get("after") and divergence.get("before")):
+        message += f"; look at {Path(span['file']).name} lines {span['start']}-{span['end']}"
     if divergence.get("after") and divergence.get("before"):
         message += (
             f"; it arises after {_named(divergence['after'])} (still matches) and before "
