@@ -124,7 +124,11 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
     """Pair the tensors of one side of two aligned calls (see the module docstring)."""
     if len(refs) == len(cands) and all(ref.shape == cand.shape and ref.dtype == cand.dtype
                                        for ref, cand in zip(refs, cands)):
-        return Pairing([LeafPair(ref, cand, SAME) for ref, cand in zip(refs, cands)], trivial=True)
+        # NOTE: in order is the pairing when the keys agree, or when no two tensors of a side share a shape
+        # (then no other pairing of equal shapes exists); `cos, sin` against `sin, cos` needs the scoring below.
+        if len(refs) < 2 or all(ref.key == cand.key for ref, cand in zip(refs, cands)) or \
+                len({(tuple(ref.shape), ref.dtype) for ref in refs}) == len(refs):
+            return Pairing([LeafPair(ref, cand, SAME) for ref, cand in zip(refs, cands)], trivial=True)
     scored = []
     for ref_position, ref in enumerate(refs):
         ref_kind = dtype_kind(ref.dtype)
