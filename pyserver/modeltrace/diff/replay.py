@@ -129,6 +129,8 @@ def _input_tensors(result: DiffResult, module: ModuleResult) -> tuple[dict[str, 
             code, _, data = raw
             tensors[cand.key] = (code, list(cand.shape), bytes(data))
         replaced.append(cand.key if cand.key == ref.key else f"{cand.key} (from {ref.key or 'output'})")
+    if module.candidate.inputs and not tensors:
+        return {}, [], "none of its inputs could be taken from the reference"
     return tensors, replaced, None
 
 
