@@ -193,6 +193,8 @@ class DiffResult:
     # why the verdict cannot be trusted as a match (too little aligned), or None
     not_comparable: str | None = None
     replayed: bool = False
+    # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
+    replay_timing: dict | None = None
 
     @property
     def match(self) -> bool:

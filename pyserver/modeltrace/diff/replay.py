@@ -196,6 +196,10 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
         request = build_request(result, timeout)
         request["replay"] = {"inputs_file": str(inputs_file), "targets": targets, "out": str(Path(folder) / "out")}
         answer = _ask_worker(request, client)
+        result.replay_timing = {key: answer.get(key) for key in ("seconds", "build_seconds")}
+        result.replay_timing["modules"] = {
+            names[name].candidate.path: (reply.get("replay_seconds"), reply.get("live_seconds"))
+            for name, reply in answer["replay"].items() if name in names}
         with SafetensorsFile(answer["outputs"]) as outputs:
             problem = _rebuilt_differs(answer["replay"], names)
             for name, module in names.items():

@@ -111,13 +111,15 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
     if built.shape_only:
         raise ModelTraceError("a shape-only trace cannot be replayed")
     _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    built_seconds = time.perf_counter() - started
     reference_inputs = load_file(replay["inputs_file"]) if replay.get("inputs_file") else {}
     modules = dict(built.model.named_modules())
     answers: dict[str, dict[str, Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
     targets: dict[str, dict[int, dict[str, Any]]] = {}
     for target in replay["targets"]:
-        answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}}
+        answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}, "replay_seconds": None,
+                                   "live_seconds": None}
         if target["path"] not in modules:
             answers[target["name"]]["error"] = f"the rebuilt candidate has no module {target['path']!r}"
             continue
@@ -127,7 +129,7 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
 
     def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):
         calls = [0]
-        pending: list[dict[str, Any] | None] = []
+        pending: list[tuple[dict[str, Any] | None, float]] = []
 
         def before(module: torch.nn.Module, args: tuple, kwargs: dict):
             if replaying[0]:
@@ -135,8 +137,8 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             index = calls[0]
             calls[0] += 1
             target = wanted.get(index)
-            pending.append(target)
             if target is None:
+                pending.append((None, 0.0))
                 return None
             answer = answers[target["name"]]
             try:
@@ -144,7 +146,9 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
                 new_args, new_kwargs = substitute(module, args, kwargs, replacements)
                 replaying[0] = True
                 try:
+                    started = time.perf_counter()
                     output = module(*new_args, **new_kwargs)
+                    answer["replay_seconds"] = time.perf_counter() - started
                 finally:
                     replaying[0] = False
                 for key, tensor in iter_tensor_leaves(output):
@@ -153,13 +157,15 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
                 answer["ran"] = True
             except Exception as error:  # noqa: BLE001 - any failure of the module: the diff falls back
                 answer["error"] = f"{type(error).__name__}: {error}"
+            pending.append((target, time.perf_counter()))
             return None
 
         def after(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
             if replaying[0] or not pending:
                 return None
-            target = pending.pop()
+            target, started = pending.pop()
             if target is not None:
+                answers[target["name"]]["live_seconds"] = time.perf_counter() - started
                 answers[target["name"]]["live"] = _statistics(output)
             return None
 
@@ -194,6 +200,7 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
     return {
         "type": "result",
         "replay": answers,
+        "build_seconds": built_seconds,
         "outputs": str(out / OUTPUTS_FILE),
         "forward_error": forward_error,
         "model_class": built.model_class,
