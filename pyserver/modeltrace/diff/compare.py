@@ -59,6 +59,7 @@ from modeltrace.diff.pairing import (
     Pairing,
     _padded,
     dtype_kind,
+    in_order,
     pair_leaves,
 )
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary
@@ -494,14 +495,14 @@ class _Comparer:
     def side(self, refs: list[TensorSummary], cands: list[TensorSummary], side: int) -> Pairing | None:
         """Pair the leaves of one side; compare full tensors now, queue the rest. Returns the pairing when it is
         not the plain one-to-one of equal shapes."""
-        pairing = pair_leaves(refs, cands)
-        if pairing.trivial and not self.full:
+        if not self.full and in_order(refs, cands):
             if refs:
                 self.stat_refs.extend(refs)
                 self.stat_cands.extend(cands)
                 self.queued_sides.append(side)
                 self.queued_counts.append(len(refs))
             return None
+        pairing = pair_leaves(refs, cands)
         queued = 0
         for pair in pairing.pairs:
             ref, cand, relation = pair.reference, pair.candidate, pair.relation
@@ -830,6 +831,8 @@ def decide(result: DiffResult) -> None:
 
 def _scale_measures(result: ModuleResult) -> None:
     """The module's relative error (the largest over its compared outputs) and cosine (the smallest)."""
+    if not result.output_leaves:
+        return
     rel_errs = [leaf.rel_err for leaf in result.output_leaves if leaf.rel_err is not None]
     cosines = [leaf.cosine for leaf in result.output_leaves if leaf.cosine is not None and leaf.cosine == leaf.cosine]
     if rel_errs:

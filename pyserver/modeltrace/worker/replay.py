@@ -6,7 +6,8 @@ with the candidate's input keys, and the suspect module calls (path, call index)
 built as its trace was, a forward pre-hook goes on each suspect module, and the forward runs as usual. At a
 suspect's call the hook runs the module once more, on its live arguments with the paired tensors replaced by
 the reference's (reshaped to the live tensor's shape, cast to its dtype and device), records that output, and
-returns nothing: the forward itself continues unchanged. Cache objects among the arguments are copied for the
+returns nothing: the forward itself continues unchanged, until the last suspect has returned (the rest of the
+forward is then skipped: it has nothing left to give). Cache objects among the arguments are copied for the
 extra call, so that it cannot advance them.
 
 Every target gets an answer: the keys of its replayed outputs, or why it could not be replayed (no such module,
@@ -31,6 +32,10 @@ from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leave
 
 
 OUTPUTS_FILE = "replay_outputs.safetensors"
+
+
+class _AllReplayed(Exception):
+    """Raised by the last target's post-hook: the rest of the forward has nothing left to give."""
 
 
 def _named_arguments(module: torch.nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
@@ -126,6 +131,7 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
         targets.setdefault(target["path"], {})[int(target["call_index"])] = target
     handles = []
     replaying = [False]
+    remaining = [sum(len(wanted) for wanted in targets.values())]
 
     def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):
         calls = [0]
@@ -167,6 +173,10 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             if target is not None:
                 answers[target["name"]]["live_seconds"] = time.perf_counter() - started
                 answers[target["name"]]["live"] = _statistics(output)
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    # NOTE: every suspect has run: the rest of the forward would only cost time
+                    raise _AllReplayed
             return None
 
         return before, after
@@ -183,6 +193,8 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             stack.enter_context(torch.no_grad())
             stack.enter_context(built.forward_context())
             built.model(*built.args, **built.kwargs)
+    except _AllReplayed:
+        pass
     except Exception as error:  # noqa: BLE001 - reported; what was replayed before it still counts
         forward_error = f"{type(error).__name__}: {error}"
     finally:
