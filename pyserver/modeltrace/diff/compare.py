@@ -314,6 +314,9 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
     excess = -math.inf  # the largest |d| - relative·|x| (|d| without rtol)
     ref_absmax = 0.0
     sq_diff = sq_ref = sq_cand = dot = 0.0
+    nonfinite_squares = 0.0  # 2·x·y of the non-finite blocks, counted in `dot` already
+    nonfinite_seen = False
+    identical: list[int] = []
     nonfinite_close = True
     reason = None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -340,18 +343,16 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
                 sq_ref += sums[1]
                 sq_cand += sums[2]
                 dot += sums[3]
+                nonfinite_squares += sums[1] + sums[2] - sums[0]
+                nonfinite_seen = True
                 continue
-            block_ref = float(np.dot(x, x))
-            sq_ref += block_ref
-            ref_absmax = max(ref_absmax, float(x.max()), -float(x.min()))
             block_max = max(high, -low)
             if block_max == 0.0:
-                sq_cand += block_ref
-                dot += block_ref
+                identical.append(start)  # its squares are needed only if some other block differs
                 continue
+            sq_ref += float(np.dot(x, x))
             sq_diff += float(np.dot(d, d))
             sq_cand += float(np.dot(y, y))
-            dot += float(np.dot(x, y))
             max_abs = max(max_abs, block_max)
             if relative:
                 np.abs(d, out=d)
@@ -369,10 +370,23 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
                 block_rel = float((np.abs(d[nonzero]) / np.abs(x[nonzero])).max()) if nonzero.any() else 0.0
             if block_rel == block_rel:
                 max_rel = max(max_rel, block_rel)
+        if scaled_atol and excess > atol + slack_abs:  # the scale matters only past the plain atol
+            finite = a if not nonfinite_seen else a[np.isfinite(a)]
+            if finite.size:
+                ref_absmax = max(ref_absmax, float(finite.max()), -float(finite.min()))
+        if sq_diff > 0.0:
+            for start in identical:
+                x = a[start : start + _BLOCK]
+                x = x.astype(work) if x.dtype != work else x
+                square = float(np.dot(x, x))
+                sq_ref += square
+                sq_cand += square
     limit = atol * (max(1.0, ref_absmax) if scaled_atol else 1.0) + slack_abs
     close = nonfinite_close and excess <= limit
     floor = atol * math.sqrt(max(a.size, 1))
     rel_err = math.sqrt(sq_diff) / max(math.sqrt(sq_ref), floor, 1e-300)
+    # x·y from the squares: ‖x - y‖² = ‖x‖² - 2x·y + ‖y‖² (plus the non-finite blocks' own dot products)
+    dot += (sq_ref + sq_cand - sq_diff - nonfinite_squares) / 2.0
     norms = math.sqrt(sq_ref) * math.sqrt(sq_cand)
     cosine = dot / norms if norms > 0 else (1.0 if sq_ref == sq_cand else 0.0)
     return ArrayComparison(close, max_abs, max_rel, reason, rel_err, min(1.0, max(-1.0, cosine)), limit)

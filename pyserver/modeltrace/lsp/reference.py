@@ -97,8 +97,9 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
             calls=calls,
             divergence=divergence_json(result.first_divergence),
             plot=plot_data(result),
-            matched=result.match,
-            notes=list(result.notes),
+            # NOTE: too little aligned is not a match (the CLI's exit 2): the reason goes first in the notes
+            matched=result.match and not result.not_comparable,
+            notes=([f"not comparable: {result.not_comparable}"] if result.not_comparable else []) + list(result.notes),
         )
     finally:
         close_result(result)
