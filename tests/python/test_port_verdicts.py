@@ -21,11 +21,22 @@ import pytest
 import torch
 from modeltrace.worker.client import WorkerClient
 from ports.corpus import BUGS, PAIRS, Pair, bugs_of
-from ports.harness import Case, PortHarness, all_cases, build_recipe, prepare_port
+from ports.harness import (
+    Case,
+    PortHarness,
+    PreparedPort,
+    Verdict,
+    all_cases,
+    apply_bug,
+    build_recipe,
+    judge,
+    prepare_port,
+)
 
 # What the diff says today where its verdict is wrong (case id -> reason); remove a row when it becomes right.
 KNOWN_WRONG: dict[str, str] = {
-    "gpt2-clean": "root diverges: logits [1, 7, 128] vs the last-position head's [1, 1, 128]; pos_emb [7] vs [1, 7] ids",
+    "gpt2-clean": "root diverges: logits [1, 7, 128] vs the last-position head's [1, 1, 128] "
+                  "(and pos_emb: [7] vs [1, 7] ids)",
     "gpt2-causal_mask_dropped": "blamed on the root (its head's shape), not the attention",
     "gpt2-softmax_scale": "blamed on blocks.0.ln_2, which amplifies the attention's small error past atol",
     "gpt2-final_norm_eps": "right module, but no built_at (construction line) and no lines range",
@@ -90,6 +101,32 @@ def port_harness(worker: WorkerClient, tmp_path_factory: pytest.TempPathFactory)
 def _verdict_param(case: Case) -> Any:
     marks = [pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[case.id])] if case.id in KNOWN_WRONG else []
     return pytest.param(case, id=case.id, marks=marks)
+
+
+def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path: Path) -> None:
+    bug = next(bug for bug in BUGS if bug.module == "blocks.0.attn")
+    case = Case(PAIRS[0], bug)
+    port = PreparedPort(tmp_path, tmp_path / "port.py", tmp_path / "recipe_port.py", truth_line=47)
+    here, elsewhere = str(port.port_file), str(tmp_path / "other.py")
+    assert judge(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, line=(here, 47)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, built_at=(here, 47)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, lines=(here, 48, 50))) == (
+        False, "right module, but no range, line or construction line names line 47")
+    assert not judge(case, port, Verdict(1, path=bug.module, lines=(elsewhere, 40, 50)))[0]
+    assert judge(case, port, Verdict(1, path="blocks.0", lines=(here, 40, 50))) == (
+        False, "blames 'blocks.0', not 'blocks.0.attn'")
+    assert judge(case, port, Verdict(0)) == (False, "diff says match")
+    assert judge(Case(PAIRS[0]), port, Verdict(0)) == (True, "")
+    assert not judge(Case(PAIRS[0]), port, Verdict(1, path=""))[0]
+
+
+def test_a_patch_whose_text_is_not_unique_is_refused() -> None:
+    bug = next(bug for bug in BUGS if bug.pair == "gpt2")
+    ambiguous = type(bug)(**{**bug.__dict__, "name": "ambiguous", "old": "self.proj = nn.Linear("})
+    port_file = PAIRS[0].path / PAIRS[0].port_file
+    with pytest.raises(ValueError, match=r"gpt2_port\.py: bug 'ambiguous': its old text occurs 2 times"):
+        apply_bug(port_file.read_text(), ambiguous, port_file)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda pair: pair.name)

@@ -1,7 +1,7 @@
 """Judge `modeltrace diff` verdicts on the port corpus: trace a reference once, trace a (patched) port, diff them
 through the CLI, and check the first divergence against the bug's truth.
 
-The truth check (docs: /work/shared issue 15 interfaces): for a bug injected on candidate line L inside module
+The truth check (agreed between the helpers of issue 15): for a bug injected on candidate line L inside module
 path P, the diff exits 1, `first_divergence.path == P`, and L lies in `lines` (start..end), or is `line.line`,
 or is `built_at.line`; a clean port is a match (exit 0). Both traces keep full tensors; with `lines=True` both
 also capture line records (the reference's lines are those of the transformers modeling file).
@@ -24,7 +24,7 @@ from typing import Any
 from modeltrace.errors import TraceFailed
 from modeltrace.worker.client import WorkerClient
 
-from ports.corpus import BUGS, CORPUS_ROOT, PAIRS, PAIRS_BY_NAME, Bug, Pair, bugs_of
+from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
 
 # NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
 DIFF_OPTIONS: tuple[str, ...] = ()
@@ -85,22 +85,32 @@ class Verdict:
         if self.path is None:
             return "no first divergence"
         where = [f"{self.lines[1]}-{self.lines[2]}"] if self.lines else []
-        if not self.lines and self.bounds:
-            where.append(f"(calls {self.bounds[0] or '?'}..{self.bounds[1] or '?'})")
         if self.line:
             where.append(f"line {self.line[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
-        return f"{self.path or '<root>'}:{' '.join(where) or '?'}"
+        path = self.path or "<root>"
+        if where:
+            return f"{path}:{' '.join(where)}"
+        if self.bounds:  # today's children bounds: shown for information, not a range the truth check reads
+            return f"{path} (no lines; children called at {self.bounds[0] or '?'}..{self.bounds[1] or '?'})"
+        return f"{path} (no lines)"
 
 
 @dataclass(frozen=True)
 class Judged:
+    """A verdict with its case and truth: `right` per the truth check, `why` says what is off when not."""
+
     case: Case
     port: PreparedPort
     verdict: Verdict
     right: bool
     why: str
+
+    @property
+    def module_right(self) -> bool:
+        """The first divergence names the bug's module (whatever the lines): progress short of `right`."""
+        return self.case.bug is not None and self.verdict.exit_code == 1 and self.verdict.path == self.case.bug.module
 
     def truth(self) -> str:
         if self.case.bug is None:
@@ -304,10 +314,7 @@ class PortHarness:
 
 
 __all__ = [
-    "BUGS",
     "DIFF_OPTIONS",
-    "PAIRS",
-    "PAIRS_BY_NAME",
     "Built",
     "Case",
     "Judged",
