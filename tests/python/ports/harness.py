@@ -89,7 +89,7 @@ class Verdict:
             where.append(f"line {self.line[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
-        path = self.path or "<root>"
+        path = self.path or "(root)"
         if where:
             return f"{path}:{' '.join(where)}"
         if self.bounds:  # today's children bounds: shown for information, not a range the truth check reads
