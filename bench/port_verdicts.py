@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "pyserver"))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 from modeltrace.worker.client import WorkerClient
-from ports.harness import Case, Judged, PortHarness, all_cases
+from ports.harness import Case, Effect, Judged, PortHarness, all_cases, bug_effect, build_recipe, prepare_port
 
 VARIANTS = {"full": "full tensors", "lines": "full tensors + lines"}
 
@@ -35,10 +35,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(cases: list[Case], results: dict[str, list[Judged]]) -> str:
+def effects(cases: list[Case], workdir: Path) -> dict[str, Effect]:
+    """Each bug's effect at its own module (plain torch, no trace): how hard the diff's job is."""
+    clean = {case.pair.name: build_recipe(prepare_port(case, workdir).recipe) for case in cases if case.bug is None}
+    return {
+        case.id: bug_effect(case.bug.module, clean[case.pair.name], build_recipe(prepare_port(case, workdir).recipe))
+        for case in cases if case.bug is not None and case.pair.name in clean
+    }
+
+
+def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[str, Effect]) -> str:
     variants = list(results)
-    header = "| pair | bug | truth (module:line) | " + " | ".join(f"verdict, {VARIANTS[v]}" for v in variants) + " |"
-    rows = [header, "|---|---|---|" + "---|" * len(variants)]
+    header = ("| pair | bug | truth (module:line) | effect there (max abs, rel) | "
+              + " | ".join(f"verdict, {VARIANTS[v]}" for v in variants) + " |")
+    rows = [header, "|---|---|---|---|" + "---|" * len(variants)]
     for position, case in enumerate(cases):
         first = results[variants[0]][position]
         cells = []
@@ -47,8 +57,12 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]]) -> str:
             mark = "**right**" if judged.right else ("module only" if judged.module_right else "wrong")
             cells.append(f"{_cell(judged.verdict.located())}: {mark}")
         bug = case.bug.name if case.bug else "clean port"
-        rows.append(f"| {case.pair.name} | {bug} | {_cell(first.truth())} | " + " | ".join(cells) + " |")
+        found = effect.get(case.id)
+        size = f"{found.output_max_abs:.2g}, {found.output_relative:.2g}" if found else ""
+        rows.append(f"| {case.pair.name} | {bug} | {_cell(first.truth())} | {size} | " + " | ".join(cells) + " |")
     rows.append("")
+    rows.append("Effect: the bug's largest and relative (‖broken − clean‖ / ‖clean‖) change of its module's output, "
+                "whose inputs it leaves unchanged.  ")
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
@@ -74,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 results[variant].append(harness.judge(case))
                 print(f"# {variant} {case.id}: {results[variant][-1].verdict.located()}", file=sys.stderr, flush=True)
-    sys.stdout.write(markdown(cases, results))
+        effect = effects(cases, Path(folder) / "effects")
+    sys.stdout.write(markdown(cases, results, effect))
     print(f"# {len(cases)} cases x {len(variants)} variants in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if arguments.json:
         document = [

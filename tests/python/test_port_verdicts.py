@@ -12,6 +12,7 @@ xfails, so a verdict that becomes right fails the run until its row is removed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +23,14 @@ import torch
 from modeltrace.worker.client import WorkerClient
 from ports.corpus import BUGS, PAIRS, Pair, bugs_of
 from ports.harness import (
+    Built,
     Case,
     PortHarness,
     PreparedPort,
     Verdict,
     all_cases,
     apply_bug,
+    bug_effect,
     build_recipe,
     judge,
     prepare_port,
@@ -66,7 +69,7 @@ KNOWN_WRONG: dict[str, str] = {
 MIN_BUG_KINDS_PER_PAIR = 5
 # NOTE: float32 ports of float32 references: the same operations in another order agree to ~1e-6.
 CLEAN_PORT_ATOL = 1e-5
-# a bug must move the port's outputs by more than this to be a bug a diff can be asked to find
+# a bug must move its module's output by more than this to be a bug a diff can be asked to find
 OBSERVABLE_DIFFERENCE = 1e-4
 
 
@@ -89,8 +92,10 @@ COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor,
 }
 
 
-def _port_outputs(port: Any) -> list[torch.Tensor]:
-    return [port] if isinstance(port, torch.Tensor) else [item for item in port if isinstance(item, torch.Tensor)]
+@functools.cache
+def _clean_port(pair: Pair) -> Built:
+    """The clean port, built once per pair in this process (the runs do not change it)."""
+    return build_recipe(pair.path / "recipe_port.py")
 
 
 @pytest.fixture(scope="session")
@@ -149,19 +154,15 @@ def test_each_pair_has_enough_bug_kinds(pair: Pair) -> None:
 
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: f"{bug.pair}-{bug.name}")
 def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> None:
-    """The corpus's own truth: the patch changes the port's outputs, and the truth line belongs to the module
-    named (inside its class's forward, or, for converter bugs, the `self.NAME = ...` line of its parent's
-    `__init__` that builds it)."""
+    """The corpus's own truth: the bug leaves the inputs of the module named unchanged and changes its output
+    (so that module is where a diff must find it), and the truth line belongs to that module (inside its
+    class's forward, or the `self.NAME = ...` line of its parent's `__init__` that builds it)."""
     pair = next(pair for pair in PAIRS if pair.name == bug.pair)
-    clean = build_recipe(pair.path / "recipe_port.py")
     port = prepare_port(Case(pair, bug), tmp_path)
     broken = build_recipe(port.recipe)
-    differences = [
-        (expected - actual).abs().max().item() if expected.shape == actual.shape else float("inf")
-        for expected, actual in zip(_port_outputs(clean.run()), _port_outputs(broken.run()), strict=True)
-    ]
-    assert max(differences) > OBSERVABLE_DIFFERENCE, f"{bug.name}: the port's outputs move by {max(differences):.3g}"
-
+    effect = bug_effect(bug.module, _clean_port(pair), broken)
+    assert effect.input_max_abs == 0, f"{bug.name}: {bug.module} already receives different inputs"
+    assert effect.output_max_abs > OBSERVABLE_DIFFERENCE, f"{bug.name}: {bug.module}'s output moves by {effect}"
     modules = dict(broken.model.named_modules())
     assert bug.module in modules, f"{bug.name}: the port has no module {bug.module!r}"
     line = port.truth_line

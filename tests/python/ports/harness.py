@@ -202,6 +202,56 @@ def build_recipe(recipe: Path) -> Built:
                 del sys.modules[name]
 
 
+@dataclass(frozen=True)
+class Effect:
+    """What a bug does at the module that owns it, clean port against broken port (plain torch): the largest
+    difference of its first input (0 when the bug is there and nowhere upstream) and of its first output,
+    and the output's relative difference ||broken - clean|| / ||clean||."""
+
+    input_max_abs: float
+    output_max_abs: float
+    output_relative: float
+
+
+def _first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((item for item in value if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def _first_call(built: Built, path: str) -> tuple[Any, Any]:
+    seen: dict[str, Any] = {}
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        if "output" not in seen:  # the first call (layers are called once; nothing here is called twice)
+            seen["input"] = _first_tensor(inputs).detach().clone()
+            seen["output"] = _first_tensor(output).detach().clone()
+
+    handle = dict(built.model.named_modules())[path].register_forward_hook(hook)
+    try:
+        built.run()
+    finally:
+        handle.remove()
+    return seen["input"], seen["output"]
+
+
+def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
+    """`Effect` of a bug at `module_path`, from the clean port and the broken one (built with `build_recipe`)."""
+    clean_input, clean_output = _first_call(clean, module_path)
+    broken_input, broken_output = _first_call(broken, module_path)
+
+    def largest(a: Any, b: Any) -> float:
+        return float((a.float() - b.float()).abs().max()) if a.shape == b.shape else float("inf")
+
+    relative = float((broken_output - clean_output).norm() / clean_output.norm()) \
+        if clean_output.shape == broken_output.shape else float("inf")
+    return Effect(largest(clean_input, broken_input), largest(clean_output, broken_output), relative)
+
+
 # --- tracing and diffing ------------------------------------------------------------------------------------
 
 
@@ -317,12 +367,14 @@ __all__ = [
     "DIFF_OPTIONS",
     "Built",
     "Case",
+    "Effect",
     "Judged",
     "PortHarness",
     "PreparedPort",
     "Verdict",
     "all_cases",
     "apply_bug",
+    "bug_effect",
     "build_recipe",
     "judge",
     "prepare_port",
