@@ -61,8 +61,8 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
         size = f"{found.output_max_abs:.2g}, {found.output_relative:.2g}" if found else ""
         rows.append(f"| {case.pair.name} | {bug} | {_cell(first.truth())} | {size} | " + " | ".join(cells) + " |")
     rows.append("")
-    rows.append("Effect: the bug's largest and relative (‖broken − clean‖ / ‖clean‖) change of its module's output, "
-                "whose inputs it leaves unchanged.  ")
+    rows.append("Effect: the bug's largest and relative (‖broken − clean‖ / ‖clean‖) change of its module's "
+                "output, whose inputs it leaves unchanged.  ")
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
