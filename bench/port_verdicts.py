@@ -55,6 +55,8 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
         for variant in variants:
             judged = results[variant][position]
             mark = "**right**" if judged.right else ("module only" if judged.module_right else "wrong")
+            if judged.right and judged.precision:
+                mark += f" ({judged.precision})"
             cells.append(f"{_cell(judged.verdict.located())}: {mark}")
         bug = case.bug.name if case.bug else "clean port"
         found = effect.get(case.id)
@@ -66,8 +68,9 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
-        rows.append(f"{VARIANTS[variant]}: {right} of {len(cases)} right ({module_only} more name the module "
-                    "but no line holding the bug)  ")
+        exact = sum(judged.right and judged.precision in ("line", "construction line") for judged in results[variant])
+        rows.append(f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
+                    f"line ({module_only} more name the module but no line holding the bug)  ")
     return "\n".join(rows) + "\n"
 
 

@@ -33,6 +33,7 @@ from ports.harness import (
     bug_effect,
     build_recipe,
     judge,
+    precision,
     prepare_port,
 )
 
@@ -126,6 +127,11 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert judge(case, port, Verdict(0)) == (False, "diff says match")
     assert judge(Case(PAIRS[0]), port, Verdict(0)) == (True, "")
     assert not judge(Case(PAIRS[0]), port, Verdict(1, path=""))[0]
+    # beyond right or wrong: how exactly the verdict names the line
+    assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 47))) == "line"
+    assert precision(case, port, Verdict(1, path=bug.module, built_at=(here, 47))) == "construction line"
+    assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 41))) == (
+        "range of 11 lines; line 41 is not the bug's")
 
 
 def test_a_patch_whose_text_is_not_unique_is_refused() -> None:

@@ -106,6 +106,7 @@ class Judged:
     verdict: Verdict
     right: bool
     why: str
+    precision: str = ""
 
     @property
     def module_right(self) -> bool:
@@ -317,6 +318,25 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
     return False, f"right module, but no range, line or construction line names line {line}"
 
 
+def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
+    """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
+    "construction line" (`built_at` is it), "range of N lines" (only `lines` holds it), "" otherwise; a
+    `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
+    if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
+        return ""
+    line = port.truth_line
+    if verdict.line and _same_file(verdict.line[0], port.port_file) and verdict.line[1] == line:
+        return "line"
+    if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
+        return "construction line"
+    found = ""
+    if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
+        found = f"range of {verdict.lines[2] - verdict.lines[1] + 1} lines"
+    if found and verdict.line:
+        found += f"; line {verdict.line[1]} is not the bug's"
+    return found
+
+
 class PortHarness:
     """Traces and verdicts for the corpus, in `workdir`; reference traces are made once per (pair, lines)."""
 
@@ -360,7 +380,7 @@ class PortHarness:
         options = tuple(option for rule in case.pair.maps for option in ("--map", rule)) + self.diff_options
         verdict = run_diff(reference, candidate, options)
         right, why = judge(case, port, verdict)
-        return Judged(case, port, verdict, right, why)
+        return Judged(case, port, verdict, right, why, precision(case, port, verdict))
 
 
 __all__ = [
@@ -377,6 +397,7 @@ __all__ = [
     "bug_effect",
     "build_recipe",
     "judge",
+    "precision",
     "prepare_port",
     "reference_modeling_file",
     "run_diff",
