@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "pyserver"))
-sys.path.insert(0, str(ROOT / "tests" / "python"))
+# NOTE: only sys.path entries before the imports (no other statement), so that no import is "not at the top"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyserver"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 from modeltrace.worker.client import WorkerClient
 from ports.harness import Case, Effect, Judged, PortHarness, all_cases, bug_effect, build_recipe, prepare_port
