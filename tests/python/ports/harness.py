@@ -331,7 +331,8 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         return "construction line"
     found = ""
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
-        found = f"range of {verdict.lines[2] - verdict.lines[1] + 1} lines"
+        width = verdict.lines[2] - verdict.lines[1] + 1
+        found = f"range of {width} line{'s' if width > 1 else ''}"
     if found and verdict.line:
         found += f"; line {verdict.line[1]} is not the bug's"
     return found
