@@ -88,14 +88,21 @@ def _show_command(arguments: argparse.Namespace) -> int:
 def _diff_command(arguments: argparse.Namespace) -> int:
     from modeltrace.diff import close_result, diff_paths, render_text, to_json
 
-    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map)
+    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map,
+                        rel_tol=arguments.rel_tol, replay=arguments.replay)
     try:
         if arguments.format == "json":
             json.dump(to_json(result), sys.stdout, allow_nan=False)
             sys.stdout.write("\n")
         else:
             sys.stdout.write(render_text(result))
-        return 0 if result.match else 1
+        if not result.match:
+            return 1
+        if result.not_comparable:
+            # NOTE: not a match: too little aligned to trust one (exit 2, bad input, with the reason)
+            print(f"modeltrace diff: not comparable: {result.not_comparable}", file=sys.stderr)
+            return 2
+        return 0
     finally:
         close_result(result)
 
@@ -238,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)")
     diff.add_argument("--map", action="append", default=[], metavar="'REGEX=>REPL'",
                       help="rename module paths to align them (repeatable)")
+    diff.add_argument("--rel-tol", type=float, default=None, dest="rel_tol",
+                      help="relative error ‖a-b‖/‖ref‖ allowed (default: float32 1e-4, float16 2e-3, bfloat16 2e-2)")
+    diff.add_argument("--replay", action="store_true",
+                      help="re-run the first modules whose outputs differ on the reference's inputs (needs a "
+                           "reference with full tensors; runs the candidate's code in a worker)")
     diff.add_argument("--format", choices=("text", "json"), default="text")
     diff.set_defaults(handler=_diff_command)
 

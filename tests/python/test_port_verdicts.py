@@ -38,33 +38,7 @@ from ports.harness import (
 )
 
 # What the diff says today where its verdict is wrong (case id -> reason); remove a row when it becomes right.
-KNOWN_WRONG: dict[str, str] = {
-    "gpt2-clean": "root diverges: logits [1, 7, 128] vs the last-position head's [1, 1, 128]; pos_emb [7] vs [1, 7] ids",
-    "gpt2-causal_mask_dropped": "blamed on the root (its head's shape), not the attention",
-    "gpt2-softmax_scale": "blamed on blocks.0.ln_2, which amplifies the attention's small error past atol",
-    "gpt2-final_norm_eps": "right module, but no built_at (construction line) and no lines range",
-    "gpt2-relu_for_gelu": "right module, children after/before bound 61..63, but no `lines` range in the JSON",
-    "gpt2-mlp_residual_missing": "blamed on the root (the last-position head's shape differs)",
-    "gpt2-c_proj_not_transposed": "right module, but no built_at (construction line)",
-    "gpt2-biases_not_copied": "right module, but no built_at (construction line)",
-    "llama-clean": "layers.0.attention diverges: 2 output tensors in the reference, 1 in the port",
-    "llama-causal_mask_dropped": "blamed on the root: the attention's inputs never match (mask, rotary, no tuple)",
-    "llama-softmax_scale": "blamed on layers.0.ffn_norm, which amplifies the attention's small error",
-    "llama-rotary_halves": "blamed on layers.0.ffn_norm, after the attention whose inputs never match",
-    "llama-ffn_norm_eps_layer_1": "right module, but no built_at (construction line) and no lines range",
-    "llama-gelu_for_silu": "blamed on layers.1.attention_norm, which amplifies the feed-forward's small error",
-    "llama-attention_residual_missing": "blamed on the root, not the block",
-    "llama-gate_up_swapped": "right module, but no built_at (construction line)",
-    "llama-ffn_norm_not_copied": "right module, but no built_at (construction line)",
-    "bert-clean": "layers.0.attn diverges: 2 output tensors in the reference, 1 in the port",
-    "bert-causal_mask_added": "right module (for the tuple-count reason), but no lines range",
-    "bert-softmax_scale": "right module (for the tuple-count reason), but no lines range",
-    "bert-embedding_norm_eps": "right module, but no built_at (construction line)",
-    "bert-silu_for_gelu": "blamed on layers.0.attn (2 outputs in the reference, 1 in the port)",
-    "bert-ffn_residual_missing": "blamed on layers.0.attn (2 outputs in the reference, 1 in the port)",
-    "bert-query_key_swapped": "right module, but no built_at (construction line)",
-    "bert-segment_embedding_not_copied": "right module, but no built_at (construction line)",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 MIN_BUG_KINDS_PER_PAIR = 5
 # NOTE: float32 ports of float32 references: the same operations in another order agree to ~1e-6.

@@ -1,8 +1,11 @@
 """Alignment: which reference module call each candidate module call is compared with.
 
-In order: the same path and call index; then user rename maps (`--map 'REGEX=>REPL'`, a `re.sub` tried on
-reference paths to find a candidate path, then on candidate paths to find a reference path); then, when most
-modules are still unaligned, a common leading prefix (`model.` of a `…ForCausalLM` against its base model).
+In order: the same path and call index; then, when most modules are still unaligned, a common leading prefix
+(`model.` of a `…ForCausalLM` against its base model); then user rename maps (`--map 'REGEX=>REPL'`, a
+`re.sub` chain). Maps are tried both ways and on both spellings of a name: on the path as recorded and on the
+path with the automatic prefix stripped, rewriting reference names to find a candidate name, then candidate
+names to find a reference name. So a rule can be written against the names either trace shows. A map whose
+regex matches no path of either trace, or whose rewrites align nothing, is reported (`map_usage`, as notes).
 Candidate modules inside numbered layers that the reference lacks while it has layers on both sides of them
 (`layers.0` and `layers.7` but not `layers.3`) are what `do_prune_layers=True` leaves out: they are marked
 pruned, not unaligned. Everything else left over is reported.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from modeltrace.errors import ModelTraceError
@@ -54,12 +58,6 @@ def parse_maps(texts: list[str] | tuple[str, ...] | None) -> list[RenameMap]:
     return [RenameMap.parse(text) for text in texts or ()]
 
 
-def _rewrite(path: str, maps: list[RenameMap]) -> str:
-    for rename in maps:
-        path = rename.apply(path)
-    return path
-
-
 @dataclass
 class Alignment:
     """`reference_for[i]`: the reference record index of candidate record `i`, or -1; `how[i]` says why
@@ -72,6 +70,8 @@ class Alignment:
     unaligned_candidate: list[int] = field(default_factory=list)
     prefix: str | None = None
     prefix_side: str | None = None
+    # per map (in the order given): (paths its regex matched, module calls it aligned)
+    map_usage: list[tuple[RenameMap, int, int]] = field(default_factory=list)
 
     @property
     def aligned_count(self) -> int:
@@ -96,29 +96,13 @@ def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | Non
         if found is not None and not used[found]:
             pair(position, found, "path")
 
-    if maps:
-        free_cand = {(record.path, record.call_index): position for position, record in enumerate(cand_records)
-                     if reference_for[position] < 0}
-        for ref_position, record in enumerate(ref_records):
-            if used[ref_position]:
-                continue
-            target = free_cand.pop((_rewrite(record.path, maps), record.call_index), None)
-            if target is not None and reference_for[target] < 0:
-                pair(target, ref_position, "map")
-        free_ref = {(record.path, record.call_index): position for position, record in enumerate(ref_records)
-                    if not used[position]}
-        for position, record in enumerate(cand_records):
-            if reference_for[position] >= 0:
-                continue
-            found = free_ref.pop((_rewrite(record.path, maps), record.call_index), None)
-            if found is not None:
-                pair(position, found, "map")
-
     alignment = Alignment(reference_for, how)
     non_root = [position for position, record in enumerate(cand_records) if record.path]
     aligned_non_root = sum(1 for position in non_root if reference_for[position] >= 0)
     if non_root and aligned_non_root < len(non_root) / 2:
         _align_by_prefix(alignment, ref_records, cand_records, used)
+    if maps:
+        _align_by_maps(alignment, ref_records, cand_records, used, maps)
 
     if any(found < 0 for found in reference_for):
         _mark_pruned(alignment, cand_records)
@@ -128,6 +112,100 @@ def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | Non
         if found < 0 and position not in alignment.pruned
     ]
     return alignment
+
+
+def _spellings(path: str, prefix: str | None, prefixed: bool) -> list[str]:
+    """A path as recorded and, on the side that carries the automatic prefix, without it."""
+    if not prefix or not prefixed:
+        return [path]
+    stem = prefix[:-1]
+    if path == stem:
+        return [path, ""]
+    return [path, path[len(prefix):]] if path.startswith(prefix) else [path]
+
+
+def _align_by_maps(alignment: Alignment, ref_records: list[ModuleCall], cand_records: list[ModuleCall],
+                   used: list[bool], maps: list[RenameMap]) -> None:
+    """Rename maps on whatever is still unaligned, both ways, on both spellings of each name (see the module
+    docstring); counts per map what its regex matched and what it aligned."""
+    prefix = alignment.prefix
+    ref_prefixed = alignment.prefix_side == "reference"
+    cand_prefixed = alignment.prefix_side == "candidate"
+    matched = [0] * len(maps)
+    aligned = [0] * len(maps)
+    seen_paths: set[tuple[str, str]] = set()
+    for side, records, prefixed in (("r", ref_records, ref_prefixed), ("c", cand_records, cand_prefixed)):
+        for record in records:
+            if (side, record.path) in seen_paths:
+                continue
+            seen_paths.add((side, record.path))
+            for spelling in _spellings(record.path, prefix, prefixed):
+                for number, rename in enumerate(maps):
+                    if rename.pattern.search(spelling):
+                        matched[number] += 1
+
+    def rewrite_all(path: str, prefixed: bool) -> list[tuple[str, list[int]]]:
+        """Rewritten spellings of `path`, each with the maps of the chain that changed it (a spelling the chain
+        leaves as it is is not a rewrite)."""
+        out = []
+        for spelling in _spellings(path, prefix, prefixed):
+            current, changed_by = spelling, []
+            for number, rename in enumerate(maps):
+                rewritten = rename.apply(current)
+                if rewritten != current:
+                    changed_by.append(number)
+                current = rewritten
+            if changed_by:
+                out.append((current, changed_by))
+        return out
+
+    def lookup_table(records: list[ModuleCall], prefixed: bool, free: Callable[[int], bool]) -> dict[tuple[str, int], int]:
+        table: dict[tuple[str, int], int] = {}
+        for position, record in enumerate(records):
+            if free(position):
+                for spelling in _spellings(record.path, prefix, prefixed):
+                    table.setdefault((spelling, record.call_index), position)
+        return table
+
+    reference_for, how = alignment.reference_for, alignment.how
+    free_cand = lookup_table(cand_records, cand_prefixed, lambda position: reference_for[position] < 0)
+    for ref_position, record in enumerate(ref_records):
+        if used[ref_position]:
+            continue
+        for target_path, changed_by in rewrite_all(record.path, ref_prefixed):
+            target = free_cand.get((target_path, record.call_index))
+            if target is not None and reference_for[target] < 0:
+                reference_for[target], how[target] = ref_position, "map"
+                used[ref_position] = True
+                for number in changed_by:
+                    aligned[number] += 1
+                break
+    free_ref = lookup_table(ref_records, ref_prefixed, lambda position: not used[position])
+    for position, record in enumerate(cand_records):
+        if reference_for[position] >= 0:
+            continue
+        for target_path, changed_by in rewrite_all(record.path, cand_prefixed):
+            found = free_ref.get((target_path, record.call_index))
+            if found is not None and not used[found]:
+                reference_for[position], how[position] = found, "map"
+                used[found] = True
+                for number in changed_by:
+                    aligned[number] += 1
+                break
+    alignment.map_usage = [(rename, matched[number], aligned[number]) for number, rename in enumerate(maps)]
+
+
+def map_notes(alignment: Alignment) -> list[str]:
+    """Warnings for maps that matched nothing or aligned nothing."""
+    notes = []
+    for rename, matched, aligned in alignment.map_usage:
+        if not matched:
+            notes.append(f"warning: --map {rename.text!r} matches no module path of either trace (paths are tried "
+                         "as recorded and without the automatic prefix)")
+        elif not aligned:
+            notes.append(f"warning: --map {rename.text!r} matches {matched} module paths but aligns no module call "
+                         "(no rewritten name exists on the other side, or those modules were aligned already)")
+    return notes
 
 
 def _best_prefix(longer: list[ModuleCall], shorter: list[ModuleCall]) -> tuple[str, int] | None:

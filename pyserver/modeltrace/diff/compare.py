@@ -1,22 +1,41 @@
-"""Comparison of aligned module calls: shapes, dtypes, then values, and the first divergence.
+"""Comparison of aligned module calls: tensor pairing, shapes, dtypes, then values, and the first divergence.
 
-Values are compared on full tensors when both sides have them: max abs difference, max relative difference
-(|a - b| / |reference| over the reference's non-zero elements), and allclose at `atol + rtol·|reference|`
-(plus half a printed digit when a side's values were parsed back from a repr). Otherwise statistics are
-compared, the weaker check: if two tensors are allclose at tolerance t, their min, max and mean differ by at
-most t and their std by about as much, so a statistic further apart than t (plus the rounding of the stored
+Each side (inputs, outputs) of two aligned calls is paired tensor by tensor (`pairing`): by role and value, so
+that extra inputs (masks, position ids, caches) and extra outputs (attention weights) on either side are left
+out, with their reason, instead of making the side differ. Shapes that hold the same numbers compare as equal
+(`[7, 64]` / `[1, 7, 64]`); a side computing a subset of positions (a last-token head) is compared on the
+positions both hold.
+
+Values are compared on full tensors when both sides have them. A pair matches when both hold:
+
+- elementwise: |a - b| <= atol' + rtol·|reference| everywhere, where atol' is atol, or, when atol is left to
+  its default, atol per unit of the tensor's scale: atol · max(1, max|reference|) (floating-point error is
+  relative: logits of magnitude 1e3 carry errors a thousand times those of hidden states of magnitude 1); with
+  rtol left to its default too, that per-unit atol is at least the dtype's rtol (bfloat16: 1.6e-2 of
+  max|reference|, its rounding at the tensor's scale);
+- scale-aware: the relative error ‖a - b‖ / max(‖reference‖, atol·√n) is at most `rel_tol` (float32 1e-4,
+  float16 2e-3, bfloat16 2e-2, float64 1e-7 by default; the lower precision of the two dtypes decides), so a
+  module whose output is 3e-4 off on values of std 0.02 (relative error ~1e-2) is flagged although it is under
+  atol. Cosine similarity is reported alongside.
+
+Otherwise statistics are compared, the weaker check: if two tensors match by the rule above, their min and max
+differ by at most the elementwise allowance and their mean and std by at most rel_tol·max(rms, atol) (the rms
+of the reference from its mean and std), so a statistic further apart (plus the rounding of the stored
 numbers) proves a mismatch, while agreeing statistics only suggest a match. The statistics' largest difference
 is reported as `max_abs_diff`: a lower bound of the true one.
 
-Tolerances default to atol 1e-3, rtol 0, and follow the lower precision of the two dtypes for half precision
-(float16: rtol 1e-3, bfloat16: rtol 1.6e-2, the defaults of `torch.testing.assert_close`); a value given by
-the user applies to every dtype.
+Tolerances default to atol 1e-3 and rtol 0, and rtol follows the lower precision of the two dtypes for half
+precision (float16: rtol 1e-3, bfloat16: rtol 1.6e-2, the defaults of `torch.testing.assert_close`); a value
+given by the user applies to every dtype (and a given atol is absolute, not scaled).
 
-The first divergence is the first module, in the order modules finish (innermost first), whose inputs match and
-whose outputs differ; where the reference has no outputs for a module (the transformers debugger keeps outputs
-of leaf modules only), a module whose inputs match and one of whose children receives differing inputs. Inside
-it, the last child whose outputs still match and the first child whose inputs differ bound the lines where the
-difference arises.
+The first divergence is the first module, in the order modules finish (innermost first), whose compared inputs
+match and whose compared outputs differ; where the reference has no outputs for a module (the transformers
+debugger keeps outputs of leaf modules only), a module whose inputs match and one of whose children receives
+differing inputs. With a replay (`diff.replay`: suspect candidate modules re-run on the reference's inputs), a
+replayed module is judged on its own: one whose replayed output matches the reference is cleared (its outputs
+differ only through its inputs), one whose replayed output differs is a divergence whatever its recorded inputs
+were. Inside the divergence, the last child whose outputs still match and the first child whose inputs differ
+bound the lines where the difference arises (`Divergence.lines`).
 """
 
 from __future__ import annotations
@@ -26,17 +45,31 @@ import operator
 import threading
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
-from modeltrace.diff.align import Alignment, RenameMap, align_traces
+from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.errors import ModelTraceError
-from modeltrace.trace.records import ModuleCall, TensorSummary
+from modeltrace.diff.pairing import (
+    BROADCAST,
+    DIFFERENT,
+    OVERLAP,
+    LeafPair,
+    Pairing,
+    _padded,
+    dtype_kind,
+    pair_leaves,
+)
+from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary
 from modeltrace.trace.tensors import LoadedTrace
 
 
 DEFAULT_ATOL = 1e-3
 DEFAULT_RTOL = 0.0
+# ‖a - b‖ / ‖reference‖ allowed by dtype (the lower precision of the two): a few roundings of the dtype
+# accumulated over a model (float32 eps 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3).
+DEFAULT_REL_TOL = {"float64": 1e-7, "float32": 1e-4, "float16": 2e-3, "bfloat16": 2e-2}
 # rtol by dtype when the user gives none (torch.testing.assert_close's defaults for half precision)
 HALF_PRECISION_RTOL = {"float16": 1e-3, "bfloat16": 1.6e-2}
 _PRECISION_RANK = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
@@ -60,11 +93,12 @@ class DiffError(ModelTraceError):
 
 @dataclass(frozen=True)
 class DiffOptions:
-    """`atol` / `rtol` None: the defaults above, dtype-aware; `maps`: rename rules for alignment."""
+    """`atol` / `rtol` / `rel_tol` None: the defaults above, dtype-aware; `maps`: rename rules for alignment."""
 
     atol: float | None = None
     rtol: float | None = None
     maps: tuple[RenameMap, ...] = ()
+    rel_tol: float | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +111,10 @@ class LeafResult:
     reason: str | None = None
     atol: float | None = None
     rtol: float | None = None
+    rel_err: float | None = None
+    cosine: float | None = None
+    reference_key: str | None = None
+    note: str | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +135,29 @@ class ModuleResult:
     aligned_by: str | None = None
     input_leaves: list[LeafResult] = field(default_factory=list)
     output_leaves: list[LeafResult] = field(default_factory=list)
+    rel_err: float | None = None
+    cosine: float | None = None
+    rel_tol: float | None = None
+    # how each side's tensors were paired (None: one to one, in order, same shapes)
+    input_pairing: Pairing | None = None
+    output_pairing: Pairing | None = None
+    replay: ReplayResult | None = None
+    settings: list = field(default_factory=list)
+    parameters: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """A candidate module re-run on the reference's inputs: `status` MATCH (its own computation agrees: its
+    recorded outputs differ only through its inputs), MISMATCH (it differs on its own), or NOT_COMPARED with
+    `reason` (the replay could not run: the verdict falls back to the plain comparison)."""
+
+    status: str
+    reason: str | None = None
+    max_abs_diff: float | None = None
+    rel_err: float | None = None
+    cosine: float | None = None
+    replaced: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +170,15 @@ class Divergence:
     inferred: bool = False
     last_matching_child: ModuleResult | None = None
     first_differing_child: ModuleResult | None = None
+    # candidate source lines known to hold the cause (see `_source_range`)
+    lines: SourceRange | None = None
+    # filled by the evidence side (diff/lines.py, diff/settings.py)
+    line: Any = None
+    built_at: SourceLocation | None = None
+    settings: list = field(default_factory=list)
+    parameters: list = field(default_factory=list)
+    # True when the replay on the reference's inputs decided it
+    by_replay: bool = False
 
 
 @dataclass
@@ -120,10 +190,21 @@ class DiffResult:
     modules: list[ModuleResult]
     first_divergence: Divergence | None
     notes: list[str] = field(default_factory=list)
+    # why the verdict cannot be trusted as a match (too little aligned), or None
+    not_comparable: str | None = None
+    replayed: bool = False
 
     @property
     def match(self) -> bool:
         return not any(module.status in (MISMATCH, DIVERGENCE) for module in self.modules)
+
+    @property
+    def verdict(self) -> str:
+        """"match", "divergence", or "not_comparable" (no module differs, but too little was compared to say
+        match)."""
+        if not self.match:
+            return "divergence"
+        return "not_comparable" if self.not_comparable else "match"
 
     def finish_ordered(self) -> list[ModuleResult]:
         """Candidate modules in the order their calls returned (records without one last, in call order)."""
@@ -139,14 +220,32 @@ def _finish_key(module: ModuleResult) -> tuple[int, int]:
 
 
 def _tolerance(ref_dtype: str, cand_dtype: str, options: DiffOptions, cache: dict) -> tuple[float, float]:
+    """(atol, rtol) for a pair of dtypes."""
+    return _tolerances(ref_dtype, cand_dtype, options, cache)[:2]
+
+
+def _tolerances(ref_dtype: str, cand_dtype: str, options: DiffOptions,
+                cache: dict) -> tuple[float, float, float, bool]:
+    """(atol, rtol, rel_tol, atol scales with the tensor) for a pair of dtypes."""
     key = (ref_dtype, cand_dtype)
     found = cache.get(key)
     if found is None:
         lower = min((ref_dtype, cand_dtype), key=lambda name: _PRECISION_RANK.get(name, 2))
         atol = options.atol if options.atol is not None else DEFAULT_ATOL
         rtol = options.rtol if options.rtol is not None else HALF_PRECISION_RTOL.get(lower, DEFAULT_RTOL)
-        found = cache[key] = (atol, rtol)
+        rel_tol = options.rel_tol if options.rel_tol is not None else DEFAULT_REL_TOL.get(lower,
+                                                                                          DEFAULT_REL_TOL["float32"])
+        if options.atol is None and options.rtol is None:
+            # NOTE: the default atol is per unit of the tensor's scale, and a half-precision dtype cannot do
+            # better than its rounding at that scale (bfloat16's 2^-7 of max|ref|): elements near zero carry the
+            # absolute error of the large ones computed before them
+            atol = max(atol, rtol)
+        found = cache[key] = (atol, rtol, rel_tol, options.atol is None)
     return found
+
+
+def lower_precision(ref_dtype: str, cand_dtype: str) -> str:
+    return min((ref_dtype, cand_dtype), key=lambda name: _PRECISION_RANK.get(name, 2))
 
 
 # ------------------------------------------------------------------------------------------- full tensors
@@ -166,27 +265,53 @@ def _scratch(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     return found
 
 
+@dataclass(slots=True)
+class ArrayComparison:
+    """`close`: the elementwise rule; `rel_err` = ‖a - b‖ / max(‖reference‖, atol·√n); `cosine` of the two."""
+
+    close: bool
+    max_abs: float
+    max_rel: float
+    reason: str | None
+    rel_err: float
+    cosine: float
+    limit: float
+
+
 def compare_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float,
                    slack_abs: float = 0.0, slack_rel: float = 0.0) -> tuple[bool, float, float, str | None]:
     """(allclose, max abs diff, max rel diff, reason) of two arrays of one shape; NaN and ±Inf must sit at the
     same places. Runs block by block in cache-sized scratch buffers."""
+    found = measure_arrays(reference, candidate, atol, rtol, slack_abs, slack_rel)
+    return found.close, found.max_abs, found.max_rel, found.reason
+
+
+def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float,
+                   slack_abs: float = 0.0, slack_rel: float = 0.0, scaled_atol: bool = False) -> ArrayComparison:
+    """The elementwise check (atol per unit of max|reference| when `scaled_atol`) and the scale-aware measures
+    (relative error, cosine similarity) of two arrays of one shape, in one pass of blocks."""
     a = reference.reshape(-1)
     b = candidate.reshape(-1)
     if a.dtype.kind in "biu" and b.dtype.kind in "biu":
         if a.size == 0:
-            return True, 0.0, 0.0, None
+            return ArrayComparison(True, 0.0, 0.0, None, 0.0, 1.0, atol)
         difference = np.abs(a.astype(np.float64) - b.astype(np.float64))
         max_abs = float(difference.max())
         nonzero = a != 0
         max_rel = float((difference[nonzero] / np.abs(a[nonzero].astype(np.float64))).max()) if nonzero.any() else 0.0
-        return max_abs <= atol + slack_abs, max_abs, max_rel, None
+        norm = math.sqrt(float(np.dot(a.astype(np.float64), a.astype(np.float64))))
+        rel_err = math.sqrt(float(np.dot(difference, difference))) / max(norm, atol * math.sqrt(a.size), 1e-300)
+        return ArrayComparison(max_abs <= atol + slack_abs, max_abs, max_rel, None, rel_err,
+                               1.0 if max_abs == 0 else math.nan, atol + slack_abs)
     work = np.dtype(np.float64) if np.float64 in (a.dtype, b.dtype) else np.dtype(np.float32)
     first, second = _scratch(work)
-    limit = atol + slack_abs
     relative = rtol + slack_rel
     max_abs = 0.0
     max_rel = 0.0
-    close = True
+    excess = -math.inf  # the largest |d| - relative·|x| (|d| without rtol)
+    ref_absmax = 0.0
+    sq_diff = sq_ref = sq_cand = dot = 0.0
+    nonfinite_close = True
     reason = None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for start in range(0, a.size, _BLOCK):
@@ -200,24 +325,39 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
             d = np.subtract(x, y, out=first[:count])  # signed: max and min give the largest |d| without abs
             high, low = float(d.max()), float(d.min())
             if not (math.isfinite(high) and math.isfinite(low)):  # NaN or Inf somewhere in the block
-                ok, block_abs, block_rel, why = _compare_nonfinite(x, y, limit, relative)
-                close &= ok
+                limit = atol * (max(1.0, ref_absmax) if scaled_atol else 1.0) + slack_abs
+                ok, block_abs, block_rel, why, sums = _compare_nonfinite(x, y, limit, relative)
+                nonfinite_close &= ok
                 reason = reason or why
                 max_abs = max(max_abs, block_abs)
                 max_rel = max(max_rel, block_rel)
+                excess = max(excess, sums[4])
+                ref_absmax = max(ref_absmax, sums[5])
+                sq_diff += sums[0]
+                sq_ref += sums[1]
+                sq_cand += sums[2]
+                dot += sums[3]
                 continue
+            block_ref = float(np.dot(x, x))
+            sq_ref += block_ref
+            ref_absmax = max(ref_absmax, float(x.max()), -float(x.min()))
             block_max = max(high, -low)
             if block_max == 0.0:
+                sq_cand += block_ref
+                dot += block_ref
                 continue
+            sq_diff += float(np.dot(d, d))
+            sq_cand += float(np.dot(y, y))
+            dot += float(np.dot(x, y))
             max_abs = max(max_abs, block_max)
             if relative:
                 np.abs(d, out=d)
                 magnitude = np.abs(x, out=second[:count])
-                close &= float((d - relative * magnitude).max()) <= limit
+                excess = max(excess, float((d - relative * magnitude).max()))
                 ratio = np.divide(d, magnitude, out=magnitude)
                 block_rel = float(np.fmax.reduce(ratio))
             else:
-                close &= block_max <= limit
+                excess = max(excess, block_max)
                 # d / x is signed too; 0 / 0 gives NaN, which fmax / fmin skip
                 ratio = np.divide(d, x, out=second[:count])
                 block_rel = max(float(np.fmax.reduce(ratio)), -float(np.fmin.reduce(ratio)))
@@ -226,10 +366,18 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
                 block_rel = float((np.abs(d[nonzero]) / np.abs(x[nonzero])).max()) if nonzero.any() else 0.0
             if block_rel == block_rel:
                 max_rel = max(max_rel, block_rel)
-    return close, max_abs, max_rel, reason
+    limit = atol * (max(1.0, ref_absmax) if scaled_atol else 1.0) + slack_abs
+    close = nonfinite_close and excess <= limit
+    floor = atol * math.sqrt(max(a.size, 1))
+    rel_err = math.sqrt(sq_diff) / max(math.sqrt(sq_ref), floor, 1e-300)
+    norms = math.sqrt(sq_ref) * math.sqrt(sq_cand)
+    cosine = dot / norms if norms > 0 else (1.0 if sq_ref == sq_cand else 0.0)
+    return ArrayComparison(close, max_abs, max_rel, reason, rel_err, min(1.0, max(-1.0, cosine)), limit)
 
 
 def _compare_nonfinite(x: np.ndarray, y: np.ndarray, limit: float, relative: float):
+    """A block holding NaN or Inf: their places must agree; the finite rest is measured as usual. Returns
+    (close, max abs, max rel, reason, (Σd², Σx², Σy², Σxy, largest excess, max|x|) over the finite elements)."""
     nan_x, nan_y = np.isnan(x), np.isnan(y)
     inf_x, inf_y = np.isinf(x), np.isinf(y)
     close = True
@@ -241,13 +389,17 @@ def _compare_nonfinite(x: np.ndarray, y: np.ndarray, limit: float, relative: flo
     finite = np.isfinite(x) & np.isfinite(y)
     xs, ys = x[finite].astype(np.float64), y[finite].astype(np.float64)
     if xs.size == 0:
-        return close, 0.0, 0.0, reason
-    d = np.abs(xs - ys)
+        return close, 0.0, 0.0, reason, (0.0, 0.0, 0.0, 0.0, -math.inf, 0.0)
+    signed = xs - ys
+    d = np.abs(signed)
     magnitude = np.abs(xs)
-    close &= bool((d <= limit + relative * magnitude).all())
+    excess = float((d - relative * magnitude).max())
+    close &= excess <= limit
     nonzero = magnitude > 0
     max_rel = float((d[nonzero] / magnitude[nonzero]).max()) if nonzero.any() else 0.0
-    return close, float(d.max()), max_rel, reason
+    sums = (float(np.dot(signed, signed)), float(np.dot(xs, xs)), float(np.dot(ys, ys)), float(np.dot(xs, ys)),
+            excess, float(magnitude.max()))
+    return close, float(d.max()), max_rel, reason, sums
 
 
 # ----------------------------------------------------------------------------------------- the comparison
@@ -257,6 +409,52 @@ _NUMBERS = operator.attrgetter("mean", "std", "min", "max", "nan_count", "inf_co
 _SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
 _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
+
+
+def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: DiffOptions, cache: dict,
+                        ref_precision: tuple[float, float] = (0.0, 0.0),
+                        cand_precision: tuple[float, float] = (0.0, 0.0)) -> LeafResult:
+    """The full-tensor verdict on one pair of tensors (reference `a`, candidate `b`) by the rule of the module
+    docstring, after bringing broadcast-equivalent shapes together and cutting overlapping ones to the
+    positions both hold."""
+    ref, cand, relation = pair.reference, pair.candidate, pair.relation
+    note = None
+    if relation == OVERLAP and a.ndim and b.ndim:
+        rank = max(a.ndim, b.ndim)
+        a = a.reshape(_padded(list(a.shape), rank))
+        b = b.reshape(_padded(list(b.shape), rank))
+        dimension, count = pair.dimension, pair.count
+        if dimension is not None and count is not None and count <= min(a.shape[dimension], b.shape[dimension]):
+            index = tuple(slice(-count, None) if axis == dimension else slice(None) for axis in range(rank))
+            a, b = a[index], b[index]
+            note = pair.describe()
+    elif a.shape != b.shape and a.size == b.size:
+        b = b.reshape(a.shape)
+        note = pair.describe()
+    if a.shape != b.shape:
+        return LeafResult(cand.key, MISMATCH, "shape", reason=f"stored shape {list(a.shape)} vs {list(b.shape)}",
+                          reference_key=ref.key)
+    if dtype_kind(ref.dtype) != dtype_kind(cand.dtype):
+        return LeafResult(cand.key, MISMATCH, "full", reason=f"dtype {ref.dtype} vs {cand.dtype}",
+                          reference_key=ref.key)
+    if ref.dtype != cand.dtype:
+        note = f"{note + '; ' if note else ''}dtype {ref.dtype} vs {cand.dtype}"
+    atol, rtol, rel_tol, scaled = _tolerances(ref.dtype, cand.dtype, options, cache)
+    ref_abs, ref_rel = ref_precision
+    cand_abs, cand_rel = cand_precision
+    found = measure_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
+    rel_limit = rel_tol + ref_rel + cand_rel
+    close = found.close and not found.rel_err > rel_limit
+    reason = found.reason
+    if not close and reason is None:
+        if not found.close:
+            reason = (f"max abs diff {found.max_abs:.3g} over atol {found.limit:.3g}"
+                      + (f" + rtol {rtol:g}·|ref|" if rtol else ""))
+        else:
+            reason = (f"relative error {found.rel_err:.3g} over {rel_tol:g} (‖a-b‖/‖ref‖; max abs diff "
+                      f"{found.max_abs:.3g}, cosine {found.cosine:.6f})")
+    return LeafResult(cand.key, MATCH if close else MISMATCH, "full", found.max_abs, found.max_rel, reason, atol,
+                      rtol, found.rel_err, found.cosine, ref.key, note)
 
 
 class _Comparer:
@@ -282,6 +480,8 @@ class _Comparer:
         self.queued_counts: list[int] = []
         self.special: dict[int, list[LeafResult]] = {}
         self.structure: dict[int, str] = {}
+        # rows of the statistics queue whose shapes or dtypes differ but hold comparable numbers
+        self.stat_valid_rows: list[int] = []
         self.both_count_nans = reference.kind == "modeltrace" and candidate.kind == "modeltrace"
         self.sides = sides
         self.totals: list[int] = [0] * sides
@@ -289,55 +489,62 @@ class _Comparer:
         self.bad: list[int] = [0] * sides
         self.maxima: list[float] = [-math.inf] * sides
 
-    def side(self, refs: list[TensorSummary], cands: list[TensorSummary], side: int) -> None:
-        """Pair the leaves of one side; compare full tensors now, queue the rest."""
-        if len(refs) == len(cands):
-            if not self.full:
-                if refs:
-                    self.stat_refs.extend(refs)
-                    self.stat_cands.extend(cands)
-                    self.queued_sides.append(side)
-                    self.queued_counts.append(len(refs))
-                return
-            pairs = zip(refs, cands)
-        else:
-            pairs, self.structure[side] = _pair_by_key(refs, cands)
+    def side(self, refs: list[TensorSummary], cands: list[TensorSummary], side: int) -> Pairing | None:
+        """Pair the leaves of one side; compare full tensors now, queue the rest. Returns the pairing when it is
+        not the plain one-to-one of equal shapes."""
+        pairing = pair_leaves(refs, cands)
+        if pairing.trivial and not self.full:
+            if refs:
+                self.stat_refs.extend(refs)
+                self.stat_cands.extend(cands)
+                self.queued_sides.append(side)
+                self.queued_counts.append(len(refs))
+            return None
         queued = 0
-        for ref, cand in pairs:
-            if self.full and ref.tensor is not None and cand.tensor is not None and ref.shape == cand.shape \
-                    and ref.dtype == cand.dtype:
+        for pair in pairing.pairs:
+            ref, cand, relation = pair.reference, pair.candidate, pair.relation
+            if relation == DIFFERENT:
+                self.special.setdefault(side, []).append(
+                    LeafResult(cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}",
+                               reference_key=ref.key))
+                continue
+            if self.full and ref.tensor is not None and cand.tensor is not None:
                 cache_key = (ref.tensor, cand.tensor)
                 if cache_key in self.full_cache:
                     cached = self.full_cache[cache_key]
                 else:
-                    tolerance = _tolerance(ref.dtype, cand.dtype, self.options, self.tolerances)
-                    cached = self.full_cache[cache_key] = self._full(ref, cand, *tolerance)
+                    cached = self.full_cache[cache_key] = self._full(pair)
                 if cached is not None:
-                    if cached.key != cand.key:
+                    if cached.key != cand.key or cached.reference_key != ref.key:
                         cached = LeafResult(cand.key, cached.status, cached.check, cached.max_abs_diff,
-                                            cached.max_rel_diff, cached.reason, cached.atol, cached.rtol)
+                                            cached.max_rel_diff, cached.reason, cached.atol, cached.rtol,
+                                            cached.rel_err, cached.cosine, ref.key, cached.note)
                     self.special.setdefault(side, []).append(cached)
                     continue
+            if relation == OVERLAP:  # the statistics of a subset of positions say nothing about the whole
+                self.special.setdefault(side, []).append(
+                    LeafResult(cand.key, NOT_COMPARED, None, reference_key=ref.key, note=pair.describe(),
+                               reason="the two hold different positions and only statistics are stored: not "
+                                      "comparable"))
+                continue
             self.stat_refs.append(ref)
             self.stat_cands.append(cand)
+            if relation == BROADCAST or ref.dtype != cand.dtype:
+                self.stat_valid_rows.append(len(self.stat_refs) - 1)
             queued += 1
         if queued:
             self.queued_sides.append(side)
             self.queued_counts.append(queued)
+        return None if pairing.trivial else pairing
 
-    def _full(self, ref: TensorSummary, cand: TensorSummary, atol: float, rtol: float) -> LeafResult | None:
-        a = self.ref_store.get(ref.tensor)
-        b = self.cand_store.get(cand.tensor)
+    def _full(self, pair: LeafPair) -> LeafResult | None:
+        a = self.ref_store.get(pair.reference.tensor)
+        b = self.cand_store.get(pair.candidate.tensor)
         if a is None or b is None:
             return None
-        if a.shape != b.shape:
-            return LeafResult(cand.key, MISMATCH, "shape", reason=f"stored shape {list(a.shape)} vs {list(b.shape)}")
-        ref_abs, ref_rel = self.ref_store.precision(ref.tensor)
-        cand_abs, cand_rel = self.cand_store.precision(cand.tensor)
-        close, max_abs, max_rel, reason = compare_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel)
-        if not close and reason is None:
-            reason = f"max abs diff {max_abs:.3g} over atol {atol:g}" + (f" + rtol {rtol:g}·|ref|" if rtol else "")
-        return LeafResult(cand.key, MATCH if close else MISMATCH, "full", max_abs, max_rel, reason, atol, rtol)
+        return compare_pair_arrays(a, b, pair, self.options, self.tolerances,
+                                   self.ref_store.precision(pair.reference.tensor),
+                                   self.cand_store.precision(pair.candidate.tensor))
 
     @staticmethod
     def _table(summaries: list[TensorSummary]) -> np.ndarray:
@@ -357,11 +564,16 @@ class _Comparer:
             return
         valid = np.fromiter(map(operator.eq, map(_SHAPE_DTYPE, refs), map(_SHAPE_DTYPE, cands)), bool, count)
         ref_dtypes = list(map(_DTYPE, refs))
+        if self.stat_valid_rows:  # broadcast-equivalent shapes, or floating dtypes of different precision
+            rows = np.asarray(self.stat_valid_rows)
+            valid[rows] = [dtype_kind(refs[row].dtype) == dtype_kind(cands[row].dtype) for row in rows.tolist()]
+            for row in rows.tolist():
+                ref_dtypes[row] = lower_precision(refs[row].dtype, cands[row].dtype)
         dtype_names = sorted(set(ref_dtypes))
-        tolerance_table = np.array([_tolerance(name, name, self.options, self.tolerances) for name in dtype_names],
-                                   dtype=np.float64).reshape(len(dtype_names), 2)
+        tolerance_table = np.array([_tolerances(name, name, self.options, self.tolerances) for name in dtype_names],
+                                   dtype=np.float64).reshape(len(dtype_names), 4)
         if len(dtype_names) == 1:
-            tolerances = np.broadcast_to(tolerance_table, (count, 2))
+            tolerances = np.broadcast_to(tolerance_table, (count, 4))
         else:
             codes = {name: code for code, name in enumerate(dtype_names)}
             tolerances = tolerance_table[np.fromiter(map(codes.__getitem__, ref_dtypes), np.int64, count)]
@@ -381,13 +593,23 @@ class _Comparer:
             magnitude = np.fmax(np.abs(ref_stats), np.abs(cand_stats))
             scale = np.fmax(np.abs(ref_stats[:, 2]), np.abs(ref_stats[:, 3]))
             scale[np.isnan(scale)] = 0.0
-            limit = (tolerances[:, 0] + tolerances[:, 1] * scale)[:, None] + (ref_abs + cand_abs) \
-                + (ref_rel + cand_rel) * magnitude
+            # elementwise allowance: atol (per unit of the scale when atol is the default) + rtol·scale
+            elementwise = tolerances[:, 0] * np.where(tolerances[:, 3] > 0, np.maximum(scale, 1.0), 1.0) \
+                + tolerances[:, 1] * scale
+            slack = (ref_abs + cand_abs) + (ref_rel + cand_rel) * magnitude
+            limit = elementwise[:, None] + slack
             limit[:, 0] += _STAT_NUMERIC_SLACK * scale
             mean, std = ref_stats[:, 0], ref_stats[:, 1]
             std_slack = _STAT_NUMERIC_SLACK * (mean * mean + std * std) / np.maximum(std, 1e-30)
             std_slack[~np.isfinite(std_slack)] = 0.0
             limit[:, 1] += std_slack
+            # scale-aware: |Δmean| and |Δstd| are at most rms(a - b) <= rel_tol·max(rms(ref), atol); the sample
+            # std's n/(n-1) and the numbers' rounding get 1% and the slack above
+            rms = np.sqrt(mean * mean + std * std)
+            relative_limit = 1.01 * tolerances[:, 2] * np.fmax(rms, tolerances[:, 0])
+            relative_limit[~np.isfinite(relative_limit)] = np.inf
+            limit[:, 0] = np.minimum(limit[:, 0], relative_limit + slack[:, 0] + _STAT_NUMERIC_SLACK * scale)
+            limit[:, 1] = np.minimum(limit[:, 1], relative_limit + slack[:, 1] + std_slack)
             over = difference > limit  # NaN compares False: a statistic missing on either side is skipped
             has_values = ~np.isnan(difference)
             compared = has_values.any(axis=1) & valid
@@ -406,12 +628,13 @@ class _Comparer:
         for row in np.flatnonzero(~valid).tolist():  # shapes or dtypes differ: rare, one by one
             ref, cand = refs[row], cands[row]
             special = self.special.setdefault(int(side_of_row[row]), [])
-            if ref.shape != cand.shape:
-                special.append(LeafResult(cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}"))
+            if ref.shape != cand.shape and dtype_kind(ref.dtype) == dtype_kind(cand.dtype):
+                special.append(LeafResult(cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}",
+                                          reference_key=ref.key))
             else:
                 atol, rtol = _tolerance(ref.dtype, cand.dtype, self.options, self.tolerances)
                 special.append(LeafResult(cand.key, MISMATCH, "statistics", atol=atol, rtol=rtol,
-                                          reason=f"dtype {ref.dtype} vs {cand.dtype}"))
+                                          reason=f"dtype {ref.dtype} vs {cand.dtype}", reference_key=ref.key))
         # Every differing row counts; the first of each output side is described (it gives the module's reason;
         # inputs are only counted).
         bad_rows = np.flatnonzero(bad & (side_of_row % 2 == 1))
@@ -425,7 +648,7 @@ class _Comparer:
         ref_values = ref_stats[first_rows, columns].tolist()
         cand_values = cand_stats[first_rows, columns].tolist()
         largest_values = largest[first_rows].tolist()
-        first_tolerances = tolerances[first_rows].tolist()
+        first_tolerances = tolerances[first_rows, :2].tolist()
         columns = columns.tolist()
         for position, (row, side) in enumerate(zip(first_rows.tolist(), bad_sides.tolist())):
             ref, cand = refs[row], cands[row]
@@ -482,25 +705,6 @@ class _Comparer:
                 max(relatives) if relatives else None)
 
 
-def _pair_by_key(refs: list[TensorSummary], cands: list[TensorSummary]):
-    by_key = {ref.key: ref for ref in refs}
-    pairs = []
-    used: set[int] = set()
-    leftover = []
-    for cand in cands:
-        ref = by_key.get(cand.key)
-        if ref is not None and id(ref) not in used:
-            pairs.append((ref, cand))
-            used.add(id(ref))
-        else:
-            leftover.append(cand)
-    free_refs = [ref for ref in refs if id(ref) not in used]
-    for ref, cand in zip(free_refs, leftover):
-        pairs.append((ref, cand))
-    structure = f"{len(refs)} tensors in the reference, {len(cands)} in the candidate"
-    return pairs, structure
-
-
 def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
     """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns."""
     options = options or DiffOptions()
@@ -529,10 +733,11 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
             results.append(result)
             continue
         ref = ref_records[ref_position]
-        results.append(ModuleResult(record, ref, aligned_by=how[position]))
-        compare_side(ref.inputs, record.inputs, 2 * position)
+        result = ModuleResult(record, ref, aligned_by=how[position])
+        results.append(result)
+        result.input_pairing = compare_side(ref.inputs, record.inputs, 2 * position)
         if ref.outputs and record.outputs:
-            compare_side(ref.outputs, record.outputs, 2 * position + 1)
+            result.output_pairing = compare_side(ref.outputs, record.outputs, 2 * position + 1)
         elif ref.outputs or record.outputs:
             if ref_lacks_outputs if not ref.outputs else cand_lacks_outputs:
                 side_name = "reference" if not ref.outputs else "candidate"
@@ -588,7 +793,9 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
                 result.max_abs_diff = maximum if maximum != -math.inf else None
         ref_outputs, cand_outputs = result.reference.outputs, result.candidate.outputs
         if ref_outputs and cand_outputs:
-            result.atol, result.rtol = _tolerance(ref_outputs[0].dtype, cand_outputs[0].dtype, options, tolerances)
+            result.atol, result.rtol, result.rel_tol, _ = _tolerances(ref_outputs[0].dtype, cand_outputs[0].dtype,
+                                                                      options, tolerances)
+        _scale_measures(result)
         if result.outputs == MISMATCH:
             result.status, result.reason = MISMATCH, reason
         elif result.outputs == MATCH:
@@ -596,14 +803,64 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         else:
             result.status, result.reason = NOT_COMPARED, "no comparable tensor outputs"
 
-    divergence = _first_divergence(results)
-    if divergence is not None:
-        divergence.module.status = DIVERGENCE
     notes = [*reference.notes, *candidate.notes]
     if alignment.prefix:
         notes.append(f"aligned by stripping the prefix {alignment.prefix!r} from the {alignment.prefix_side}'s "
                      "module paths")
-    return DiffResult(reference, candidate, options, alignment, results, divergence, notes)
+    notes.extend(map_notes(alignment))
+    result = DiffResult(reference, candidate, options, alignment, results, None, notes)
+    decide(result)
+    result.not_comparable = _coverage_problem(result)
+    return result
+
+
+def decide(result: DiffResult) -> None:
+    """(Re)compute the first divergence from the module results (and their replays, when there are some)."""
+    for module in result.modules:
+        if module.status == DIVERGENCE:
+            module.status = MISMATCH
+    divergence = _first_divergence(result.modules)
+    if divergence is not None:
+        divergence.module.status = DIVERGENCE
+        divergence.lines = source_range(divergence)
+    result.first_divergence = divergence
+    from modeltrace.diff.evidence import explain  # NOTE: here, not at the top: evidence imports this module
+
+    explain(result)
+
+
+def _scale_measures(result: ModuleResult) -> None:
+    """The module's relative error (the largest over its compared outputs) and cosine (the smallest)."""
+    rel_errs = [leaf.rel_err for leaf in result.output_leaves if leaf.rel_err is not None]
+    cosines = [leaf.cosine for leaf in result.output_leaves if leaf.cosine is not None and leaf.cosine == leaf.cosine]
+    if rel_errs:
+        result.rel_err = max(rel_errs)
+    if cosines:
+        result.cosine = min(cosines)
+
+
+# NOTE: a verdict rests on what was aligned: under half of the smaller trace's module calls (or a single one)
+# is too little to call the two a match.
+MIN_ALIGNED_FRACTION = 0.5
+
+
+def _coverage_problem(result: DiffResult) -> str | None:
+    """Why a diff in which no module differs still cannot be called a match, or None."""
+    if not result.match:
+        return None
+    cand_calls = [module for module in result.modules if module.candidate.path]
+    ref_calls = [record for record in result.reference.trace.modules if record.path]
+    pruned = len(result.alignment.pruned)
+    aligned = sum(1 for module in cand_calls if module.reference is not None)
+    smaller = min(len(cand_calls) - pruned, len(ref_calls))
+    compared = sum(1 for module in result.modules if module.status == MATCH)
+    if smaller and aligned < MIN_ALIGNED_FRACTION * smaller:
+        return (f"only {aligned} of {smaller} module calls aligned ({100 * aligned / smaller:.0f}%, under "
+                f"{100 * MIN_ALIGNED_FRACTION:.0f}%): too little to call the traces a match; map names with "
+                "--map 'REGEX=>REPLACEMENT'")
+    if not compared and (cand_calls or ref_calls):
+        return "no module's outputs could be compared: nothing supports a match"
+    return None
 
 
 def _first_divergence(results: list[ModuleResult]) -> Divergence | None:
@@ -611,18 +868,28 @@ def _first_divergence(results: list[ModuleResult]) -> Divergence | None:
     for result in results:
         children.setdefault(result.candidate.parent, []).append(result)
     ordered = sorted(results, key=_finish_key)
+
+    def kids_of(result: ModuleResult) -> list[ModuleResult]:
+        return [kid for kid in children.get(result.candidate.index, []) if kid.reference is not None]
+
     for result in ordered:
-        if result.reference is None or result.inputs not in (MATCH, NONE):
+        if result.reference is None:
             continue
-        kids = [kid for kid in children.get(result.candidate.index, []) if kid.reference is not None]
+        replay = result.replay
+        if replay is not None and replay.status == MATCH:
+            continue  # on the reference's inputs it computes the reference's outputs: not where the bug is
+        if replay is not None and replay.status == MISMATCH:
+            divergence = Divergence(result, inputs_match=True, by_replay=True)
+            return _bounded(divergence, kids_of(result))
+        if result.inputs not in (MATCH, NONE):
+            continue
         if result.outputs == MISMATCH:
-            return _bounded(Divergence(result, inputs_match=True), kids)
-        if result.outputs == UNKNOWN and any(kid.inputs == MISMATCH for kid in kids):
-            return _bounded(Divergence(result, inputs_match=True, inferred=True), kids)
+            return _bounded(Divergence(result, inputs_match=True), kids_of(result))
+        if result.outputs == UNKNOWN and any(kid.inputs == MISMATCH for kid in kids_of(result)):
+            return _bounded(Divergence(result, inputs_match=True, inferred=True), kids_of(result))
     for result in ordered:
-        if result.status == MISMATCH:
-            kids = [kid for kid in children.get(result.candidate.index, []) if kid.reference is not None]
-            return _bounded(Divergence(result, inputs_match=False), kids)
+        if result.status == MISMATCH and not (result.replay is not None and result.replay.status == MATCH):
+            return _bounded(Divergence(result, inputs_match=False), kids_of(result))
     return None
 
 
@@ -630,13 +897,80 @@ def _bounded(divergence: Divergence, kids: list[ModuleResult]) -> Divergence:
     kids = sorted(kids, key=lambda kid: kid.candidate.index)
     last_match = None
     for kid in kids:
-        if kid.inputs == MISMATCH:
+        if kid.inputs == MISMATCH or (kid.replay is not None and kid.replay.status == MISMATCH):
             divergence.first_differing_child = kid
             break
-        if kid.outputs == MATCH:
+        if kid.outputs == MATCH or (kid.replay is not None and kid.replay.status == MATCH and kid.inputs == MATCH):
             last_match = kid
     divergence.last_matching_child = last_match
     return divergence
+
+
+# ---------------------------------------------------------------------------------------- source lines
+
+
+_forward_cache: dict[tuple[str, float], dict[int, tuple[int, int]]] = {}
+_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python")
+
+
+def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
+    """{line of a class statement (and of its decorators): (first, last) line of its `forward`} of a file."""
+    import ast
+    import os
+
+    try:
+        key = (file, os.path.getmtime(file))
+    except OSError:
+        return {}
+    found = _forward_cache.get(key)
+    if found is not None:
+        return found
+    found = {}
+    try:
+        with open(file, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), file)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.ClassDef):
+            forward = next((item for item in node.body
+                            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward"),
+                           None)
+            if forward is not None:
+                span = (forward.lineno, forward.end_lineno or forward.lineno)
+                for line in [node.lineno, *(decorator.lineno for decorator in node.decorator_list)]:
+                    found[line] = span
+    if len(_forward_cache) > 64:
+        _forward_cache.clear()
+    _forward_cache[key] = found
+    return found
+
+
+def source_range(divergence: Divergence) -> SourceRange | None:
+    """The smallest range of candidate lines known to hold the cause: inside the diverging module's `forward`,
+    from the call of the last child whose outputs still match to the call of the first child whose inputs
+    differ (or the forward's first / last line). A module whose class lives in an installed library (a torch
+    `nn.LayerNorm`) is not where the candidate's code went wrong: its call line is the range (its arguments, or
+    how it was built: see `built_at`)."""
+    record = divergence.module.candidate
+    defined = record.defined_at
+    if defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS):
+        called = record.called_at
+        return SourceRange(called.file, called.line, called.line) if called is not None else None
+    span = _forward_ranges(defined.file).get(defined.line) if defined is not None else None
+    after = divergence.last_matching_child.candidate.called_at if divergence.last_matching_child else None
+    before = divergence.first_differing_child.candidate.called_at if divergence.first_differing_child else None
+    if span is not None:
+        first, last = span
+        file = defined.file
+        start = after.line if after is not None and after.file == file and first <= after.line <= last else first
+        end = before.line if before is not None and before.file == file and first <= before.line <= last else last
+        if start > end:
+            start, end = first, last
+        return SourceRange(file, start, end)
+    if after is not None and before is not None and after.file == before.file and after.line <= before.line:
+        return SourceRange(after.file, after.line, before.line)
+    return None
 
 
 def _nothing_aligns(reference: LoadedTrace, candidate: LoadedTrace) -> str:

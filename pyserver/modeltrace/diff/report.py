@@ -15,6 +15,7 @@ from typing import Any
 
 from modeltrace.diff.compare import (
     DEFAULT_ATOL,
+    DEFAULT_REL_TOL,
     DEFAULT_RTOL,
     DIVERGENCE,
     MATCH,
@@ -23,8 +24,11 @@ from modeltrace.diff.compare import (
     DiffResult,
     Divergence,
     ModuleResult,
+    ReplayResult,
 )
-from modeltrace.trace.records import SourceLocation
+from modeltrace.diff.pairing import Pairing
+from modeltrace.diff.settings import ParameterDifference, SettingDifference
+from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 
 STATUS_RANK = {NOT_COMPARED: 0, MATCH: 1, MISMATCH: 2, DIVERGENCE: 3}
@@ -71,6 +75,19 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
         data["reason"] = module.reason
     if module.atol is not None:
         data["atol"], data["rtol"] = module.atol, module.rtol
+    if module.rel_tol is not None:
+        data["rel_tol"] = module.rel_tol
+    if module.rel_err is not None:
+        data["rel_err"] = _number(module.rel_err)
+        data["cosine"] = _number(module.cosine)
+    if module.reference is not None:
+        data["compared"] = compared_json(module)
+    if module.replay is not None:
+        data["replay"] = replay_json(module.replay)
+    for name in ("settings", "parameters"):
+        values = getattr(module, name)
+        if values:
+            data[name] = [_jsonable(value) for value in values]
     if module.reference is not None and module.reference.path != record.path:
         data["reference_path"] = module.reference.path
     if module.status in (MISMATCH, DIVERGENCE):
@@ -82,6 +99,53 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             if leaf.status == MISMATCH
         ][:16]
     return data
+
+
+def _jsonable(value: Any) -> Any:
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(value)
+    return value
+
+
+def _side_pairs(pairing: Pairing | None, refs: list[TensorSummary],
+                cands: list[TensorSummary]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    if pairing is None:
+        return [{"reference": ref.key, "candidate": cand.key, "how": "same shape"}
+                for ref, cand in zip(refs, cands)], []
+    pairs = [{"reference": pair.reference.key, "candidate": pair.candidate.key, "how": pair.describe(),
+              "relation": pair.relation} for pair in pairing.pairs]
+    left = [{"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason}
+            for leaf in pairing.left_out]
+    return pairs, left
+
+
+def compared_json(module: ModuleResult) -> dict[str, Any]:
+    """Which tensors of each side were compared with which, and which were left out and why."""
+    reference, candidate = module.reference, module.candidate
+    inputs, left_inputs = _side_pairs(module.input_pairing, reference.inputs, candidate.inputs)
+    if reference.outputs and candidate.outputs:
+        outputs, left_outputs = _side_pairs(module.output_pairing, reference.outputs, candidate.outputs)
+    else:
+        outputs, left_outputs = [], []
+    left_out = [{"side": "inputs", **leaf} for leaf in left_inputs] + [{"side": "outputs", **leaf}
+                                                                       for leaf in left_outputs]
+    return {"inputs": inputs, "outputs": outputs, "left_out": left_out}
+
+
+def replay_json(replay: ReplayResult | None) -> dict[str, Any] | None:
+    if replay is None:
+        return None
+    return {"status": replay.status, "reason": replay.reason, "max_abs_diff": _number(replay.max_abs_diff),
+            "rel_err": _number(replay.rel_err), "cosine": _number(replay.cosine), "replaced": replay.replaced}
+
+
+def _range(lines: SourceRange | None) -> dict[str, Any] | None:
+    return lines.to_json() if lines is not None else None
 
 
 def _brief(module: ModuleResult | None) -> dict[str, Any] | None:
@@ -110,6 +174,16 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "reason": module.reason,
         "after": _brief(divergence.last_matching_child),
         "before": _brief(divergence.first_differing_child),
+        "lines": _range(divergence.lines),
+        "line": _jsonable(divergence.line) if divergence.line is not None else None,
+        "built_at": _location(divergence.built_at),
+        "settings": [_jsonable(value) for value in divergence.settings],
+        "parameters": [_jsonable(value) for value in divergence.parameters],
+        "rel_err": _number(module.rel_err),
+        "cosine": _number(module.cosine),
+        "by_replay": divergence.by_replay,
+        "replay": replay_json(module.replay),
+        "compared": compared_json(module) if module.reference is not None else None,
     }
 
 
@@ -122,7 +196,11 @@ def to_json(result: DiffResult) -> dict[str, Any]:
     for module in result.modules:
         counts[module.status] = counts.get(module.status, 0) + 1
     return {
-        "match": result.match,
+        # NOTE: a diff with too little aligned is not a match (`verdict` "not_comparable", exit 2)
+        "match": result.match and not result.not_comparable,
+        "verdict": result.verdict,
+        "not_comparable": result.not_comparable,
+        "replayed": result.replayed,
         "first_divergence": divergence_json(result.first_divergence),
         "modules": [module_json(module) for module in result.modules],
         "reference": _describe(result.reference),
@@ -132,6 +210,9 @@ def to_json(result: DiffResult) -> dict[str, Any]:
             "rtol": DEFAULT_RTOL if result.options.rtol is None else result.options.rtol,
             # rtol left to its default follows half precision (float16 1e-3, bfloat16 1.6e-2)
             "dtype_aware": result.options.rtol is None,
+            # ‖a-b‖/‖ref‖ allowed: the given value, or per dtype
+            "rel_tol": result.options.rel_tol if result.options.rel_tol is not None else DEFAULT_REL_TOL,
+            "atol_scaled": result.options.atol is None,
         },
         "counts": counts,
         "aligned": alignment.aligned_count,
@@ -160,6 +241,13 @@ def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
         current = statuses.get(key)
         if current is None or STATUS_RANK[module.status] > STATUS_RANK[current]:
             statuses[key] = module.status
+    # NOTE: the divergence's first differing line, and the line that built it differently, are where the bug is
+    divergence = result.first_divergence
+    if divergence is not None:
+        if divergence.line is not None:
+            statuses[(divergence.line.file, divergence.line.line)] = DIVERGENCE
+        if divergence.built_at is not None and (divergence.settings or divergence.parameters):
+            statuses[(divergence.built_at.file, divergence.built_at.line)] = DIVERGENCE
     return statuses
 
 
@@ -251,8 +339,14 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     atol = "1e-3" if options.atol is None else f"{options.atol:g}"
     rtol = "0 (dtype-aware for half precision)" if options.rtol is None else f"{options.rtol:g}"
     alignment = result.alignment
+    rel_tol = ("per dtype (float32 1e-4, float16 2e-3, bfloat16 2e-2)" if options.rel_tol is None
+               else f"{options.rel_tol:g}")
     add(f"aligned    {alignment.aligned_count} of {len(result.modules)} candidate module calls; "
-        f"atol {atol}, rtol {rtol}")
+        f"atol {atol}{' per unit of scale' if options.atol is None else ''}, rtol {rtol}, "
+        f"relative error (‖a-b‖/‖ref‖) {rel_tol}")
+    if result.replayed:
+        replayed = [module for module in result.modules if module.replay is not None]
+        add(f"replay     {len(replayed)} suspect module calls re-run on the reference's inputs")
     for note in result.notes:
         add(f"note       {note}")
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)
@@ -260,7 +354,9 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add("note       the model's inputs differ: trace both with the same inputs (and seed) to compare them")
     add("")
     divergence = result.first_divergence
-    if result.match:
+    if result.match and result.not_comparable:
+        add(f"NOT COMPARABLE: {result.not_comparable}")
+    elif result.match:
         checks = [module.check for module in result.modules if module.status == MATCH]
         weaker = [f"{checks.count(name)} on {what}" for name, what in
                   (("statistics", "statistics only, a weaker check"), ("shape", "shapes and dtypes only"))
@@ -282,10 +378,20 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
             inputs = "inputs match" if divergence.inputs_match else "inputs differ"
             check = {"full": "full tensors", "statistics": "statistics only, a weaker check",
                      "shape": "shapes only"}.get(module.check or "", "")
+            scale = (f", relative error {_format_number(module.rel_err)}, cosine {module.cosine:.6f}"
+                     if module.rel_err is not None and module.cosine is not None else "")
             add(f"  {inputs}, outputs differ: max abs diff {_format_number(module.max_abs_diff)}, "
-                f"max rel diff {_format_number(module.max_rel_diff)}" + (f" ({check})" if check else ""))
+                f"max rel diff {_format_number(module.max_rel_diff)}{scale}" + (f" ({check})" if check else ""))
             if module.reason:
                 add(f"  {module.reason}")
+        replay = module.replay
+        if replay is not None:
+            add("  " + _replay_text(replay))
+        for text in _compared_text(module):
+            add("  " + text)
+        if divergence.lines is not None:
+            span = divergence.lines
+            add(f"  look at     {_short(span.file)} lines {span.start}-{span.end}")
         after, before = divergence.last_matching_child, divergence.first_differing_child
         if after is not None or before is not None:
             parts = []
@@ -295,6 +401,7 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
                 parts.append(f"{before.candidate.path} (line {_line(before)}) already receives differing inputs")
             where = _between(after, before)
             add("  inside it: " + "; ".join(parts) + (f": look at {where}" if where else ""))
+    lines.extend(evidence_text(result))
     unaligned_ref = [result.reference.trace.modules[index] for index in alignment.unaligned_reference]
     unaligned_cand = [result.candidate.trace.modules[index] for index in alignment.unaligned_candidate]
     if unaligned_ref:
@@ -321,6 +428,81 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     add(", ".join(f"{counts.get(status, 0)} {status.replace('_', ' ')}"
                   for status in (MATCH, DIVERGENCE, MISMATCH, NOT_COMPARED)))
     return "\n".join(lines) + "\n"
+
+
+def evidence_text(result: DiffResult, limit: int = 6) -> list[str]:
+    """Report lines for the divergence's evidence (its first differing line, what differs in how it was built)
+    and for the other modules built differently."""
+    lines: list[str] = []
+    divergence = result.first_divergence
+    if divergence is not None:
+        line = divergence.line
+        if line is not None:
+            lines.append(f"  first differing line  {_short(line.file)}:{line.line}: {line.reason}")
+        built = f", built at {_where(divergence.built_at)}" if divergence.built_at is not None else ""
+        for difference in divergence.settings:
+            lines.append(f"  {difference.path or '(root)'}: {_setting(difference)}{built}")
+        for difference in divergence.parameters:
+            lines.append(f"  {difference.path or '(root)'}: {_parameter(difference)}{built}")
+    shown = {divergence.module.candidate.path} if divergence is not None else set()
+    others: dict[str, ModuleResult] = {}
+    for module in result.modules:
+        path = module.candidate.path
+        if (module.settings or module.parameters) and path not in shown:
+            others.setdefault(path, module)
+    if others:
+        lines.append(f"built differently ({len(others)} modules):")
+        for path, module in list(others.items())[:limit]:
+            what = [_setting(item) for item in module.settings] + [_parameter(item) for item in module.parameters]
+            built_at = next((build.built_at for build in result.candidate.trace.builds if build.path == path), None)
+            where = f", built at {_where(built_at)}" if built_at is not None else ""
+            lines.append(f"  {path or '(root)'}: {'; '.join(what[:3])}{where}")
+        if len(others) > limit:
+            lines.append(f"  … (+{len(others) - limit})")
+    return lines
+
+
+def _setting(difference: SettingDifference) -> str:
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.reference!r} (reference) vs {difference.candidate!r} (candidate){note}"
+
+
+def _parameter(difference: ParameterDifference) -> str:
+    value = f", max abs diff {_format_number(difference.max_abs_diff)}" if difference.max_abs_diff is not None else ""
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.status}{value}{note}"
+
+
+def _replay_text(replay: ReplayResult) -> str:
+    if replay.status == MATCH:
+        return ("replayed on the reference's inputs: its output matches the reference's "
+                f"(relative error {_format_number(replay.rel_err)})")
+    if replay.status == MISMATCH:
+        return ("replayed on the reference's inputs: its output still differs (max abs diff "
+                f"{_format_number(replay.max_abs_diff)}, relative error {_format_number(replay.rel_err)}): the "
+                "difference arises in this module")
+    return f"replay not used: {replay.reason}"
+
+
+def _compared_text(module: ModuleResult) -> list[str]:
+    """What was compared with what, for the report's first divergence (only when not one-to-one)."""
+    if module.reference is None or (module.input_pairing is None and module.output_pairing is None):
+        return []
+    data = compared_json(module)
+    lines = []
+    for side in ("inputs", "outputs"):
+        pairs = data[side]
+        if pairs:
+            described = ", ".join(
+                (pair["candidate"] or "(tensor)") + ("" if pair["reference"] == pair["candidate"]
+                                                     else f" ~ {pair['reference'] or '(tensor)'}")
+                + ("" if pair["how"] == "same shape" else f" ({pair['how']})")
+                for pair in pairs)
+            lines.append(f"compared {side}: {described}")
+    for leaf in data["left_out"][:8]:
+        lines.append(f"left out: {leaf['in']} {leaf['side'][:-1]} {leaf['key'] or '(tensor)'} {leaf['shape']}: "
+                     f"{leaf['reason']}")
+    return lines
 
 
 def _line(module: ModuleResult) -> str:

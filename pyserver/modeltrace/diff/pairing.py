@@ -1,0 +1,187 @@
+"""Tensor-level matching of one side (inputs or outputs) of two aligned module calls.
+
+Independently written implementations call the same computation with different arguments: transformers' decoder
+layer takes `hidden_states, attention_mask, position_ids, position_embeddings, ...` where a port's block takes
+`x`; transformers' attention returns `(attn_output, attn_weights)` where the port returns one tensor. So the
+tensors of a side are paired by role and value, not by position in the tuple:
+
+- a pair needs tensors of one kind (floating / integer / bool) and shapes that hold the same numbers: equal,
+  equal up to leading size-1 dimensions (`[7, 64]` / `[1, 7, 64]`, "broadcast"), or one computing a subset of
+  the other's positions along one dimension that is not the last (a last-token head `[1, 1, V]` against
+  `[1, 7, V]`, `logits_to_keep`: "overlap", compared on the trailing positions they share);
+- among those, the best pairs win: equal shapes over broadcast over overlap, then the same key (weak evidence:
+  names differ between implementations), then close statistics (cos against cos, not against sin), then the
+  same position;
+- tensors left with the same key, or the first tensors of a side where nothing pairs, are paired anyway as a
+  shape mismatch (a real shape difference stays a mismatch);
+- everything else is left out with its reason (a mask, position ids, a cache, attention weights that the other
+  side does not have), and neither blocks nor decides the verdict.
+
+The common case (same number of tensors, same shapes and dtypes in order) takes a fast path with no scoring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from modeltrace.trace.records import TensorSummary
+
+
+SAME = "same"
+BROADCAST = "broadcast"
+OVERLAP = "overlap"
+DIFFERENT = "different"
+
+_RELATION_SCORE = {SAME: 4.0, BROADCAST: 3.5, OVERLAP: 2.0}
+
+
+@dataclass(slots=True)
+class LeafPair:
+    """A reference and a candidate tensor compared with each other; for `OVERLAP`, `dimension` (of the shapes
+    padded to the same rank with leading 1s) and `count` (the trailing positions both hold)."""
+
+    reference: TensorSummary
+    candidate: TensorSummary
+    relation: str
+    dimension: int | None = None
+    count: int | None = None
+
+    def describe(self) -> str:
+        if self.relation == SAME:
+            return "same shape"
+        if self.relation == BROADCAST:
+            return f"same numbers, shapes {self.reference.shape} and {self.candidate.shape}"
+        if self.relation == OVERLAP:
+            rank = max(len(self.reference.shape), len(self.candidate.shape))
+            dimension = self.dimension or 0
+            larger = max(_padded(self.reference.shape, rank)[dimension], _padded(self.candidate.shape, rank)[dimension])
+            return (f"overlap: the last {self.count} of {larger} positions of dimension {self.dimension} "
+                    f"({self.reference.shape} vs {self.candidate.shape})")
+        return f"shape {self.reference.shape} vs {self.candidate.shape}"
+
+
+@dataclass(slots=True)
+class LeftOut:
+    """A tensor of one side that was not compared: `owner` is "reference" or "candidate"."""
+
+    owner: str
+    key: str
+    shape: list[int]
+    reason: str
+
+
+@dataclass(slots=True)
+class Pairing:
+    pairs: list[LeafPair]
+    left_out: list[LeftOut] = field(default_factory=list)
+    trivial: bool = False
+
+
+def dtype_kind(dtype: str) -> str:
+    if dtype == "bool":
+        return "b"
+    if "float" in dtype:
+        return "f"
+    if "complex" in dtype:
+        return "c"
+    return "i"
+
+
+def _padded(shape: list[int], rank: int) -> list[int]:
+    return [1] * (rank - len(shape)) + list(shape)
+
+
+def shape_relation(reference: list[int], candidate: list[int]) -> tuple[str, int | None, int | None]:
+    """(relation, dimension, count) of two shapes; see the module docstring."""
+    if reference == candidate:
+        return SAME, None, None
+    rank = max(len(reference), len(candidate))
+    ref, cand = _padded(reference, rank), _padded(candidate, rank)
+    if ref == cand:
+        return BROADCAST, None, None
+    differing = [position for position in range(rank) if ref[position] != cand[position]]
+    if len(differing) == 1 and differing[0] != rank - 1:
+        dimension = differing[0]
+        count = min(ref[dimension], cand[dimension])
+        if count >= 1:
+            return OVERLAP, dimension, count
+    return DIFFERENT, None, None
+
+
+def _closeness(ref: TensorSummary, cand: TensorSummary) -> float:
+    if ref.mean is None or cand.mean is None or ref.std is None or cand.std is None:
+        return 0.0
+    scale = max(abs(ref.std), abs(cand.std), abs(ref.mean), abs(cand.mean), 1e-12)
+    distance = (abs(ref.mean - cand.mean) + abs(ref.std - cand.std)) / scale
+    return 1.0 / (1.0 + distance) if distance == distance else 0.0
+
+
+def _last_name(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairing:
+    """Pair the tensors of one side of two aligned calls (see the module docstring)."""
+    if len(refs) == len(cands) and all(ref.shape == cand.shape and ref.dtype == cand.dtype
+                                       for ref, cand in zip(refs, cands)):
+        return Pairing([LeafPair(ref, cand, SAME) for ref, cand in zip(refs, cands)], trivial=True)
+    scored = []
+    for ref_position, ref in enumerate(refs):
+        ref_kind = dtype_kind(ref.dtype)
+        for cand_position, cand in enumerate(cands):
+            if dtype_kind(cand.dtype) != ref_kind:
+                continue
+            relation, dimension, count = shape_relation(ref.shape, cand.shape)
+            if relation == DIFFERENT:
+                continue
+            score = _RELATION_SCORE[relation]
+            if ref.key == cand.key:
+                score += 1.0
+            elif _last_name(ref.key) == _last_name(cand.key):
+                score += 0.5
+            score += _closeness(ref, cand)
+            if ref_position == cand_position:
+                score += 0.3
+            scored.append((-score, ref_position, cand_position, relation, dimension, count))
+    scored.sort()
+    ref_taken: dict[int, int] = {}
+    cand_taken: set[int] = set()
+    pairs: list[tuple[int, LeafPair]] = []
+    for _, ref_position, cand_position, relation, dimension, count in scored:
+        if ref_position in ref_taken or cand_position in cand_taken:
+            continue
+        ref_taken[ref_position] = cand_position
+        cand_taken.add(cand_position)
+        pairs.append((cand_position, LeafPair(refs[ref_position], cands[cand_position], relation, dimension, count)))
+    # Same key but shapes that hold different numbers: a real shape difference, compared (and failed) as such.
+    ref_by_key = {ref.key: position for position, ref in enumerate(refs) if position not in ref_taken}
+    for cand_position, cand in enumerate(cands):
+        if cand_position in cand_taken:
+            continue
+        ref_position = ref_by_key.pop(cand.key, None)
+        if ref_position is not None:
+            ref_taken[ref_position] = cand_position
+            cand_taken.add(cand_position)
+            pairs.append((cand_position, LeafPair(refs[ref_position], cand, DIFFERENT)))
+    if not pairs and refs and cands:
+        ref_position = next((position for position, ref in enumerate(refs) if dtype_kind(ref.dtype) == "f"), 0)
+        cand_position = next((position for position, cand in enumerate(cands) if dtype_kind(cand.dtype) == "f"), 0)
+        ref_taken[ref_position] = cand_position
+        cand_taken.add(cand_position)
+        pairs.append((cand_position, LeafPair(refs[ref_position], cands[cand_position], DIFFERENT)))
+    pairs.sort(key=lambda item: item[0])
+    left_out = [LeftOut("reference", ref.key, ref.shape, _why_left_out(ref, cands, "candidate"))
+                for position, ref in enumerate(refs) if position not in ref_taken]
+    left_out += [LeftOut("candidate", cand.key, cand.shape, _why_left_out(cand, refs, "reference"))
+                 for position, cand in enumerate(cands) if position not in cand_taken]
+    return Pairing([pair for _, pair in pairs], left_out)
+
+
+def _why_left_out(leaf: TensorSummary, others: list[TensorSummary], other_side: str) -> str:
+    kind = dtype_kind(leaf.dtype)
+    fitting = [other for other in others if dtype_kind(other.dtype) == kind
+               and shape_relation(leaf.shape, other.shape)[0] != DIFFERENT]
+    if fitting:
+        return (f"the {other_side}'s tensors of a fitting shape ({', '.join(repr(other.key) for other in fitting[:3])}) "
+                "pair better with others")
+    return f"no {leaf.dtype} tensor of a fitting shape in the {other_side}"
