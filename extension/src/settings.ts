@@ -30,6 +30,8 @@ export interface ModelTraceSettings {
     diffRtol: number | null;
     /** Rename maps aligning module paths with the reference's, each "REGEX=>REPLACEMENT". */
     diffMaps: string[];
+    /** Re-run the first differing modules on the reference's inputs (reference with full tensors). */
+    diffReplay: boolean;
 }
 
 export const defaultSettings: Readonly<ModelTraceSettings> = {
@@ -47,6 +49,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
+    diffReplay: true,
 };
 
 export interface InitializationOptions {
@@ -81,6 +84,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const shapeOnly: unknown = configuration.get("shapeOnly");
     const checkpoint: unknown = configuration.get("checkpoint");
     const diffMaps: unknown = configuration.get("diffMaps");
+    const diffReplay: unknown = configuration.get("diffReplay");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
@@ -96,6 +100,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],
+        diffReplay: typeof diffReplay === "boolean" ? diffReplay : defaultSettings.diffReplay,
     };
 }
 

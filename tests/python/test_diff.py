@@ -21,6 +21,8 @@ from conftest import EXAMPLE_PACKAGE, REPO_ROOT, line_of
 from modeltrace.diff import (
     DIVERGENCE,
     MATCH,
+    MISMATCH,
+    NOT_COMPARED,
     DiffOptions,
     diff_traces,
     line_statuses,
@@ -397,3 +399,183 @@ def test_diff_modules_do_not_import_torch() -> None:
     )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
+
+
+# ------------------------------------------------------------- lines, half precision, replay on the reference
+
+
+def capture_in(file: Path, out: Path, dtype: torch.dtype) -> Path:
+    """As `capture`, with the model and its floating inputs in `dtype`."""
+    getattr(source_map, "_location_cache", {}).clear()
+    built = build_from_file(file, None, None, 0)
+    built.model.to(dtype)
+    kwargs = {name: value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
+              for name, value in built.kwargs.items()}
+    with torch.no_grad(), ModuleCapture(built.model, full_tensors=True) as recorder:
+        built.model(*built.args, **kwargs)
+    trace = Trace(model={"class": built.model_class, "file": str(file)}, modules=recorder.records)
+    return write_trace(trace, out, lambda folder: save_file(recorder.tensors, str(folder / TENSORS_FILE)))
+
+
+def test_the_divergence_names_the_lines_that_hold_the_bug(original: Path, tmp_path: Path) -> None:
+    old, new, path, *_ = BUGS["residual"]
+    candidate = capture(buggy_copy(tmp_path, "residual", old, new), tmp_path / "residual.mtrace")
+    result = diff(original, candidate)
+    lines = result.first_divergence.lines
+    file = Path(result.first_divergence.module.candidate.called_at.file)
+    assert result.first_divergence.module.candidate.path == path and lines.file == str(file)
+    # the missing `hidden_states = residual + hidden_states` sat between the attention call and the next norm
+    assert lines.start == line_of(file, "hidden_states, _ = self.self_attn(")
+    assert lines.end == line_of(file, "hidden_states = self.post_attention_layernorm(hidden_states)")
+    document = to_json(result)["first_divergence"]
+    assert document["lines"] == {"file": str(file), "start": lines.start, "end": lines.end}
+    assert f"lines {lines.start}-{lines.end}" in render_text(result)
+
+
+def test_a_bfloat16_trace_of_the_model_matches_its_float32_reference(original: Path, tmp_path: Path) -> None:
+    half = capture_in(EXAMPLE_PACKAGE / "modeling_tiny_llama.py", tmp_path / "bf16.mtrace", torch.bfloat16)
+    result = diff(original, half)
+    assert result.match and result.verdict == "match", render_text(result)
+    compared = [module for module in result.modules if module.check == "full"]
+    assert compared and max(module.rel_err for module in compared if module.rel_err is not None) > 1e-3
+    # a real bug still shows at bfloat16
+    old, new, path, *_ = BUGS["activation"]
+    broken = capture_in(buggy_copy(tmp_path, "activation", old, new), tmp_path / "bf16-bug.mtrace", torch.bfloat16)
+    assert diff(original, broken).first_divergence.module.candidate.path == path
+
+
+def _two_bugs(tmp_path: Path) -> Path:
+    """The example with a transposed q_proj weight and the wrong activation: two bugs, in two modules."""
+    file = buggy_copy(tmp_path, "two", *TRANSPOSED_WEIGHT)
+    source = file.read_text()
+    for old, new in ((BUGS["transposed"][0], BUGS["transposed"][1]), (BUGS["activation"][0], BUGS["activation"][1])):
+        assert source.count(old) == 1
+        source = source.replace(old, new)
+    file.write_text(source)
+    return file
+
+
+def test_replay_judges_each_module_on_the_reference_inputs(original: Path, tmp_path: Path, worker) -> None:
+    from modeltrace.diff import replay_unavailable, run_replay
+
+    candidate = capture(_two_bugs(tmp_path), tmp_path / "two.mtrace")
+    before = {path.name: path.read_bytes() for path in candidate.iterdir()}
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand)
+        assert replay_unavailable(result) is None
+        plain = result.first_divergence.module.candidate.path
+        run_replay(result, worker, limit=40)
+        replays = {module.candidate.path: module.replay for module in result.modules if module.replay is not None}
+        assert result.replayed and len(replays) >= 20
+    # both bugs fail on the reference's inputs, each in its own module; everything between them (whose outputs
+    # differ only because their inputs do) is cleared
+    assert replays["layers.0.self_attn.q_proj"].status == MISMATCH
+    assert replays["layers.0.mlp.activation"].status == MISMATCH
+    for path in ("layers.0.self_attn.o_proj", "layers.0.post_attention_layernorm", "layers.0.mlp.gate_proj"):
+        assert replays[path].status == MATCH, (path, replays[path])
+    # the port's own Linear names its input `hidden_states`, nn.Linear `input`: paired by role, not name
+    assert replays["layers.0.self_attn.q_proj"].replaced == ["hidden_states (from input)"]
+    assert plain == result.first_divergence.module.candidate.path == "layers.0.self_attn.q_proj"
+    assert result.first_divergence.by_replay
+    document = to_json(result)
+    assert document["first_divergence"]["replay"]["status"] == MISMATCH and document["replayed"] is True
+    by_path = {module["path"]: module for module in document["modules"]}
+    assert by_path["layers.0.post_attention_layernorm"]["replay"]["status"] == MATCH
+    assert "replayed on the reference's inputs: its output still differs" in render_text(result)
+    assert {path.name: path.read_bytes() for path in candidate.iterdir()} == before  # no trace is changed
+
+
+def test_replay_of_a_module_that_raises_falls_back_to_the_plain_verdict(original: Path, tmp_path: Path,
+                                                                        worker) -> None:
+    from modeltrace.diff import run_replay
+
+    old, new, path, *_ = BUGS["activation"]
+    file = buggy_copy(tmp_path, "stateful", old, new)
+    source = file.read_text()
+    # a module that refuses a second call (research code keeping state): the replay's extra call raises
+    forward = "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n        gate = "
+    assert source.count(forward) == 1, "the example MLP's forward changed"
+    start = "        if (input_ids is None) ^ (inputs_embeds is not None):\n"
+    assert source.count(start) == 1, "the example model's forward changed"
+    source = source.replace(start, "        for layer in self.layers:\n            layer.mlp.calls = 0\n" + start)
+    file.write_text(source.replace(forward, (
+        "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n"
+        "        self.calls = getattr(self, 'calls', 0) + 1\n"
+        "        if self.calls > 1:\n"
+        "            raise RuntimeError('this MLP runs once per forward')\n"
+        "        gate = ")))
+    candidate = capture(file, tmp_path / "stateful.mtrace")
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand)
+        plain = result.first_divergence.module.candidate.path
+        run_replay(result, worker, limit=40)
+        mlp = next(module for module in result.modules if module.candidate.path == "layers.0.mlp")
+        assert mlp.replay.status == NOT_COMPARED and "this MLP runs once per forward" in mlp.replay.reason
+        assert result.first_divergence.module.candidate.path == plain == path
+        json.dumps(to_json(result), allow_nan=False)
+
+
+def test_replay_refuses_a_candidate_whose_source_changed(original: Path, tmp_path: Path, worker) -> None:
+    from modeltrace.diff import run_replay
+
+    old, new, path, *_ = BUGS["activation"]
+    file = buggy_copy(tmp_path, "changed", old, new)
+    candidate = capture(file, tmp_path / "changed.mtrace")
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand)
+        # the trace header's source hash no longer matches the file
+        result.candidate.trace.model["source_hashes"] = {str(file): "0" * 64}
+        run_replay(result, worker)
+        assert not result.replayed and result.first_divergence.module.candidate.path == path
+        assert any("changed since the candidate was traced" in note for note in result.notes)
+
+
+def test_replay_substitution_refuses_tensors_that_do_not_fit() -> None:
+    from modeltrace.errors import ModelTraceError
+    from modeltrace.worker.replay import substitute
+
+    layer = torch.nn.Linear(4, 3)
+    args, kwargs = (torch.randn(2, 4),), {}
+    new_args, _ = substitute(layer, args, kwargs, {"input": torch.ones(1, 2, 4, dtype=torch.float64)})
+    assert new_args[0].shape == (2, 4) and new_args[0].dtype == torch.float32 and bool((new_args[0] == 1).all())
+    with pytest.raises(ModelTraceError, match=r"input 'input' has shape \[2, 5\].*\[2, 4\]"):
+        substitute(layer, args, kwargs, {"input": torch.ones(2, 5)})
+    with pytest.raises(ModelTraceError, match="'mask' is not an argument"):
+        substitute(layer, args, kwargs, {"mask": torch.ones(2, 4)})
+
+
+def test_cli_replay_and_a_diff_that_compares_too_little(original: Path, tmp_path: Path) -> None:
+    old, new, path, *_ = BUGS["activation"]
+    candidate = capture(buggy_copy(tmp_path, "cli", old, new), tmp_path / "cli.mtrace")
+    completed = run_cli("diff", str(original), str(candidate), "--replay", "--format", "json")
+    assert completed.returncode == 1, completed.stderr
+    document = json.loads(completed.stdout)
+    first = document["first_divergence"]
+    assert first["path"] == path and first["by_replay"] and first["replay"]["status"] == MISMATCH
+    assert document["verdict"] == "divergence" and first["lines"]["start"] <= first["lines"]["end"]
+    assert all("compared" in module for module in document["modules"] if module["status"] != "not_compared")
+    # a statistics-only reference cannot be replayed: the plain verdict, and the reason
+    stats_only = tmp_path / "stats.mtrace"
+    shutil.copytree(original, stats_only)
+    (stats_only / TENSORS_FILE).unlink()
+    from modeltrace.trace.storage import read_trace
+
+    trace = read_trace(stats_only)
+    for record in trace.modules:
+        for summary in (*record.inputs, *record.outputs):
+            summary.tensor = None
+    shutil.rmtree(stats_only)
+    write_trace(trace, stats_only)
+    completed = run_cli("diff", str(stats_only), str(candidate), "--replay", "--format", "json")
+    document = json.loads(completed.stdout)
+    assert completed.returncode == 1 and document["first_divergence"]["path"] == path
+    assert any(note.startswith("replay not used: the reference has no full tensors") for note in document["notes"])
+    # two of 30 calls aligned: not a match, exit 2 with the reason
+    few = tmp_path / "few.mtrace"
+    trace = read_trace(original)
+    for record in trace.modules[3:]:
+        record.path = record.path.replace(".", "_") + "_renamed"
+    write_trace(trace, few)
+    completed = run_cli("diff", str(original), str(few))
+    assert completed.returncode == 2 and "not comparable: only" in completed.stderr
+    assert "NOT COMPARABLE" in completed.stdout

@@ -259,3 +259,180 @@ def test_half_precision_tolerance_follows_the_dtype(tmp_path: Path) -> None:
         assert not diff_traces(a, b, DiffOptions(rtol=0.0)).match
     with load_reference(trace("c", values)) as c, load_reference(trace("d", one_ulp.float())) as d:
         assert not diff_traces(c, d).match  # the same numbers in float32: rtol 0
+
+
+# ------------------------------------------------------------------ tensor pairing, shapes, scale, coverage
+
+
+def _full_trace(tmp_path: Path, name: str, records: list[ModuleCall], tensors: dict[str, torch.Tensor]) -> Path:
+    return write_trace(Trace(model={"class": "M"}, modules=records), tmp_path / name,
+                       lambda folder: save_file(tensors, str(folder / TENSORS_FILE)))
+
+
+def _leaf(key: str, tensor: torch.Tensor, name: str | None = None) -> TensorSummary:
+    values = tensor.double()
+    return TensorSummary(key, list(tensor.shape), str(tensor.dtype).removeprefix("torch."),
+                         mean=float(values.mean()), std=float(values.std()) if tensor.numel() > 1 else 0.0,
+                         min=float(values.min()), max=float(values.max()), tensor=name)
+
+
+def test_extra_inputs_and_outputs_neither_block_nor_decide() -> None:
+    """transformers' attention takes hidden states, a mask and position ids and returns (output, weights); the
+    port's takes x and returns one tensor: the hidden states are compared, the rest is left out with why, and
+    the attention (inputs match, outputs differ) is the first divergence."""
+    hidden, mask, ids = _summary("hidden_states", 0.0, shape=[1, 7, 64]), _summary("attention_mask", -1e9,
+                                                                                     shape=[1, 1, 7, 7]), None
+    ids = TensorSummary("position_ids", [1, 7], "int64", mean=3.0, std=2.0, min=0.0, max=6.0)
+    weights = _summary("1", 0.14, shape=[1, 4, 7, 7])
+    reference = [_record(0, "", -1, 1, outputs=[_summary(mean=1.0, shape=[1, 7, 64])]),
+                 _record(1, "attn", 0, 0, line=10, inputs=[hidden, mask, ids],
+                         outputs=[_summary("0", 1.0, shape=[1, 7, 64]), weights])]
+    candidate = [_record(0, "", -1, 1, outputs=[_summary(mean=1.5, shape=[1, 7, 64])]),
+                 _record(1, "attn", 0, 0, line=10, inputs=[_summary("x", 0.0, shape=[1, 7, 64])],
+                         outputs=[_summary("", 1.5, shape=[1, 7, 64])])]
+    result = diff_traces(_loaded(reference), _loaded(candidate))
+    attention = result.modules[1]
+    assert attention.inputs == MATCH and attention.outputs == MISMATCH
+    assert result.first_divergence.module is attention and result.first_divergence.inputs_match
+    compared = to_json(result)["modules"][1]["compared"]
+    assert compared["inputs"] == [{"reference": "hidden_states", "candidate": "x", "how": "same shape",
+                                   "relation": "same"}]
+    assert [(leaf["side"], leaf["in"], leaf["key"]) for leaf in compared["left_out"]] == [
+        ("inputs", "reference", "attention_mask"), ("inputs", "reference", "position_ids"),
+        ("outputs", "reference", "1")]
+    assert all(leaf["reason"] for leaf in compared["left_out"])
+
+
+def test_pairing_prefers_close_statistics_over_position() -> None:
+    """cos and sin of one shape: each pairs with its own kind, whatever order the two sides pass them in."""
+    cos = TensorSummary("position_embeddings.0", [1, 7, 16], "float32", mean=0.8, std=0.3, min=-1, max=1)
+    sin = TensorSummary("position_embeddings.1", [1, 7, 16], "float32", mean=0.1, std=0.5, min=-1, max=1)
+    hidden = _summary("hidden_states", 0.0, shape=[1, 7, 64])
+    cand = [_summary("x", 0.0, shape=[1, 7, 64]),
+            TensorSummary("sin", [1, 7, 16], "float32", mean=0.1, std=0.5, min=-1, max=1),
+            TensorSummary("cos", [1, 7, 16], "float32", mean=0.8, std=0.3, min=-1, max=1)]
+    from modeltrace.diff.pairing import pair_leaves
+
+    pairing = pair_leaves([hidden, cos, sin], cand)
+    assert {(pair.reference.key, pair.candidate.key) for pair in pairing.pairs} == {
+        ("hidden_states", "x"), ("position_embeddings.0", "cos"), ("position_embeddings.1", "sin")}
+    assert not pairing.left_out
+
+
+def test_broadcast_equivalent_shapes_compare_as_equal_and_real_differences_stay(tmp_path: Path) -> None:
+    values = torch.randn(7, 64)
+    reference = [_record(0, "", -1, 0, outputs=[_leaf("", values.unsqueeze(0), "r")])]
+    same = [_record(0, "", -1, 0, outputs=[_leaf("", values, "c")])]
+    with load_reference(_full_trace(tmp_path, "r", reference, {"r": values.unsqueeze(0)})) as ref, \
+            load_reference(_full_trace(tmp_path, "c", same, {"c": values.clone()})) as cand:
+        result = diff_traces(ref, cand)
+        assert result.match and result.modules[0].check == "full"
+        assert to_json(result)["modules"][0]["compared"]["outputs"][0]["relation"] == "broadcast"
+    # statistics only: the same numbers have the same statistics
+    assert diff_traces(_loaded(reference), _loaded(same)).match
+    narrower = [_record(0, "", -1, 0, outputs=[_leaf("", values[:, :32].unsqueeze(0))])]
+    result = diff_traces(_loaded(reference), _loaded(narrower))
+    assert not result.match and "shape [1, 7, 64] vs [1, 7, 32]" in result.modules[0].reason
+
+
+def test_a_last_position_head_is_compared_on_the_positions_both_hold(tmp_path: Path) -> None:
+    logits = torch.randn(1, 7, 50)
+    reference = [_record(0, "", -1, 0, outputs=[_leaf("logits", logits, "r")])]
+    last = [_record(0, "", -1, 0, outputs=[_leaf("", logits[:, -1:].clone(), "c")])]
+    wrong = [_record(0, "", -1, 0, outputs=[_leaf("", logits[:, :1].clone(), "c")])]
+    with load_reference(_full_trace(tmp_path, "r", reference, {"r": logits})) as ref:
+        with load_reference(_full_trace(tmp_path, "last", last, {"c": logits[:, -1:].clone()})) as cand:
+            result = diff_traces(ref, cand)
+            assert result.match and result.modules[0].check == "full"
+            how = to_json(result)["modules"][0]["compared"]["outputs"][0]["how"]
+            assert how.startswith("overlap: the last 1 of 7 positions of dimension 1")
+        with load_reference(_full_trace(tmp_path, "first", wrong, {"c": logits[:, :1].clone()})) as cand:
+            assert not diff_traces(ref, cand).match  # the first position is not the last one
+    # statistics of a subset of positions prove nothing either way: not compared, not a mismatch
+    result = diff_traces(_loaded(reference), _loaded(last))
+    assert result.modules[0].status == NOT_COMPARED
+
+
+def _one_output(tmp_path: Path, name: str, tensor: torch.Tensor) -> Path:
+    record = _record(0, "", -1, 0, outputs=[_leaf("", tensor, "t")])
+    return _full_trace(tmp_path, name, [record], {"t": tensor})
+
+
+def test_relative_error_flags_small_values_and_forgives_large_ones(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(0)
+    small = torch.randn(4, 64, 64, generator=generator) * 0.02
+    # up to 3e-4 off on values of std 0.02: under atol 1e-3, ~1% relative error
+    shifted = small + 3e-4 * (2 * torch.rand(small.shape, generator=generator) - 1)
+    with load_reference(_one_output(tmp_path, "a", small)) as a, load_reference(_one_output(tmp_path, "b", shifted)) as b:
+        result = diff_traces(a, b)
+        module = result.modules[0]
+        assert not result.match and module.max_abs_diff < 1e-3 and module.rel_err > 5e-3
+        assert "relative error" in module.reason
+        assert 0.99 < module.cosine < 1.0
+        assert diff_traces(a, b, DiffOptions(rel_tol=0.1)).match  # the relative bound is the user's to set
+    # statistics only: a 1% scale error (max abs diff under 1e-3) moves the std past rel_tol·rms; independent
+    # noise of the same size does not move the statistics (the weaker check cannot see it)
+    scaled = small * 1.01
+    assert float((scaled - small).abs().max()) < 1e-3
+    statistics = [_record(0, "", -1, 0, outputs=[_leaf("", small)])]
+    assert not diff_traces(_loaded(statistics), _loaded([_record(0, "", -1, 0, outputs=[_leaf("", scaled)])])).match
+    assert diff_traces(_loaded(statistics), _loaded([_record(0, "", -1, 0, outputs=[_leaf("", shifted)])])).match
+    # logits of magnitude 1e3 in bfloat16, 0.5 apart: within bfloat16's rounding at that scale
+    logits = (torch.randn(1, 7, 256, generator=generator) * 1e3).to(torch.bfloat16)
+    moved = (logits.float() + 0.5 * torch.sign(torch.randn(logits.shape, generator=generator))).to(torch.bfloat16)
+    with load_reference(_one_output(tmp_path, "c", logits)) as c, load_reference(_one_output(tmp_path, "d", moved)) as d:
+        assert diff_traces(c, d).match
+    # float32 logits of magnitude 1e3 with float32 rounding noise: atol is per unit of scale by default
+    wide = torch.randn(1, 7, 256, generator=generator).double() * 1e3
+    noisy = wide * (1 + 1e-6 * torch.randn(wide.shape, generator=generator, dtype=torch.float64))
+    with load_reference(_one_output(tmp_path, "e", wide.float())) as e, \
+            load_reference(_one_output(tmp_path, "f", noisy.float())) as f:
+        assert diff_traces(e, f).match
+        assert not diff_traces(e, f, DiffOptions(atol=1e-4)).match  # a given atol is absolute
+
+
+def test_maps_apply_after_the_prefix_and_unused_maps_are_reported() -> None:
+    """A `…ForCausalLM` reference (`model.` prefix) against a port with its own names: a map written against
+    the stripped names aligns; one that matches nothing, or aligns nothing, is a warning."""
+    reference = _chain([0.0, 1.0, 2.0], prefix="model.")
+    reference.insert(1, _record(len(reference), "model", 0, 99, outputs=[_summary(mean=2.0)]))
+    reference.append(_record(len(reference), "model.embed_tokens", 1, 98, outputs=[_summary(mean=0.5)]))
+    candidate = _chain([0.0, 1.0, 2.0])
+    candidate.append(_record(len(candidate), "tok_emb", 0, 97, outputs=[_summary(mean=0.5)]))
+    options = DiffOptions(maps=tuple(parse_maps([r"^embed_tokens$=>tok_emb", r"^nowhere\.(\d+)=>x.\1",
+                                                 r"^layers\.2$=>blocks.2"])))
+    result = diff_traces(_loaded(reference), _loaded(candidate), options)
+    assert result.alignment.prefix == "model."
+    embedding = next(module for module in result.modules if module.candidate.path == "tok_emb")
+    assert embedding.reference.path == "model.embed_tokens" and embedding.aligned_by == "map"
+    warnings = [note for note in result.notes if note.startswith("warning: --map")]
+    assert len(warnings) == 2
+    assert "nowhere" in warnings[0] and "matches no module path" in warnings[0]
+    assert "layers" in warnings[1] and "aligns no module call" in warnings[1]
+    assert to_json(result)["notes"][-2:] == warnings
+
+
+def test_a_verdict_on_too_little_aligned_is_not_a_match() -> None:
+    reference = _chain([float(number) for number in range(24)])
+    candidate = _chain([float(number) for number in range(24)])
+    for record in candidate[3:]:
+        record.path = record.path.replace("layers.", "blocks.")
+    result = diff_traces(_loaded(reference), _loaded(candidate))
+    assert result.match and result.verdict == "not_comparable"
+    assert "only 2 of 24 module calls aligned" in result.not_comparable
+    document = to_json(result)
+    assert document["match"] is False and document["verdict"] == "not_comparable"
+    from modeltrace.diff import render_text
+
+    assert "NOT COMPARABLE: only 2 of 24" in render_text(result)
+
+
+def test_replay_without_full_tensors_falls_back_and_says_why() -> None:
+    from modeltrace.diff import run_replay
+
+    result = diff_traces(_loaded(_chain([0.0, 1.0, 2.0])), _loaded(_chain([0.0, 1.5, 2.5])))
+    before = result.first_divergence.module.candidate.path
+    run_replay(result)
+    assert result.first_divergence.module.candidate.path == before == "layers.1"
+    assert not result.replayed
+    assert any(note.startswith("replay not used: the reference has no full tensors") for note in result.notes)

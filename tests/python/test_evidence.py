@@ -2,8 +2,9 @@
 
 Worker records come from real transformers models built from small configs (GPT-2's Conv1D and LayerNorm,
 Llama's RMSNorm); the diff's evidence from real traces made by the worker with `--lines` of the example model
-and of edited copies of it (an RMSNorm built with another eps in one layer), and of the example port (its rotary
-code differs: the first differing line is in another file than the reference's).
+and of edited copies of it (an RMSNorm built with another eps in one layer), of the example port (its rotary
+code differs: the first differing line is in another file than the reference's), and of a Llama recipe with one
+weight transposed, traced with full tensors (parameters compared in full).
 """
 
 from __future__ import annotations
@@ -234,3 +235,46 @@ def test_builds_are_recorded_once_per_module_not_per_call(original: Path) -> Non
     paths = [build.path for build in trace.builds]
     assert len(paths) == len(set(paths))
     assert {record.path for record in trace.modules} <= set(paths)
+
+
+RECIPE = '''
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+
+def build_model():
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    if TRANSPOSE:
+        with torch.no_grad():
+            weight = model.layers[1].self_attn.o_proj.weight
+            weight.copy_(weight.t().clone())
+    return model
+
+
+def build_inputs(model):
+    return {"input_ids": torch.arange(7).unsqueeze(0), "use_cache": False}
+'''
+
+
+def test_a_transposed_weight_is_named_from_full_tensors(worker, tmp_path: Path) -> None:
+    traces = {}
+    for name, transpose in (("reference", False), ("candidate", True)):
+        recipe = tmp_path / f"recipe_{name}.py"
+        recipe.write_text(f"TRANSPOSE = {transpose}\n" + RECIPE)
+        traces[name] = Path(worker.trace({"file": str(recipe), "recipe": str(recipe), "full_tensors": True,
+                                          "out": str(tmp_path / f"{name}.mtrace"), "seed": 0})["trace"])
+    candidate = read_trace(traces["candidate"])
+    stored = {parameter.summary.tensor for build in candidate.builds for parameter in build.parameters}
+    assert "parameters/layers.1.self_attn.o_proj.weight" in stored
+    with load_reference(traces["reference"]) as ref, load_reference(traces["candidate"]) as cand:
+        result = diff_traces(ref, cand, DiffOptions())
+        divergence = result.first_divergence
+        assert divergence.module.candidate.path == "layers.1.self_attn.o_proj"
+        assert [(item.name, item.status) for item in divergence.parameters] == [("weight", TRANSPOSED)]
+        assert "full tensors" in divergence.parameters[0].note
+        # nothing else was built differently
+        assert {module.candidate.path for module in result.modules if module.parameters} == {
+            "layers.1.self_attn.o_proj"}

@@ -29,8 +29,11 @@ def run_cli(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def summaries(trace_folder: Path) -> list:
+    """Every summary that may name a stored tensor: the calls' inputs and outputs, and (stored after them, within
+    the same limits) the modules' parameters and buffers."""
     trace = read_trace(trace_folder)
-    return [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)]
+    calls = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)]
+    return calls + [parameter.summary for build in trace.builds for parameter in build.parameters]
 
 
 def stored_sizes(trace_folder: Path) -> dict[str, int]:

@@ -61,6 +61,7 @@ from modeltrace.diff.pairing import (
     Pairing,
     _padded,
     dtype_kind,
+    in_order,
     pair_leaves,
 )
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary
@@ -200,6 +201,8 @@ class DiffResult:
     # why the verdict cannot be trusted as a match (too little aligned), or None
     not_comparable: str | None = None
     replayed: bool = False
+    # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
+    replay_timing: dict | None = None
 
     @property
     def match(self) -> bool:
@@ -318,6 +321,9 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
     excess = -math.inf  # the largest |d| - relative·|x| (|d| without rtol)
     ref_absmax = 0.0
     sq_diff = sq_ref = sq_cand = dot = 0.0
+    nonfinite_squares = 0.0  # 2·x·y of the non-finite blocks, counted in `dot` already
+    nonfinite_seen = False
+    identical: list[int] = []
     nonfinite_close = True
     reason = None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -344,18 +350,16 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
                 sq_ref += sums[1]
                 sq_cand += sums[2]
                 dot += sums[3]
+                nonfinite_squares += sums[1] + sums[2] - sums[0]
+                nonfinite_seen = True
                 continue
-            block_ref = float(np.dot(x, x))
-            sq_ref += block_ref
-            ref_absmax = max(ref_absmax, float(x.max()), -float(x.min()))
             block_max = max(high, -low)
             if block_max == 0.0:
-                sq_cand += block_ref
-                dot += block_ref
+                identical.append(start)  # its squares are needed only if some other block differs
                 continue
+            sq_ref += float(np.dot(x, x))
             sq_diff += float(np.dot(d, d))
             sq_cand += float(np.dot(y, y))
-            dot += float(np.dot(x, y))
             max_abs = max(max_abs, block_max)
             if relative:
                 np.abs(d, out=d)
@@ -373,10 +377,23 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
                 block_rel = float((np.abs(d[nonzero]) / np.abs(x[nonzero])).max()) if nonzero.any() else 0.0
             if block_rel == block_rel:
                 max_rel = max(max_rel, block_rel)
+        if scaled_atol and excess > atol + slack_abs:  # the scale matters only past the plain atol
+            finite = a if not nonfinite_seen else a[np.isfinite(a)]
+            if finite.size:
+                ref_absmax = max(ref_absmax, float(finite.max()), -float(finite.min()))
+        if sq_diff > 0.0:
+            for start in identical:
+                x = a[start : start + _BLOCK]
+                x = x.astype(work) if x.dtype != work else x
+                square = float(np.dot(x, x))
+                sq_ref += square
+                sq_cand += square
     limit = atol * (max(1.0, ref_absmax) if scaled_atol else 1.0) + slack_abs
     close = nonfinite_close and excess <= limit
     floor = atol * math.sqrt(max(a.size, 1))
     rel_err = math.sqrt(sq_diff) / max(math.sqrt(sq_ref), floor, 1e-300)
+    # x·y from the squares: ‖x - y‖² = ‖x‖² - 2x·y + ‖y‖² (plus the non-finite blocks' own dot products)
+    dot += (sq_ref + sq_cand - sq_diff - nonfinite_squares) / 2.0
     norms = math.sqrt(sq_ref) * math.sqrt(sq_cand)
     cosine = dot / norms if norms > 0 else (1.0 if sq_ref == sq_cand else 0.0)
     return ArrayComparison(close, max_abs, max_rel, reason, rel_err, min(1.0, max(-1.0, cosine)), limit)
@@ -527,14 +544,14 @@ class _Comparer:
     def side(self, refs: list[TensorSummary], cands: list[TensorSummary], side: int) -> Pairing | None:
         """Pair the leaves of one side; compare full tensors now, queue the rest. Returns the pairing when it is
         not the plain one-to-one of equal shapes."""
-        pairing = pair_leaves(refs, cands)
-        if pairing.trivial and not self.full:
+        if not self.full and in_order(refs, cands):
             if refs:
                 self.stat_refs.extend(refs)
                 self.stat_cands.extend(cands)
                 self.queued_sides.append(side)
                 self.queued_counts.append(len(refs))
             return None
+        pairing = pair_leaves(refs, cands)
         queued = 0
         for pair in pairing.pairs:
             ref, cand, relation = pair.reference, pair.candidate, pair.relation
@@ -870,6 +887,8 @@ def decide(result: DiffResult) -> None:
 
 def _scale_measures(result: ModuleResult) -> None:
     """The module's relative error (the largest over its compared outputs) and cosine (the smallest)."""
+    if not result.output_leaves:
+        return
     rel_errs = [leaf.rel_err for leaf in result.output_leaves if leaf.rel_err is not None]
     cosines = [leaf.cosine for leaf in result.output_leaves if leaf.cosine is not None and leaf.cosine == leaf.cosine]
     if rel_errs:

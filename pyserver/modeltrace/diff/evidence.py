@@ -69,8 +69,8 @@ def _built_differently_inside(
         differences = evidence.get(module.candidate.path)
         if differences is None or not (differences.settings or differences.parameters):
             continue
-        if module.inputs != MATCH:
-            continue
+        if module.inputs != MATCH or (module.replay is not None and module.replay.status == MATCH):
+            continue  # a replay on the reference's inputs that matches clears it, as it clears any module
         if module.status == MISMATCH or (module.max_abs_diff is not None and module.max_abs_diff > 0):
             found = module
             break

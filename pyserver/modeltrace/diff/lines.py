@@ -7,11 +7,13 @@ not its children's) are known on both sides. They are paired:
 - same file on both sides (a trace of the same modeling file, before and after an edit): by line, variable name
   and occurrence within the call;
 - different files (a port against its original): in execution order, each candidate value is first looked for
-  among the reference's values of the call (same statistics, same elements up to broadcasting or a view): a
-  value the reference also computed is right. The first candidate value that the reference never computed and
-  that has a counterpart at its place (the next unpaired reference value of the same variable name, else of the
-  same shape) is the first differing line. Intermediates only one side has (a fused qkv projection) have no
-  counterpart and are passed over.
+  among the reference's values of the call (same statistics over as many elements, whatever the layout): a
+  value the reference also computed is right, and moves the reference's position past it. The first candidate
+  value that the reference never computed and that has a counterpart there (among the reference's values new
+  in the call past that position: the first of the same variable name, else one of the next three of a shape
+  holding the same numbers) is the first differing line. Intermediates only one side has (a fused qkv
+  projection) have no counterpart and are passed over. Masks compare as masks whether written with -inf or
+  the dtype's minimum.
 
 Line records hold statistics, not full tensors, so values are compared as the diff compares statistics: a
 statistic further apart than the tolerance proves a difference. The tolerance is relative to the values' scale,
@@ -24,9 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modeltrace.trace.records import LineRecord, TensorSummary
+
+
+if TYPE_CHECKING:  # NOTE: compare imports this module (through evidence) at run time
+    from modeltrace.diff.compare import DiffResult, Divergence
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +57,14 @@ class LineDivergence:
 _RELATIVE = {"bfloat16": 2e-2, "float16": 4e-3}
 _RELATIVE_DEFAULT = 1e-4
 _INPUT_WIDENING = 10.0
+# How far past the candidate's progress a reference value of the same shape may be its counterpart.
+_NEARBY = 3
+# NOTE: masks hold -inf in one code base and the dtype's minimum in another: beyond this both are "masked".
+_MASKED = 1e30
 _STATISTICS = ("mean", "std", "min", "max")
 
 
-def drill_down(result: Any, divergence: Any) -> LineDivergence | None:
+def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | None:
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
@@ -69,7 +79,7 @@ def drill_down(result: Any, divergence: Any) -> LineDivergence | None:
     tolerance = _tolerance(ref_lines, cand_lines, ref_inputs, cand_inputs)
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
         return _same_file(ref_body, cand_body, tolerance)
-    return _by_order(ref_body, cand_body, tolerance)
+    return _by_order(ref_lines, ref_body, cand_body, tolerance)
 
 
 def _split_prologue(records: list[LineRecord]) -> tuple[list[LineRecord], list[LineRecord]]:
@@ -115,27 +125,54 @@ def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str
         yield (record.line, record.name, occurrence), record
 
 
-def _by_order(ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float) -> LineDivergence | None:
+def _by_order(ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord],
+              tolerance: float) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
+    fresh = _fresh(ref_lines, ref_body)
     for cand_record in cand_body:
-        explained = next((index for index, ref_record in enumerate(ref_body)
-                          if _comparable(ref_record.tensor, cand_record.tensor)
-                          and _within(ref_record.tensor, cand_record.tensor, tolerance)), None)
-        if explained is not None:
-            position = max(position, explained + 1)
+        # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
+        # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
+        # same values whatever the layout (`[1, 7, 64]` against `[1, 4, 7, 16]`, permuted heads)
+        if any(_same_values(ref_record.tensor, cand_record.tensor, tolerance) for ref_record in ref_lines):
+            # progress: the first such value at or after the current position (the same tensor is often
+            # recorded on several lines: the q of a projection, then the `query` parameter of a helper)
+            explained = next((index for index in range(position, len(ref_body))
+                              if _same_values(ref_body[index].tensor, cand_record.tensor, tolerance)), None)
+            if explained is not None:
+                position = explained + 1
             continue
-        later = ref_body[position:]
+        # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
+        # `query` parameter of a helper is the projection's output again)
+        later = [record for index, record in enumerate(ref_body[position:], position) if fresh[index]]
         counterpart = next((record for record in later if record.name == cand_record.name
                             and _comparable(record.tensor, cand_record.tensor)), None)
         if counterpart is None:
-            counterpart = next((record for record in later if _core(record.tensor.shape) ==
-                                _core(cand_record.tensor.shape)), None)
+            counterpart = next((record for record in later[:_NEARBY] if _comparable(record.tensor, cand_record.tensor)),
+                               None)
         if counterpart is None:
             continue  # an intermediate the reference does not have
         found = _differs(counterpart, cand_record, tolerance)
         if found is not None:
             return found
     return None
+
+
+def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool]:
+    """For each body record, whether its value is new in the call (no earlier record holds the same statistics)."""
+    seen: set[tuple] = set()
+    body_ids = {id(record) for record in ref_body}
+    fresh = []
+    for record in ref_lines:
+        summary = record.tensor
+        key = (math.prod(summary.shape), summary.dtype, summary.mean, summary.std, summary.min, summary.max)
+        if id(record) in body_ids:
+            fresh.append(key not in seen)
+        seen.add(key)
+    return fresh
+
+
+def _same_values(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> bool:
+    return math.prod(ref.shape) == math.prod(cand.shape) and _within(ref, cand, tolerance)
 
 
 def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) -> LineDivergence | None:
@@ -171,21 +208,30 @@ def _comparable(ref: TensorSummary, cand: TensorSummary) -> bool:
 
 
 def _scale(summary: TensorSummary) -> float:
-    values = [abs(value) for value in (summary.min, summary.max, summary.std) if value is not None and value == value]
+    values = [abs(value) for value in (summary.min, summary.max, summary.std)
+              if value is not None and value == value and abs(value) < _MASKED]
     return max(values, default=0.0)
 
 
 def _difference(first: float | None, second: float | None) -> float:
+    """|first - second|, -1 where either is missing or NaN; values beyond ±1e30 (masks) count as infinite, and
+    two infinite values of one sign are equal."""
     if first is None or second is None or first != first or second != second:
         return -1.0
-    if math.isinf(first) or math.isinf(second):
-        return 0.0 if first == second else math.inf
+    first_masked, second_masked = abs(first) >= _MASKED, abs(second) >= _MASKED
+    if first_masked or second_masked:
+        return 0.0 if first_masked and second_masked and (first > 0) == (second > 0) else math.inf
     return abs(first - second)
 
 
 def _gap(ref: TensorSummary, cand: TensorSummary) -> tuple[float, float]:
-    """(largest statistic difference, the reference's scale)."""
-    gap = max((_difference(getattr(ref, name), getattr(cand, name)) for name in _STATISTICS), default=-1.0)
+    """(largest statistic difference, the reference's scale). Where a side holds masked values, its mean and
+    std say how they were written down (-inf or the dtype's minimum), not what they compute: only min and max
+    are compared then."""
+    names = _STATISTICS
+    if any(value is not None and abs(value) >= _MASKED for value in (ref.min, ref.max, cand.min, cand.max)):
+        names = ("min", "max")
+    gap = max((_difference(getattr(ref, name), getattr(cand, name)) for name in names), default=-1.0)
     return max(gap, 0.0), _scale(ref)
 
 

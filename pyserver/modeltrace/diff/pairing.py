@@ -22,6 +22,7 @@ The common case (same number of tensors, same shapes and dtypes in order) takes 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from modeltrace.trace.records import TensorSummary
@@ -120,10 +121,28 @@ def _last_name(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
+_KEY = operator.attrgetter("key")
+
+
+def in_order(refs: list[TensorSummary], cands: list[TensorSummary]) -> bool:
+    """Whether the pairing is one to one in order: same count, same shapes and dtypes in order, and either the
+    same keys or no two tensors of a side sharing a shape (then no other pairing of equal shapes exists;
+    `cos, sin` against `sin, cos` needs the scoring of `pair_leaves`). The common case, checked without
+    building anything: it runs for every side of every call."""
+    if len(refs) != len(cands):
+        return False
+    if len(refs) == 1:
+        return refs[0].shape == cands[0].shape and refs[0].dtype == cands[0].dtype
+    if list(map(_SHAPE_DTYPE, refs)) != list(map(_SHAPE_DTYPE, cands)):
+        return False
+    return list(map(_KEY, refs)) == list(map(_KEY, cands)) or \
+        len({(tuple(ref.shape), ref.dtype) for ref in refs}) == len(refs)
+
+
 def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairing:
     """Pair the tensors of one side of two aligned calls (see the module docstring)."""
-    if len(refs) == len(cands) and all(ref.shape == cand.shape and ref.dtype == cand.dtype
-                                       for ref, cand in zip(refs, cands)):
+    if in_order(refs, cands):
         return Pairing([LeafPair(ref, cand, SAME) for ref, cand in zip(refs, cands)], trivial=True)
     scored = []
     for ref_position, ref in enumerate(refs):

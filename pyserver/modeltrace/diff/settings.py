@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
+
+
+if TYPE_CHECKING:  # NOTE: compare imports this package's evidence at run time; only the type is needed here
+    from modeltrace.diff.compare import DiffResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,6 @@ SYNONYMS = (
     Synonym("elementwise_affine", ("elementwise_affine",), "whether a LayerNorm has a weight (and bias)"),
     Synonym("approximate", ("approximate",), "GELU's exact (erf) or tanh form"),
     Synonym("bias", ("bias", "use_bias"), "whether a projection adds a bias"),
-    Synonym("padding_idx", ("padding_idx", "pad_token_id"), "the embedding row kept at zero"),
     Synonym("negative_slope", ("negative_slope",), "LeakyReLU's slope"),
 )
 
@@ -126,6 +129,8 @@ IGNORED_SETTINGS: dict[str, str] = {
     "kernel_config": "kernel selection, not the math",
     "loss_type": "the loss, not the forward pass",
     "is_cross_attention": "the kind of attention is given by the module's inputs",
+    "padding_idx": "an embedding's padding row only changes its gradient and initialisation; the forward pass "
+                   "reads the table as it is (a different row is a parameter difference)",
 }
 
 # How a class stores a projection's weight: transformers' Conv1D computes `x @ weight` and stores
@@ -252,7 +257,7 @@ def compare_parameters(
     """Parameters and buffers of two aligned modules that differ, are transposed, or are missing."""
     differences: list[ParameterDifference] = []
     cand_by_name = {parameter.name: parameter for parameter in candidate.parameters}
-    leftovers = [parameter for parameter in candidate.parameters]
+    leftovers = list(candidate.parameters)
     pairs: list[tuple[ParameterRecord, ParameterRecord | None]] = []
     for ref_parameter in reference.parameters:
         cand_parameter = cand_by_name.get(ref_parameter.name)
@@ -338,7 +343,11 @@ def _compare_parameter(
         return None  # meta tensors: shapes agree, values unknown
     same = _close(ref.sample, cand.sample, atol, rtol)
     if same and ref.shape == cand.shape:
-        statistics = _statistics_gap(ref_parameter, cand_parameter)
+        # NOTE: strided statistics (large weights) are comparable only over the same elements: same stride,
+        # same storage layout
+        comparable = ref_parameter.statistics_stride == cand_parameter.statistics_stride and (
+            ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape)
+        statistics = _statistics_gap(ref_parameter, cand_parameter) if comparable else None
         if statistics is None or statistics <= atol + rtol * _scale(ref_parameter) + 1e-6 * _scale(ref_parameter):
             return None
         return ParameterDifference(name, DIFFERENT, statistics, "statistics differ (sample agrees)", candidate.path)
@@ -413,11 +422,11 @@ class ModuleEvidence:
     parameters: list[ParameterDifference]
 
 
-def module_evidence(result: Any) -> dict[str, ModuleEvidence]:
+def module_evidence(result: DiffResult) -> dict[str, ModuleEvidence]:
     """Settings and parameter differences of every aligned module pair of a `DiffResult`, by candidate path,
     also set on each `ModuleResult` (every call of the module gets the same lists)."""
-    ref_builds = {build.path: build for build in getattr(result.reference.trace, "builds", [])}
-    cand_builds = {build.path: build for build in getattr(result.candidate.trace, "builds", [])}
+    ref_builds = {build.path: build for build in result.reference.trace.builds}
+    cand_builds = {build.path: build for build in result.candidate.trace.builds}
     evidence: dict[str, ModuleEvidence] = {}
     if not ref_builds or not cand_builds:
         return evidence

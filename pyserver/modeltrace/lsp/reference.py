@@ -21,6 +21,7 @@ from modeltrace.diff import (
     DIVERGENCE,
     close_result,
     diff_paths,
+    run_replay,
     line_statuses,
     load_reference,
     plot_data,
@@ -71,9 +72,18 @@ def load_checked_reference(path: str) -> None:
 
 
 def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float | None,
-                 maps: tuple[str, ...]) -> DocumentDiff:
-    """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread)."""
+                 maps: tuple[str, ...], replay: bool = False, worker: Any = None) -> DocumentDiff:
+    """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread). With
+    `replay` and a reference holding full tensors, the first modules whose outputs differ are re-run on the
+    reference's inputs in `worker` (the server's trace worker, the candidate's environment; the caller holds
+    the trace lock), and the verdict uses that (`diff.replay`)."""
     result = diff_paths(reference, candidate, atol, rtol, maps)
+    if replay and result.reference.tensors is not None:
+        try:
+            run_replay(result, worker)
+        except BaseException:
+            close_result(result)
+            raise
     try:
         calls = {
             (module.candidate.path, module.candidate.call_index): CallDiff(
@@ -87,8 +97,9 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
             calls=calls,
             divergence=divergence_json(result.first_divergence),
             plot=plot_data(result),
-            matched=result.match,
-            notes=list(result.notes),
+            # NOTE: too little aligned is not a match (the CLI's exit 2): the reason goes first in the notes
+            matched=result.match and not result.not_comparable,
+            notes=([f"not comparable: {result.not_comparable}"] if result.not_comparable else []) + list(result.notes),
         )
     finally:
         close_result(result)
@@ -102,7 +113,8 @@ async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff
     settings = ls.settings
     try:
         diff = await asyncio.to_thread(
-            compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps
+            compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps,
+            settings.diff_replay, ls.worker() if settings.diff_replay else None,
         )
     except ModelTraceError as error:
         ls.show_message(f"ModelTrace: comparing with the reference failed: {error}", types.MessageType.Error)
@@ -182,6 +194,9 @@ def divergence_diagnostic(
         f"max rel diff {format_number(divergence.get('max_rel_diff'))}"
         + (f" ({check} check)" if check else "")
     )
+    span = divergence.get("lines")
+    if span and span["start"] != span["end"] and not (divergence.get("after") and divergence.get("before")):
+        message += f"; look at {Path(span['file']).name} lines {span['start']}-{span['end']}"
     if divergence.get("after") and divergence.get("before"):
         message += (
             f"; it arises after {_named(divergence['after'])} (still matches) and before "

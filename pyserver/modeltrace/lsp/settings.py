@@ -60,6 +60,8 @@ class Settings:
     diff_atol: float | None = None
     diff_rtol: float | None = None
     diff_maps: tuple[str, ...] = ()
+    # Re-run the first differing modules on the reference's inputs when the reference has full tensors.
+    diff_replay: bool = True
     # Shape-only traces (the full-size config on the meta device: shapes and dtypes, no statistics) and a local
     # checkpoint folder (saved with save_pretrained) to load instead of a shrunk random-weight config.
     shape_only: bool = False
@@ -162,6 +164,7 @@ _SETTINGS = {
     "diffAtol": ("diff_atol", _tolerance),
     "diffRtol": ("diff_rtol", _tolerance),
     "diffMaps": ("diff_maps", _maps),
+    "diffReplay": ("diff_replay", _boolean),
     "shapeOnly": ("shape_only", _boolean),
     "checkpoint": ("checkpoint", _checkpoint),
 }

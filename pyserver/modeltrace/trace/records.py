@@ -221,7 +221,9 @@ class ParameterRecord:
     same element count) and `sample_transposed` those of the transpose (2-D tensors only): with them and the
     statistics the diff tells a copied weight from a different one and from a transposed one without the full
     tensors. `shared_with` names the parameter of an earlier module that is the same tensor (tied
-    embeddings). Samples are empty on the meta device.
+    embeddings). Samples are empty on the meta device. `statistics_stride` > 1 says the statistics are those of
+    every `statistics_stride`-th element of the row-major order (large weights): comparable between tensors of
+    one shape and layout, not exact.
     """
 
     name: str
@@ -230,9 +232,11 @@ class ParameterRecord:
     sample: list[float] = field(default_factory=list)
     sample_transposed: list[float] | None = None
     shared_with: str | None = None
+    statistics_stride: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "statistics_stride": self.statistics_stride,
             "name": self.name,
             "kind": self.kind,
             "summary": self.summary.to_json(),
@@ -251,6 +255,7 @@ class ParameterRecord:
             sample=[float(value) for value in data.get("sample") or []],
             sample_transposed=None if transposed is None else [float(value) for value in transposed],
             shared_with=None if data.get("shared_with") is None else str(data["shared_with"]),
+            statistics_stride=int(data.get("statistics_stride", 1)),
         )
 
 

@@ -13,13 +13,14 @@ a small sample of fixed positions and the same positions of the transpose), whic
 from __future__ import annotations
 
 import ast
+import functools
 import types
 from typing import Any
 
 import torch
 from torch import nn
 
-from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation, TensorSummary
+from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
 from modeltrace.worker.stats import summarize
 
@@ -27,6 +28,9 @@ from modeltrace.worker.stats import summarize
 # NOTE: values at this many fixed positions per parameter: enough to tell a copied weight from a re-initialised
 # or transposed one (statistics alone cannot tell a square matrix from its transpose), small next to the trace.
 SAMPLE_SIZE = 32
+# Weights over this many elements get statistics of about STATISTICS_ELEMENTS strided ones.
+MAX_EXACT_STATISTICS = 1 << 16
+STATISTICS_ELEMENTS = 1 << 14
 # Attributes every module has that say nothing about how it computes.
 _NOT_SETTINGS = frozenset({"training"})
 _SCALARS = (bool, int, float, str, type(None))
@@ -75,6 +79,11 @@ def record_builds(
     `keep_tensor(tensor, summary, name)`, when given, stores a parameter's full tensor (the capture's `_keep`
     with its size limits) under `parameters/{path}/{name}`.
     """
+    with torch.no_grad():
+        return _record_builds(model, constructions, keep_tensor)
+
+
+def _record_builds(model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any) -> list[ModuleBuild]:
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
@@ -128,20 +137,26 @@ _SKIP = object()
 
 def _plain(value: Any) -> Any:
     """A msgpack-safe form of a setting, or `_SKIP` for values that are not settings (tensors, configs, modules)."""
-    if isinstance(value, _SCALARS):
+    # NOTE: by exact type, not isinstance: an isinstance check on a transformers config object goes through its
+    # slow `__getattribute__`, and every attention module holds one
+    kind = type(value)
+    if kind in _SCALARS:
         return value
-    if isinstance(value, torch.dtype):
+    if kind is torch.dtype:
         return str(value).removeprefix("torch.")
-    if isinstance(value, (tuple, list)) and len(value) <= _MAX_LIST_SETTING and all(
-        isinstance(item, _SCALARS) for item in value
-    ):
+    if kind in _SEQUENCES and len(value) <= _MAX_LIST_SETTING and all(type(item) in _SCALARS for item in value):
         return list(value)
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+    if kind in _FUNCTIONS:
         # an activation kept as a function (`self.activation = F.gelu`)
         return f"{getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', value.__name__)}"
     return _SKIP
 
 
+_SEQUENCES = (tuple, list, torch.Size)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+
+
+@functools.lru_cache(maxsize=4096)
 def _literal(text: str) -> Any:
     """A field's value as a Python literal when it is one (`1e-05`, `True`, `(64,)`, `'tanh'`), else the text."""
     try:
@@ -186,17 +201,27 @@ def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor:
         shared_with = seen.get(id(tensor))
         if shared_with is None:
             seen[id(tensor)] = qualified
-        with torch.no_grad():
-            records.append(_fingerprint(kind, name, tensor.detach(), shared_with, keep_tensor, f"parameters/{qualified}"))
+        records.append(_fingerprint(kind, name, tensor.detach(), shared_with, keep_tensor, f"parameters/{qualified}"))
     return records
 
 
 def _fingerprint(
     kind: str, name: str, tensor: torch.Tensor, shared_with: str | None, keep_tensor: Any, stored_name: str
 ) -> ParameterRecord:
-    summary: TensorSummary = summarize(tensor, name)
-    record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with)
-    if tensor.device.type == "meta" or tensor.numel() == 0:
+    count = tensor.numel()
+    stride = 1
+    if count > MAX_EXACT_STATISTICS and tensor.device.type != "meta":
+        # NOTE: statistics of a large weight over evenly strided elements: the same elements for any tensor of
+        # its size, so two copies compare equal and a changed one differs, at a fraction of a full pass (a
+        # medium Llama's weights take longer to summarise than its forward pass)
+        stride = count // STATISTICS_ELEMENTS
+        summary = summarize(tensor.reshape(-1)[::stride], name)
+        summary.shape = list(tensor.shape)
+    else:
+        summary = summarize(tensor, name)
+    record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with,
+                             statistics_stride=stride)
+    if tensor.device.type == "meta" or count == 0:
         return record
     values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float64)
     positions = sample_positions(tensor.numel())
@@ -211,9 +236,11 @@ def _fingerprint(
     return record
 
 
+@functools.lru_cache(maxsize=1024)
 def sample_positions(count: int) -> torch.Tensor:
     """`SAMPLE_SIZE` distinct flat positions scattered over `count` elements (the same for any tensor of that
-    size): multiples of a large prime modulo `count`, so they fall on many rows and columns of a matrix."""
+    size): multiples of a large prime modulo `count`, so they fall on many rows and columns of a matrix.
+    Cached per size (layers repeat their shapes): callers only read the tensor."""
     if count <= SAMPLE_SIZE:
         return torch.arange(count)
     return (torch.arange(SAMPLE_SIZE, dtype=torch.int64) * _SAMPLE_STRIDE) % count

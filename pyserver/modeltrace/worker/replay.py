@@ -6,7 +6,8 @@ with the candidate's input keys, and the suspect module calls (path, call index)
 built as its trace was, a forward pre-hook goes on each suspect module, and the forward runs as usual. At a
 suspect's call the hook runs the module once more, on its live arguments with the paired tensors replaced by
 the reference's (reshaped to the live tensor's shape, cast to its dtype and device), records that output, and
-returns nothing: the forward itself continues unchanged. Cache objects among the arguments are copied for the
+returns nothing: the forward itself continues unchanged, until the last suspect has returned (the rest of the
+forward is then skipped: it has nothing left to give). Cache objects among the arguments are copied for the
 extra call, so that it cannot advance them.
 
 Every target gets an answer: the keys of its replayed outputs, or why it could not be replayed (no such module,
@@ -31,6 +32,10 @@ from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leave
 
 
 OUTPUTS_FILE = "replay_outputs.safetensors"
+
+
+class _AllReplayed(Exception):
+    """Raised by the last target's post-hook: the rest of the forward has nothing left to give."""
 
 
 def _named_arguments(module: torch.nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
@@ -111,23 +116,26 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
     if built.shape_only:
         raise ModelTraceError("a shape-only trace cannot be replayed")
     _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    built_seconds = time.perf_counter() - started
     reference_inputs = load_file(replay["inputs_file"]) if replay.get("inputs_file") else {}
     modules = dict(built.model.named_modules())
     answers: dict[str, dict[str, Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
     targets: dict[str, dict[int, dict[str, Any]]] = {}
     for target in replay["targets"]:
-        answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}}
+        answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}, "replay_seconds": None,
+                                   "live_seconds": None}
         if target["path"] not in modules:
             answers[target["name"]]["error"] = f"the rebuilt candidate has no module {target['path']!r}"
             continue
         targets.setdefault(target["path"], {})[int(target["call_index"])] = target
     handles = []
     replaying = [False]
+    remaining = [sum(len(wanted) for wanted in targets.values())]
 
     def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):
         calls = [0]
-        pending: list[dict[str, Any] | None] = []
+        pending: list[tuple[dict[str, Any] | None, float]] = []
 
         def before(module: torch.nn.Module, args: tuple, kwargs: dict):
             if replaying[0]:
@@ -135,8 +143,8 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             index = calls[0]
             calls[0] += 1
             target = wanted.get(index)
-            pending.append(target)
             if target is None:
+                pending.append((None, 0.0))
                 return None
             answer = answers[target["name"]]
             try:
@@ -144,7 +152,9 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
                 new_args, new_kwargs = substitute(module, args, kwargs, replacements)
                 replaying[0] = True
                 try:
+                    started = time.perf_counter()
                     output = module(*new_args, **new_kwargs)
+                    answer["replay_seconds"] = time.perf_counter() - started
                 finally:
                     replaying[0] = False
                 for key, tensor in iter_tensor_leaves(output):
@@ -153,14 +163,20 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
                 answer["ran"] = True
             except Exception as error:  # noqa: BLE001 - any failure of the module: the diff falls back
                 answer["error"] = f"{type(error).__name__}: {error}"
+            pending.append((target, time.perf_counter()))
             return None
 
         def after(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
             if replaying[0] or not pending:
                 return None
-            target = pending.pop()
+            target, started = pending.pop()
             if target is not None:
+                answers[target["name"]]["live_seconds"] = time.perf_counter() - started
                 answers[target["name"]]["live"] = _statistics(output)
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    # NOTE: every suspect has run: the rest of the forward would only cost time
+                    raise _AllReplayed
             return None
 
         return before, after
@@ -177,6 +193,8 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             stack.enter_context(torch.no_grad())
             stack.enter_context(built.forward_context())
             built.model(*built.args, **built.kwargs)
+    except _AllReplayed:
+        pass
     except Exception as error:  # noqa: BLE001 - reported; what was replayed before it still counts
         forward_error = f"{type(error).__name__}: {error}"
     finally:
@@ -194,6 +212,7 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
     return {
         "type": "result",
         "replay": answers,
+        "build_seconds": built_seconds,
         "outputs": str(out / OUTPUTS_FILE),
         "forward_error": forward_error,
         "model_class": built.model_class,

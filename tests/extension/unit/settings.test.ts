@@ -24,6 +24,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
+        vscodeFake.settings.set("modelTrace.diffReplay", false);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
         assert.deepEqual(options, {
             settings: {
@@ -41,6 +42,7 @@ describe("settings", () => {
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
+                diffReplay: false,
             },
             workspaceTrusted: false,
         });
@@ -60,6 +62,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffAtol", -1);
         vscodeFake.settings.set("modelTrace.diffRtol", "0.1");
         vscodeFake.settings.set("modelTrace.diffMaps", "a=>b");
+        vscodeFake.settings.set("modelTrace.diffReplay", "no");
         assert.deepEqual(readSettings(vscodeapi.getConfiguration(settingsSection)), defaultSettings);
     });
 

@@ -156,8 +156,8 @@ BUGS: tuple[Bug, ...] = (
     ),
     Bug(
         name="c_proj_not_transposed", pair="gpt2", kind="transposed weight", module="blocks.0.attn.proj",
-        old='_CONV1D_WEIGHTS = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
-        new='_CONV1D_WEIGHTS = (".attn.c_attn.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
+        old='(".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
+        new='(".attn.c_attn.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
         truth_at="self.proj = nn.Linear(config.n_embd, config.n_embd)",
         why="the attention output projection (square, so no shape error) copied from Conv1D without a transpose",
     ),
