@@ -64,7 +64,7 @@ from modeltrace.diff.pairing import (
     in_order,
     pair_leaves,
 )
-from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary
+from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary, Trace
 from modeltrace.trace.tensors import LoadedTrace
 
 
@@ -435,6 +435,45 @@ _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
 
 
+def permuted_weight_modules(reference: Trace, candidate: Trace, alignment: Alignment) -> set[int]:
+    """Candidate call positions whose module holds its counterpart's weights in another order: each own parameter
+    with the same shape and the same statistics (a reordering keeps every value), the fixed-position samples
+    differing (the order is not the same). A converter that permutes q/k rows for an interleaved rotary does
+    this on purpose; a bug that reorders features without touching weights (a rotary table concatenated the
+    wrong way) is not taken for a layout."""
+    ref_builds = {build.path: build for build in reference.builds}
+    cand_builds = {build.path: build for build in candidate.builds}
+    found = set()
+    for position, ref_position in enumerate(alignment.reference_for):
+        if ref_position < 0:
+            continue
+        ref_build = ref_builds.get(reference.modules[ref_position].path)
+        cand_build = cand_builds.get(candidate.modules[position].path)
+        if ref_build is None or cand_build is None:
+            continue
+        ref_parameters = sorted((parameter for parameter in ref_build.parameters if parameter.kind == "parameter"),
+                                key=lambda parameter: parameter.summary.shape)
+        cand_parameters = sorted((parameter for parameter in cand_build.parameters if parameter.kind == "parameter"),
+                                 key=lambda parameter: parameter.summary.shape)
+        if not ref_parameters or len(ref_parameters) != len(cand_parameters):
+            continue
+        reordered = False
+        for ref_parameter, cand_parameter in zip(ref_parameters, cand_parameters):
+            ref_summary, cand_summary = ref_parameter.summary, cand_parameter.summary
+            if ref_summary.shape != cand_summary.shape or None in (ref_summary.mean, cand_summary.mean):
+                break
+            scale = max(abs(ref_summary.std or 0.0), 1e-12)
+            if abs(ref_summary.mean - cand_summary.mean) > 1e-6 * scale or \
+                    abs((ref_summary.std or 0) - (cand_summary.std or 0)) > 1e-6 * scale or \
+                    ref_summary.min != cand_summary.min or ref_summary.max != cand_summary.max:
+                break
+            reordered = reordered or ref_parameter.sample != cand_parameter.sample
+        else:
+            if reordered:
+                found.add(position)
+    return found
+
+
 def _features_permuted(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """`b` with its last dimension's features put in `a`'s order, when one order of features (the same for
     every row) could make them agree: each feature is matched by a signature of its whole column (its sum and
@@ -456,10 +495,12 @@ def _features_permuted(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
 
 def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: DiffOptions, cache: dict,
                         ref_precision: tuple[float, float] = (0.0, 0.0),
-                        cand_precision: tuple[float, float] = (0.0, 0.0)) -> LeafResult:
+                        cand_precision: tuple[float, float] = (0.0, 0.0),
+                        allow_permutation: bool = False) -> LeafResult:
     """The full-tensor verdict on one pair of tensors (reference `a`, candidate `b`) by the rule of the module
     docstring, after bringing broadcast-equivalent shapes together and cutting overlapping ones to the
-    positions both hold."""
+    positions both hold. `allow_permutation`: the module's weights hold the reference's values in another
+    order (`permuted_weight_modules`), so outputs equal once their features are reordered are a match."""
     ref, cand, relation = pair.reference, pair.candidate, pair.relation
     note = None
     if relation == OVERLAP and a.ndim and b.ndim:
@@ -488,13 +529,14 @@ def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: D
     found = measure_arrays(a, b, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
     rel_limit = rel_tol + ref_rel + cand_rel
     close = found.close and not found.rel_err > rel_limit
-    if not close:
+    if not close and allow_permutation:
         permuted = _features_permuted(a, b)
         if permuted is not None:
             again = measure_arrays(a, permuted, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
             if again.close and not again.rel_err > rel_limit:
-                note = (f"{note + '; ' if note else ''}equal once the last dimension's features are reordered: "
-                        "the same numbers in another layout (the permuted q/k rows of an interleaved rotary)")
+                note = (f"{note + '; ' if note else ''}equal once the last dimension's features are reordered, "
+                        "as the module's weights are the reference's in another order: the same numbers in another "
+                        "layout (the permuted q/k rows of an interleaved rotary)")
                 return LeafResult(cand.key, MATCH, "full", again.max_abs, again.max_rel, None, atol, rtol,
                                   again.rel_err, again.cosine, ref.key, note)
     reason = found.reason
@@ -524,6 +566,8 @@ class _Comparer:
         self.ref_store = reference.tensors
         self.cand_store = candidate.tensors
         self.full = self.ref_store is not None and self.cand_store is not None
+        # candidate positions whose outputs may be compared up to a reordering of features
+        self.permuted_positions: set[int] = set()
         self.tolerances: dict = {}
         self.full_cache: dict[tuple[str, str], LeafResult | None] = {}
         self.stat_refs: list[TensorSummary] = []
@@ -565,7 +609,8 @@ class _Comparer:
                 if cache_key in self.full_cache:
                     cached = self.full_cache[cache_key]
                 else:
-                    cached = self.full_cache[cache_key] = self._full(pair)
+                    allow = side % 2 == 1 and side // 2 in self.permuted_positions
+                    cached = self.full_cache[cache_key] = self._full(pair, allow)
                 if cached is not None:
                     if cached.key != cand.key or cached.reference_key != ref.key:
                         cached = LeafResult(cand.key, cached.status, cached.check, cached.max_abs_diff,
@@ -589,14 +634,14 @@ class _Comparer:
             self.queued_counts.append(queued)
         return None if pairing.trivial else pairing
 
-    def _full(self, pair: LeafPair) -> LeafResult | None:
+    def _full(self, pair: LeafPair, allow_permutation: bool = False) -> LeafResult | None:
         a = self.ref_store.get(pair.reference.tensor)
         b = self.cand_store.get(pair.candidate.tensor)
         if a is None or b is None:
             return None
         return compare_pair_arrays(a, b, pair, self.options, self.tolerances,
                                    self.ref_store.precision(pair.reference.tensor),
-                                   self.cand_store.precision(pair.candidate.tensor))
+                                   self.cand_store.precision(pair.candidate.tensor), allow_permutation)
 
     @staticmethod
     def _table(summaries: list[TensorSummary]) -> np.ndarray:
@@ -773,6 +818,7 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
             raise DiffError(_nothing_aligns(reference, candidate))
 
     comparer = _Comparer(reference, candidate, options, 2 * len(cand_records))
+    comparer.permuted_positions = permuted_weight_modules(reference.trace, candidate.trace, alignment)
     compare_side = comparer.side
     results: list[ModuleResult] = []
     missing_outputs: dict[int, str] = {}
