@@ -36,7 +36,7 @@ class Pair:
 @dataclass(frozen=True)
 class Bug:
     """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
-    path of the module owning the bug; `truth_at` (optional) the text on the truth line when it is not the
+    path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
     patched line; `why` says what is wrong, as a reviewer would."""
 
     name: str
