@@ -36,7 +36,7 @@ class Pair:
 @dataclass(frozen=True)
 class Bug:
     """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
-    path of the module owning the bug; `truth_at` (optional) the text on the truth line when it is not the
+    path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
     patched line; `why` says what is wrong, as a reviewer would."""
 
     name: str
@@ -168,6 +168,12 @@ BUGS: tuple[Bug, ...] = (
         truth_at="self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.norm_eps)",
         why="a filter meant for the old mask buffers skips every bias: the first norm keeps its zero bias",
     ),
+    Bug(
+        name="qkv_unpacked_as_kqv", pair="gpt2", kind="weight layout", module="blocks.0.attn",
+        old="q, k, v = self.qkv(x).split(self.n_embd, dim=2)",
+        new="k, q, v = self.qkv(x).split(self.n_embd, dim=2)",
+        why="the fused projection unpacked in the wrong order: queries and keys swap, the scores come out transposed",
+    ),
     # --- Llama ------------------------------------------------------------------------------------------------
     Bug(
         name="causal_mask_dropped", pair="llama", kind="causal mask", module="layers.0.attention",
@@ -281,6 +287,18 @@ BUGS: tuple[Bug, ...] = (
         new="",
         truth_at="self.seg = nn.Embedding(cfg.n_segments, cfg.dim)",
         why="the converter's name table lacks the token-type embedding: the port keeps its random one",
+    ),
+    Bug(
+        name="positions_from_one", pair="bert", kind="position ids", module="embed",
+        old="positions = torch.arange(ids.size(1), device=ids.device)",
+        new="positions = torch.arange(1, ids.size(1) + 1, device=ids.device)",
+        why="position ids counted from 1 (RoBERTa's padding offset) in a BERT, whose positions start at 0",
+    ),
+    Bug(
+        name="mean_pooling", pair="bert", kind="pooling", module="",
+        old="pooled = torch.tanh(self.pool(x[:, 0]))",
+        new="pooled = torch.tanh(self.pool(x.mean(dim=1)))",
+        why="the pooler fed the mean over tokens where BERT takes the first ([CLS]) token: the root owns the line",
     ),
 )
 

@@ -116,7 +116,7 @@ class Judged:
     def truth(self) -> str:
         if self.case.bug is None:
             return "match"
-        return f"{self.case.bug.module}:{self.port.truth_line}"
+        return f"{self.case.bug.module or '(root)'}:{self.port.truth_line}"
 
 
 # --- preparing ports ----------------------------------------------------------------------------------------
@@ -205,32 +205,33 @@ def build_recipe(recipe: Path) -> Built:
 
 @dataclass(frozen=True)
 class Effect:
-    """What a bug does at the module that owns it, clean port against broken port (plain torch): the largest
-    difference of its first input (0 when the bug is there and nowhere upstream) and of its first output,
-    and the output's relative difference ||broken - clean|| / ||clean||."""
+    """What a bug does at the module that owns it, clean port against broken port (plain torch), over the
+    tensors of the module's first call: the largest difference of its inputs (0 when the bug is there and
+    nowhere upstream) and of its outputs, and the outputs' relative difference ||broken - clean|| / ||clean||."""
 
     input_max_abs: float
     output_max_abs: float
     output_relative: float
 
 
-def _first_tensor(value: Any) -> Any:
+def _tensors(value: Any) -> list[Any]:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value
+        return [value.detach().clone()]
     if isinstance(value, (tuple, list)):
-        return next((item for item in value if isinstance(item, torch.Tensor)), None)
-    return None
+        return [tensor for item in value for tensor in _tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in _tensors(item)]
+    return []
 
 
-def _first_call(built: Built, path: str) -> tuple[Any, Any]:
-    seen: dict[str, Any] = {}
+def _first_call(built: Built, path: str) -> tuple[list[Any], list[Any]]:
+    seen: dict[str, list[Any]] = {}
 
     def hook(module: Any, inputs: Any, output: Any) -> None:
-        if "output" not in seen:  # the first call (layers are called once; nothing here is called twice)
-            seen["input"] = _first_tensor(inputs).detach().clone()
-            seen["output"] = _first_tensor(output).detach().clone()
+        if "output" not in seen:  # the first call (nothing in the corpus is called twice)
+            seen["input"], seen["output"] = _tensors(inputs), _tensors(output)
 
     handle = dict(built.model.named_modules())[path].register_forward_hook(hook)
     try:
@@ -240,17 +241,23 @@ def _first_call(built: Built, path: str) -> tuple[Any, Any]:
     return seen["input"], seen["output"]
 
 
+def _largest(clean: list[Any], broken: list[Any]) -> float:
+    if [tensor.shape for tensor in clean] != [tensor.shape for tensor in broken]:
+        return float("inf")
+    return max((float((a.float() - b.float()).abs().max()) for a, b in zip(clean, broken)), default=0.0)
+
+
 def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
     """`Effect` of a bug at `module_path`, from the clean port and the broken one (built with `build_recipe`)."""
-    clean_input, clean_output = _first_call(clean, module_path)
-    broken_input, broken_output = _first_call(broken, module_path)
-
-    def largest(a: Any, b: Any) -> float:
-        return float((a.float() - b.float()).abs().max()) if a.shape == b.shape else float("inf")
-
-    relative = float((broken_output - clean_output).norm() / clean_output.norm()) \
-        if clean_output.shape == broken_output.shape else float("inf")
-    return Effect(largest(clean_input, broken_input), largest(clean_output, broken_output), relative)
+    clean_inputs, clean_outputs = _first_call(clean, module_path)
+    broken_inputs, broken_outputs = _first_call(broken, module_path)
+    output_max_abs = _largest(clean_outputs, broken_outputs)
+    relative = float("inf")
+    if output_max_abs != float("inf"):
+        difference = sum(float((b.float() - a.float()).norm()) ** 2 for a, b in zip(clean_outputs, broken_outputs))
+        size = sum(float(a.float().norm()) ** 2 for a in clean_outputs)
+        relative = (difference / size) ** 0.5 if size else float("inf")
+    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative)
 
 
 # --- tracing and diffing ------------------------------------------------------------------------------------
