@@ -188,8 +188,8 @@ def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, varian
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in all_cases()])
-def test_port_verdict_aligned_automatically(port_harness: PortHarness, case: Case) -> None:
-    """The same verdicts without the pairs' hand-written `--map` rules: the diff aligns each port with its
-    reference by evidence alone (issue 16), and localises every bug as well."""
-    judged = port_harness.judge(case, maps=False)
+def test_port_verdict_aligned_automatically(port_harnesses: dict[str, PortHarness], case: Case) -> None:
+    """The same verdicts (on the traces with line records) without the pairs' hand-written `--map` rules: the
+    diff aligns each port with its reference by evidence alone (issue 16), and localises every bug as well."""
+    judged = port_harnesses["lines"].judge(case, maps=False)
     assert judged.right, f"{case.id}: truth {judged.truth()}, diff says {judged.verdict.located()}: {judged.why}"
