@@ -58,6 +58,7 @@ bench: $(PY_STAMP)
 	$(PY) bench/bench_server.py
 	$(PY) bench/bench_diff.py
 	$(PY) bench/bench_breadth.py
+	$(PY) bench/port_verdicts.py
 
 clean:
 	rm -rf build extension/out .e2e

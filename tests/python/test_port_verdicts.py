@@ -6,12 +6,14 @@ calls it a match; each injected porting bug changes the port's output, and the d
 the module owning the bug and a line range, line or construction line holding it (the truth check of
 tests/python/ports/harness.py).
 
-Verdicts the diff does not give yet are listed in `KNOWN_WRONG` with what it says today: they run as strict
-xfails, so a verdict that becomes right fails the run until its row is removed.
+Each verdict is checked on two pairs of traces: full tensors (`full`), and full tensors with line records
+(`lines`). Verdicts the diff does not give yet are listed in `KNOWN_WRONG` with what it says today: they run
+as strict xfails, so a verdict that becomes right fails the run until its row is removed.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -21,19 +23,34 @@ import pytest
 import torch
 from modeltrace.worker.client import WorkerClient
 from ports.corpus import BUGS, PAIRS, Pair, bugs_of
-from ports.harness import Case, PortHarness, all_cases, build_recipe, prepare_port
+from ports.harness import (
+    Built,
+    Case,
+    PortHarness,
+    PreparedPort,
+    Verdict,
+    all_cases,
+    apply_bug,
+    bug_effect,
+    build_recipe,
+    judge,
+    precision,
+    prepare_port,
+)
 
-# What the diff says today where its verdict is wrong (case id -> reason); remove a row when it becomes right.
+# What the diff says today where its verdict is wrong (case id, or `CASE_ID@full` / `CASE_ID@lines` for one
+# variant -> reason); remove a row when it becomes right.
 KNOWN_WRONG: dict[str, str] = {
-    "gpt2-final_norm_eps": "right module, lines = its call line; the construction line (built_at) is not given yet",
-    "gpt2-c_proj_not_transposed": "right module, lines = its call line; no built_at (construction line) yet",
-    "gpt2-biases_not_copied": "right module, lines = its call line; no built_at (construction line) yet",
+    "bert-positions_from_one@full": "embed:42-42: the range starts at the call line of the last child whose outputs "
+                                    "match (tok, line 42), but the differing position ids are computed before it, on "
+                                    "line 40 (with line records the drill-down names line 40)",
 }
+VARIANTS = ("full", "lines")
 
 MIN_BUG_KINDS_PER_PAIR = 5
 # NOTE: float32 ports of float32 references: the same operations in another order agree to ~1e-6.
 CLEAN_PORT_ATOL = 1e-5
-# a bug must move the port's outputs by more than this to be a bug a diff can be asked to find
+# a bug must move its module's output by more than this to be a bug a diff can be asked to find
 OBSERVABLE_DIFFERENCE = 1e-4
 
 
@@ -41,23 +58,71 @@ def _outputs_gpt2(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, to
     return [("logits of the last position", reference.logits[:, -1:], port)]
 
 
+def _outputs_llama(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    return [("logits", reference.logits, port)]
+
+
+def _outputs_bert(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    return [("last hidden state", reference.last_hidden_state, port[0]), ("pooled", reference.pooler_output, port[1])]
+
+
 COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor, torch.Tensor]]]] = {
     "gpt2": _outputs_gpt2,
+    "llama": _outputs_llama,
+    "bert": _outputs_bert,
 }
 
 
-def _port_outputs(port: Any) -> list[torch.Tensor]:
-    return [port] if isinstance(port, torch.Tensor) else [item for item in port if isinstance(item, torch.Tensor)]
+@functools.cache
+def _clean_port(pair: Pair) -> Built:
+    """The clean port, built once per pair in this process (the runs do not change it)."""
+    return build_recipe(pair.path / "recipe_port.py")
 
 
 @pytest.fixture(scope="session")
-def port_harness(worker: WorkerClient, tmp_path_factory: pytest.TempPathFactory) -> PortHarness:
-    return PortHarness(worker, tmp_path_factory.mktemp("port-verdicts"), lines=True)
+def port_harnesses(worker: WorkerClient, tmp_path_factory: pytest.TempPathFactory) -> dict[str, PortHarness]:
+    """One harness per variant (each traces a pair's reference once per session)."""
+    return {
+        variant: PortHarness(worker, tmp_path_factory.mktemp(f"port-verdicts-{variant}"), lines=variant == "lines")
+        for variant in VARIANTS
+    }
 
 
-def _verdict_param(case: Case) -> Any:
-    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[case.id])] if case.id in KNOWN_WRONG else []
-    return pytest.param(case, id=case.id, marks=marks)
+def _verdict_param(case: Case, variant: str) -> Any:
+    reason = KNOWN_WRONG.get(f"{case.id}@{variant}", KNOWN_WRONG.get(case.id))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(case, variant, id=f"{variant}-{case.id}", marks=marks)
+
+
+def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path: Path) -> None:
+    bug = next(bug for bug in BUGS if bug.module == "blocks.0.attn")
+    case = Case(PAIRS[0], bug)
+    port = PreparedPort(tmp_path, tmp_path / "port.py", tmp_path / "recipe_port.py", truth_line=47)
+    here, elsewhere = str(port.port_file), str(tmp_path / "other.py")
+    assert judge(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, line=(here, 47)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, built_at=(here, 47)))[0]
+    assert judge(case, port, Verdict(1, path=bug.module, lines=(here, 48, 50))) == (
+        False, "right module, but no range, line or construction line names line 47")
+    assert not judge(case, port, Verdict(1, path=bug.module, lines=(elsewhere, 40, 50)))[0]
+    assert judge(case, port, Verdict(1, path="blocks.0", lines=(here, 40, 50))) == (
+        False, "blames 'blocks.0', not 'blocks.0.attn'")
+    assert judge(case, port, Verdict(0)) == (False, "diff says match")
+    assert judge(Case(PAIRS[0]), port, Verdict(0)) == (True, "")
+    assert not judge(Case(PAIRS[0]), port, Verdict(1, path=""))[0]
+    # beyond right or wrong: how exactly the verdict names the line
+    assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 47))) == "line"
+    assert precision(case, port, Verdict(1, path=bug.module, built_at=(here, 47))) == "construction line"
+    assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 41))) == (
+        "range of 11 lines; line 41 is not the bug's")
+
+
+def test_a_patch_whose_text_is_not_unique_is_refused() -> None:
+    bug = next(bug for bug in BUGS if bug.pair == "gpt2")
+    ambiguous = type(bug)(**{**bug.__dict__, "name": "ambiguous", "old": "self.proj = nn.Linear("})
+    port_file = PAIRS[0].path / PAIRS[0].port_file
+    with pytest.raises(ValueError, match=r"gpt2_port\.py: bug 'ambiguous': its old text occurs 2 times"):
+        apply_bug(port_file.read_text(), ambiguous, port_file)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda pair: pair.name)
@@ -80,19 +145,15 @@ def test_each_pair_has_enough_bug_kinds(pair: Pair) -> None:
 
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: f"{bug.pair}-{bug.name}")
 def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> None:
-    """The corpus's own truth: the patch changes the port's outputs, and the truth line belongs to the module
-    named (inside its class's forward, or, for converter bugs, the `self.NAME = ...` line of its parent's
-    `__init__` that builds it)."""
+    """The corpus's own truth: the bug leaves the inputs of the module named unchanged and changes its output
+    (so that module is where a diff must find it), and the truth line belongs to that module (inside its
+    class's forward, or the `self.NAME = ...` line of its parent's `__init__` that builds it)."""
     pair = next(pair for pair in PAIRS if pair.name == bug.pair)
-    clean = build_recipe(pair.path / "recipe_port.py")
     port = prepare_port(Case(pair, bug), tmp_path)
     broken = build_recipe(port.recipe)
-    differences = [
-        (expected - actual).abs().max().item() if expected.shape == actual.shape else float("inf")
-        for expected, actual in zip(_port_outputs(clean.run()), _port_outputs(broken.run()), strict=True)
-    ]
-    assert max(differences) > OBSERVABLE_DIFFERENCE, f"{bug.name}: the port's outputs move by {max(differences):.3g}"
-
+    effect = bug_effect(bug.module, _clean_port(pair), broken)
+    assert effect.input_max_abs == 0, f"{bug.name}: {bug.module} already receives different inputs"
+    assert effect.output_max_abs > OBSERVABLE_DIFFERENCE, f"{bug.name}: {bug.module}'s output moves by {effect}"
     modules = dict(broken.model.named_modules())
     assert bug.module in modules, f"{bug.name}: the port has no module {bug.module!r}"
     line = port.truth_line
@@ -119,7 +180,8 @@ def _builds(modules: dict[str, torch.nn.Module], path: str, line: int) -> bool:
     return first <= line < first + len(source) and f"self.{attribute} = " in source[line - first]
 
 
-@pytest.mark.parametrize("case", [_verdict_param(case) for case in all_cases()])
-def test_port_verdict(port_harness: PortHarness, case: Case) -> None:
-    judged = port_harness.judge(case)
+@pytest.mark.parametrize(("case", "variant"), [_verdict_param(case, variant) for variant in VARIANTS
+                                               for case in all_cases()])
+def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, variant: str) -> None:
+    judged = port_harnesses[variant].judge(case)
     assert judged.right, f"{case.id}: truth {judged.truth()}, diff says {judged.verdict.located()}: {judged.why}"

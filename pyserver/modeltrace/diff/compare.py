@@ -841,6 +841,9 @@ def decide(result: DiffResult) -> None:
         divergence.module.status = DIVERGENCE
         divergence.lines = source_range(divergence)
     result.first_divergence = divergence
+    from modeltrace.diff.evidence import explain  # NOTE: here, not at the top: evidence imports this module
+
+    explain(result)
 
 
 def _scale_measures(result: ModuleResult) -> None:

@@ -27,6 +27,7 @@ from modeltrace.diff.compare import (
     ReplayResult,
 )
 from modeltrace.diff.pairing import Pairing
+from modeltrace.diff.settings import ParameterDifference, SettingDifference
 from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 
@@ -240,6 +241,13 @@ def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
         current = statuses.get(key)
         if current is None or STATUS_RANK[module.status] > STATUS_RANK[current]:
             statuses[key] = module.status
+    # NOTE: the divergence's first differing line, and the line that built it differently, are where the bug is
+    divergence = result.first_divergence
+    if divergence is not None:
+        if divergence.line is not None:
+            statuses[(divergence.line.file, divergence.line.line)] = DIVERGENCE
+        if divergence.built_at is not None and (divergence.settings or divergence.parameters):
+            statuses[(divergence.built_at.file, divergence.built_at.line)] = DIVERGENCE
     return statuses
 
 
@@ -393,6 +401,7 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
                 parts.append(f"{before.candidate.path} (line {_line(before)}) already receives differing inputs")
             where = _between(after, before)
             add("  inside it: " + "; ".join(parts) + (f": look at {where}" if where else ""))
+    lines.extend(evidence_text(result))
     unaligned_ref = [result.reference.trace.modules[index] for index in alignment.unaligned_reference]
     unaligned_cand = [result.candidate.trace.modules[index] for index in alignment.unaligned_candidate]
     if unaligned_ref:
@@ -419,6 +428,49 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     add(", ".join(f"{counts.get(status, 0)} {status.replace('_', ' ')}"
                   for status in (MATCH, DIVERGENCE, MISMATCH, NOT_COMPARED)))
     return "\n".join(lines) + "\n"
+
+
+def evidence_text(result: DiffResult, limit: int = 6) -> list[str]:
+    """Report lines for the divergence's evidence (its first differing line, what differs in how it was built)
+    and for the other modules built differently."""
+    lines: list[str] = []
+    divergence = result.first_divergence
+    if divergence is not None:
+        line = divergence.line
+        if line is not None:
+            lines.append(f"  first differing line  {_short(line.file)}:{line.line}: {line.reason}")
+        built = f", built at {_where(divergence.built_at)}" if divergence.built_at is not None else ""
+        for difference in divergence.settings:
+            lines.append(f"  {difference.path or '(root)'}: {_setting(difference)}{built}")
+        for difference in divergence.parameters:
+            lines.append(f"  {difference.path or '(root)'}: {_parameter(difference)}{built}")
+    shown = {divergence.module.candidate.path} if divergence is not None else set()
+    others: dict[str, ModuleResult] = {}
+    for module in result.modules:
+        path = module.candidate.path
+        if (module.settings or module.parameters) and path not in shown:
+            others.setdefault(path, module)
+    if others:
+        lines.append(f"built differently ({len(others)} modules):")
+        for path, module in list(others.items())[:limit]:
+            what = [_setting(item) for item in module.settings] + [_parameter(item) for item in module.parameters]
+            built_at = next((build.built_at for build in result.candidate.trace.builds if build.path == path), None)
+            where = f", built at {_where(built_at)}" if built_at is not None else ""
+            lines.append(f"  {path or '(root)'}: {'; '.join(what[:3])}{where}")
+        if len(others) > limit:
+            lines.append(f"  … (+{len(others) - limit})")
+    return lines
+
+
+def _setting(difference: SettingDifference) -> str:
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.reference!r} (reference) vs {difference.candidate!r} (candidate){note}"
+
+
+def _parameter(difference: ParameterDifference) -> str:
+    value = f", max abs diff {_format_number(difference.max_abs_diff)}" if difference.max_abs_diff is not None else ""
+    note = f" ({difference.note})" if difference.note else ""
+    return f"{difference.name} {difference.status}{value}{note}"
 
 
 def _replay_text(replay: ReplayResult) -> str:

@@ -175,8 +175,9 @@ def forget_diff(ls: ModelTraceServer, owner: str) -> None:
 def divergence_diagnostic(
     ls: ModelTraceServer, divergence: dict[str, Any] | None
 ) -> tuple[str, types.Diagnostic] | None:
-    """`(uri, Warning)` at the first divergence's call site, with its numbers; None without one."""
-    called_at = (divergence or {}).get("called_at")
+    """`(uri, Warning)` at the first divergence's first differing line when the diff found one (line records on
+    both sides), else at its call site, with its numbers and what differs in how it was built; None without one."""
+    called_at = (divergence or {}).get("line") or (divergence or {}).get("called_at")
     if divergence is None or not called_at or not called_at.get("file"):
         return None
     file, trace_line = called_at["file"], int(called_at["line"])
@@ -201,6 +202,7 @@ def divergence_diagnostic(
             f"; it arises after {_named(divergence['after'])} (still matches) and before "
             f"{_named(divergence['before'])} (already differs)"
         )
+    message += _evidence_message(divergence)
     return _uri(ls, file), types.Diagnostic(
         range=types.Range(
             start=types.Position(line=line, character=units(text[:start])),
@@ -210,6 +212,22 @@ def divergence_diagnostic(
         severity=types.DiagnosticSeverity.Warning,
         source=DIFF_DIAGNOSTIC_SOURCE,
     )
+
+
+def _evidence_message(divergence: dict[str, Any]) -> str:
+    """The first differing line's reason and the settings / parameters that differ, with the construction line."""
+    parts = []
+    line = divergence.get("line")
+    if line:
+        parts.append(f"first differing line: {line['reason']}")
+    differences = [f"{item['name']} {item['reference']!r} (reference) vs {item['candidate']!r} (candidate)"
+                   for item in divergence.get("settings") or []]
+    differences += [f"{item['name']} {item['status']}" for item in divergence.get("parameters") or []]
+    if differences:
+        built_at = divergence.get("built_at")
+        where = f", built at line {built_at['line']}" if built_at else ""
+        parts.append("built differently: " + "; ".join(differences) + where)
+    return "".join(f"; {part}" for part in parts)
 
 
 def _named(call: dict[str, Any]) -> str:

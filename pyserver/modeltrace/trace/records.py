@@ -175,13 +175,19 @@ class ModuleCall:
 
 @dataclass(slots=True)
 class LineRecord:
-    """A tensor-valued local variable assigned on one executed source line (line-level capture)."""
+    """A tensor-valued local variable assigned on one executed source line (line-level capture).
+
+    `module_call` is the index of the innermost module call running when the line ran (the `ModuleCall` whose
+    forward, or a helper function it called, holds the line), -1 when none ran or the trace predates the field:
+    the diff's line drill-down takes the lines of the diverging call by it.
+    """
 
     file: str
     line: int
     name: str
     call_index: int
     tensor: TensorSummary
+    module_call: int = -1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +196,7 @@ class LineRecord:
             "name": self.name,
             "call_index": self.call_index,
             "tensor": self.tensor.to_json(),
+            "module_call": self.module_call,
         }
 
     @classmethod
@@ -200,6 +207,99 @@ class LineRecord:
             name=str(data["name"]),
             call_index=int(data.get("call_index", 0)),
             tensor=TensorSummary.from_json(data["tensor"]),
+            module_call=int(data.get("module_call", -1)),
+        )
+
+
+@dataclass(slots=True)
+class ParameterRecord:
+    """One parameter or buffer of a module (`kind` "parameter" / "buffer"), recorded once per trace.
+
+    `summary` holds its shape, dtype and statistics (its `key` is the parameter's name, its `tensor` the name of
+    the full tensor in the trace's safetensors file when full tensors were asked for and it fit the limits).
+    `sample` is the values at fixed positions of the row-major order (the same positions for any tensor of the
+    same element count) and `sample_transposed` those of the transpose (2-D tensors only): with them and the
+    statistics the diff tells a copied weight from a different one and from a transposed one without the full
+    tensors. `shared_with` names the parameter of an earlier module that is the same tensor (tied
+    embeddings). Samples are empty on the meta device. `statistics_stride` > 1 says the statistics are those of
+    every `statistics_stride`-th element of the row-major order (large weights): comparable between tensors of
+    one shape and layout, not exact.
+    """
+
+    name: str
+    kind: str
+    summary: TensorSummary
+    sample: list[float] = field(default_factory=list)
+    sample_transposed: list[float] | None = None
+    shared_with: str | None = None
+    statistics_stride: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "statistics_stride": self.statistics_stride,
+            "name": self.name,
+            "kind": self.kind,
+            "summary": self.summary.to_json(),
+            "sample": self.sample,
+            "sample_transposed": self.sample_transposed,
+            "shared_with": self.shared_with,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ParameterRecord:
+        transposed = data.get("sample_transposed")
+        return cls(
+            name=str(data["name"]),
+            kind=str(data.get("kind", "parameter")),
+            summary=TensorSummary.from_json(data["summary"]),
+            sample=[float(value) for value in data.get("sample") or []],
+            sample_transposed=None if transposed is None else [float(value) for value in transposed],
+            shared_with=None if data.get("shared_with") is None else str(data["shared_with"]),
+            statistics_stride=int(data.get("statistics_stride", 1)),
+        )
+
+
+@dataclass(slots=True)
+class ModuleBuild:
+    """How one module of the traced model was built, recorded once per trace (not per call).
+
+    `built_at` is the line that built it: where its parent's `__init__` assigned it (`self.ln_2 =
+    nn.LayerNorm(...)`), for items of a ModuleList the line that built the list. `settings` are its scalar
+    settings by name: the `name=value` fields of its `extra_repr()` and its public scalar attributes (eps,
+    bias, in_features, variance_epsilon, scaling...), values being numbers, strings, booleans, None or lists
+    of those. `qualified_class` is `module.qualname` of its class. `parameters` are its own parameters and
+    buffers (not its children's).
+    """
+
+    path: str
+    class_name: str
+    qualified_class: str | None = None
+    built_at: SourceLocation | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    parameters: list[ParameterRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "class": self.class_name,
+            "qualified_class": self.qualified_class,
+            "built_at": self.built_at.to_json() if self.built_at else None,
+            "settings": self.settings,
+            "parameters": [parameter.to_json() for parameter in self.parameters],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModuleBuild:
+        settings = data.get("settings") or {}
+        if not isinstance(settings, dict):
+            raise ValueError(f"settings of module {data.get('path')!r} must be a map, not {type(settings).__name__}")
+        return cls(
+            path=str(data["path"]),
+            class_name=str(data.get("class", "")),
+            qualified_class=None if data.get("qualified_class") is None else str(data["qualified_class"]),
+            built_at=SourceLocation.from_json(data.get("built_at")),
+            settings={str(name): value for name, value in settings.items()},
+            parameters=[ParameterRecord.from_json(item) for item in data.get("parameters") or []],
         )
 
 
@@ -211,14 +311,17 @@ class Trace:
     modules: list[ModuleCall] = field(default_factory=list)
     lines: list[LineRecord] = field(default_factory=list)
     schema: str = SCHEMA
+    # NOTE: after `schema`, so that positional construction by older callers keeps its meaning.
+    builds: list[ModuleBuild] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The `modeltrace.trace/1` JSON of the contract (`show --format json`)."""
+        """The `modeltrace.trace/1` JSON of the contract (`show --format json`), plus `builds`."""
         return {
             "schema": self.schema,
             "model": self.model,
             "modules": [record.to_json() for record in self.modules],
             "lines": [record.to_json() for record in self.lines],
+            "builds": [build.to_json() for build in self.builds],
         }
 
     @classmethod
@@ -228,6 +331,7 @@ class Trace:
             model=dict(data.get("model") or {}),
             modules=[ModuleCall.from_json(item) for item in data.get("modules", [])],
             lines=[LineRecord.from_json(item) for item in data.get("lines", [])],
+            builds=[ModuleBuild.from_json(item) for item in data.get("builds") or []],
         )
 
     def files(self) -> set[str]:

@@ -9,7 +9,10 @@ tensor summary once, in columns (keys, shapes, dtypes, and the six statistics of
 array), each distinct source location once, and module and line records as arrays that point into those
 tables. Records share summaries (the output of one call is the input of the next) and locations, so the file is
 about a third of the records' JSON and packs in about half the time, which a tiny model's forward pass notices.
-Files written before the table layout (the records' JSON itself) are still read. `show --format json` prints
+How each module was built (`builds`: settings, parameters and buffers, construction line; once per module,
+not per call) follows as plain maps, and each line record names the module call it ran in; files written
+before either are read with none. Files written before the table layout (the records' JSON itself) are still
+read. `show --format json` prints
 the contract's JSON either way.
 """
 
@@ -161,7 +164,7 @@ def _table(trace: Trace) -> dict[str, Any]:
         ])
     lines = [
         [record.file, record.line, record.name, record.call_index,
-         index if (index := get(id(record.tensor))) is not None else add(record.tensor)]
+         index if (index := get(id(record.tensor))) is not None else add(record.tensor), record.module_call]
         for record in trace.lines
     ]
     # NOTE: the tables come before the records that point into them: the reader decodes in one pass.
@@ -176,6 +179,8 @@ def _table(trace: Trace) -> dict[str, Any]:
         },
         "modules": modules,
         "lines": lines,
+        # NOTE: once per module, not per call: a few hundred small maps, read through `Trace.from_json`.
+        "builds": [build.to_json() for build in trace.builds],
     }
 def sync_trace(folder: Path) -> None:
     """Flush a written trace folder's files and its directory entry to the disk (best effort: a trace that was
@@ -347,8 +352,13 @@ class _Tables:
         )
 
     def line(self, row: Any) -> LineRecord:
-        file, line, name, call_index, tensor = row
-        return LineRecord(sys.intern(str(file)), int(line), sys.intern(str(name)), int(call_index), self.summary(tensor))
+        # NOTE: rows written before line records named their module call have five fields.
+        file, line, name, call_index, tensor, *rest = row
+        if len(rest) > 1:
+            raise ValueError(f"line record with {len(row)} fields")
+        module_call = int(rest[0]) if rest else -1
+        return LineRecord(sys.intern(str(file)), int(line), sys.intern(str(name)), int(call_index), self.summary(tensor),
+                          module_call)
 
 
 def _statistic(value: float) -> float | None:

@@ -273,6 +273,11 @@ class ModuleCapture:
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
+    @property
+    def call_stack(self) -> list[int]:
+        """The record indices of the calls running now, innermost last (read by line capture, never written)."""
+        return self._stack
+
     def __enter__(self) -> ModuleCapture:
         # NOTE: each module of the model gets its own `_call_impl` (in its instance dict, where torch's
         # `nn.Module.__call__` finds it first) instead of a pre- and a post-hook: no hook registration, no hook

@@ -24,6 +24,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.worker.build import BuiltModel, build_from_request
+from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
@@ -70,7 +71,9 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     started = time.perf_counter()
     source = request.get("recipe") or request["file"]
     progress(f"building the model from {Path(source).name}")
-    built = _build(request)
+    # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
+    with ConstructionRecorder() as constructions:
+        built = _build(request)
     # Remembered on the request so that a failure from here on names the class (`describe_failure`).
     request["model_class"] = built.model_class
     if built.notes.get("unverified"):
@@ -91,9 +94,17 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         ))
         line_capture = None
         if line_files:
-            line_capture = stack.enter_context(LineCapture(line_files, capture.summary_cache, capture.pending))
+            line_capture = stack.enter_context(
+                LineCapture(line_files, capture.summary_cache, capture.pending, capture.call_stack)
+            )
         built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
+    # NOTE: after the forward, so that the capture's tensor limits favour the activations over the weights
+    builds = record_builds(
+        built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
+    )
+    constructions.clear()
+    builds_at = time.perf_counter()
     trace = Trace(
         model={
             "class": built.model_class,
@@ -117,10 +128,12 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
                 "transformers": transformers.__version__,
                 "python": platform.python_version(),
             },
-            "seconds": {"build": built_at - started, "forward": finished_at - built_at},
+            "seconds": {"build": built_at - started, "forward": finished_at - built_at,
+                        "builds": builds_at - finished_at},
         },
         modules=capture.records,
         lines=line_capture.records if line_capture else [],
+        builds=builds,
     )
     trace.model["options"]["lines"] = bool(line_files)
     if capture.full_tensors:

@@ -551,14 +551,21 @@ class LineCapture:
     """Context manager recording `LineRecord`s for the selected files while active (current thread)."""
 
     def __init__(
-        self, files: Iterable[str], cache: SummaryCache | None = None, pending: PendingStats | None = None
+        self,
+        files: Iterable[str],
+        cache: SummaryCache | None = None,
+        pending: PendingStats | None = None,
+        module_stack: list[int] | None = None,
     ) -> None:
         self.files = {real_path(file) for file in files}
+        # NOTE: the module capture's stack of running calls (record indices), read at each record: a line record
+        # names the innermost module call it ran in, which the diff's line drill-down needs.
+        self._module_stack = module_stack if module_stack is not None else []
         self.records: list[LineRecord] = []
         # NOTE: while active, what each record will hold: (file, line, name, summary, possibly under another
-        # key); exit makes the `LineRecord`s, counting calls and copying summaries to their keys in one tight
+        # key, module call); exit makes the `LineRecord`s, counting calls and copying summaries to their keys in one tight
         # loop, where each costs a fraction of what it costs between a forward pass's tensor ops.
-        self._pending_records: list[tuple[str, int, str, TensorSummary]] = []
+        self._pending_records: list[tuple[str, int, str, TensorSummary, int]] = []
         self.truncated = False
         self._cache = cache if cache is not None else SummaryCache()
         self._pending = pending
@@ -599,13 +606,13 @@ class LineCapture:
         counts = self._counts
         copy = self._cache.copy
         records = self.records
-        for file, line, name, summary in self._pending_records:
+        for file, line, name, summary, module_call in self._pending_records:
             if summary.key != name:
                 summary = copy(summary, name)
             count_key = (file, line, name)
             call_index = counts.get(count_key, 0)
             counts[count_key] = call_index + 1
-            records.append(LineRecord(file, line, name, call_index, summary))
+            records.append(LineRecord(file, line, name, call_index, summary, module_call))
         self._pending_records.clear()
 
     @property
@@ -673,6 +680,7 @@ class LineCapture:
         pending_records = self._pending_records
         entries = self._cache._entries
         record_tensor = self._record_tensor
+        module_stack = self._module_stack
 
         def __modeltrace_line__(line: int, name: str, value: Any) -> Any:
             # NOTE: runs after every binding statement of the selected files: values without tensors (most of
@@ -689,7 +697,7 @@ class LineCapture:
                     except RuntimeError:
                         unchanged = False
                     if unchanged:
-                        pending_records.append((file, line, name, entry[2]))
+                        pending_records.append((file, line, name, entry[2], module_stack[-1] if module_stack else -1))
                         return value
                 record_tensor(file, line, name, value)
             elif isinstance(value, containers) and _holds_tensors(value) and get_ident() == thread:
@@ -769,4 +777,5 @@ class LineCapture:
             summary = entry[2]  # under its own key: `_make_records` copies it to this one
         else:
             summary = cache.summarize_new(tensor, key, version, self._pending)
-        self._pending_records.append((file, line, key, summary))
+        stack = self._module_stack
+        self._pending_records.append((file, line, key, summary, stack[-1] if stack else -1))

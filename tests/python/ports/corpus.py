@@ -36,7 +36,7 @@ class Pair:
 @dataclass(frozen=True)
 class Bug:
     """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
-    path of the module owning the bug; `truth_at` (optional) the text on the truth line when it is not the
+    path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
     patched line; `why` says what is wrong, as a reviewer would."""
 
     name: str
@@ -66,6 +66,56 @@ PAIRS: tuple[Pair, ...] = (
             r"\.mlp\.fc$=>.mlp.c_fc",
             r"\.mlp\.proj$=>.mlp.c_proj",
         ),
+    ),
+    Pair(
+        name="llama",
+        folder="llama",
+        port_file="llama_port.py",
+        reference_module="transformers.models.llama.modeling_llama",
+        maps=(
+            r"^tok_embeddings$=>model.embed_tokens",
+            r"^layers\.(\d+)=>model.layers.\1",
+            r"^norm$=>model.norm",
+            r"^output$=>lm_head",
+            r"\.attention\.wv$=>.self_attn.v_proj",
+            r"\.attention\.wo$=>.self_attn.o_proj",
+            r"\.attention$=>.self_attn",
+            r"\.feed_forward\.w1$=>.mlp.gate_proj",
+            r"\.feed_forward\.w2$=>.mlp.down_proj",
+            r"\.feed_forward\.w3$=>.mlp.up_proj",
+            r"\.feed_forward$=>.mlp",
+            r"\.attention_norm$=>.input_layernorm",
+            r"\.ffn_norm$=>.post_attention_layernorm",
+        ),
+        unmapped="attention.wq and attention.wk: their rows are permuted for the interleaved rotary layout, so "
+                 "their outputs are a permutation of q_proj's and k_proj's (equal only after the rotary step)",
+    ),
+    Pair(
+        name="bert",
+        folder="bert",
+        port_file="bert_port.py",
+        reference_module="transformers.models.bert.modeling_bert",
+        maps=(
+            r"^embed\.tok$=>embeddings.word_embeddings",
+            r"^embed\.pos$=>embeddings.position_embeddings",
+            r"^embed\.seg$=>embeddings.token_type_embeddings",
+            r"^embed\.norm$=>embeddings.LayerNorm",
+            r"^embed$=>embeddings",
+            r"^layers\.(\d+)=>encoder.layer.\1",
+            r"\.attn\.q$=>.attention.self.query",
+            r"\.attn\.k$=>.attention.self.key",
+            r"\.attn\.v$=>.attention.self.value",
+            r"\.attn$=>.attention.self",
+            r"\.attn_out$=>.attention.output.dense",
+            r"\.norm1$=>.attention.output.LayerNorm",
+            r"\.ffn\.fc1$=>.intermediate.dense",
+            r"\.ffn\.act$=>.intermediate.intermediate_act_fn",
+            r"\.ffn\.fc2$=>.output.dense",
+            r"\.norm2$=>.output.LayerNorm",
+            r"^pool$=>pooler.dense",
+        ),
+        unmapped="layers.N.ffn: fc1, act and fc2 together have no single counterpart (transformers splits them "
+                 "between BertIntermediate and BertOutput, whose output also holds the residual and the norm)",
     ),
 )
 
@@ -106,8 +156,8 @@ BUGS: tuple[Bug, ...] = (
     ),
     Bug(
         name="c_proj_not_transposed", pair="gpt2", kind="transposed weight", module="blocks.0.attn.proj",
-        old='_CONV1D_WEIGHTS = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
-        new='_CONV1D_WEIGHTS = (".attn.c_attn.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
+        old='(".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
+        new='(".attn.c_attn.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")',
         truth_at="self.proj = nn.Linear(config.n_embd, config.n_embd)",
         why="the attention output projection (square, so no shape error) copied from Conv1D without a transpose",
     ),
@@ -117,6 +167,138 @@ BUGS: tuple[Bug, ...] = (
         new='_SKIPPED = ("bias", "lm_head.weight")',
         truth_at="self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.norm_eps)",
         why="a filter meant for the old mask buffers skips every bias: the first norm keeps its zero bias",
+    ),
+    Bug(
+        name="qkv_unpacked_as_kqv", pair="gpt2", kind="weight layout", module="blocks.0.attn",
+        old="q, k, v = self.qkv(x).split(self.n_embd, dim=2)",
+        new="k, q, v = self.qkv(x).split(self.n_embd, dim=2)",
+        why="the fused projection unpacked in the wrong order: queries and keys swap, the scores come out transposed",
+    ),
+    # --- Llama ------------------------------------------------------------------------------------------------
+    Bug(
+        name="causal_mask_dropped", pair="llama", kind="causal mask", module="layers.0.attention",
+        old="        scores = scores + mask\n",
+        new="        # scores = scores + mask\n",
+        why="the causal mask built but never added",
+    ),
+    Bug(
+        name="softmax_scale", pair="llama", kind="softmax scale", module="layers.0.attention",
+        old="/ math.sqrt(self.head_dim)",
+        new="/ self.head_dim",
+        why="scores scaled by 1/d instead of 1/sqrt(d)",
+    ),
+    Bug(
+        name="rotary_halves", pair="llama", kind="rotary layout", module="layers.0.attention",
+        old=(
+            "        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))\n"
+            "        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))\n"
+        ),
+        new=(
+            "        xq_ = torch.view_as_complex(xq.float().unflatten(-1, (2, -1)).transpose(-1, -2).contiguous())\n"
+            "        xk_ = torch.view_as_complex(xk.float().unflatten(-1, (2, -1)).transpose(-1, -2).contiguous())\n"
+        ),
+        why="rotary pairs taken as (i, i + d/2), transformers' layout, on wq/wk rows already permuted to "
+            "interleaved pairs (2i, 2i + 1)",
+    ),
+    Bug(
+        name="ffn_norm_eps_layer_1", pair="llama", kind="norm eps", module="layers.1.ffn_norm",
+        old="self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)",
+        new="self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps if layer_id == 0 else 1e-5)",
+        why="one layer's RMSNorm built with eps 1e-5 where the config says 1e-6 (a construction bug)",
+    ),
+    Bug(
+        name="gelu_for_silu", pair="llama", kind="activation", module="layers.0.feed_forward",
+        old="F.silu(self.w1(x))",
+        new="F.gelu(self.w1(x))",
+        why="GELU where Llama's gated MLP uses SiLU",
+    ),
+    Bug(
+        name="attention_residual_missing", pair="llama", kind="missing residual", module="layers.0",
+        old="h = x + self.attention(self.attention_norm(x))",
+        new="h = self.attention(self.attention_norm(x))",
+        why="the residual around the attention dropped",
+    ),
+    Bug(
+        name="gate_up_swapped", pair="llama", kind="swapped weights", module="layers.0.feed_forward.w1",
+        old=(
+            'layer.feed_forward.w1.weight.copy_(sd[p + "mlp.gate_proj.weight"])\n'
+            '            layer.feed_forward.w2.weight.copy_(sd[p + "mlp.down_proj.weight"])\n'
+            '            layer.feed_forward.w3.weight.copy_(sd[p + "mlp.up_proj.weight"])'
+        ),
+        new=(
+            'layer.feed_forward.w1.weight.copy_(sd[p + "mlp.up_proj.weight"])\n'
+            '            layer.feed_forward.w2.weight.copy_(sd[p + "mlp.down_proj.weight"])\n'
+            '            layer.feed_forward.w3.weight.copy_(sd[p + "mlp.gate_proj.weight"])'
+        ),
+        truth_at="self.w1 = nn.Linear(dim, hidden_dim, bias=False)",
+        why="gate and up projections swapped by the converter (same shapes, so nothing complains)",
+    ),
+    Bug(
+        name="ffn_norm_not_copied", pair="llama", kind="missing weight", module="layers.0.ffn_norm",
+        old='            layer.ffn_norm.weight.copy_(sd[p + "post_attention_layernorm.weight"])\n',
+        new="",
+        truth_at="self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)",
+        why="the converter forgets the post-attention norm weight: the port keeps its initial ones",
+    ),
+    # --- BERT -------------------------------------------------------------------------------------------------
+    Bug(
+        name="causal_mask_added", pair="bert", kind="causal mask", module="layers.0.attn",
+        old="        probs = scores.softmax(dim=-1)",
+        new=(
+            "        probs = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), "
+            'float("-inf")).softmax(dim=-1)'
+        ),
+        why="a causal mask (copied from decoder code) in a bidirectional encoder",
+    ),
+    Bug(
+        name="softmax_scale", pair="bert", kind="softmax scale", module="layers.0.attn",
+        old="/ math.sqrt(self.head_dim)",
+        new="/ self.head_dim",
+        why="scores scaled by 1/d instead of 1/sqrt(d)",
+    ),
+    Bug(
+        name="embedding_norm_eps", pair="bert", kind="norm eps", module="embed.norm",
+        old="self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)",
+        new="self.norm = nn.LayerNorm(cfg.dim)",
+        why="the embeddings' LayerNorm built with PyTorch's default eps 1e-5 where BERT uses 1e-12",
+    ),
+    Bug(
+        name="silu_for_gelu", pair="bert", kind="activation", module="layers.0.ffn.act",
+        old="self.act = nn.GELU()",
+        new="self.act = nn.SiLU()",
+        why="SiLU (from decoder code) where BERT uses the exact GELU (a construction bug)",
+    ),
+    Bug(
+        name="ffn_residual_missing", pair="bert", kind="missing residual", module="layers.0",
+        old="x = self.norm2(x + self.ffn(x))",
+        new="x = self.norm2(self.ffn(x))",
+        why="the residual around the feed-forward dropped",
+    ),
+    Bug(
+        name="query_key_swapped", pair="bert", kind="swapped weights", module="layers.0.attn.q",
+        old='    ("attention.self.query", "attn.q"),\n    ("attention.self.key", "attn.k"),\n',
+        new='    ("attention.self.query", "attn.k"),\n    ("attention.self.key", "attn.q"),\n',
+        truth_at="self.q = nn.Linear(cfg.dim, cfg.dim)",
+        why="query and key weights swapped by the converter: the scores come out transposed",
+    ),
+    Bug(
+        name="segment_embedding_not_copied", pair="bert", kind="missing weight", module="embed.seg",
+        old='        "embeddings.token_type_embeddings.weight": "embed.seg.weight",\n',
+        new="",
+        truth_at="self.seg = nn.Embedding(cfg.n_segments, cfg.dim)",
+        why="the converter's name table lacks the token-type embedding: the port keeps its random one",
+    ),
+    Bug(
+        name="positions_from_one", pair="bert", kind="position ids", module="embed",
+        old="positions = torch.arange(ids.size(1), device=ids.device)",
+        new="positions = torch.arange(1, ids.size(1) + 1, device=ids.device)",
+        why="position ids counted from 1 (RoBERTa's padding offset) in a BERT, whose positions start at 0",
+    ),
+    Bug(
+        name="mean_pooling", pair="bert", kind="pooling", module="",
+        old="pooled = torch.tanh(self.pool(x[:, 0]))",
+        new="pooled = torch.tanh(self.pool(x.mean(dim=1)))",
+        why="the pooler fed the mean over tokens where BERT takes the first ([CLS]) token: the root owns the line",
     ),
 )
 

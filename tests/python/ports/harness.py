@@ -1,7 +1,7 @@
 """Judge `modeltrace diff` verdicts on the port corpus: trace a reference once, trace a (patched) port, diff them
 through the CLI, and check the first divergence against the bug's truth.
 
-The truth check (docs: /work/shared issue 15 interfaces): for a bug injected on candidate line L inside module
+The truth check (agreed between the helpers of issue 15): for a bug injected on candidate line L inside module
 path P, the diff exits 1, `first_divergence.path == P`, and L lies in `lines` (start..end), or is `line.line`,
 or is `built_at.line`; a clean port is a match (exit 0). Both traces keep full tensors; with `lines=True` both
 also capture line records (the reference's lines are those of the transformers modeling file).
@@ -24,7 +24,7 @@ from typing import Any
 from modeltrace.errors import TraceFailed
 from modeltrace.worker.client import WorkerClient
 
-from ports.corpus import BUGS, CORPUS_ROOT, PAIRS, PAIRS_BY_NAME, Bug, Pair, bugs_of
+from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
 
 # NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
 DIFF_OPTIONS: tuple[str, ...] = ()
@@ -85,27 +85,38 @@ class Verdict:
         if self.path is None:
             return "no first divergence"
         where = [f"{self.lines[1]}-{self.lines[2]}"] if self.lines else []
-        if not self.lines and self.bounds:
-            where.append(f"(calls {self.bounds[0] or '?'}..{self.bounds[1] or '?'})")
         if self.line:
             where.append(f"line {self.line[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
-        return f"{self.path or '<root>'}:{' '.join(where) or '?'}"
+        path = self.path or "(root)"
+        if where:
+            return f"{path}:{' '.join(where)}"
+        if self.bounds:  # today's children bounds: shown for information, not a range the truth check reads
+            return f"{path} (no lines; children called at {self.bounds[0] or '?'}..{self.bounds[1] or '?'})"
+        return f"{path} (no lines)"
 
 
 @dataclass(frozen=True)
 class Judged:
+    """A verdict with its case and truth: `right` per the truth check, `why` says what is off when not."""
+
     case: Case
     port: PreparedPort
     verdict: Verdict
     right: bool
     why: str
+    precision: str = ""
+
+    @property
+    def module_right(self) -> bool:
+        """The first divergence names the bug's module (whatever the lines): progress short of `right`."""
+        return self.case.bug is not None and self.verdict.exit_code == 1 and self.verdict.path == self.case.bug.module
 
     def truth(self) -> str:
         if self.case.bug is None:
             return "match"
-        return f"{self.case.bug.module}:{self.port.truth_line}"
+        return f"{self.case.bug.module or '(root)'}:{self.port.truth_line}"
 
 
 # --- preparing ports ----------------------------------------------------------------------------------------
@@ -192,6 +203,63 @@ def build_recipe(recipe: Path) -> Built:
                 del sys.modules[name]
 
 
+@dataclass(frozen=True)
+class Effect:
+    """What a bug does at the module that owns it, clean port against broken port (plain torch), over the
+    tensors of the module's first call: the largest difference of its inputs (0 when the bug is there and
+    nowhere upstream) and of its outputs, and the outputs' relative difference ||broken - clean|| / ||clean||."""
+
+    input_max_abs: float
+    output_max_abs: float
+    output_relative: float
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value.detach().clone()]
+    if isinstance(value, (tuple, list)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in _tensors(item)]
+    return []
+
+
+def _first_call(built: Built, path: str) -> tuple[list[Any], list[Any]]:
+    seen: dict[str, list[Any]] = {}
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        if "output" not in seen:  # the first call (nothing in the corpus is called twice)
+            seen["input"], seen["output"] = _tensors(inputs), _tensors(output)
+
+    handle = dict(built.model.named_modules())[path].register_forward_hook(hook)
+    try:
+        built.run()
+    finally:
+        handle.remove()
+    return seen["input"], seen["output"]
+
+
+def _largest(clean: list[Any], broken: list[Any]) -> float:
+    if [tensor.shape for tensor in clean] != [tensor.shape for tensor in broken]:
+        return float("inf")
+    return max((float((a.float() - b.float()).abs().max()) for a, b in zip(clean, broken)), default=0.0)
+
+
+def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
+    """`Effect` of a bug at `module_path`, from the clean port and the broken one (built with `build_recipe`)."""
+    clean_inputs, clean_outputs = _first_call(clean, module_path)
+    broken_inputs, broken_outputs = _first_call(broken, module_path)
+    output_max_abs = _largest(clean_outputs, broken_outputs)
+    relative = float("inf")
+    if output_max_abs != float("inf"):
+        difference = sum(float((b.float() - a.float()).norm()) ** 2 for a, b in zip(clean_outputs, broken_outputs))
+        size = sum(float(a.float().norm()) ** 2 for a in clean_outputs)
+        relative = (difference / size) ** 0.5 if size else float("inf")
+    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative)
+
+
 # --- tracing and diffing ------------------------------------------------------------------------------------
 
 
@@ -257,6 +325,26 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
     return False, f"right module, but no range, line or construction line names line {line}"
 
 
+def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
+    """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
+    "construction line" (`built_at` is it), "range of N lines" (only `lines` holds it), "" otherwise; a
+    `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
+    if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
+        return ""
+    line = port.truth_line
+    if verdict.line and _same_file(verdict.line[0], port.port_file) and verdict.line[1] == line:
+        return "line"
+    if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
+        return "construction line"
+    found = ""
+    if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
+        width = verdict.lines[2] - verdict.lines[1] + 1
+        found = f"range of {width} line{'s' if width > 1 else ''}"
+    if found and verdict.line:
+        found += f"; line {verdict.line[1]} is not the bug's"
+    return found
+
+
 class PortHarness:
     """Traces and verdicts for the corpus, in `workdir`; reference traces are made once per (pair, lines)."""
 
@@ -300,24 +388,24 @@ class PortHarness:
         options = tuple(option for rule in case.pair.maps for option in ("--map", rule)) + self.diff_options
         verdict = run_diff(reference, candidate, options)
         right, why = judge(case, port, verdict)
-        return Judged(case, port, verdict, right, why)
+        return Judged(case, port, verdict, right, why, precision(case, port, verdict))
 
 
 __all__ = [
-    "BUGS",
     "DIFF_OPTIONS",
-    "PAIRS",
-    "PAIRS_BY_NAME",
     "Built",
     "Case",
+    "Effect",
     "Judged",
     "PortHarness",
     "PreparedPort",
     "Verdict",
     "all_cases",
     "apply_bug",
+    "bug_effect",
     "build_recipe",
     "judge",
+    "precision",
     "prepare_port",
     "reference_modeling_file",
     "run_diff",

@@ -1,0 +1,84 @@
+"""The evidence a diff adds to its first divergence: how the module was built (`settings`) and which line of
+its forward first computes a different value (`lines`).
+
+`explain(result)` runs at the end of `compare.decide`, so a verdict recomputed after a replay is explained too.
+"""
+
+from __future__ import annotations
+
+from modeltrace.diff.compare import (
+    DIVERGENCE,
+    MATCH,
+    MISMATCH,
+    DiffResult,
+    Divergence,
+    ModuleResult,
+    _bounded,
+    _finish_key,
+    source_range,
+)
+from modeltrace.diff.lines import drill_down
+from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.trace.records import SourceLocation
+
+
+def explain(result: DiffResult) -> None:
+    """Fill per-module settings/parameter differences and the divergence's `built_at`, `settings`,
+    `parameters` and `line`; move the divergence into the module that was built differently where that one
+    is the cause (see `diff/settings.py`)."""
+    evidence = module_evidence(result)
+    divergence = result.first_divergence
+    if divergence is None:
+        return
+    own = evidence.get(divergence.module.candidate.path)
+    if own is None or not (own.settings or own.parameters):
+        inner = _built_differently_inside(result, divergence, evidence)
+        if inner is not None:
+            divergence.module.status = MISMATCH
+            inner.status = DIVERGENCE
+            kids = [kid for kid in result.modules if kid.candidate.parent == inner.candidate.index
+                    and kid.reference is not None]
+            divergence = _bounded(Divergence(inner, inputs_match=True), kids)
+            divergence.lines = source_range(divergence)
+            result.first_divergence = divergence
+            own = evidence.get(inner.candidate.path)
+    path = divergence.module.candidate.path
+    divergence.built_at = own.built_at if own is not None else _built_at(result, path)
+    if own is not None:
+        divergence.settings = list(own.settings)
+        divergence.parameters = list(own.parameters)
+    divergence.line = drill_down(result, divergence)
+
+
+def _built_differently_inside(
+    result: DiffResult, divergence: Divergence, evidence: dict[str, ModuleEvidence]
+) -> ModuleResult | None:
+    """The first module (in finish order) inside the diverging call whose inputs match, whose outputs differ at
+    all (within tolerance counts: a small difference amplified later is still this module's) and that was built
+    differently (settings or parameters)."""
+    if not evidence:
+        return None
+    inside: set[int] = {divergence.module.candidate.index}
+    found = None
+    for module in sorted(result.modules, key=lambda item: item.candidate.index):
+        if module.candidate.parent in inside:
+            inside.add(module.candidate.index)
+    for module in sorted(result.modules, key=_finish_key):
+        if module is divergence.module or module.candidate.index not in inside or module.reference is None:
+            continue
+        differences = evidence.get(module.candidate.path)
+        if differences is None or not (differences.settings or differences.parameters):
+            continue
+        if module.inputs != MATCH:
+            continue
+        if module.status == MISMATCH or (module.max_abs_diff is not None and module.max_abs_diff > 0):
+            found = module
+            break
+    return found
+
+
+def _built_at(result: DiffResult, path: str) -> SourceLocation | None:
+    for build in result.candidate.trace.builds:
+        if build.path == path:
+            return build.built_at
+    return None

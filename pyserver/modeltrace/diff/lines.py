@@ -1,0 +1,240 @@
+"""Line-level drill-down: the first line inside the diverging module whose value differs from the reference.
+
+When both traces have line records (`modeltrace trace --lines`), each record names the module call it ran in
+(`LineRecord.module_call`), so the lines of the diverging call (its forward and the helper functions it calls,
+not its children's) are known on both sides. They are paired:
+
+- same file on both sides (a trace of the same modeling file, before and after an edit): by line, variable name
+  and occurrence within the call;
+- different files (a port against its original): in execution order, each candidate value is first looked for
+  among the reference's values of the call (same statistics, same elements up to broadcasting or a view): a
+  value the reference also computed is right. The first candidate value that the reference never computed and
+  that has a counterpart at its place (the next unpaired reference value of the same variable name, else of the
+  same shape) is the first differing line. Intermediates only one side has (a fused qkv projection) have no
+  counterpart and are passed over.
+
+Line records hold statistics, not full tensors, so values are compared as the diff compares statistics: a
+statistic further apart than the tolerance proves a difference. The tolerance is relative to the values' scale,
+and no tighter than ten times the difference already present in the call's own inputs (parameters are recorded
+on the `def` line), so that error accumulated upstream is not mistaken for this module's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from modeltrace.trace.records import LineRecord, TensorSummary
+
+
+@dataclass(frozen=True, slots=True)
+class LineDivergence:
+    """The first line of the diverging module whose value differs: candidate `file` and `line`, the variable
+    `name`, the largest statistic difference (a lower bound of the true max abs diff), and `reason` in words."""
+
+    file: str
+    line: int
+    name: str | None
+    max_abs_diff: float | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        value = self.max_abs_diff
+        return {"file": self.file, "line": self.line, "name": self.name,
+                "max_abs_diff": value if value is None or math.isfinite(value) else None, "reason": self.reason}
+
+
+# Relative tolerance of a statistic per dtype (the lower precision of the two sides decides), before widening
+# by the inputs' own difference.
+_RELATIVE = {"bfloat16": 2e-2, "float16": 4e-3}
+_RELATIVE_DEFAULT = 1e-4
+_INPUT_WIDENING = 10.0
+# How far past the candidate's progress a reference value of the same shape may be its counterpart.
+_NEARBY = 3
+# NOTE: masks hold -inf in one code base and the dtype's minimum in another: beyond this both are "masked".
+_MASKED = 1e30
+_STATISTICS = ("mean", "std", "min", "max")
+
+
+def drill_down(result: Any, divergence: Any) -> LineDivergence | None:
+    """The first differing line of `divergence`'s module call, or None (no line records on either side, no
+    records linked to module calls, or no line found that differs)."""
+    reference, candidate = divergence.module.reference, divergence.module.candidate
+    if reference is None:
+        return None
+    ref_lines = [record for record in result.reference.trace.lines if record.module_call == reference.index]
+    cand_lines = [record for record in result.candidate.trace.lines if record.module_call == candidate.index]
+    if not ref_lines or not cand_lines:
+        return None
+    ref_body, ref_inputs = _split_prologue(ref_lines)
+    cand_body, cand_inputs = _split_prologue(cand_lines)
+    tolerance = _tolerance(ref_lines, cand_lines, ref_inputs, cand_inputs)
+    if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
+        return _same_file(ref_body, cand_body, tolerance)
+    return _by_order(ref_lines, ref_body, cand_body, tolerance)
+
+
+def _split_prologue(records: list[LineRecord]) -> tuple[list[LineRecord], list[LineRecord]]:
+    """(body records, parameter records): parameters are recorded first, on the `def` line."""
+    first = records[0]
+    prologue = [record for record in records if record.file == first.file and record.line == first.line]
+    body = [record for record in records if not (record.file == first.file and record.line == first.line)]
+    return (body, prologue) if body else (records, [])
+
+
+def _tolerance(ref_lines: list[LineRecord], cand_lines: list[LineRecord], ref_inputs: list[LineRecord],
+               cand_inputs: list[LineRecord]) -> float:
+    dtypes = {record.tensor.dtype for record in (*ref_lines[:1], *cand_lines[:1])}
+    relative = max((_RELATIVE.get(dtype, _RELATIVE_DEFAULT) for dtype in dtypes), default=_RELATIVE_DEFAULT)
+    ref_by_name = {record.name: record for record in ref_inputs}
+    for cand_record in cand_inputs:
+        ref_record = ref_by_name.get(cand_record.name)
+        if ref_record is not None and _comparable(ref_record.tensor, cand_record.tensor):
+            gap, scale = _gap(ref_record.tensor, cand_record.tensor)
+            if scale > 0:
+                relative = max(relative, _INPUT_WIDENING * gap / scale)
+    return relative
+
+
+def _same_file(ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float) -> LineDivergence | None:
+    ref_by_key = {key: record for key, record in _occurrences(ref_body)}
+    for key, cand_record in _occurrences(cand_body):
+        ref_record = ref_by_key.get(key)
+        if ref_record is None:
+            continue
+        found = _differs(ref_record, cand_record, tolerance)
+        if found is not None:
+            return found
+    return None
+
+
+def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str, int], LineRecord]]:
+    counts: dict[tuple[int, str], int] = {}
+    for record in records:
+        key = (record.line, record.name)
+        occurrence = counts.get(key, 0)
+        counts[key] = occurrence + 1
+        yield (record.line, record.name, occurrence), record
+
+
+def _by_order(ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord],
+              tolerance: float) -> LineDivergence | None:
+    position = 0  # reference records before this one are behind the candidate's progress
+    fresh = _fresh(ref_lines, ref_body)
+    for cand_record in cand_body:
+        # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
+        # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
+        # same values whatever the layout (`[1, 7, 64]` against `[1, 4, 7, 16]`, permuted heads)
+        if any(_same_values(ref_record.tensor, cand_record.tensor, tolerance) for ref_record in ref_lines):
+            # progress: the first such value at or after the current position (the same tensor is often
+            # recorded on several lines: the q of a projection, then the `query` parameter of a helper)
+            explained = next((index for index in range(position, len(ref_body))
+                              if _same_values(ref_body[index].tensor, cand_record.tensor, tolerance)), None)
+            if explained is not None:
+                position = explained + 1
+            continue
+        # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
+        # `query` parameter of a helper is the projection's output again)
+        later = [record for index, record in enumerate(ref_body[position:], position) if fresh[index]]
+        counterpart = next((record for record in later if record.name == cand_record.name
+                            and _comparable(record.tensor, cand_record.tensor)), None)
+        if counterpart is None:
+            counterpart = next((record for record in later[:_NEARBY] if _comparable(record.tensor, cand_record.tensor)),
+                               None)
+        if counterpart is None:
+            continue  # an intermediate the reference does not have
+        found = _differs(counterpart, cand_record, tolerance)
+        if found is not None:
+            return found
+    return None
+
+
+def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool]:
+    """For each body record, whether its value is new in the call (no earlier record holds the same statistics)."""
+    seen: set[tuple] = set()
+    body_ids = {id(record) for record in ref_body}
+    fresh = []
+    for record in ref_lines:
+        summary = record.tensor
+        key = (math.prod(summary.shape), summary.dtype, summary.mean, summary.std, summary.min, summary.max)
+        if id(record) in body_ids:
+            fresh.append(key not in seen)
+        seen.add(key)
+    return fresh
+
+
+def _same_values(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> bool:
+    return math.prod(ref.shape) == math.prod(cand.shape) and _within(ref, cand, tolerance)
+
+
+def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) -> LineDivergence | None:
+    ref, cand = ref_record.tensor, cand_record.tensor
+    where = f"{ref_record.name} at {_short(ref_record.file)}:{ref_record.line}"
+    if not _comparable(ref, cand):
+        return LineDivergence(cand_record.file, cand_record.line, cand_record.name, None,
+                              f"shape {cand.shape} vs {ref.shape} ({where} in the reference)")
+    if _within(ref, cand, tolerance):
+        return None
+    gap, _ = _gap(ref, cand)
+    statistic = max(_STATISTICS, key=lambda name: _difference(getattr(ref, name), getattr(cand, name)))
+    return LineDivergence(
+        cand_record.file, cand_record.line, cand_record.name, gap,
+        f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
+        f"({where} in the reference)")
+
+
+def _core(shape: list[int]) -> tuple[int, ...]:
+    """The shape without leading 1s: `[7, 64]` and `[1, 7, 64]` hold the same numbers."""
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
+def _comparable(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Same elements up to broadcasting, or a view of them (`[1, 7, 4, 16]` and `[1, 4, 7, 16]`: statistics do not
+    depend on the order of the elements)."""
+    if _core(ref.shape) == _core(cand.shape):
+        return True
+    return math.prod(ref.shape) == math.prod(cand.shape) and sorted(_core(ref.shape)) == sorted(_core(cand.shape))
+
+
+def _scale(summary: TensorSummary) -> float:
+    values = [abs(value) for value in (summary.min, summary.max, summary.std)
+              if value is not None and value == value and abs(value) < _MASKED]
+    return max(values, default=0.0)
+
+
+def _difference(first: float | None, second: float | None) -> float:
+    """|first - second|, -1 where either is missing or NaN; values beyond ±1e30 (masks) count as infinite, and
+    two infinite values of one sign are equal."""
+    if first is None or second is None or first != first or second != second:
+        return -1.0
+    first_masked, second_masked = abs(first) >= _MASKED, abs(second) >= _MASKED
+    if first_masked or second_masked:
+        return 0.0 if first_masked and second_masked and (first > 0) == (second > 0) else math.inf
+    return abs(first - second)
+
+
+def _gap(ref: TensorSummary, cand: TensorSummary) -> tuple[float, float]:
+    """(largest statistic difference, the reference's scale). Where a side holds masked values, its mean and
+    std say how they were written down (-inf or the dtype's minimum), not what they compute: only min and max
+    are compared then."""
+    names = _STATISTICS
+    if any(value is not None and abs(value) >= _MASKED for value in (ref.min, ref.max, cand.min, cand.max)):
+        names = ("min", "max")
+    gap = max((_difference(getattr(ref, name), getattr(cand, name)) for name in names), default=-1.0)
+    return max(gap, 0.0), _scale(ref)
+
+
+def _within(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> bool:
+    if (ref.nan_count > 0) != (cand.nan_count > 0):
+        return False
+    gap, scale = _gap(ref, cand)
+    return gap <= tolerance * scale + 1e-12
+
+
+def _short(file: str) -> str:
+    return file.rsplit("/", 1)[-1]

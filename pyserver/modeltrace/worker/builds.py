@@ -1,0 +1,250 @@
+"""How each module of the traced model was built: its construction line, settings, parameters and buffers.
+
+Recorded once per trace, not per call, so the forward's capture cost does not change. The construction line
+comes from torch's global module-registration hook, active while the model is built
+(`ConstructionRecorder`): each `self.ln_2 = nn.LayerNorm(...)` in a parent's `__init__` registers the child,
+and the first frame of model code above the hook (`source_map.caller_location`, the walk the capture uses for
+call sites) is that assignment; items of a `ModuleList` are registered inside torch and land on the line that
+built the list. After the forward, `record_builds` reads each module's settings (the `name=value` fields of
+`extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers (statistics,
+a small sample of fixed positions and the same positions of the transpose), which `diff/settings.py` compares.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation, TensorSummary
+from modeltrace.worker import source_map
+from modeltrace.worker.stats import summarize
+
+
+# NOTE: values at this many fixed positions per parameter: enough to tell a copied weight from a re-initialised
+# or transposed one (statistics alone cannot tell a square matrix from its transpose), small next to the trace.
+SAMPLE_SIZE = 32
+# Weights over this many elements get statistics of about STATISTICS_ELEMENTS strided ones.
+MAX_EXACT_STATISTICS = 1 << 16
+STATISTICS_ELEMENTS = 1 << 14
+# Attributes every module has that say nothing about how it computes.
+_NOT_SETTINGS = frozenset({"training"})
+_SCALARS = (bool, int, float, str, type(None))
+_MAX_LIST_SETTING = 16
+
+
+class ConstructionRecorder:
+    """Context manager active while the model is built: where each submodule was registered on its parent.
+
+    `location_of(parent, name)` gives the line of model code that registered `name` on `parent`; the last
+    registration wins (a module re-assigned later in `__init__` was built by the later line).
+    """
+
+    def __init__(self) -> None:
+        self._locations: dict[tuple[int, str], tuple[nn.Module, SourceLocation | None]] = {}
+        self._handle: Any = None
+
+    def __enter__(self) -> ConstructionRecorder:
+        self._handle = nn.modules.module.register_module_module_registration_hook(self._registered)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _registered(self, parent: nn.Module, name: str, submodule: nn.Module | None) -> None:
+        # depth 2: caller_location <- this hook <- torch's `__setattr__` / `register_module`, where the walk starts
+        location, _ = source_map.caller_location(2)
+        # NOTE: the parent is held until the recorder is dropped, so that its id stays its own meanwhile.
+        self._locations[(id(parent), name)] = (parent, location)
+
+    def location_of(self, parent: nn.Module, name: str) -> SourceLocation | None:
+        found = self._locations.get((id(parent), name))
+        return found[1] if found is not None and found[0] is parent else None
+
+    def clear(self) -> None:
+        self._locations.clear()
+
+
+def record_builds(
+    model: nn.Module, constructions: ConstructionRecorder | None = None, keep_tensor: Any = None
+) -> list[ModuleBuild]:
+    """A `ModuleBuild` for every module of `model` (`named_modules()` order, the root's path `""`).
+
+    `keep_tensor(tensor, summary, name)`, when given, stores a parameter's full tensor (the capture's `_keep`
+    with its size limits) under `parameters/{path}/{name}`.
+    """
+    with torch.no_grad():
+        return _record_builds(model, constructions, keep_tensor)
+
+
+def _record_builds(model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any) -> list[ModuleBuild]:
+    builds: list[ModuleBuild] = []
+    seen: dict[int, str] = {}
+    parents: dict[str, tuple[nn.Module, str]] = {}
+    for path, module in model.named_modules():
+        for child_name, child in module._modules.items():
+            if child is not None:
+                parents.setdefault(f"{path}.{child_name}" if path else child_name, (module, child_name))
+        built_at = None
+        if constructions is not None and path in parents:
+            parent, name = parents[path]
+            built_at = constructions.location_of(parent, name)
+        module_class = type(module)
+        builds.append(ModuleBuild(
+            path=path,
+            class_name=module_class.__name__,
+            qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
+            built_at=built_at,
+            settings=module_settings(module),
+            parameters=_parameters(module, path, seen, keep_tensor),
+        ))
+    return builds
+
+
+def module_settings(module: nn.Module) -> dict[str, Any]:
+    """The scalar settings of a module: public scalar attributes, then the `name=value` fields of `extra_repr()`.
+
+    Positional fields of `extra_repr()` (`LayerNorm`'s `(64,)`) are left out: what they mean depends on the
+    class, and the attributes hold them by name (`normalized_shape`).
+    """
+    settings: dict[str, Any] = {}
+    for name, value in vars(module).items():
+        if name.startswith("_") or name in _NOT_SETTINGS:
+            continue
+        plain = _plain(value)
+        if plain is not _SKIP:
+            settings[name] = plain
+    try:
+        text = module.extra_repr()
+    except Exception:  # noqa: BLE001 - user code: a broken extra_repr leaves the attributes
+        text = ""
+    for field_text in split_fields(text if isinstance(text, str) else ""):
+        name, separator, value = field_text.partition("=")
+        name = name.strip()
+        if separator and name.isidentifier():
+            settings[name] = _literal(value.strip())
+    return settings
+
+
+_SKIP = object()
+
+
+def _plain(value: Any) -> Any:
+    """A msgpack-safe form of a setting, or `_SKIP` for values that are not settings (tensors, configs, modules)."""
+    # NOTE: by exact type, not isinstance: an isinstance check on a transformers config object goes through its
+    # slow `__getattribute__`, and every attention module holds one
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is torch.dtype:
+        return str(value).removeprefix("torch.")
+    if kind in _SEQUENCES and len(value) <= _MAX_LIST_SETTING and all(type(item) in _SCALARS for item in value):
+        return list(value)
+    if kind in _FUNCTIONS:
+        # an activation kept as a function (`self.activation = F.gelu`)
+        return f"{getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', value.__name__)}"
+    return _SKIP
+
+
+_SEQUENCES = (tuple, list, torch.Size)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+
+
+@functools.lru_cache(maxsize=4096)
+def _literal(text: str) -> Any:
+    """A field's value as a Python literal when it is one (`1e-05`, `True`, `(64,)`, `'tanh'`), else the text."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+    plain = _plain(value)
+    return text if plain is _SKIP else plain
+
+
+def split_fields(text: str) -> list[str]:
+    """`extra_repr()` split at its top-level commas: `"(64,), eps=1e-05"` -> `["(64,)", "eps=1e-05"]`."""
+    fields: list[str] = []
+    depth = 0
+    quote = ""
+    start = 0
+    for position, character in enumerate(text):
+        if quote:
+            if character == quote:
+                quote = ""
+        elif character in "'\"":
+            quote = character
+        elif character in "([{":
+            depth += 1
+        elif character in ")]}":
+            depth -= 1
+        elif character == "," and depth == 0:
+            fields.append(text[start:position].strip())
+            start = position + 1
+    fields.append(text[start:].strip())
+    return [field_text for field_text in fields if field_text]
+
+
+def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor: Any) -> list[ParameterRecord]:
+    records = []
+    own = [("parameter", name, tensor) for name, tensor in module._parameters.items()]
+    own += [("buffer", name, tensor) for name, tensor in module._buffers.items()]
+    for kind, name, tensor in own:
+        if tensor is None:
+            continue
+        qualified = f"{path}.{name}" if path else name
+        shared_with = seen.get(id(tensor))
+        if shared_with is None:
+            seen[id(tensor)] = qualified
+        records.append(_fingerprint(kind, name, tensor.detach(), shared_with, keep_tensor, f"parameters/{qualified}"))
+    return records
+
+
+def _fingerprint(
+    kind: str, name: str, tensor: torch.Tensor, shared_with: str | None, keep_tensor: Any, stored_name: str
+) -> ParameterRecord:
+    count = tensor.numel()
+    stride = 1
+    if count > MAX_EXACT_STATISTICS and tensor.device.type != "meta":
+        # NOTE: statistics of a large weight over evenly strided elements: the same elements for any tensor of
+        # its size, so two copies compare equal and a changed one differs, at a fraction of a full pass (a
+        # medium Llama's weights take longer to summarise than its forward pass)
+        stride = count // STATISTICS_ELEMENTS
+        summary = summarize(tensor.reshape(-1)[::stride], name)
+        summary.shape = list(tensor.shape)
+    else:
+        summary = summarize(tensor, name)
+    record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with,
+                             statistics_stride=stride)
+    if tensor.device.type == "meta" or count == 0:
+        return record
+    values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float64)
+    positions = sample_positions(tensor.numel())
+    record.sample = values.reshape(-1)[positions].to("cpu", torch.float64).tolist()
+    if tensor.dim() == 2:
+        # NOTE: the same flat positions in the transpose's row-major order, read in place (no transposed copy)
+        rows, columns = tensor.shape
+        row_of, column_of = positions // rows, positions % rows
+        record.sample_transposed = values[column_of, row_of].to("cpu", torch.float64).tolist()
+    if keep_tensor is not None and shared_with is None:
+        keep_tensor(tensor, summary, stored_name)
+    return record
+
+
+@functools.lru_cache(maxsize=1024)
+def sample_positions(count: int) -> torch.Tensor:
+    """`SAMPLE_SIZE` distinct flat positions scattered over `count` elements (the same for any tensor of that
+    size): multiples of a large prime modulo `count`, so they fall on many rows and columns of a matrix.
+    Cached per size (layers repeat their shapes): callers only read the tensor."""
+    if count <= SAMPLE_SIZE:
+        return torch.arange(count)
+    return (torch.arange(SAMPLE_SIZE, dtype=torch.int64) * _SAMPLE_STRIDE) % count
+
+
+# NOTE: a prime: its multiples are distinct modulo any element count it does not divide.
+_SAMPLE_STRIDE = 2_654_435_761
