@@ -40,11 +40,7 @@ from ports.harness import (
 
 # What the diff says today where its verdict is wrong (case id, or `CASE_ID@full` / `CASE_ID@lines` for one
 # variant -> reason); remove a row when it becomes right.
-KNOWN_WRONG: dict[str, str] = {
-    "bert-positions_from_one@full": "embed:42-42: the range starts at the call line of the last child whose outputs "
-                                    "match (tok, line 42), but the differing position ids are computed before it, on "
-                                    "line 40 (with line records the drill-down names line 40)",
-}
+KNOWN_WRONG: dict[str, str] = {}
 VARIANTS = ("full", "lines")
 
 MIN_BUG_KINDS_PER_PAIR = 5

@@ -1050,10 +1050,23 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
     return found
 
 
+def _derivable(last_match: ModuleResult, first_differing: ModuleResult | None) -> bool:
+    """Whether the first differing child's differing inputs can have been computed from the last matching
+    child's outputs: not when every one of them is of another kind (integer position ids against floating
+    hidden states: they were computed from something else, possibly before that call)."""
+    if first_differing is None:
+        return True
+    differing = {leaf.key for leaf in first_differing.input_leaves if leaf.status == MISMATCH}
+    kinds = {dtype_kind(summary.dtype) for summary in first_differing.candidate.inputs if summary.key in differing}
+    produced = {dtype_kind(summary.dtype) for summary in last_match.candidate.outputs}
+    return not kinds or not produced or bool(kinds & produced)
+
+
 def source_range(divergence: Divergence) -> SourceRange | None:
     """The smallest range of candidate lines known to hold the cause: inside the diverging module's `forward`,
     from the call of the last child whose outputs still match to the call of the first child whose inputs
-    differ (or the forward's first / last line). A module whose class lives in an installed library (a torch
+    differ (or the forward's first / last line; the first line too when the differing inputs are of a kind
+    the matching child does not produce, see `_derivable`). A module whose class lives in an installed library (a torch
     `nn.LayerNorm`) is not where the candidate's code went wrong: its call line is the range (its arguments, or
     how it was built: see `built_at`)."""
     record = divergence.module.candidate
@@ -1063,6 +1076,8 @@ def source_range(divergence: Divergence) -> SourceRange | None:
         return SourceRange(called.file, called.line, called.line) if called is not None else None
     span = _forward_ranges(defined.file).get(defined.line) if defined is not None else None
     after = divergence.last_matching_child.candidate.called_at if divergence.last_matching_child else None
+    if after is not None and not _derivable(divergence.last_matching_child, divergence.first_differing_child):
+        after = None  # the differing values come from elsewhere: they may be computed before that call
     before = divergence.first_differing_child.candidate.called_at if divergence.first_differing_child else None
     if span is not None:
         first, last = span
