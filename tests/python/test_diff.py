@@ -576,6 +576,9 @@ def test_cli_replay_and_a_diff_that_compares_too_little(original: Path, tmp_path
     for record in trace.modules[3:]:
         record.path = record.path.replace(".", "_") + "_renamed"
     write_trace(trace, few)
-    completed = run_cli("diff", str(original), str(few))
+    completed = run_cli("diff", str(original), str(few), "--no-auto-align")
     assert completed.returncode == 2 and "not comparable: only" in completed.stderr
     assert "NOT COMPARABLE" in completed.stdout
+    # by evidence rather than names, the renamed calls align again, and the numbers are the same
+    completed = run_cli("diff", str(original), str(few))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
