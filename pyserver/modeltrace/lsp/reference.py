@@ -176,7 +176,7 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
         "match": diff.matched,
         "divergence": None if divergence is None else {
             "path": divergence.get("path") or "",
-            "class": divergence.get("class") or "",
+            "className": divergence.get("class") or "",
             "maxAbsDiff": divergence.get("max_abs_diff"),
             "location": where,
         },
