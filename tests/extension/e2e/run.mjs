@@ -84,7 +84,7 @@ function prepareRunFolder(mode) {
         "extensions.ignoreRecommendations": true,
         "git.enabled": false,
         "editor.inlayHints.enabled": "on",
-        "editor.inlayHints.maximumLength": 0,
+        // NOTE: editor.inlayHints.maximumLength stays at VS Code's default (43): hints must fit it as users see them.
         "editor.minimap.enabled": false,
         "editor.fontSize": 14,
         // NOTE: no startup trust dialog: an untrusted folder opens straight in restricted mode.
@@ -233,15 +233,59 @@ function testUrl(port, workspace) {
     return `http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}&payload=${encodeURIComponent(JSON.stringify(payload))}`;
 }
 
-/** Runs in the page: the text of every rendered view line containing `snippet`, and of its hint spans. */
+/**
+ * Runs in the page: the text of every rendered view line containing `snippet`, of its hint spans, and of the
+ * hint spans drawn whole inside the editor's visible text area (not scrolled or clipped off to the right).
+ */
 function renderedLines(snippet) {
     const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
     return [...document.querySelectorAll(".monaco-editor .view-line")]
         .filter((line) => normalize(line.textContent).includes(snippet))
-        .map((line) => ({
-            text: normalize(line.textContent),
-            hints: [...line.querySelectorAll('span[class*="dyn-rule-"]')].map((span) => normalize(span.textContent)),
-        }));
+        .map((line) => {
+            const area = line.closest(".monaco-scrollable-element")?.getBoundingClientRect();
+            const spans = [...line.querySelectorAll('span[class*="dyn-rule-"]')];
+            const inside = (span) => {
+                const box = span.getBoundingClientRect();
+                return area !== undefined && box.width > 0 && box.left >= area.left && box.right <= area.right;
+            };
+            return {
+                text: normalize(line.textContent),
+                hints: spans.map((span) => normalize(span.textContent)),
+                visibleHints: spans.filter(inside).map((span) => normalize(span.textContent)),
+            };
+        });
+}
+
+/** Runs in the page: the icon file of the glyph-margin decoration level with the view line holding `snippet`. */
+function gutterIconAt(snippet) {
+    const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
+    const line = [...document.querySelectorAll(".monaco-editor .view-line")].find((element) => normalize(element.textContent).includes(snippet));
+    if (line === undefined) {
+        return { line: false, icons: [] };
+    }
+    const top = line.getBoundingClientRect().top;
+    const icons = [...document.querySelectorAll(".monaco-editor .glyph-margin-widgets .cgmr")]
+        .filter((element) => Math.abs(element.getBoundingClientRect().top - top) < 3)
+        .map((element) => (/([\w-]+\.svg)/.exec(decodeURIComponent(getComputedStyle(element).backgroundImage ?? "")) ?? [null, "?"])[1]);
+    return { line: true, icons };
+}
+
+/** Hovers `locator` as a person would and returns the hover's text ("" when none shows). */
+async function hoverText(page, locator, options = {}) {
+    await page.mouse.move(5, 5);
+    await sleep(300);
+    const box = await locator.boundingBox();
+    if (box === null) {
+        return "";
+    }
+    await page.mouse.move(box.x + (options.dx ?? box.width / 2), box.y + box.height / 2);
+    const hover = page.locator(".monaco-hover:not(.hidden)", { hasText: options.hasText ?? /\S/ }).first();
+    try {
+        await hover.waitFor({ state: "visible", timeout: 15_000 });
+        return (await hover.innerText()).replace(/\u00a0/g, " ");
+    } catch {
+        return "";
+    }
 }
 
 function allHintTexts() {
@@ -332,8 +376,39 @@ async function checkDom(page, request, runDir) {
             failures.push(`line ${hint.line + 1} (${hint.snippet}) is not rendered on screen`);
         } else if (!lines.some((line) => line.hints.join("").includes(label))) {
             failures.push(`line ${hint.line + 1} shows hints ${JSON.stringify(lines.map((line) => line.hints))}, not ${JSON.stringify(label)}`);
+        } else if (request.hintsWhole && !lines.some((line) => line.visibleHints.some((text) => text.trim() === label))) {
+            // Whole: the span holds the entire label (VS Code cut nothing) and it lies inside the visible text area.
+            failures.push(`line ${hint.line + 1}: ${JSON.stringify(label)} is not whole on screen (visible hints ${JSON.stringify(lines.map((line) => line.visibleHints))})`);
         } else {
             log(`on screen, line ${hint.line + 1}: ${lines[0].text.trim()}`);
+        }
+    }
+    if (request.hover !== undefined) {
+        // Hover the assigned name as a person would: the first row of the first table must be its value.
+        const line = page.locator(".monaco-editor .view-line", { hasText: request.hover.snippet }).first();
+        const text = await hoverText(page, line, { dx: request.hover.dx, hasText: "ModelTrace" });
+        const rows = text.split("\n").filter((row) => /\[[\d,]+\]/.test(row));
+        if (rows.length === 0 || !rows[0].includes(request.hover.firstRow)) {
+            failures.push(`the hover of ${JSON.stringify(request.hover.snippet)} does not start with ${JSON.stringify(request.hover.firstRow)}: ${JSON.stringify(text.slice(0, 400))}`);
+        } else {
+            log(`hover first row: ${rows[0].replace(/\s+/g, " ").trim()}`);
+        }
+        await page.mouse.move(5, 5);
+    }
+    for (const expected of request.gutterAt ?? []) {
+        let found = { line: false, icons: [] };
+        const deadline = Date.now() + 20_000;
+        while (Date.now() < deadline) {
+            found = await page.evaluate(gutterIconAt, expected.snippet);
+            if (found.icons.includes(expected.icon)) {
+                break;
+            }
+            await sleep(500);
+        }
+        if (!found.icons.includes(expected.icon)) {
+            failures.push(`the gutter of ${JSON.stringify(expected.snippet)} shows ${JSON.stringify(found.icons)}, not ${expected.icon}${found.line ? "" : " (line not on screen)"}`);
+        } else {
+            log(`gutter: ${expected.icon} on ${expected.snippet}`);
         }
     }
     if (request.notification !== undefined) {
@@ -344,6 +419,16 @@ async function checkDom(page, request, runDir) {
         } catch {
             const shown = await page.locator(".notification-list-item-message").allTextContents();
             failures.push(`no notification ${JSON.stringify(request.notification)}; shown: ${JSON.stringify(shown)}`);
+        }
+    }
+    if (request.statusBar !== undefined) {
+        const item = page.locator(".statusbar-item", { hasText: request.statusBar });
+        try {
+            await item.first().waitFor({ state: "visible", timeout: 20_000 });
+            log(`status bar: ${(await item.first().innerText()).trim()}`);
+        } catch {
+            const shown = await page.locator(".statusbar-item").allInnerTexts();
+            failures.push(`no status bar item ${JSON.stringify(request.statusBar)}; shown: ${JSON.stringify(shown)}`);
         }
     }
     if (request.gutterIcons !== undefined || request.squiggle !== undefined) {
@@ -374,7 +459,7 @@ async function checkDom(page, request, runDir) {
         failures.push(...(await checkQuickFix(page, request.quickFix)));
     }
     if (request.mode === "untrusted") {
-        const traced = (await page.evaluate(allHintTexts)).filter((text) => text.includes("→"));
+        const traced = (await page.evaluate(allHintTexts)).filter((text) => /(→ |: )\[[\d,]/.test(text));
         if (traced.length > 0) {
             failures.push(`trace hints on screen in an untrusted workspace: ${JSON.stringify(traced)}`);
         }
@@ -394,6 +479,32 @@ async function checkDom(page, request, runDir) {
     }
     if (request.quickFix !== undefined) {
         await page.keyboard.press("Escape");
+    }
+    if (request.gutterHover !== undefined) {
+        // After the screenshot: the mark's hover (its message says which call and layer decide it).
+        const line = page.locator(".monaco-editor .view-line", { hasText: request.gutterHover.snippet }).first();
+        const lineBox = await line.boundingBox();
+        let text = "";
+        if (lineBox !== null) {
+            const icons = await page.locator(".monaco-editor .glyph-margin-widgets .cgmr").all();
+            for (const candidate of icons) {
+                const box = await candidate.boundingBox();
+                if (box !== null && Math.abs(box.y - lineBox.y) < 3) {
+                    text = await hoverText(page, candidate, { hasText: request.gutterHover.includes });
+                    break;
+                }
+            }
+        }
+        if (!text.includes(request.gutterHover.includes)) {
+            // The same message is the decoration's hover on the line's text.
+            text = await hoverText(page, line, { dx: 30, hasText: request.gutterHover.includes });
+        }
+        if (!text.includes(request.gutterHover.includes)) {
+            failures.push(`no hover saying ${JSON.stringify(request.gutterHover.includes)} on the mark of ${JSON.stringify(request.gutterHover.snippet)}`);
+        } else {
+            log(`gutter mark hover: ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+        }
+        await page.mouse.move(5, 5);
     }
     if (request.languageStatus !== undefined) {
         // After the screenshot: the hover covers the editor.
