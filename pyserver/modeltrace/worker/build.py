@@ -102,29 +102,31 @@ class BuiltModel:
 # --- the user's file ----------------------------------------------------------------------------------------
 
 
-# `from ...modeling_utils import X`: the dots of a relative import, at the start of a statement.
-_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.+)", re.MULTILINE)
+# `from ...modeling_utils import X`: the dots of a relative import statement, at the start of a line.
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.+)[\w.]*[ \t]+import\b", re.MULTILINE)
 # Where a copied folder is mounted inside transformers, by how many levels its imports climb past its top:
 # `models/qwen3/` copied out of transformers climbs 2 (`from ...modeling_utils` in `qwen3/modeling_qwen3.py`).
-_TRANSFORMERS_PARENTS = {1: "transformers", 2: "transformers.models"}
-# NOTE: a package folder of hundreds of files is not a copied model folder; reading them all would cost seconds.
+# NOTE: only model folders: mounting a copy of another part of transformers (`generation/`, `models/` itself)
+# would replace that part for the whole library.
+_TRANSFORMERS_PARENTS = {2: "transformers.models"}
+# NOTE: a model folder holds a handful of files; past this many the folder is not a copied model folder.
 _MAX_SCANNED_FILES = 200
 
 
-def _climb_past_top(top: Path) -> tuple[int, Path | None, int | None]:
-    """How many levels the relative imports of the package `top` climb above it (0: none), with the first file and
-    line that climbs highest."""
+def _climb_past_top(folder: Path, depth: int) -> tuple[int, Path | None, int | None]:
+    """How many levels the relative imports of the files in `folder` (a package `depth` levels below the top of
+    its chain: 1 for the top itself) climb above that top (0: none), with the file and line that climbs highest.
+
+    Only the traced file's own folder is read: the files a modeling file imports relatively sit beside it."""
     highest, where, where_line = 0, None, None
-    for count, file in enumerate(sorted(top.rglob("*.py"))):
+    for count, file in enumerate(sorted(folder.glob("*.py"))):
         if count >= _MAX_SCANNED_FILES:
             break
         try:
             source = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        # The package of `top/a/b.py` is `top.a`: two components, so `from ...` (3 dots) climbs one level above it.
-        # `top/a/__init__.py` is the package `top.a` itself: as deep as `top/a/b.py`'s package.
-        depth = len(file.relative_to(top).parts)
+        # In the package `top.a` (depth 2) `from ...x` (3 dots) climbs one level above `top`.
         for match in _RELATIVE_IMPORT.finditer(source):
             climb = len(match.group(1)) - depth
             if climb > highest:
@@ -144,9 +146,9 @@ def _copied_folder_parent(top: Path, climb: int, where: Path | None, where_line:
     if parent is None or not top.name.isidentifier():
         raise ModelTraceError(
             f"{advice}; ModelTrace imports such a folder as part of transformers (as transformers.models."
-            f"{top.name}) only when its imports climb 1 or 2 levels and the folder name is a Python name: make the "
-            "imports absolute instead (`from ...modeling_utils import X` -> `from transformers.modeling_utils "
-            "import X`)",
+            f"{top.name}) only when it is a model folder (its imports climb 2 levels, to transformers) and its name "
+            "is a Python name: rename the folder, or make the imports absolute instead "
+            "(`from ...modeling_utils import X` -> `from transformers.modeling_utils import X`)",
             str(where) if where is not None else None,
             where_line,
         )
@@ -204,7 +206,7 @@ def import_user_file(path: Path) -> ModuleType:
     while (folder / "__init__.py").is_file():
         parts.insert(0, folder.name)
         folder = folder.parent
-    climb, where, where_line = _climb_past_top(folder / parts[0]) if len(parts) > 1 else (0, None, None)
+    climb, where, where_line = _climb_past_top(path.parent, len(parts) - 1) if len(parts) > 1 else (0, None, None)
     if climb > 0:
         parent = _copied_folder_parent(folder / parts[0], climb, where, where_line)
         package = f"{parent}.{parts[0]}"

@@ -96,7 +96,20 @@ function prepareRunFolder(mode) {
     // machine-overridable) are read from the remote machine's settings, not from the user's.
     writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": options.python }, null, 2));
     plantTraps(runDir, workspace, mode);
+    if (mode === "trusted") {
+        copyModelFolder(workspace);
+    }
     return { runDir, workspace };
+}
+
+/** A copy of the installed transformers' models/qwen3/ folder, as a port starts: copied/qwen3/ in the workspace. */
+function copyModelFolder(workspace) {
+    const found = spawnSync(options.python, ["-c", "import os, transformers; print(os.path.dirname(transformers.__file__))"], { encoding: "utf8" });
+    if (found.status !== 0) {
+        throw new Error(`cannot locate transformers with ${options.python}: ${found.stderr}`);
+    }
+    const source = join(found.stdout.trim(), "models", "qwen3");
+    cpSync(source, join(workspace, "copied", "qwen3"), { recursive: true, filter: (path) => !/__pycache__$/.test(path) });
 }
 
 /**
