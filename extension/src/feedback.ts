@@ -41,7 +41,9 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
             };
         case "idle":
             // NOTE: idle also follows "reference: …" and "trace cleared": only a finished trace says "module calls".
-            if (params.message === undefined || !params.message.includes("module calls")) {
+            // A trace compared with a reference ends its message with the result, which modelTrace/diffResult
+            // (sent just before) already shows with where it diverges: that view stays.
+            if (params.message === undefined || !params.message.includes("module calls") || params.message.includes("the reference")) {
                 return undefined;
             }
             return {

@@ -247,13 +247,23 @@ function testUrl(port, workspace) {
 }
 
 /**
- * Runs in the page: the text of every rendered view line containing `snippet`, of its hint spans, and of the
- * hint spans drawn whole inside the editor's visible text area (not scrolled or clipped off to the right).
+ * Runs in the page: the text of every rendered view line whose code (its text without the inlay hints drawn in
+ * it) contains `snippet`, of its hint spans, and of the hint spans drawn whole inside the editor's visible text
+ * area (not scrolled or clipped off to the right), with the line's box.
  */
 function renderedLines(snippet) {
     const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
+    const isHint = (node) => node.parentElement?.closest('[class*="dyn-rule-"]') != null;
+    const codeText = (line) => {
+        const walker = document.createTreeWalker(line, NodeFilter.SHOW_TEXT);
+        let text = "";
+        for (let node = walker.nextNode(); node !== null; node = walker.nextNode()) {
+            text += isHint(node) ? "" : node.textContent;
+        }
+        return normalize(text);
+    };
     return [...document.querySelectorAll(".monaco-editor .view-line")]
-        .filter((line) => normalize(line.textContent).includes(snippet))
+        .filter((line) => codeText(line).includes(snippet))
         .map((line) => {
             const area = line.closest(".monaco-scrollable-element")?.getBoundingClientRect();
             const spans = [...line.querySelectorAll('span[class*="dyn-rule-"]')];
@@ -261,38 +271,42 @@ function renderedLines(snippet) {
                 const box = span.getBoundingClientRect();
                 return area !== undefined && box.width > 0 && box.left >= area.left && box.right <= area.right;
             };
+            const box = line.getBoundingClientRect();
             return {
                 text: normalize(line.textContent),
                 hints: spans.map((span) => normalize(span.textContent)),
                 visibleHints: spans.filter(inside).map((span) => normalize(span.textContent)),
+                box: { x: box.left, y: box.top, width: box.width, height: box.height },
             };
         });
 }
 
-/** Runs in the page: the icon file of the glyph-margin decoration level with the view line holding `snippet`. */
-function gutterIconAt(snippet) {
-    const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
-    const line = [...document.querySelectorAll(".monaco-editor .view-line")].find((element) => normalize(element.textContent).includes(snippet));
-    if (line === undefined) {
-        return { line: false, icons: [] };
-    }
-    const top = line.getBoundingClientRect().top;
-    const icons = [...document.querySelectorAll(".monaco-editor .glyph-margin-widgets .cgmr")]
+/** Runs in the page: the icon files of the glyph-margin decorations level with the view line at `top`. */
+function gutterIconsAt(top) {
+    return [...document.querySelectorAll(".monaco-editor .glyph-margin-widgets .cgmr")]
         .filter((element) => Math.abs(element.getBoundingClientRect().top - top) < 3)
-        .map((element) => (/([\w-]+\.svg)/.exec(decodeURIComponent(getComputedStyle(element).backgroundImage ?? "")) ?? [null, "?"])[1]);
-    return { line: true, icons };
+        .map((element) => {
+            const box = element.getBoundingClientRect();
+            const icon = (/([\w-]+\.svg)/.exec(decodeURIComponent(getComputedStyle(element).backgroundImage ?? "")) ?? [null, "?"])[1];
+            return { icon, x: box.left + box.width / 2, y: box.top + box.height / 2 };
+        });
 }
 
-/** Hovers `locator` as a person would and returns the hover's text ("" when none shows). */
-async function hoverText(page, locator, options = {}) {
+/** The first rendered line whose code holds `snippet`, with its glyph-margin icons; undefined when not on screen. */
+async function findLine(page, snippet) {
+    const [line] = await page.evaluate(renderedLines, snippet);
+    if (line === undefined) {
+        return undefined;
+    }
+    return { ...line, icons: await page.evaluate(gutterIconsAt, line.box.y) };
+}
+
+/** Moves the mouse to (x, y) as a person would and returns the hover's text ("" when none holding `hasText` shows). */
+async function hoverText(page, x, y, hasText) {
     await page.mouse.move(5, 5);
     await sleep(300);
-    const box = await locator.boundingBox();
-    if (box === null) {
-        return "";
-    }
-    await page.mouse.move(box.x + (options.dx ?? box.width / 2), box.y + box.height / 2);
-    const hover = page.locator(".monaco-hover:not(.hidden)", { hasText: options.hasText ?? /\S/ }).first();
+    await page.mouse.move(x, y);
+    const hover = page.locator(".monaco-hover:not(.hidden)", { hasText }).first();
     try {
         await hover.waitFor({ state: "visible", timeout: 15_000 });
         return (await hover.innerText()).replace(/\u00a0/g, " ");
@@ -389,7 +403,7 @@ async function checkDom(page, request, runDir) {
             failures.push(`line ${hint.line + 1} (${hint.snippet}) is not rendered on screen`);
         } else if (!lines.some((line) => line.hints.join("").includes(label))) {
             failures.push(`line ${hint.line + 1} shows hints ${JSON.stringify(lines.map((line) => line.hints))}, not ${JSON.stringify(label)}`);
-        } else if (request.hintsWhole && !lines.some((line) => line.visibleHints.some((text) => text.trim() === label))) {
+        } else if (request.hintsWhole && !lines.some((line) => line.visibleHints.join("").includes(label) && !line.hints.some((text) => text.trim().endsWith("…")))) {
             // Whole: the span holds the entire label (VS Code cut nothing) and it lies inside the visible text area.
             failures.push(`line ${hint.line + 1}: ${JSON.stringify(label)} is not whole on screen (visible hints ${JSON.stringify(lines.map((line) => line.visibleHints))})`);
         } else {
@@ -398,8 +412,8 @@ async function checkDom(page, request, runDir) {
     }
     if (request.hover !== undefined) {
         // Hover the assigned name as a person would: the first row of the first table must be its value.
-        const line = page.locator(".monaco-editor .view-line", { hasText: request.hover.snippet }).first();
-        const text = await hoverText(page, line, { dx: request.hover.dx, hasText: "ModelTrace" });
+        const line = await findLine(page, request.hover.snippet);
+        const text = line === undefined ? "" : await hoverText(page, line.box.x + (request.hover.dx ?? 10), line.box.y + line.box.height / 2, "ModelTrace");
         const rows = text.split("\n").filter((row) => /\[[\d,]+\]/.test(row));
         if (rows.length === 0 || !rows[0].includes(request.hover.firstRow)) {
             failures.push(`the hover of ${JSON.stringify(request.hover.snippet)} does not start with ${JSON.stringify(request.hover.firstRow)}: ${JSON.stringify(text.slice(0, 400))}`);
@@ -409,17 +423,18 @@ async function checkDom(page, request, runDir) {
         await page.mouse.move(5, 5);
     }
     for (const expected of request.gutterAt ?? []) {
-        let found = { line: false, icons: [] };
+        let found;
         const deadline = Date.now() + 20_000;
         while (Date.now() < deadline) {
-            found = await page.evaluate(gutterIconAt, expected.snippet);
-            if (found.icons.includes(expected.icon)) {
+            found = await findLine(page, expected.snippet);
+            if (found?.icons.some((item) => item.icon === expected.icon)) {
                 break;
             }
             await sleep(500);
         }
-        if (!found.icons.includes(expected.icon)) {
-            failures.push(`the gutter of ${JSON.stringify(expected.snippet)} shows ${JSON.stringify(found.icons)}, not ${expected.icon}${found.line ? "" : " (line not on screen)"}`);
+        const icons = found?.icons.map((item) => item.icon) ?? [];
+        if (!icons.includes(expected.icon)) {
+            failures.push(`the gutter of ${JSON.stringify(expected.snippet)} shows ${JSON.stringify(icons)}, not ${expected.icon}${found === undefined ? " (line not on screen)" : ""}`);
         } else {
             log(`gutter: ${expected.icon} on ${expected.snippet}`);
         }
@@ -484,7 +499,7 @@ async function checkDom(page, request, runDir) {
     const top = titlebar === null ? 0 : Math.round(titlebar.y + titlebar.height);
     const viewport = page.viewportSize();
     await page.screenshot({ path: shot, clip: { x: 0, y: top, width: viewport.width, height: viewport.height - top } });
-    if (request.mode === "trusted" && failures.length === 0) {
+    if (request.mode === "trusted" && failures.length === 0 && request.media !== false) {
         copyFileSync(shot, join(mediaDir, screenshotName));
         log(`screenshot saved to media/${screenshotName}`);
     } else {
@@ -494,28 +509,23 @@ async function checkDom(page, request, runDir) {
         await page.keyboard.press("Escape");
     }
     if (request.gutterHover !== undefined) {
-        // After the screenshot: the mark's hover (its message says which call and layer decide it).
-        const line = page.locator(".monaco-editor .view-line", { hasText: request.gutterHover.snippet }).first();
-        const lineBox = await line.boundingBox();
+        // After the screenshot: the mark's hover (its message says which call and layer decide it), on the icon,
+        // else on the line's text (a decoration's hover message shows on the range it decorates).
+        const { snippet, includes } = request.gutterHover;
+        const line = await findLine(page, snippet);
         let text = "";
-        if (lineBox !== null) {
-            const icons = await page.locator(".monaco-editor .glyph-margin-widgets .cgmr").all();
-            for (const candidate of icons) {
-                const box = await candidate.boundingBox();
-                if (box !== null && Math.abs(box.y - lineBox.y) < 3) {
-                    text = await hoverText(page, candidate, { hasText: request.gutterHover.includes });
-                    break;
-                }
-            }
+        let where = "gutter icon";
+        if (line !== undefined && line.icons.length > 0) {
+            text = await hoverText(page, line.icons[0].x, line.icons[0].y, includes);
         }
-        if (!text.includes(request.gutterHover.includes)) {
-            // The same message is the decoration's hover on the line's text.
-            text = await hoverText(page, line, { dx: 30, hasText: request.gutterHover.includes });
+        if (line !== undefined && !text.includes(includes)) {
+            where = "line";
+            text = await hoverText(page, line.box.x + 10, line.box.y + line.box.height / 2, includes);
         }
-        if (!text.includes(request.gutterHover.includes)) {
-            failures.push(`no hover saying ${JSON.stringify(request.gutterHover.includes)} on the mark of ${JSON.stringify(request.gutterHover.snippet)}`);
+        if (!text.includes(includes)) {
+            failures.push(`no hover saying ${JSON.stringify(includes)} on the mark of ${JSON.stringify(snippet)}${line === undefined ? " (line not on screen)" : ""}`);
         } else {
-            log(`gutter mark hover: ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+            log(`gutter mark hover (on the ${where}): ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
         }
         await page.mouse.move(5, 5);
     }

@@ -39,6 +39,8 @@ describe("trace result feedback", () => {
             command: undefined,
         });
         assert.equal(viewForTraceStatus({ state: "idle", message: "trace cleared" }), undefined);
+        // Compared with a reference: the diff result's view (sent before) stays.
+        assert.equal(viewForTraceStatus({ state: "idle", message: "TinyLlamaPortModel: 30 module calls on 64 lines (1.0 s); differs from the reference" }), undefined);
         assert.equal(viewForTraceStatus({ state: "error", message: "ModelTrace: boom" })?.text, "$(error) ModelTrace: trace failed");
         const view = viewForDiffResult(diverging);
         assert.equal(view.text, "$(warning) ModelTrace: diverges at layers.0.self_attn");

@@ -31,6 +31,8 @@ export interface DomRequest {
     quickFix?: { snippet: string; title: string };
     /** The name in media/ the screenshot is saved as when the check passes (default screenshot-hints.png). */
     screenshot?: string;
+    /** false: keep the screenshot in the run folder only (not for the README). */
+    media?: boolean;
 }
 
 export interface DomResult {
