@@ -175,16 +175,17 @@ def compact_shape(shape: list[int]) -> str:
     return "[" + ",".join(str(size) for size in shape) + "]"
 
 
-def _compact_tensor_parts(summary: TensorSummary, detail: HintDetail, model_dtype: str | None) -> list[str]:
-    """The parts of one tensor's compact text, most important first: shape, NaN/Inf warning, dtype, statistics."""
+def _compact_tensor(summary: TensorSummary, detail: HintDetail, model_dtype: str | None, level: int) -> str:
+    """One tensor's compact text at a level of detail: 0 everything the setting asks for; 1 without statistics;
+    2 the shape and a NaN/Inf warning only (what is dropped first when a label is too long)."""
     parts = [compact_shape(summary.shape)]
     if summary.nan_count or summary.inf_count:
         parts.append("⚠" + ("NaN" if summary.nan_count else "Inf"))
-    if detail != HintDetail.SHAPE and summary.dtype != model_dtype:
+    if level < 2 and detail != HintDetail.SHAPE and summary.dtype != model_dtype:
         parts.append(summary.dtype)
-    if detail == HintDetail.STATS and summary.mean is not None:
+    if level < 1 and detail == HintDetail.STATS and summary.mean is not None:
         parts.append(f"μ={format_number(summary.mean)} σ={format_number(summary.std)}")
-    return parts
+    return " ".join(parts)
 
 
 def fit_parts(parts: list[str], separator: str, budget: int) -> str | None:
@@ -202,17 +203,15 @@ def fit_parts(parts: list[str], separator: str, budget: int) -> str | None:
     return text + separator + ELLIPSIS if text else None
 
 
-def _leaf_texts(tensors: list[TensorSummary], detail: HintDetail, model_dtype: str | None, depth: int) -> list[str]:
-    # depth 0: every part of each tensor; 1: shape and NaN/Inf only (dtype and statistics dropped first).
-    return [" ".join(_compact_tensor_parts(tensor, detail, model_dtype)[: None if depth == 0 else 2])
-            for tensor in tensors]
+def _leaf_texts(tensors: list[TensorSummary], detail: HintDetail, model_dtype: str | None, level: int) -> list[str]:
+    return [_compact_tensor(tensor, detail, model_dtype, level) for tensor in tensors]
 
 
 def compact_values(runs: list[list[TensorSummary]], detail: HintDetail, model_dtype: str | None,
                    budget: int = HINT_MAX_LENGTH) -> str:
     """The compact text of one value over the runs of its line: `[1,7,64]`; the leaves of a tuple comma-joined
-    (`[1,7,16], [1,7,16]`); distinct results of different runs joined by ` | `. Never over `budget`: dtype and
-    statistics are dropped first, then trailing leaves and runs (replaced by `…`), never part of a shape."""
+    (`[1,7,16], [1,7,16]`); distinct results of different runs joined by ` | `. Never over `budget`: statistics
+    and dtype are dropped first, then trailing leaves and runs (replaced by `…`), never part of a shape."""
     signatures: list[list[TensorSummary]] = []
     seen: set[str] = set()
     for tensors in runs:
@@ -220,19 +219,18 @@ def compact_values(runs: list[list[TensorSummary]], detail: HintDetail, model_dt
         if key not in seen:
             seen.add(key)
             signatures.append(tensors)
-    if not signatures:
+    if not signatures or not signatures[0]:
         return "(no tensor)"
-    for depth in (0, 1):
-        texts = [", ".join(_leaf_texts(tensors, detail, model_dtype, depth)) for tensors in signatures]
+    for level in (0, 1, 2):
+        texts = dict.fromkeys(", ".join(_leaf_texts(tensors, detail, model_dtype, level)) for tensors in signatures)
         joined = " | ".join(texts)
         if len(joined) <= budget:
             return joined
-    leaves = _leaf_texts(signatures[0], detail, model_dtype, 1)
+    leaves = _leaf_texts(signatures[0], detail, model_dtype, 2)
     more_runs = len(signatures) > 1
     text = fit_parts(leaves, ", ", budget - (len(" | …") if more_runs else 0))
     if text is None:
-        rank = len(signatures[0][0].shape) if signatures[0] else 0
-        return f"{rank}-d tensor"
+        return f"{len(signatures[0][0].shape)}-d tensor"
     return text + (" | …" if more_runs and not text.endswith(ELLIPSIS) else "")
 
 
