@@ -23,6 +23,9 @@ def test_runs_that_agree_count_once_and_runs_that_differ_are_both_shown() -> Non
     assert compact_values(runs, HintDetail.DTYPE, "float32") == "[1,4,7,16]"
     runs.append([tensor([1, 2, 7, 16])])
     assert compact_values(runs, HintDetail.DTYPE, "float32") == "[1,4,7,16] | [1,2,7,16]"
+    # Statistics differ from run to run (each layer's own): the first run's are shown, the hover lists them all.
+    second = TensorSummary(key="", shape=[1, 4, 7, 16], dtype="float32", mean=5.0, std=2.0)
+    assert compact_values([runs[0], [second]], HintDetail.STATS, "float32") == "[1,4,7,16] μ=0.0123 σ=1.5"
 
 
 def test_statistics_go_first_then_dtype_then_whole_leaves() -> None:

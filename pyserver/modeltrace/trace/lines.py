@@ -210,12 +210,14 @@ def _leaf_texts(tensors: list[TensorSummary], detail: HintDetail, model_dtype: s
 def compact_values(runs: list[list[TensorSummary]], detail: HintDetail, model_dtype: str | None,
                    budget: int = HINT_MAX_LENGTH) -> str:
     """The compact text of one value over the runs of its line: `[1,7,64]`; the leaves of a tuple comma-joined
-    (`[1,7,16], [1,7,16]`); distinct results of different runs joined by ` | `. Never over `budget`: statistics
+    (`[1,7,16], [1,7,16]`); distinct shapes of different runs joined by ` | `. Never over `budget`: statistics
     and dtype are dropped first, then trailing leaves and runs (replaced by `…`), never part of a shape."""
     signatures: list[list[TensorSummary]] = []
     seen: set[str] = set()
     for tensors in runs:
-        key = ", ".join(_leaf_texts(tensors, detail, model_dtype, 0))
+        # NOTE: runs differ in their statistics (each layer's own); they count as one when shapes and dtypes agree,
+        # and the first run's statistics are shown (the hover lists every run).
+        key = ", ".join(_leaf_texts(tensors, detail, model_dtype, 1))
         if key not in seen:
             seen.add(key)
             signatures.append(tensors)
