@@ -135,8 +135,10 @@ describe("ModelTrace: comparing with a reference trace", () => {
             assert.equal(result.diff?.match, false, `an edited scaling must diverge: ${JSON.stringify(result.diff)}`);
             const call: string = "attn_output, attn_weights = attention_interface(";
             const drilled: number | undefined = result.diff?.firstDivergence?.line?.line;
+            const callSite: string = "hidden_states, _ = self.self_attn(";
+            // The marked line in view: the edited call with the drill-down, else the attention's call site.
             await vscode.window.showTextDocument(document, { preview: false });
-            const top: vscode.Position = new vscode.Position(Math.max(0, lineOf(document, call) - 12), 0);
+            const top: vscode.Position = new vscode.Position(Math.max(0, lineOf(document, drilled !== undefined ? call : callSite) - 12), 0);
             example.revealRange(new vscode.Range(top, top), vscode.TextEditorRevealType.AtTop);
             await sleep(1500);
             if (drilled !== undefined) {
@@ -160,7 +162,7 @@ describe("ModelTrace: comparing with a reference trace", () => {
                     mode: "trusted",
                     action: "check",
                     hints: [],
-                    gutterAt: [{ snippet: "hidden_states, _ = self.self_attn(", icon: "diff-divergence.svg" }],
+                    gutterAt: [{ snippet: callSite, icon: "diff-divergence.svg" }],
                     screenshot: "screenshot-edited-call.png",
                     media: false,
                 });
