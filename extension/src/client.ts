@@ -12,6 +12,7 @@ import {
     type ServerOptions,
     State,
 } from "vscode-languageclient/node";
+import type { TraceFeedback } from "./feedback";
 import type { DiffGutters } from "./gutters";
 import * as lspExt from "./lsp_ext";
 import { executeCommand } from "./middleware";
@@ -49,6 +50,7 @@ export class ServerManager implements vscode.Disposable {
         private readonly outputChannel: vscode.LogOutputChannel,
         private readonly status: TraceStatus,
         private readonly gutters: DiffGutters,
+        private readonly feedback: TraceFeedback,
     ) {}
 
     /** The running client, for the client-side commands that ask the server; undefined while none runs. */
@@ -153,8 +155,11 @@ export class ServerManager implements vscode.Disposable {
             synchronize: { configurationSection: settingsSection },
             middleware: {
                 executeCommand: (command: string, args: unknown[], next: ExecuteCommandSignature): Promise<unknown> =>
-                    executeCommand(command, args, async (filledCommand: string, filledArgs: unknown[]) =>
-                        next(filledCommand, filledArgs),
+                    executeCommand(
+                        command,
+                        args,
+                        async (filledCommand: string, filledArgs: unknown[]) => next(filledCommand, filledArgs),
+                        (reference: string) => this.feedback.onReferenceSet(reference),
                     ),
             },
         };
@@ -167,8 +172,12 @@ export class ServerManager implements vscode.Disposable {
             this.disposeFallbackCommands();
             registerServerCommands(data);
         };
-        client.onNotification(lspExt.status, (params: lspExt.StatusParams) => this.status.showServerStatus(params));
+        client.onNotification(lspExt.status, (params: lspExt.StatusParams) => {
+            this.status.showServerStatus(params);
+            this.feedback.onStatus(params);
+        });
         client.onNotification(lspExt.lineStatus, (params: lspExt.LineStatusParams) => this.gutters.show(params));
+        client.onNotification(lspExt.diffResult, (params: lspExt.DiffResultParams) => this.feedback.onDiffResult(params));
         // After a crash languageclient restarts the server by itself (a few times): follow it on the status item.
         client.onDidChangeState(({ newState }: { newState: State }) => {
             if (this.client !== client) {

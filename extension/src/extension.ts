@@ -1,7 +1,8 @@
-// Entry point of the ModelTrace extension: wires the log channel, the status item, the diff gutters,
-// the language server and the client-side commands together.
+// Entry point of the ModelTrace extension: wires the log channel, the status item, the diff gutters, the
+// trace-result feedback (status bar, notifications), the language server and the client-side commands together.
 import type * as vscode from "vscode";
 import { ServerManager } from "./client";
+import { TraceFeedback } from "./feedback";
 import { DiffGutters } from "./gutters";
 import { loadReference, showDiffPlot } from "./reference";
 import { settingsSection } from "./settings";
@@ -14,20 +15,28 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     const outputChannel: vscode.LogOutputChannel = vscodeapi.createLogOutputChannel("ModelTrace");
     const status: TraceStatus = new TraceStatus();
     const gutters: DiffGutters = new DiffGutters(context.extensionUri);
-    const manager: ServerManager = new ServerManager(outputChannel, status, gutters);
+    const feedback: TraceFeedback = new TraceFeedback();
+    const manager: ServerManager = new ServerManager(outputChannel, status, gutters, feedback);
     serverManager = manager;
     context.subscriptions.push(
         outputChannel,
         status,
         gutters,
+        feedback,
         manager,
         vscodeapi.registerCommand("modelTrace.loadReference", () => loadReference()),
         vscodeapi.registerCommand("modelTrace.showDiffPlot", () => showDiffPlot(manager.running)),
         vscodeapi.registerCommand("modelTrace.restartServer", () => manager.restart()),
         vscodeapi.registerCommand("modelTrace.showLogs", () => outputChannel.show()),
+        vscodeapi.registerCommand("modelTrace.goToLine", (uri: unknown, line: unknown) =>
+            typeof uri === "string" && typeof line === "number" ? vscodeapi.showLine(uri, line) : undefined,
+        ),
         vscodeapi.onDidChangeConfiguration((event: vscode.ConfigurationChangeEvent) => {
             if (event.affectsConfiguration(`${settingsSection}.python`)) {
                 void manager.onSettingsChanged();
+            }
+            if (event.affectsConfiguration(`${settingsSection}.statusBar`)) {
+                feedback.refresh();
             }
         }),
         vscodeapi.onDidGrantWorkspaceTrust(() => {

@@ -1,5 +1,6 @@
 // Gutter icons from `modelTrace/lineStatus`: one cached decoration type per diff status (as rust-analyzer
 // does), the latest statuses kept per document and drawn again whenever an editor on it becomes visible.
+// Each mark's hover says what decides it (the call and its layer), from the server's message.
 import type * as vscode from "vscode";
 import type { LineDiffStatus, LineStatus, LineStatusParams } from "./lsp_ext";
 import * as vscodeapi from "./vscodeapi";
@@ -20,27 +21,44 @@ const rulerColors: Readonly<Partial<Record<LineDiffStatus, string>>> = {
     divergence: "rgba(229, 50, 45, 0.9)",
 };
 
-/** The 0-based lines to decorate with each status (every status present, possibly empty; duplicates dropped). */
-export function linesByStatus(lines: readonly LineStatus[]): Map<LineDiffStatus, number[]> {
-    const byStatus = new Map<LineDiffStatus, number[]>(diffStatuses.map((status) => [status, []]));
+/** A mark's hover: the server's message, or the status in words when it sent none. */
+export function markMessage(status: LineDiffStatus, message: string | undefined): string {
+    const text: string = message ?? `${status.replace("_", " ")} against the reference`;
+    return `**ModelTrace** · ${text}`;
+}
+
+/** One line's mark: its 0-based line and hover text. */
+export interface LineMark {
+    line: number;
+    message: string;
+}
+
+/** The marks to draw with each status (every status present, possibly empty; duplicate lines dropped). */
+export function marksByStatus(lines: readonly LineStatus[]): Map<LineDiffStatus, LineMark[]> {
+    const byStatus = new Map<LineDiffStatus, LineMark[]>(diffStatuses.map((status) => [status, []]));
     const seen = new Set<number>();
-    for (const { line, status } of lines) {
-        const bucket: number[] | undefined = byStatus.get(status);
+    for (const { line, status, message } of lines) {
+        const bucket: LineMark[] | undefined = byStatus.get(status);
         if (bucket === undefined || seen.has(line) || !Number.isInteger(line) || line < 0) {
             continue;
         }
         seen.add(line);
-        bucket.push(line);
+        bucket.push({ line, message: markMessage(status, message) });
     }
     for (const bucket of byStatus.values()) {
-        bucket.sort((a: number, b: number) => a - b);
+        bucket.sort((a: LineMark, b: LineMark) => a.line - b.line);
     }
     return byStatus;
 }
 
+/** The 0-based lines to decorate with each status. */
+export function linesByStatus(lines: readonly LineStatus[]): Map<LineDiffStatus, number[]> {
+    return new Map([...marksByStatus(lines)].map(([status, marks]) => [status, marks.map((mark: LineMark) => mark.line)]));
+}
+
 export class DiffGutters implements vscode.Disposable {
     private readonly types = new Map<LineDiffStatus, vscode.TextEditorDecorationType>();
-    private readonly statuses = new Map<string, Map<LineDiffStatus, number[]>>();
+    private readonly statuses = new Map<string, Map<LineDiffStatus, LineMark[]>>();
     private readonly subscription: vscode.Disposable;
 
     constructor(private readonly extensionUri: vscode.Uri) {
@@ -56,7 +74,7 @@ export class DiffGutters implements vscode.Disposable {
         if (params.lines.length === 0) {
             this.statuses.delete(params.uri);
         } else {
-            this.statuses.set(params.uri, linesByStatus(params.lines));
+            this.statuses.set(params.uri, marksByStatus(params.lines));
         }
         for (const editor of vscodeapi.visibleTextEditors()) {
             if (editor.document.uri.toString() === params.uri) {
@@ -83,16 +101,20 @@ export class DiffGutters implements vscode.Disposable {
     }
 
     private draw(editor: vscode.TextEditor): void {
-        const byStatus: Map<LineDiffStatus, number[]> | undefined = this.statuses.get(editor.document.uri.toString());
+        const byStatus: Map<LineDiffStatus, LineMark[]> | undefined = this.statuses.get(editor.document.uri.toString());
         if (byStatus === undefined && this.types.size === 0) {
             return;
         }
         for (const status of diffStatuses) {
-            const lines: number[] = byStatus?.get(status) ?? [];
-            const ranges: vscode.Range[] = lines
-                .filter((line: number) => line < editor.document.lineCount)
-                .map((line: number) => editor.document.lineAt(line).range);
-            editor.setDecorations(this.decorationType(status), ranges);
+            const marks: LineMark[] = byStatus?.get(status) ?? [];
+            // NOTE: a decoration's hoverMessage shows on the line's text and on its gutter icon.
+            const decorations: vscode.DecorationOptions[] = marks
+                .filter((mark: LineMark) => mark.line < editor.document.lineCount)
+                .map((mark: LineMark) => ({
+                    range: editor.document.lineAt(mark.line).range,
+                    hoverMessage: vscodeapi.markdown(mark.message),
+                }));
+            editor.setDecorations(this.decorationType(status), decorations);
         }
     }
 

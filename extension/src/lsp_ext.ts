@@ -34,7 +34,10 @@ export type LineDiffStatus = "match" | "mismatch" | "divergence" | "not_compared
 export interface LineStatus {
     /** 0-based line in the document. */
     line: number;
+    /** The worst status of the line's calls (divergence > mismatch > match > not_compared). */
     status: LineDiffStatus;
+    /** What decides the mark (the call, its layer, how the line's other calls compare): the mark's hover. */
+    message?: string;
 }
 
 export interface LineStatusParams {
@@ -44,6 +47,27 @@ export interface LineStatusParams {
 
 /** Server → client: per-line diff status of a document against its reference trace (gutters). */
 export const lineStatus = new lc.NotificationType<LineStatusParams>("modelTrace/lineStatus");
+
+export interface DiffResultDivergence {
+    /** Module path of the first divergence ("" for the root). */
+    path: string;
+    className: string;
+    maxAbsDiff: number | null;
+    /** Where to look: the first differing line inside the module when known, else its call site; 0-based line. */
+    location: { uri: string; line: number } | null;
+}
+
+export interface DiffResultParams {
+    /** The traced document. */
+    uri: string;
+    /** The reference trace's path. */
+    reference: string;
+    match: boolean;
+    divergence: DiffResultDivergence | null;
+}
+
+/** Server → client: a document's trace was compared with its reference (after each trace, and when one is set). */
+export const diffResult = new lc.NotificationType<DiffResultParams>("modelTrace/diffResult");
 
 export interface SourceLocation {
     file: string;

@@ -37,8 +37,24 @@ function isUri(value: unknown): boolean {
 
 export type ExecuteCommandNext = (command: string, args: unknown[]) => Promise<unknown>;
 
-/** languageclient `middleware.executeCommand`. */
-export async function executeCommand(command: string, args: unknown[], next: ExecuteCommandNext): Promise<unknown> {
+const referenceCommands: ReadonlySet<string> = new Set<string>([serverCommands.setReference, serverCommands.pinReference]);
+
+/** The reference a `setReference` / `pinReference` result says was set, else undefined. */
+export function referenceSetBy(command: string, result: unknown): string | undefined {
+    if (!referenceCommands.has(command) || typeof result !== "object" || result === null) {
+        return undefined;
+    }
+    const { ok, reference } = result as { ok?: unknown; reference?: unknown };
+    return ok === true && typeof reference === "string" ? reference : undefined;
+}
+
+/** languageclient `middleware.executeCommand`; `onReferenceSet` hears of a reference the command set. */
+export async function executeCommand(
+    command: string,
+    args: unknown[],
+    next: ExecuteCommandNext,
+    onReferenceSet?: (reference: string) => void,
+): Promise<unknown> {
     // NOTE: messages are not awaited: a notification's promise stays pending until the user closes it.
     if (command === serverCommands.trace && !vscodeapi.isWorkspaceTrusted()) {
         void vscodeapi.showWarningMessage(untrustedTraceMessage, manageTrust).then((choice: string | undefined) => {
@@ -53,5 +69,10 @@ export async function executeCommand(command: string, args: unknown[], next: Exe
         void vscodeapi.showWarningMessage(noDocumentMessage);
         return undefined;
     }
-    return next(command, filled);
+    const result: unknown = await next(command, filled);
+    const reference: string | undefined = referenceSetBy(command, result);
+    if (reference !== undefined) {
+        onReferenceSet?.(reference);
+    }
+    return result;
 }

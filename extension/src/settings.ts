@@ -6,6 +6,7 @@ export const settingsSection = "modelTrace";
 
 export type TraceDtype = "float32" | "float16" | "bfloat16";
 export type HintDetail = "shape" | "dtype" | "stats";
+export type HintPlacement = "afterName" | "endOfLine";
 
 export interface ModelTraceSettings {
     /** Interpreter path; "" means: ask the Python extension, else python3. */
@@ -13,6 +14,8 @@ export interface ModelTraceSettings {
     device: string;
     dtype: TraceDtype;
     hintDetail: HintDetail;
+    /** After each assigned name (fits VS Code's default hint length), or one full label at the line's end. */
+    hintPlacement: HintPlacement;
     traceOnSave: boolean;
     /** Line-level capture: tensors assigned on each line, not only module outputs. */
     lines: boolean;
@@ -32,6 +35,10 @@ export interface ModelTraceSettings {
     diffMaps: string[];
     /** Re-run the first differing modules on the reference's inputs (reference with full tensors). */
     diffReplay: boolean;
+    /** Notifications when a reference is set and when a trace diverges from it. */
+    notifications: boolean;
+    /** The last trace's result in the status bar. */
+    statusBar: boolean;
 }
 
 export const defaultSettings: Readonly<ModelTraceSettings> = {
@@ -39,6 +46,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     device: "cpu",
     dtype: "float32",
     hintDetail: "dtype",
+    hintPlacement: "afterName",
     traceOnSave: false,
     lines: true,
     timeout: 120,
@@ -50,6 +58,8 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     diffRtol: null,
     diffMaps: [],
     diffReplay: true,
+    notifications: true,
+    statusBar: true,
 };
 
 export interface InitializationOptions {
@@ -59,6 +69,7 @@ export interface InitializationOptions {
 
 const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
+const hintPlacements: readonly HintPlacement[] = ["afterName", "endOfLine"];
 
 function tolerance(value: unknown): number | null {
     return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
@@ -85,11 +96,14 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const checkpoint: unknown = configuration.get("checkpoint");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
+    const notifications: unknown = configuration.get("notifications");
+    const statusBar: unknown = configuration.get("statusBar");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
         dtype: oneOf(configuration.get("dtype"), dtypes, defaultSettings.dtype),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
+        hintPlacement: oneOf(configuration.get("hintPlacement"), hintPlacements, defaultSettings.hintPlacement),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
@@ -101,6 +115,8 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],
         diffReplay: typeof diffReplay === "boolean" ? diffReplay : defaultSettings.diffReplay,
+        notifications: typeof notifications === "boolean" ? notifications : defaultSettings.notifications,
+        statusBar: typeof statusBar === "boolean" ? statusBar : defaultSettings.statusBar,
     };
 }
 

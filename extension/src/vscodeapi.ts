@@ -83,3 +83,17 @@ export function showInformationMessage(message: string, ...items: string[]): The
 export function createWebviewPanel(viewType: string, title: string): vscode.WebviewPanel {
     return vscode.window.createWebviewPanel(viewType, title, vscode.ViewColumn.Beside, { enableScripts: false });
 }
+
+export function markdown(text: string): vscode.MarkdownString {
+    return new vscode.MarkdownString(text);
+}
+
+export function createStatusBarItem(id: string, priority: number): vscode.StatusBarItem {
+    return vscode.window.createStatusBarItem(id, vscode.StatusBarAlignment.Left, priority);
+}
+
+export async function showLine(uri: string, line: number): Promise<void> {
+    const document: vscode.TextDocument = await vscode.workspace.openTextDocument(vscode.Uri.parse(uri));
+    const position: vscode.Position = new vscode.Position(line, 0);
+    await vscode.window.showTextDocument(document, { selection: new vscode.Range(position, position), preview: false });
+}

@@ -1,9 +1,9 @@
 """What a diff shows: the JSON of the CLI contract, the readable report, per-line statuses, the plot's series.
 
 `to_json` follows DESIGN.md (`{"match", "first_divergence", "modules"}`, plus alignment details);
-`render_text` is the terminal report; `line_statuses` gives each (file, line) of the candidate that called a
-module the worst status of its calls, for gutters; `plot_data` gives the max abs difference of every module
-in the order the calls finished, and per numbered layer, for the plot of error per layer.
+`render_text` is the terminal report; `line_marks` / `line_statuses` give each (file, line) of the candidate that
+called a module the worst status of its calls and what decides it, for gutters; `plot_data` gives the max abs
+difference of every module in the order the calls finished, and per numbered layer, for the plot of error per layer.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from modeltrace.diff.compare import (
@@ -239,26 +240,84 @@ def _label(record) -> str:
     return record.path if record.call_index == 0 else f"{record.path}#{record.call_index}"
 
 
-def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
-    """Per (file, line) of the candidate where modules are called: the worst status of the calls made there
-    (divergence > mismatch > match > not_compared)."""
-    statuses: dict[tuple[str, int], str] = {}
+@dataclass(frozen=True, slots=True)
+class LineMark:
+    """What a gutter mark says about one source line of the candidate: the worst `status` of the calls made there
+    (divergence > mismatch > match > not_compared), and `message`, its hover: the call that decides it (the
+    layer) and how the line's other calls compare."""
+
+    status: str
+    message: str
+
+
+def _call_name(module: ModuleResult) -> str:
+    record = module.candidate
+    return (record.path or "(root)") + (f"#{record.call_index}" if record.call_index else "")
+
+
+def _mark_message(worst: ModuleResult, calls: list[ModuleResult]) -> str:
+    name, difference = _call_name(worst), _format_number(worst.max_abs_diff)
+    if worst.status == DIVERGENCE:
+        text = f"First divergence from the reference: {name} ({worst.candidate.class_name}), max abs diff {difference}"
+        text += "; its inputs match, its outputs differ" if worst.inputs != MISMATCH else ""
+    elif worst.status == MISMATCH:
+        text = f"Differs from the reference: {name}, max abs diff {difference}"
+        if worst.inputs == MISMATCH:
+            text += " (its inputs already differ: the difference comes from earlier)"
+    elif worst.status == MATCH:
+        text = f"Matches the reference: {name}, max abs diff {difference}"
+    else:
+        text = f"Not compared with the reference: {name}" + (f" ({worst.reason})" if worst.reason else "")
+    others = [module for module in calls if module is not worst]
+    if others:
+        counts: dict[str, list[str]] = {}
+        for module in others:
+            counts.setdefault(module.status, []).append(_call_name(module))
+        text += "; other calls on this line: " + ", ".join(
+            f"{len(names)} {status.replace('_', ' ')} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+            for status, names in sorted(counts.items(), key=lambda item: -STATUS_RANK[item[0]])
+        )
+    return text
+
+
+def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
+    """Per (file, 1-based line) of the candidate: the gutter mark of the line, decided by its worst call.
+
+    When the diff drilled down to a line inside the diverging module (`first_divergence.line`, from line
+    records), that line is marked as the divergence too: it is the edited line, not only the call site."""
+    by_line: dict[tuple[str, int], list[ModuleResult]] = {}
     for module in result.modules:
         location = module.candidate.called_at
-        if location is None:
-            continue
-        key = (location.file, location.line)
-        current = statuses.get(key)
-        if current is None or STATUS_RANK[module.status] > STATUS_RANK[current]:
-            statuses[key] = module.status
+        if location is not None:
+            by_line.setdefault((location.file, location.line), []).append(module)
+    marks: dict[tuple[str, int], LineMark] = {}
+    for key, calls in by_line.items():
+        # NOTE: max keeps the first of equal ranks: calls are in call order, so layer 0 decides before layer 1.
+        worst = max(calls, key=lambda module: STATUS_RANK[module.status])
+        marks[key] = LineMark(worst.status, _mark_message(worst, calls))
     # NOTE: the divergence's first differing line, and the line that built it differently, are where the bug is
     divergence = result.first_divergence
-    if divergence is not None:
-        if divergence.line is not None:
-            statuses[(divergence.line.file, divergence.line.line)] = DIVERGENCE
-        if divergence.built_at is not None and (divergence.settings or divergence.parameters):
-            statuses[(divergence.built_at.file, divergence.built_at.line)] = DIVERGENCE
-    return statuses
+    drilled = divergence.line if divergence is not None else None
+    if drilled is not None:
+        what = f"`{drilled.name}`" if drilled.name else "the value assigned here"
+        marks[(drilled.file, int(drilled.line))] = LineMark(
+            DIVERGENCE,
+            f"First line that differs inside {_call_name(divergence.module)}: {what}, max abs diff "
+            f"{_format_number(drilled.max_abs_diff)}" + (f" ({drilled.reason})" if drilled.reason else ""),
+        )
+    if divergence is not None and divergence.built_at is not None and (divergence.settings or divergence.parameters):
+        built = "; ".join([*(_setting(item) for item in divergence.settings),
+                           *(_parameter(item) for item in divergence.parameters)][:3])
+        marks[(divergence.built_at.file, divergence.built_at.line)] = LineMark(
+            DIVERGENCE, f"{_call_name(divergence.module)} was built differently here: {built}"
+        )
+    return marks
+
+
+def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
+    """Per (file, line) of the candidate where modules are called: the worst status of the calls made there
+    (divergence > mismatch > match > not_compared); see `line_marks` for the message of each."""
+    return {key: mark.status for key, mark in line_marks(result).items()}
 
 
 def line_statuses_for_file(result: DiffResult, file: str) -> dict[int, str]:

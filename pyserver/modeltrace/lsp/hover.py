@@ -1,8 +1,10 @@
-"""Hover on a traced line: a markdown table of the calls the line made, with their outputs' statistics.
+"""Hover on a traced line: what the line assigned first, then the module calls it made, with statistics.
 
-The same tables are the tooltip of the line's inlay hint. Calls that produced the line's value come first;
-calls nested on the same line (`self.up_proj(x)` inside `self.down_proj(...)`) are listed below them. With a
-reference trace, the hover adds a "vs reference" table: each call's diff status and differences.
+The first table holds the values the line assigns (line capture), the names the inline hints show, so its
+first row is the shape the hint shows; then the calls that produced the line's value; then calls nested on the
+same line (`self.up_proj(x)` inside `self.down_proj(...)`). Shapes are written without spaces (`[1,7,4,16]`)
+so a narrow hover never wraps them. The same text is the tooltip of the line's inlay hints. With a reference
+trace, the hover adds a "vs reference" table: each call's diff status and differences.
 """
 
 from __future__ import annotations
@@ -11,78 +13,91 @@ from lsprotocol import types
 
 from modeltrace.lsp.reference import reference_markdown
 from modeltrace.lsp.server import ModelTraceServer
-from modeltrace.trace.lines import LineEntry, format_number, format_shape, layer_label
-from modeltrace.trace.records import LineRecord, ModuleCall
+from modeltrace.trace.lines import LineEntry, compact_shape, format_number, is_discarded, layer_label, run_count
+from modeltrace.trace.records import LineRecord, ModuleCall, TensorSummary
 
 
 # NOTE: a line inside a 96-layer decoder makes 96 calls; past this many rows a table stops being readable.
 MAX_ROWS = 40
-_HEADER = "| call | class | shape | dtype | mean | std | min | max | NaN/Inf |\n|:--|:--|:--|:--|--:|--:|--:|--:|--:|"
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _rows(record: ModuleCall) -> list[str]:
-    call = f"`{_cell(layer_label(record))}`"
-    if not record.outputs:
-        return [f"| {call} | {_cell(record.class_name)} | (no tensor) | | | | | | |"]
-    rows = []
-    for summary in record.outputs:
-        name = f"{call}[{_cell(summary.key)}]" if summary.key else call
-        numbers = " | ".join(format_number(value) for value in (summary.mean, summary.std, summary.min, summary.max))
-        rows.append(
-            f"| {name} | {_cell(record.class_name)} | {format_shape(summary.shape)} | {summary.dtype} | {numbers} "
-            f"| {summary.nan_count} / {summary.inf_count} |"
-        )
-    return rows
+def _has_bad_values(summaries: list[TensorSummary]) -> bool:
+    return any(summary.nan_count or summary.inf_count for summary in summaries)
+
+
+def _table(header: list[str], rows: list[list[str]], more: int, what: str) -> str:
+    align = ["--:" if name in ("run", "mean", "std", "min", "max", "NaN/Inf") else ":--" for name in header]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    text = "\n".join(lines)
+    if more:
+        text += f"\n\n… and {more} more {what}"
+    return text
+
+
+def _statistics(summary: TensorSummary, bad_values: bool) -> list[str]:
+    cells = [format_number(value) for value in (summary.mean, summary.std, summary.min, summary.max)]
+    return cells + ([f"{summary.nan_count} / {summary.inf_count}"] if bad_values else [])
 
 
 def calls_table(records: list[ModuleCall]) -> str:
-    rows = [row for record in records for row in _rows(record)]
-    shown = rows[:MAX_ROWS]
-    text = _HEADER + "\n" + "\n".join(shown)
-    if len(rows) > len(shown):
-        text += f"\n\n… and {len(rows) - len(shown)} more outputs"
-    return text
-
-
-_VARIABLES_HEADER = (
-    "| variable | run | shape | dtype | mean | std | min | max | NaN/Inf |\n|:--|--:|:--|:--|--:|--:|--:|--:|--:|"
-)
+    """One row per output of each call: `call` (module path and class), shape, dtype, statistics."""
+    outputs = [(record, summary) for record in records for summary in (record.outputs or [None])]
+    shown = outputs[:MAX_ROWS]
+    bad_values = _has_bad_values([summary for _, summary in shown if summary is not None])
+    header = ["call", "shape", "dtype", "mean", "std", "min", "max"] + (["NaN/Inf"] if bad_values else [])
+    rows = []
+    for record, summary in shown:
+        call = f"`{_cell(layer_label(record))}`"
+        if summary is None:
+            rows.append([f"{call} {_cell(record.class_name)}", "(no tensor)", *[""] * (len(header) - 2)])
+            continue
+        name = f"{call}[{_cell(summary.key)}]" if summary.key else call
+        rows.append([f"{name} {_cell(record.class_name)}", compact_shape(summary.shape), summary.dtype,
+                     *_statistics(summary, bad_values)])
+    return _table(header, rows, len(outputs) - len(shown), "outputs")
 
 
 def variables_table(variables: list[LineRecord]) -> str:
-    """One row per variable per run of the line (line-level capture)."""
-    rows = []
-    for record in variables[:MAX_ROWS]:
-        summary = record.tensor
-        numbers = " | ".join(format_number(value) for value in (summary.mean, summary.std, summary.min, summary.max))
-        rows.append(
-            f"| `{_cell(record.name)}` | {record.call_index} | {format_shape(summary.shape)} | {summary.dtype} "
-            f"| {numbers} | {summary.nan_count} / {summary.inf_count} |"
-        )
-    text = _VARIABLES_HEADER + "\n" + "\n".join(rows)
-    if len(variables) > MAX_ROWS:
-        text += f"\n\n… and {len(variables) - MAX_ROWS} more values"
-    return text
+    """One row per value the line assigned, per run of the line (line-level capture); the names the inline hints
+    show come first (in the order assigned), discarded ones (`_`) last."""
+    ordered = sorted(variables, key=lambda record: is_discarded(record.name.split(".", 1)[0]))
+    shown = ordered[:MAX_ROWS]
+    bad_values = _has_bad_values([record.tensor for record in shown])
+    header = ["assigned", "run", "shape", "dtype", "mean", "std", "min", "max"] + (["NaN/Inf"] if bad_values else [])
+    rows = [
+        [f"`{_cell(record.name)}`", str(record.call_index), compact_shape(record.tensor.shape), record.tensor.dtype,
+         *_statistics(record.tensor, bad_values)]
+        for record in shown
+    ]
+    return _table(header, rows, len(variables) - len(shown), "values")
 
 
 def line_markdown(entry: LineEntry, stale: bool) -> str:
-    """The hover text of a traced line: its calls, the calls nested in them, and its variables."""
-    count = len(entry.calls)
-    parts = [f"**ModelTrace** · {count} call{'s' if count != 1 else ''} on this line"]
+    """The hover text of a traced line: its assigned values, its calls, the calls nested in them."""
+    runs = run_count(entry)
+    title = "**ModelTrace**"
+    if runs > 1:
+        # NOTE: the inline hints leave the count out (it costs room every line would repeat); it is said here.
+        title += (f" · ×{runs}: this line ran {runs} times in the traced forward (once per call of its function, "
+                  "for example once per layer); each run is a row below")
+    parts = [title]
     if stale:
         parts.append("_The file changed since this trace: trace again to refresh it._")
+    if entry.variables:
+        parts.append("**Assigned on this line**")
+        parts.append(variables_table(entry.variables))
     if entry.calls:
+        count = len(entry.calls)
+        parts.append(f"**Module call{'s' if count != 1 else ''} on this line** ({count})")
         parts.append(calls_table(entry.calls))
     if entry.inner_calls:
         parts.append("**Inner calls**")
         parts.append(calls_table(entry.inner_calls))
-    if entry.variables:
-        parts.append("**Variables assigned on this line**")
-        parts.append(variables_table(entry.variables))
     return "\n\n".join(parts)
 
 

@@ -1,9 +1,10 @@
 """Reference traces: diff a document's trace against its reference and show where they part ways.
 
 After each trace of a document with a reference (and right after the reference is set), the diff runs in a
-thread; the server then sends `modelTrace/lineStatus` for every file the diff touches (gutters), a Warning
-diagnostic at the first divergence's call site, keeps the numbers for hovers and the plot for
-`modelTrace/diffPlot`. Only plain data is kept: the tensors of both traces are closed once compared.
+thread; the server then sends `modelTrace/lineStatus` for every file the diff touches (gutters, each line with
+the message of the call that decides its mark), a Warning diagnostic at the first divergence's call site,
+`modelTrace/diffResult` (the client's notification and status bar), keeps the numbers for hovers and the plot
+for `modelTrace/diffPlot`. Only plain data is kept: the tensors of both traces are closed once compared.
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ from modeltrace.diff import (
     close_result,
     diff_paths,
     run_replay,
-    line_statuses,
     load_reference,
     plot_data,
 )
-from modeltrace.diff.report import divergence_json
+from modeltrace.diff.report import LineMark, divergence_json, line_marks
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.diagnostics import publish_divergence
 from modeltrace.lsp.remap import split_lines
@@ -38,6 +38,7 @@ from modeltrace.trace.lines import format_number
 logger = logging.getLogger(__name__)
 
 LINE_STATUS_NOTIFICATION = "modelTrace/lineStatus"
+DIFF_RESULT_NOTIFICATION = "modelTrace/diffResult"
 DIFF_PLOT_REQUEST = "modelTrace/diffPlot"
 DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
 
@@ -54,11 +55,11 @@ class CallDiff:
 
 @dataclass(slots=True)
 class DocumentDiff:
-    """What the latest diff of a document's trace left to show: statuses by (file, 1-based trace line), calls
+    """What the latest diff of a document's trace left to show: gutter marks by (file, 1-based trace line), calls
     by (module path, call index), the first divergence (`divergence_json`) and the plot (`plot_data`)."""
 
     reference: str
-    statuses: dict[tuple[str, int], str]
+    statuses: dict[tuple[str, int], LineMark]
     calls: dict[tuple[str, int], CallDiff]
     divergence: dict[str, Any] | None
     plot: dict[str, Any]
@@ -93,7 +94,7 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
         }
         return DocumentDiff(
             reference=reference,
-            statuses=line_statuses(result),
+            statuses=line_marks(result),
             calls=calls,
             divergence=divergence_json(result.first_divergence),
             plot=plot_data(result),
@@ -151,15 +152,47 @@ def show_diff(ls: ModelTraceServer, loaded: LoadedTrace, diff: DocumentDiff) -> 
     previous = ls.diffs.get(loaded.owner)
     ls.diffs[loaded.owner] = diff
     by_file: dict[str, list[dict[str, Any]]] = {}
-    for (file, line), status in diff.statuses.items():
-        current = _current_lines(ls, file).get(line, line - 1)
-        by_file.setdefault(file, []).append({"line": current, "status": status})
+    current_lines: dict[str, dict[int, int]] = {}
+    for (file, line), mark in diff.statuses.items():
+        if file not in current_lines:
+            current_lines[file] = _current_lines(ls, file)
+        current = current_lines[file].get(line, line - 1)
+        by_file.setdefault(file, []).append({"line": current, "status": mark.status, "message": mark.message})
     for file, lines in by_file.items():
         _notify_lines(ls, file, sorted(lines, key=lambda item: item["line"]))
     if previous is not None:
         for file in {file for file, _ in previous.statuses} - set(by_file):
             _notify_lines(ls, file, [])
     publish_divergence(ls, loaded.owner, divergence_diagnostic(ls, diff.divergence))
+    ls.protocol.notify(DIFF_RESULT_NOTIFICATION, diff_result_params(ls, loaded.uri, diff))
+
+
+def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> dict[str, Any]:
+    """`modelTrace/diffResult`: whether the document's trace matches its reference and, when not, where to look
+    (the line that first differs inside the diverging module when known, else the module's call site)."""
+    divergence = diff.divergence
+    where = None
+    if divergence is not None:
+        drilled = divergence.get("line") or {}
+        location = (
+            {"file": drilled["file"], "line": drilled["line"]} if drilled.get("file") and drilled.get("line")
+            else divergence.get("called_at")
+        )
+        if location and location.get("file"):
+            file = str(location["file"])
+            line = _current_lines(ls, file).get(int(location["line"]), int(location["line"]) - 1)
+            where = {"uri": _uri(ls, file), "line": line}
+    return {
+        "uri": uri,
+        "reference": diff.reference,
+        "match": diff.matched,
+        "divergence": None if divergence is None else {
+            "path": divergence.get("path") or "",
+            "className": divergence.get("class") or "",
+            "maxAbsDiff": divergence.get("max_abs_diff"),
+            "location": where,
+        },
+    }
 
 
 def forget_diff(ls: ModelTraceServer, owner: str) -> None:

@@ -76,7 +76,7 @@ class ModelTraceServer(LanguageServer):
         previous, self.settings = self.settings, settings
         if settings.python != previous.python:
             self.close_worker()
-        if settings.hint_detail != previous.hint_detail:
+        if (settings.hint_detail, settings.hint_placement) != (previous.hint_detail, previous.hint_placement):
             self.refresh_views()
 
     def uri_to_path(self, uri: str) -> str | None:

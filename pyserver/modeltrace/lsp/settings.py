@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,13 @@ def default_trace_directory() -> Path:
     return Path(cache) / "modeltrace" / "traces"
 
 
+class HintPlacement(str, Enum):
+    """Where inlay hints go (`modelTrace.hintPlacement`): after each assigned name, or one label at the line's end."""
+
+    AFTER_NAME = "afterName"
+    END_OF_LINE = "endOfLine"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """What the user can set; `python` is the interpreter of the trace worker (it needs torch)."""
@@ -49,6 +57,7 @@ class Settings:
     device: str = "cpu"
     dtype: str = "float32"
     hint_detail: HintDetail = HintDetail.DTYPE
+    hint_placement: HintPlacement = HintPlacement.AFTER_NAME
     trace_on_save: bool = False
     lines: bool = False
     timeout: float = 120.0
@@ -155,6 +164,7 @@ _SETTINGS = {
     "device": ("device", _text),
     "dtype": ("dtype", _text),
     "hintDetail": ("hint_detail", HintDetail),
+    "hintPlacement": ("hint_placement", HintPlacement),
     "traceOnSave": ("trace_on_save", _boolean),
     "lines": ("lines", _boolean),
     "timeout": ("timeout", _seconds),

@@ -46,7 +46,8 @@ class FileHints:
     by_line: dict[int, TracedLine] = field(default_factory=dict)
     sorted_lines: list[int] = field(default_factory=list)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
-    hint_cache: dict[tuple[HintDetail, int], types.InlayHint] = field(default_factory=dict)
+    # Keyed by (detail, placement, stale, line): a line may have several hints (one per assigned name).
+    hint_cache: dict[tuple[HintDetail, str, bool, int], list[types.InlayHint]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.by_line:

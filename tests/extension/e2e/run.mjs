@@ -84,7 +84,7 @@ function prepareRunFolder(mode) {
         "extensions.ignoreRecommendations": true,
         "git.enabled": false,
         "editor.inlayHints.enabled": "on",
-        "editor.inlayHints.maximumLength": 0,
+        // NOTE: editor.inlayHints.maximumLength stays at VS Code's default (43): hints must fit it as users see them.
         "editor.minimap.enabled": false,
         "editor.fontSize": 14,
         // NOTE: no startup trust dialog: an untrusted folder opens straight in restricted mode.
@@ -96,7 +96,20 @@ function prepareRunFolder(mode) {
     // machine-overridable) are read from the remote machine's settings, not from the user's.
     writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": options.python }, null, 2));
     plantTraps(runDir, workspace, mode);
+    if (mode === "trusted") {
+        copyModelFolder(workspace);
+    }
     return { runDir, workspace };
+}
+
+/** A copy of the installed transformers' models/qwen3/ folder, as a port starts: copied/qwen3/ in the workspace. */
+function copyModelFolder(workspace) {
+    const found = spawnSync(options.python, ["-c", "import os, transformers; print(os.path.dirname(transformers.__file__))"], { encoding: "utf8" });
+    if (found.status !== 0) {
+        throw new Error(`cannot locate transformers with ${options.python}: ${found.stderr}`);
+    }
+    const source = join(found.stdout.trim(), "models", "qwen3");
+    cpSync(source, join(workspace, "copied", "qwen3"), { recursive: true, filter: (path) => !/__pycache__$/.test(path) });
 }
 
 /**
@@ -233,15 +246,73 @@ function testUrl(port, workspace) {
     return `http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}&payload=${encodeURIComponent(JSON.stringify(payload))}`;
 }
 
-/** Runs in the page: the text of every rendered view line containing `snippet`, and of its hint spans. */
+/**
+ * Runs in the page: the text of every rendered view line whose code (its text without the inlay hints drawn in
+ * it) contains `snippet`, of its hint spans, and of the hint spans drawn whole inside the editor's visible text
+ * area (not scrolled or clipped off to the right), with the line's box.
+ */
 function renderedLines(snippet) {
     const normalize = (text) => (text ?? "").replace(/\u00a0/g, " ");
+    const isHint = (node) => node.parentElement?.closest('[class*="dyn-rule-"]') != null;
+    const codeText = (line) => {
+        const walker = document.createTreeWalker(line, NodeFilter.SHOW_TEXT);
+        let text = "";
+        for (let node = walker.nextNode(); node !== null; node = walker.nextNode()) {
+            text += isHint(node) ? "" : node.textContent;
+        }
+        return normalize(text);
+    };
     return [...document.querySelectorAll(".monaco-editor .view-line")]
-        .filter((line) => normalize(line.textContent).includes(snippet))
-        .map((line) => ({
-            text: normalize(line.textContent),
-            hints: [...line.querySelectorAll('span[class*="dyn-rule-"]')].map((span) => normalize(span.textContent)),
-        }));
+        .filter((line) => codeText(line).includes(snippet))
+        .map((line) => {
+            const area = line.closest(".monaco-scrollable-element")?.getBoundingClientRect();
+            const spans = [...line.querySelectorAll('span[class*="dyn-rule-"]')];
+            const inside = (span) => {
+                const box = span.getBoundingClientRect();
+                return area !== undefined && box.width > 0 && box.left >= area.left && box.right <= area.right;
+            };
+            const box = line.getBoundingClientRect();
+            return {
+                text: normalize(line.textContent),
+                hints: spans.map((span) => normalize(span.textContent)),
+                visibleHints: spans.filter(inside).map((span) => normalize(span.textContent)),
+                box: { x: box.left, y: box.top, width: box.width, height: box.height },
+            };
+        });
+}
+
+/** Runs in the page: the icon files of the glyph-margin decorations level with the view line at `top`. */
+function gutterIconsAt(top) {
+    return [...document.querySelectorAll(".monaco-editor .glyph-margin-widgets .cgmr")]
+        .filter((element) => Math.abs(element.getBoundingClientRect().top - top) < 3)
+        .map((element) => {
+            const box = element.getBoundingClientRect();
+            const icon = (/([\w-]+\.svg)/.exec(decodeURIComponent(getComputedStyle(element).backgroundImage ?? "")) ?? [null, "?"])[1];
+            return { icon, x: box.left + box.width / 2, y: box.top + box.height / 2 };
+        });
+}
+
+/** The first rendered line whose code holds `snippet`, with its glyph-margin icons; undefined when not on screen. */
+async function findLine(page, snippet) {
+    const [line] = await page.evaluate(renderedLines, snippet);
+    if (line === undefined) {
+        return undefined;
+    }
+    return { ...line, icons: await page.evaluate(gutterIconsAt, line.box.y) };
+}
+
+/** Moves the mouse to (x, y) as a person would and returns the hover's text ("" when none holding `hasText` shows). */
+async function hoverText(page, x, y, hasText) {
+    await page.mouse.move(5, 5);
+    await sleep(300);
+    await page.mouse.move(x, y);
+    const hover = page.locator(".monaco-hover:not(.hidden)", { hasText }).first();
+    try {
+        await hover.waitFor({ state: "visible", timeout: 15_000 });
+        return (await hover.innerText()).replace(/\u00a0/g, " ");
+    } catch {
+        return "";
+    }
 }
 
 function allHintTexts() {
@@ -332,8 +403,40 @@ async function checkDom(page, request, runDir) {
             failures.push(`line ${hint.line + 1} (${hint.snippet}) is not rendered on screen`);
         } else if (!lines.some((line) => line.hints.join("").includes(label))) {
             failures.push(`line ${hint.line + 1} shows hints ${JSON.stringify(lines.map((line) => line.hints))}, not ${JSON.stringify(label)}`);
+        } else if (request.hintsWhole && !lines.some((line) => line.visibleHints.join("").includes(label) && !line.hints.some((text) => text.trim().endsWith("…")))) {
+            // Whole: the span holds the entire label (VS Code cut nothing) and it lies inside the visible text area.
+            failures.push(`line ${hint.line + 1}: ${JSON.stringify(label)} is not whole on screen (visible hints ${JSON.stringify(lines.map((line) => line.visibleHints))})`);
         } else {
             log(`on screen, line ${hint.line + 1}: ${lines[0].text.trim()}`);
+        }
+    }
+    if (request.hover !== undefined) {
+        // Hover the assigned name as a person would: the first row of the first table must be its value.
+        const line = await findLine(page, request.hover.snippet);
+        const text = line === undefined ? "" : await hoverText(page, line.box.x + (request.hover.dx ?? 10), line.box.y + line.box.height / 2, "ModelTrace");
+        const rows = text.split("\n").filter((row) => /\[[\d,]+\]/.test(row));
+        if (rows.length === 0 || !rows[0].includes(request.hover.firstRow)) {
+            failures.push(`the hover of ${JSON.stringify(request.hover.snippet)} does not start with ${JSON.stringify(request.hover.firstRow)}: ${JSON.stringify(text.slice(0, 400))}`);
+        } else {
+            log(`hover first row: ${rows[0].replace(/\s+/g, " ").trim()}`);
+        }
+        await page.mouse.move(5, 5);
+    }
+    for (const expected of request.gutterAt ?? []) {
+        let found;
+        const deadline = Date.now() + 20_000;
+        while (Date.now() < deadline) {
+            found = await findLine(page, expected.snippet);
+            if (found?.icons.some((item) => item.icon === expected.icon)) {
+                break;
+            }
+            await sleep(500);
+        }
+        const icons = found?.icons.map((item) => item.icon) ?? [];
+        if (!icons.includes(expected.icon)) {
+            failures.push(`the gutter of ${JSON.stringify(expected.snippet)} shows ${JSON.stringify(icons)}, not ${expected.icon}${found === undefined ? " (line not on screen)" : ""}`);
+        } else {
+            log(`gutter: ${expected.icon} on ${expected.snippet}`);
         }
     }
     if (request.notification !== undefined) {
@@ -344,6 +447,16 @@ async function checkDom(page, request, runDir) {
         } catch {
             const shown = await page.locator(".notification-list-item-message").allTextContents();
             failures.push(`no notification ${JSON.stringify(request.notification)}; shown: ${JSON.stringify(shown)}`);
+        }
+    }
+    if (request.statusBar !== undefined) {
+        const item = page.locator(".statusbar-item", { hasText: request.statusBar });
+        try {
+            await item.first().waitFor({ state: "visible", timeout: 20_000 });
+            log(`status bar: ${(await item.first().innerText()).trim()}`);
+        } catch {
+            const shown = await page.locator(".statusbar-item").allInnerTexts();
+            failures.push(`no status bar item ${JSON.stringify(request.statusBar)}; shown: ${JSON.stringify(shown)}`);
         }
     }
     if (request.gutterIcons !== undefined || request.squiggle !== undefined) {
@@ -374,7 +487,7 @@ async function checkDom(page, request, runDir) {
         failures.push(...(await checkQuickFix(page, request.quickFix)));
     }
     if (request.mode === "untrusted") {
-        const traced = (await page.evaluate(allHintTexts)).filter((text) => text.includes("→"));
+        const traced = (await page.evaluate(allHintTexts)).filter((text) => /(→ |: )\[[\d,]/.test(text));
         if (traced.length > 0) {
             failures.push(`trace hints on screen in an untrusted workspace: ${JSON.stringify(traced)}`);
         }
@@ -386,7 +499,7 @@ async function checkDom(page, request, runDir) {
     const top = titlebar === null ? 0 : Math.round(titlebar.y + titlebar.height);
     const viewport = page.viewportSize();
     await page.screenshot({ path: shot, clip: { x: 0, y: top, width: viewport.width, height: viewport.height - top } });
-    if (request.mode === "trusted" && failures.length === 0) {
+    if (request.mode === "trusted" && failures.length === 0 && request.media !== false) {
         copyFileSync(shot, join(mediaDir, screenshotName));
         log(`screenshot saved to media/${screenshotName}`);
     } else {
@@ -394,6 +507,27 @@ async function checkDom(page, request, runDir) {
     }
     if (request.quickFix !== undefined) {
         await page.keyboard.press("Escape");
+    }
+    if (request.gutterHover !== undefined) {
+        // After the screenshot: the mark's hover (its message says which call and layer decide it), on the icon,
+        // else on the line's text (a decoration's hover message shows on the range it decorates).
+        const { snippet, includes } = request.gutterHover;
+        const line = await findLine(page, snippet);
+        let text = "";
+        let where = "gutter icon";
+        if (line !== undefined && line.icons.length > 0) {
+            text = await hoverText(page, line.icons[0].x, line.icons[0].y, includes);
+        }
+        if (line !== undefined && !text.includes(includes)) {
+            where = "line";
+            text = await hoverText(page, line.box.x + 10, line.box.y + line.box.height / 2, includes);
+        }
+        if (!text.includes(includes)) {
+            failures.push(`no hover saying ${JSON.stringify(includes)} on the mark of ${JSON.stringify(snippet)}${line === undefined ? " (line not on screen)" : ""}`);
+        } else {
+            log(`gutter mark hover (on the ${where}): ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+        }
+        await page.mouse.move(5, 5);
     }
     if (request.languageStatus !== undefined) {
         // After the screenshot: the hover covers the editor.

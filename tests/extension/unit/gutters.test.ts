@@ -53,6 +53,14 @@ describe("diff gutters", () => {
         });
         assert.equal(other.decorations.size, 0);
 
+        // Each mark's hover says what decides it; without a message, the status in words.
+        assert.deepEqual(Object.fromEntries(editor.hoverMessages), {
+            2: "**ModelTrace** · match against the reference",
+            5: "**ModelTrace** · divergence against the reference",
+            6: "**ModelTrace** · mismatch against the reference",
+            7: "**ModelTrace** · not compared against the reference",
+        });
+
         gutters.show({ uri: "file:///ws/modeling_port.py", lines: [{ line: 3, status: "match" }] });
         assert.equal(vscodeFake.decorationTypes.length, 4, "decoration types are created once and reused");
         assert.deepEqual([...editor.decorations.values()], [[3], [], [], []]);
@@ -61,6 +69,20 @@ describe("diff gutters", () => {
         assert.deepEqual([...editor.decorations.values()], [[], [], [], []]);
         gutters.dispose();
         assert.ok(vscodeFake.decorationTypes.every((type) => type.disposed));
+    });
+});
+
+describe("gutter messages", () => {
+    beforeEach(() => vscodeFake.reset());
+
+    it("puts the server's message (the deciding call and its layer) in the mark's hover", () => {
+        const editor = fakeEditor("/ws/modeling_port.py", 20);
+        vscodeFake.visibleEditors = [editor];
+        const gutters = new DiffGutters(extensionUri);
+        const message = "Differs from the reference: layers.1.self_attn.q_proj, max abs diff 0.02 (its inputs already differ)";
+        gutters.show({ uri: "file:///ws/modeling_port.py", lines: [{ line: 4, status: "mismatch", message }] });
+        assert.equal(editor.hoverMessages.get(4), `**ModelTrace** · ${message}`);
+        gutters.dispose();
     });
 });
 

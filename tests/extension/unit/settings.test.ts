@@ -14,6 +14,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.device", "cuda:1");
         vscodeFake.settings.set("modelTrace.dtype", "bfloat16");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
+        vscodeFake.settings.set("modelTrace.hintPlacement", "endOfLine");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.timeout", 30);
@@ -25,6 +26,8 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
         vscodeFake.settings.set("modelTrace.diffReplay", false);
+        vscodeFake.settings.set("modelTrace.notifications", false);
+        vscodeFake.settings.set("modelTrace.statusBar", false);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
         assert.deepEqual(options, {
             settings: {
@@ -32,6 +35,7 @@ describe("settings", () => {
                 device: "cuda:1",
                 dtype: "bfloat16",
                 hintDetail: "stats",
+                hintPlacement: "endOfLine",
                 traceOnSave: true,
                 lines: true,
                 timeout: 30,
@@ -43,6 +47,8 @@ describe("settings", () => {
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
                 diffReplay: false,
+                notifications: false,
+                statusBar: false,
             },
             workspaceTrusted: false,
         });
@@ -52,6 +58,8 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.device", "  ");
         vscodeFake.settings.set("modelTrace.dtype", "float64");
         vscodeFake.settings.set("modelTrace.hintDetail", 3);
+        vscodeFake.settings.set("modelTrace.hintPlacement", "middle");
+        vscodeFake.settings.set("modelTrace.notifications", "no");
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
         vscodeFake.settings.set("modelTrace.lines", "no");
         vscodeFake.settings.set("modelTrace.timeout", -5);
@@ -78,6 +86,7 @@ describe("settings", () => {
         assert.deepEqual(fromManifest, { ...defaultSettings });
         assert.deepEqual(contributed["modelTrace.dtype"]?.enum, ["float32", "float16", "bfloat16"]);
         assert.deepEqual(contributed["modelTrace.hintDetail"]?.enum, ["shape", "dtype", "stats"]);
+        assert.deepEqual(contributed["modelTrace.hintPlacement"]?.enum, ["afterName", "endOfLine"]);
     });
 
     it("keeps modelTrace.python out of reach of untrusted workspace settings", () => {

@@ -34,12 +34,27 @@ export interface FakeDecorationType {
     dispose(): void;
 }
 
+/** A status bar item as the feedback sees it. */
+export interface FakeStatusBarItem {
+    id: string;
+    name: string | undefined;
+    text: string;
+    tooltip: string | undefined;
+    command: unknown;
+    visible: boolean;
+    show(): void;
+    hide(): void;
+    dispose(): void;
+}
+
 /** An editor as the gutters see it: its document's URI and lines, and the decorations set on it. */
 export interface FakeEditor {
     document: { uri: FakeUri; languageId: string; lineCount: number; lineAt(line: number): { range: unknown } };
     /** The lines each decoration type was last set on. */
     decorations: Map<FakeDecorationType, number[]>;
-    setDecorations(type: FakeDecorationType, ranges: { line: number }[]): void;
+    /** The hover message of each decorated line (decorations set as options). */
+    hoverMessages: Map<number, string>;
+    setDecorations(type: FakeDecorationType, ranges: ({ line: number } | { range: { line: number }; hoverMessage?: { value: string } })[]): void;
 }
 
 export function fakeEditor(path: string, lineCount: number): FakeEditor {
@@ -51,8 +66,20 @@ export function fakeEditor(path: string, lineCount: number): FakeEditor {
             lineAt: (line: number) => ({ range: { line } }),
         },
         decorations: new Map(),
-        setDecorations(type: FakeDecorationType, ranges: { line: number }[]): void {
-            editor.decorations.set(type, ranges.map((range) => range.line));
+        hoverMessages: new Map(),
+        setDecorations(type, ranges): void {
+            editor.decorations.set(
+                type,
+                ranges.map((item) => {
+                    if ("range" in item) {
+                        if (item.hoverMessage !== undefined) {
+                            editor.hoverMessages.set(item.range.line, item.hoverMessage.value);
+                        }
+                        return item.range.line;
+                    }
+                    return item.line;
+                }),
+            );
         },
     };
     return editor;
@@ -74,6 +101,10 @@ function createFake() {
         messageReplies: [] as (string | undefined)[],
         warnings: [] as string[],
         errors: [] as string[],
+        /** Each warning's buttons, in order. */
+        warningItems: [] as string[][],
+        informations: [] as string[],
+        statusBarItems: [] as FakeStatusBarItem[],
         executedCommands: [] as { command: string; args: unknown[] }[],
         statusItems: [] as FakeLanguageStatusItem[],
         visibleEditors: [] as FakeEditor[],
@@ -88,6 +119,9 @@ function createFake() {
             fake.messageReplies = [];
             fake.warnings = [];
             fake.errors = [];
+            fake.warningItems = [];
+            fake.informations = [];
+            fake.statusBarItems = [];
             fake.executedCommands = [];
             fake.statusItems = [];
             fake.visibleEditors = [];
@@ -95,14 +129,21 @@ function createFake() {
         },
     };
 
-    const message = (store: "warnings" | "errors") =>
-        (text: string): Promise<string | undefined> => {
+    const message = (store: "warnings" | "errors" | "informations") =>
+        (text: string, ...items: string[]): Promise<string | undefined> => {
             fake[store].push(text);
+            if (store === "warnings") {
+                fake.warningItems.push(items);
+            }
             return Promise.resolve(fake.messageReplies.shift());
         };
 
     const vscode = {
         LanguageStatusSeverity: { Information: 0, Warning: 1, Error: 2 },
+        StatusBarAlignment: { Left: 1, Right: 2 },
+        MarkdownString: class {
+            constructor(public value: string) {}
+        },
         Uri: {
             file: fileUri,
             parse: (value: string) => fileUri(value.replace(/^file:\/\//, "")),
@@ -142,6 +183,28 @@ function createFake() {
             },
             showWarningMessage: message("warnings"),
             showErrorMessage: message("errors"),
+            showInformationMessage: message("informations"),
+            createStatusBarItem: (id: string): FakeStatusBarItem => {
+                const item: FakeStatusBarItem = {
+                    id,
+                    name: undefined,
+                    text: "",
+                    tooltip: undefined,
+                    command: undefined,
+                    visible: false,
+                    show: () => {
+                        item.visible = true;
+                    },
+                    hide: () => {
+                        item.visible = false;
+                    },
+                    dispose: () => {
+                        item.visible = false;
+                    },
+                };
+                fake.statusBarItems.push(item);
+                return item;
+            },
         },
         extensions: {
             getExtension: (id: string): FakeExtension | undefined => fake.installedExtensions.get(id),

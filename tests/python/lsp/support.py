@@ -32,8 +32,10 @@ class Recorder:
     """What the server pushed to the client beyond what pytest-lsp records itself."""
 
     statuses: list[dict[str, Any]] = field(default_factory=list)
-    # `modelTrace/lineStatus` params as sent: {"uri", "lines": [{"line", "status"}]}
+    # `modelTrace/lineStatus` params as sent: {"uri", "lines": [{"line", "status", "message"}]}
     line_statuses: list[dict[str, Any]] = field(default_factory=list)
+    # `modelTrace/diffResult` params as sent: {"uri", "reference", "match", "divergence"}
+    diff_results: list[dict[str, Any]] = field(default_factory=list)
     inlay_hint_refreshes: int = 0
     code_lens_refreshes: int = 0
 
@@ -71,8 +73,22 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
     @client.feature("modelTrace/lineStatus")
     def on_line_status(params: Any) -> None:
         recorder.line_statuses.append(
-            {"uri": params.uri, "lines": [{"line": item.line, "status": item.status} for item in params.lines]}
+            {"uri": params.uri, "lines": [
+                {"line": item.line, "status": item.status, "message": getattr(item, "message", None)}
+                for item in params.lines
+            ]}
         )
+
+    @client.feature("modelTrace/diffResult")
+    def on_diff_result(params: Any) -> None:
+        divergence = params.divergence
+        recorder.diff_results.append({
+            "uri": params.uri, "reference": params.reference, "match": params.match,
+            "divergence": None if divergence is None else {
+                "path": divergence.path, "className": divergence.className, "maxAbsDiff": divergence.maxAbsDiff,
+                "location": None if divergence.location is None else divergence.location._asdict(),
+            },
+        })
 
     @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
     def on_inlay_hint_refresh(params: None) -> None:
@@ -130,7 +146,8 @@ def line_of(path: Path, text: str, occurrence: int = 0) -> int:
 
 
 async def inlay_hints(client: LanguageClient, uri: str, first: int = 0, last: int = 10_000) -> dict[int, str]:
-    """`{line: label}` of the hints in lines `first` to `last` (inclusive, up to the end of that line)."""
+    """`{line: label}` of the hints in lines `first` to `last` (inclusive, up to the end of that line); a line with
+    several hints (one per assigned name) has their labels joined by two spaces, in the order of the line."""
     hints = await client.text_document_inlay_hint_async(
         types.InlayHintParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
@@ -139,7 +156,10 @@ async def inlay_hints(client: LanguageClient, uri: str, first: int = 0, last: in
             ),
         )
     )
-    return {hint.position.line: hint.label for hint in hints or []}
+    labels: dict[int, list[tuple[int, str]]] = {}
+    for hint in hints or []:
+        labels.setdefault(hint.position.line, []).append((hint.position.character, str(hint.label)))
+    return {line: "  ".join(label for _, label in sorted(found)) for line, found in labels.items()}
 
 
 def copy_example(destination: Path) -> Path:

@@ -8,6 +8,8 @@ import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
+from modeltrace.lsp.hints import STALE_SUFFIX
+
 from .support import copy_example, execute, inlay_hints, line_of, open_document, wait_until
 
 
@@ -46,7 +48,8 @@ async def test_hints_move_with_inserted_lines_and_leave_changed_ones(client: Lan
 
     edit(client, uri, 2, 0, 0, 0, "# a comment\n# another one\n")
     moved = await inlay_hints(client, uri)
-    assert moved == {line + 2: label for line, label in traced.items()}
+    # The same labels, marked stale: the trace is older than the text now.
+    assert moved == {line + 2: label + STALE_SUFFIX for line, label in traced.items()}
     assert client.recorder.statuses[statuses:] == [
         {"state": "stale", "message": "TinyLlamaModel: the code changed since the last trace", "uri": uri}
     ]
@@ -73,7 +76,7 @@ async def test_deleting_lines_moves_the_hints_below_up(client: LanguageClient, t
 
     edit(client, uri, 2, first_class - 3, first_class, 0, "")
 
-    assert await inlay_hints(client, uri) == {line - 3: label for line, label in traced.items()}
+    assert await inlay_hints(client, uri) == {line - 3: label + STALE_SUFFIX for line, label in traced.items()}
 
 
 async def test_trace_on_save_traces_again(client: LanguageClient, tmp_path: Path) -> None:

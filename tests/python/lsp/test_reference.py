@@ -35,6 +35,12 @@ def statuses_since(client: LanguageClient, count: int, uri: str) -> dict[int, st
     return {item["line"]: item["status"] for item in sent[-1]["lines"]} if sent else None
 
 
+def messages_since(client: LanguageClient, count: int, uri: str) -> dict[int, str]:
+    """The gutter marks' messages of the latest `modelTrace/lineStatus` of `uri`, as {line: message}."""
+    sent = [params for params in client.recorder.line_statuses[count:] if params["uri"] == uri]
+    return {item["line"]: item["message"] for item in sent[-1]["lines"]}
+
+
 def warnings(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
     return [diagnostic for diagnostic in client.diagnostics.get(uri, []) if diagnostic.source == "ModelTrace diff"]
 
@@ -69,6 +75,21 @@ async def test_the_port_diverges_from_its_reference_in_the_attention(client: Lan
     assert statuses[line_of(modeling_file, "inputs_embeds = self.embed_tokens(input_ids)")] == "match"
     assert statuses[line_of(modeling_file, "hidden_states = self.post_attention_layernorm(")] == "mismatch"
     assert set(statuses.values()) <= {"match", "mismatch", "divergence", "not_compared"}
+    # Each mark says which call decides it: layer 0's q_proj matches, layer 1's differs because its inputs do.
+    messages = messages_since(client, sent, uri)
+    assert messages[attention].startswith(
+        "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention), max abs diff 0.0107"
+    )
+    query = line_of(modeling_file, "query_states = self.q_proj(")
+    assert statuses[query] == "mismatch"
+    assert messages[query].startswith("Differs from the reference: layers.1.self_attn.q_proj, max abs diff ")
+    assert "(its inputs already differ: the difference comes from earlier)" in messages[query]
+    assert messages[query].endswith("other calls on this line: 1 match (layers.0.self_attn.q_proj)")
+    # The client hears the result once, with where to look.
+    (result_sent,) = [params for params in client.recorder.diff_results if params["uri"] == uri]
+    assert result_sent["match"] is False and result_sent["reference"] == str(REFERENCE)
+    assert result_sent["divergence"]["path"] == "layers.0.self_attn"
+    assert result_sent["divergence"]["location"] == {"uri": uri, "line": attention}
 
     (warning,) = await wait_until(lambda: warnings(client, uri))
     assert warning.severity == types.DiagnosticSeverity.Warning

@@ -23,13 +23,14 @@ async def test_changing_the_hint_detail_redraws_the_hints(client: LanguageClient
         )
         await wait_until(lambda: client.recorder.inlay_hint_refreshes > refreshes)
         label = (await inlay_hints(client, client.example_uri))[mlp_call]
-        assert label.startswith("→ [1, 7, 64] float32 μ=") and " σ=" in label and label.endswith(" ×2")
+        # The model's dtype is left out even at stats detail; the statistics fit in VS Code's 43 characters.
+        assert label.startswith(": [1,7,64] μ=") and " σ=" in label and len(label) <= 43
 
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"hintDetail": "shape"}})
         )
         await wait_until(lambda: client.recorder.inlay_hint_refreshes > refreshes + 1)
-        assert (await inlay_hints(client, client.example_uri))[mlp_call] == "→ [1, 7, 64] ×2"
+        assert (await inlay_hints(client, client.example_uri))[mlp_call] == ": [1,7,64]"
     finally:
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"hintDetail": "dtype"}})
@@ -101,18 +102,16 @@ async def test_the_lines_setting_traces_line_by_line_and_names_variables(
         result = await execute(client, "modelTrace.trace", uri)
         assert result["ok"], result
         hints = await inlay_hints(client, uri)
-        assert hints[line_of(modeling, "query_states = self.q_proj(hidden_states)")] == "→ [1, 4, 7, 16] float32 ×2"
-        assert hints[line_of(modeling, "cos, sin = position_embeddings")] == (
-            "→ cos: [1, 7, 16] float32 ×2  sin: [1, 7, 16] float32 ×2"
-        )
+        assert hints[line_of(modeling, "query_states = self.q_proj(hidden_states)")] == ": [1,4,7,16]"
+        assert hints[line_of(modeling, "cos, sin = position_embeddings")] == ": [1,7,16]  : [1,7,16]"
         hover = await client.text_document_hover_async(
             types.HoverParams(
                 text_document=types.TextDocumentIdentifier(uri=uri),
                 position=types.Position(line=line_of(modeling, "variance = hidden_states.pow(2)"), character=8),
             )
         )
-        assert "**Variables assigned on this line**" in hover.contents.value
-        assert "| `variance` | 4 | [1, 7, 1] | float32 |" in hover.contents.value
+        assert "**Assigned on this line**" in hover.contents.value
+        assert "| `variance` | 4 | [1,7,1] | float32 |" in hover.contents.value
     finally:
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}})

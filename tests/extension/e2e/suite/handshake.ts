@@ -9,8 +9,18 @@ export interface DomRequest {
     action: "check" | "grant-trust";
     /** Lines and the hint label expected on each, as found through the LSP in the extension host. */
     hints: { line: number; snippet: string; label: string }[];
+    /** Each hint must be drawn whole (not cut by VS Code) inside the visible text area. */
+    hintsWhole?: boolean;
+    /** Hovering the line holding `snippet` (`dx` pixels into it) must show a table whose first row holds `firstRow`. */
+    hover?: { snippet: string; firstRow: string; dx?: number };
+    /** The gutter of the line holding `snippet` must show `icon` (a media/ file). */
+    gutterAt?: { snippet: string; icon: string }[];
+    /** Hovering the gutter mark of the line holding `snippet` (or the line) must show `includes`. */
+    gutterHover?: { snippet: string; includes: string };
     /** Text of a notification that must be visible. */
     notification?: string;
+    /** Text a status bar item must show. */
+    statusBar?: string;
     /** Text the language status hover (the "{ }" item of the status bar) must show. */
     languageStatus?: string;
     /** Icon files (media/) that must be drawn in the glyph margin. */
@@ -21,6 +31,8 @@ export interface DomRequest {
     quickFix?: { snippet: string; title: string };
     /** The name in media/ the screenshot is saved as when the check passes (default screenshot-hints.png). */
     screenshot?: string;
+    /** false: keep the screenshot in the run folder only (not for the README). */
+    media?: boolean;
 }
 
 export interface DomResult {

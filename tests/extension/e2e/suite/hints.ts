@@ -7,6 +7,11 @@ export function labelText(hint: vscode.InlayHint): string {
     return typeof hint.label === "string" ? hint.label : hint.label.map((part: vscode.InlayHintLabelPart) => part.value).join("");
 }
 
+/** A hint of a trace (a shape after a name, `: [1,7,64]`, or at a line's end, `→ [1,7,64]`), not a static one. */
+export function isTraceHint(hint: vscode.InlayHint): boolean {
+    return /^(→|:) /.test(labelText(hint));
+}
+
 /** The 0-based line whose text contains `snippet`; fails when there is none or more than one. */
 export function lineOf(document: vscode.TextDocument, snippet: string): number {
     const lines: number[] = [];

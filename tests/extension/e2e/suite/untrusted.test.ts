@@ -7,7 +7,7 @@
 import * as assert from "node:assert/strict";
 import * as vscode from "vscode";
 import { askForDomCheck, type DomResult, hostLog } from "./handshake";
-import { activateInstalledExtension, describeHints, inlayHints, labelText, openInEditor, sleep } from "./hints";
+import { activateInstalledExtension, describeHints, inlayHints, isTraceHint, openInEditor, sleep } from "./hints";
 import { sentinels, trapModelingFile, workerProcesses } from "./traps";
 
 const modelingFile: string = "tiny_llama/modeling_tiny_llama.py";
@@ -66,7 +66,7 @@ describe("ModelTrace in an untrusted workspace", () => {
             await editor.edit((edit: vscode.TextEditorEdit) => edit.insert(new vscode.Position(document.lineCount, 0), "\n# edited\n"));
             assert.ok(await document.save(), `saving ${file} failed`);
             const hints: vscode.InlayHint[] = await inlayHints(document);
-            const traced: vscode.InlayHint[] = hints.filter((hint) => labelText(hint).includes("→"));
+            const traced: vscode.InlayHint[] = hints.filter(isTraceHint);
             assert.deepEqual(traced, [], `no trace hints expected on ${file}, got:\n${describeHints(traced)}`);
         }
         // A restart of the server (the user's "Restart Server") reads the settings again: still untrusted.
@@ -99,7 +99,7 @@ describe("ModelTrace in an untrusted workspace", () => {
         while (traced.length === 0 && Date.now() - started < traceTimeoutMs) {
             // A trace run while the server restarts waits for the new server.
             await vscode.commands.executeCommand("modelTrace.trace", editor.document.uri.toString());
-            traced = (await inlayHints(editor.document)).filter((hint) => labelText(hint).startsWith("→"));
+            traced = (await inlayHints(editor.document)).filter(isTraceHint);
             if (traced.length === 0) {
                 await sleep(2000);
             }

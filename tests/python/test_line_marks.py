@@ -1,0 +1,86 @@
+"""Gutter marks of a diff (`diff.report.line_marks`): each line marked by its worst call, with the call and layer
+that decide it, and the line the diff drilled down to (`Divergence.line`) marked as the divergence.
+
+The example port (a real porting bug in its attention) is traced with full tensors and diffed against the
+committed reference trace of the original.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, line_of
+from modeltrace.diff import DIVERGENCE, MATCH, MISMATCH, close_result, diff_paths
+from modeltrace.diff.compare import DiffResult
+from modeltrace.diff.report import LineMark, line_marks, line_statuses
+
+
+PORT = REPO_ROOT / "examples" / "tiny_llama_port" / "modeling_tiny_llama_port.py"
+REFERENCE = REPO_ROOT / "examples" / "reference" / "tiny_llama.mtrace"
+
+
+@dataclass(frozen=True)
+class LineDivergence:
+    """The fields `diff/lines.py` (issue-evidence) sets on `Divergence.line`, as fixed in the shared interface."""
+
+    file: str
+    line: int
+    name: str | None
+    max_abs_diff: float | None
+    reason: str
+
+
+@pytest.fixture(scope="module")
+def port_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("port") / "port.mtrace"
+    subprocess.run([sys.executable, "-m", "modeltrace", "trace", str(PORT), "--full-tensors", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
+def test_each_line_is_marked_by_its_worst_call_and_says_which(port_trace: Path) -> None:
+    result = diff_paths(REFERENCE, port_trace)
+    try:
+        marks = line_marks(result)
+        assert {key: mark.status for key, mark in marks.items()} == line_statuses(result)
+        file = str(PORT.resolve())
+        attention = marks[(file, line_of(PORT, "hidden_states, _ = self.self_attn("))]
+        assert attention.status == DIVERGENCE
+        assert attention.message.startswith(
+            "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention), max abs diff 0.0107"
+        )
+        # Layer 0's q_proj matches; layer 1's differs only because its inputs already do: both said.
+        query = marks[(file, line_of(PORT, "query_states = self.q_proj("))]
+        assert query.status == MISMATCH
+        assert "layers.1.self_attn.q_proj" in query.message and "its inputs already differ" in query.message
+        assert query.message.endswith("other calls on this line: 1 match (layers.0.self_attn.q_proj)")
+        assert marks[(file, line_of(PORT, "inputs_embeds = self.embed_tokens(input_ids)"))].status == MATCH
+    finally:
+        close_result(result)
+
+
+def test_the_line_the_diff_drilled_down_to_gets_the_divergence_mark(port_trace: Path) -> None:
+    result = diff_paths(REFERENCE, port_trace)
+    try:
+        file = str(PORT.resolve())
+        edited = line_of(PORT, "attn_output, attn_weights = attention_interface(")
+        assert marks_at(result, file, edited) is None
+        # NOTE: a stand-in for what issue-evidence's drill-down sets; the mark follows the shared interface.
+        result.first_divergence.line = LineDivergence(file, edited, "attn_output", 0.0107, "values differ")
+        mark = marks_at(result, file, edited)
+        assert mark is not None and mark.status == DIVERGENCE
+        assert mark.message == ("First line that differs inside layers.0.self_attn: `attn_output`, max abs diff "
+                                "0.0107 (values differ)")
+        # The call site keeps its own mark.
+        assert marks_at(result, file, line_of(PORT, "hidden_states, _ = self.self_attn(")).status == DIVERGENCE
+    finally:
+        close_result(result)
+
+
+def marks_at(result: DiffResult, file: str, line: int) -> LineMark | None:
+    return line_marks(result).get((file, line))
