@@ -35,6 +35,8 @@ export interface ModelTraceSettings {
     diffMaps: string[];
     /** Re-run the first differing modules on the reference's inputs (reference with full tensors). */
     diffReplay: boolean;
+    /** A module mapping file (`modeltrace align`) aligning the trace with its reference instead of names; "" none. */
+    diffMapping: string;
     /** Notifications when a reference is set and when a trace diverges from it. */
     notifications: boolean;
     /** The last trace's result in the status bar. */
@@ -58,6 +60,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     diffRtol: null,
     diffMaps: [],
     diffReplay: true,
+    diffMapping: "",
     notifications: true,
     statusBar: true,
 };
@@ -96,6 +99,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const checkpoint: unknown = configuration.get("checkpoint");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
+    const diffMapping: unknown = configuration.get("diffMapping");
     const notifications: unknown = configuration.get("notifications");
     const statusBar: unknown = configuration.get("statusBar");
     return {
@@ -115,6 +119,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],
         diffReplay: typeof diffReplay === "boolean" ? diffReplay : defaultSettings.diffReplay,
+        diffMapping: typeof diffMapping === "string" ? diffMapping.trim() : defaultSettings.diffMapping,
         notifications: typeof notifications === "boolean" ? notifications : defaultSettings.notifications,
         statusBar: typeof statusBar === "boolean" ? statusBar : defaultSettings.statusBar,
     };

@@ -24,7 +24,7 @@ from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.codelens import document_classes
 from modeltrace.lsp.diagnostics import clear_failure, publish_failure
 from modeltrace.lsp.loading import load_trace, settle_memory
-from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_reference, update_diff
+from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.status import ServerState, notify_status
@@ -307,14 +307,6 @@ def _owner(ls: ModelTraceServer, path: str) -> str:
     return showing.owner if showing is not None else path
 
 
-def _reference_path(ls: ModelTraceServer, text: str) -> str:
-    """An absolute reference path; a relative one is taken from the workspace root."""
-    path = Path(text).expanduser()
-    if not path.is_absolute() and ls.workspace.root_path:
-        path = Path(ls.workspace.root_path) / path
-    return str(path.absolute())
-
-
 async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.setReference [uri, path]`: compare the document's traces with a trace or debugger output.
 
@@ -327,7 +319,7 @@ async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     path = ls.uri_to_path(uri)
     if path is None:
         return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
-    reference = _reference_path(ls, text)
+    reference = workspace_path(ls, text)
     try:
         await asyncio.to_thread(load_checked_reference, reference)
     except (TraceFormatError, OSError) as error:

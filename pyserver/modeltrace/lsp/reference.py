@@ -51,6 +51,9 @@ class CallDiff:
     check: str | None
     max_abs_diff: float | None
     max_rel_diff: float | None
+    # the reference call it was compared with when its path differs, and how it was aligned when not by name
+    reference_path: str | None = None
+    aligned_by: str | None = None
 
 
 @dataclass(slots=True)
@@ -73,12 +76,13 @@ def load_checked_reference(path: str) -> None:
 
 
 def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float | None,
-                 maps: tuple[str, ...], replay: bool = False, worker: Any = None) -> DocumentDiff:
+                 maps: tuple[str, ...], replay: bool = False, worker: Any = None,
+                 mapping: str | None = None) -> DocumentDiff:
     """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread). With
     `replay` and a reference holding full tensors, the first modules whose outputs differ are re-run on the
     reference's inputs in `worker` (the server's trace worker, the candidate's environment; the caller holds
-    the trace lock), and the verdict uses that (`diff.replay`)."""
-    result = diff_paths(reference, candidate, atol, rtol, maps)
+    the trace lock), and the verdict uses that (`diff.replay`). `mapping`: a mapping file to align by."""
+    result = diff_paths(reference, candidate, atol, rtol, maps, mapping=mapping)
     if replay and result.reference.tensors is not None:
         try:
             run_replay(result, worker)
@@ -88,7 +92,10 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
     try:
         calls = {
             (module.candidate.path, module.candidate.call_index): CallDiff(
-                module.status, module.check, module.max_abs_diff, module.max_rel_diff
+                module.status, module.check, module.max_abs_diff, module.max_rel_diff,
+                module.reference.path if module.reference is not None and module.reference.path != module.candidate.path
+                else None,
+                _alignment_text(module),
             )
             for module in result.modules
         }
@@ -116,6 +123,7 @@ async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff
         diff = await asyncio.to_thread(
             compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps,
             settings.diff_replay, ls.worker() if settings.diff_replay else None,
+            workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
         )
     except ModelTraceError as error:
         ls.show_message(f"ModelTrace: comparing with the reference failed: {error}", types.MessageType.Error)
@@ -268,6 +276,24 @@ def _named(call: dict[str, Any]) -> str:
     return f"{call['path']} (line {called_at['line']})" if called_at else call["path"]
 
 
+def _alignment_text(module: Any) -> str | None:
+    """How a call was aligned when names did not do it: "aligned automatically, 0.95" / "mapping line 12"."""
+    pair = module.pair
+    if pair is None:
+        return {"map": "by --map", "prefix": "by prefix"}.get(module.aligned_by or "")
+    if module.aligned_by == "mapping":
+        return f"mapping line {pair.line}" if pair.line else "mapping"
+    return f"aligned automatically, confidence {pair.confidence:.2f}" + (" (fused)" if pair.fused else "")
+
+
+def workspace_path(ls: ModelTraceServer, text: str) -> str:
+    """An absolute path; a relative one is taken from the workspace root."""
+    path = Path(text).expanduser()
+    if not path.is_absolute() and ls.workspace.root_path:
+        path = Path(ls.workspace.root_path) / path
+    return str(path.absolute())
+
+
 def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> str | None:
     """The hover's "vs reference" section for a line's calls, or None when none was compared."""
     diff = ls.diffs.get(owner)
@@ -280,13 +306,19 @@ def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> st
             continue
         status = "**first divergence**" if compared.status == DIVERGENCE else compared.status.replace("_", " ")
         name = record.path if record.call_index == 0 else f"{record.path}#{record.call_index}"
+        if compared.reference_path is not None:
+            counterpart = f"`{compared.reference_path or '(root)'}`"
+            counterpart += f" ({compared.aligned_by})" if compared.aligned_by else ""
+        else:
+            counterpart = "same path"
         rows.append(
-            f"| `{name}` | {status} | {format_number(compared.max_abs_diff)} | {format_number(compared.max_rel_diff)} "
-            f"| {compared.check or '–'} |"
+            f"| `{name}` | {counterpart} | {status} | {format_number(compared.max_abs_diff)} "
+            f"| {format_number(compared.max_rel_diff)} | {compared.check or '–'} |"
         )
     if not rows:
         return None
-    header = "| call | status | max abs diff | max rel diff | check |\n|:--|:--|--:|--:|:--|"
+    header = ("| call | reference | status | max abs diff | max rel diff | check |\n"
+              "|:--|:--|:--|--:|--:|:--|")
     return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows)
 
 

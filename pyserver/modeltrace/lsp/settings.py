@@ -71,6 +71,8 @@ class Settings:
     diff_maps: tuple[str, ...] = ()
     # Re-run the first differing modules on the reference's inputs when the reference has full tensors.
     diff_replay: bool = True
+    # A module mapping file (`modeltrace align`) that aligns the trace with its reference instead of names.
+    diff_mapping: str | None = None
     # Shape-only traces (the full-size config on the meta device: shapes and dtypes, no statistics) and a local
     # checkpoint folder (saved with save_pretrained) to load instead of a shrunk random-weight config.
     shape_only: bool = False
@@ -148,6 +150,15 @@ def _checkpoint(value: Any) -> str | None:
     return str(expanded.resolve()) if expanded.exists() else text
 
 
+def _optional_path(value: Any) -> str | None:
+    """A path setting: empty means none (a missing file is reported when it is used, naming it)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError("expected a path")
+    return value
+
+
 def _maps(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
         raise ValueError("expected a list of 'REGEX=>REPL' strings")
@@ -175,6 +186,7 @@ _SETTINGS = {
     "diffRtol": ("diff_rtol", _tolerance),
     "diffMaps": ("diff_maps", _maps),
     "diffReplay": ("diff_replay", _boolean),
+    "diffMapping": ("diff_mapping", _optional_path),
     "shapeOnly": ("shape_only", _boolean),
     "checkpoint": ("checkpoint", _checkpoint),
 }

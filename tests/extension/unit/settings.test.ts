@@ -26,6 +26,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
         vscodeFake.settings.set("modelTrace.diffReplay", false);
+        vscodeFake.settings.set("modelTrace.diffMapping", " maps/port.map ");
         vscodeFake.settings.set("modelTrace.notifications", false);
         vscodeFake.settings.set("modelTrace.statusBar", false);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
@@ -47,6 +48,7 @@ describe("settings", () => {
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
                 diffReplay: false,
+                diffMapping: "maps/port.map",
                 notifications: false,
                 statusBar: false,
             },

@@ -182,3 +182,68 @@ async def test_diff_settings_take_tolerances_and_rename_maps_and_skip_bad_values
     assert (settings.diff_atol, settings.diff_rtol, settings.diff_maps) == (1e-4, 0.0, (r"h\.(\d+)=>layers.\1",))
     unchanged = settings.updated({"diffAtol": -1, "diffMaps": ["no arrow"]})
     assert (unchanged.diff_atol, unchanged.diff_maps) == (1e-4, (r"h\.(\d+)=>layers.\1",))
+
+
+async def test_an_independently_named_port_aligns_and_its_hover_names_the_reference(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    """A Meta-style Llama (`layers.0.attention.wq`) against transformers' `LlamaModel` (`…self_attn.q_proj`):
+    the editor's diff aligns them by evidence and each compared line's hover names the reference call and how it
+    was aligned; `modelTrace.diffMapping` makes the diff use an edited mapping file instead."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pairs = REPOSITORY / "tests" / "python" / "align_pairs"
+    port_file = tmp_path / "meta_llama.py"
+    shutil.copy(pairs / "meta_llama.py", port_file)
+    recipes = {
+        "reference": "def build_model():\n    return reference_model(seed=0)\n\n"
+                     "def build_inputs(model):\n    return {'input_ids': torch.tensor(TOKENS), 'use_cache': False}\n",
+        "port": "def build_model():\n    return port_model('renamed')\n\n"
+                "def build_inputs(model):\n    return {'tokens': torch.tensor(TOKENS)}\n",
+    }
+    for name, body in recipes.items():
+        recipe = tmp_path / f"recipe_{name}.py"
+        recipe.write_text(textwrap.dedent(f"""
+            import sys
+            import torch
+            sys.path.insert(0, {str(tmp_path)!r})
+            from meta_llama import TOKENS, port_model, reference_model
+        """) + body)
+        traced = subprocess.run([sys.executable, "-m", "modeltrace", "trace", str(port_file), "--recipe", str(recipe),
+                                 "--out", str(tmp_path / f"{name}.mtrace")], capture_output=True, text=True,
+                                timeout=300)
+        assert traced.returncode == 0, traced.stderr
+    uri = open_document(client, port_file)
+    await execute(client, "modelTrace.loadTrace", uri, str(tmp_path / "port.mtrace"))
+    outcome = await execute(client, "modelTrace.setReference", uri, str(tmp_path / "reference.mtrace"))
+    assert outcome["ok"] and outcome["diff"] is not None
+    line = line_of(port_file, "xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)")
+    hover = await hover_text(client, uri, line)
+    assert "`layers.0.self_attn.q_proj` (aligned automatically, confidence 1.00)" in hover, hover
+    assert "`layers.0.self_attn.k_proj` (aligned automatically" in hover
+
+    mapping_file = tmp_path / "port.map"
+    written = subprocess.run([sys.executable, "-m", "modeltrace", "align", str(tmp_path / "reference.mtrace"),
+                              str(tmp_path / "port.mtrace"), "--out", str(mapping_file)], capture_output=True,
+                             text=True, timeout=300)
+    assert written.returncode == 0, written.stderr
+    text = mapping_file.read_text().replace("layers.0.self_attn.k_proj => layers.0.attention.wk",
+                                            "layers.0.self_attn.v_proj => layers.0.attention.wk", 1)
+    text = text.replace("layers.0.self_attn.v_proj => layers.0.attention.wv",
+                        "layers.0.self_attn.k_proj => layers.0.attention.wv", 1)
+    mapping_file.write_text(text)
+    mapped_line = next(number for number, content in enumerate(text.splitlines(), 1)
+                       if content.startswith("layers.0.self_attn.v_proj => layers.0.attention.wk"))
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"diffMapping": str(mapping_file)}})
+    )
+    try:
+        await execute(client, "modelTrace.setReference", uri, str(tmp_path / "reference.mtrace"))
+        hover = await hover_text(client, uri, line)
+        assert f"`layers.0.self_attn.v_proj` (mapping line {mapped_line})" in hover, hover
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"diffMapping": ""}})
+        )
