@@ -1,5 +1,5 @@
-"""A Llama written the way research code is (Meta's reference implementation's names and layout), to align with
-transformers' `LlamaModel` by evidence, not names.
+"""A Llama written the way research code is (names in the style of Meta's reference implementation, none of them
+shared with transformers': `blocks`, `final_norm`), to align with transformers' `LlamaModel` by evidence, not names.
 
 Options make the variants the alignment tests need: `fused` (one `wqkv` and one `w13` projection instead of
 `wq/wk/wv` and `w1/w3`), `wrapped` (the blocks two levels deeper, inside a called `Trunk` wrapper, beside a
@@ -121,8 +121,8 @@ class Transformer(nn.Module):
         if wrapped:
             self.body = nn.ModuleDict({"trunk": Trunk(blocks), "unused_heads": nn.ModuleDict()})
         else:
-            self.layers = nn.ModuleList(blocks)
-        self.norm = RMSNorm(dim, eps)
+            self.blocks = nn.ModuleList(blocks)
+        self.final_norm = RMSNorm(dim, eps)
         head_dim = dim // n_heads
         self.register_buffer(
             "inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False
@@ -136,17 +136,17 @@ class Transformer(nn.Module):
         if self.wrapped:
             h = self.body["trunk"](h, cos, sin)
         else:
-            for layer in self.layers:
+            for layer in self.blocks:
                 h = layer(h, cos, sin)
-        return self.norm(h)
+        return self.final_norm(h)
 
 
 def copy_from_transformers(port: Transformer, reference: nn.Module) -> None:
     """Copy a transformers `LlamaModel`'s weights into `port` (concatenated where the port fuses)."""
     with torch.no_grad():
         port.tok_embeddings.weight.copy_(reference.embed_tokens.weight)
-        port.norm.weight.copy_(reference.norm.weight)
-        blocks = port.body["trunk"].blocks if port.wrapped else port.layers
+        port.final_norm.weight.copy_(reference.norm.weight)
+        blocks = port.body["trunk"].blocks if port.wrapped else port.blocks
         for block, layer in zip(blocks, reference.layers, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             block.attention_norm.weight.copy_(layer.input_layernorm.weight)

@@ -187,7 +187,7 @@ async def test_diff_settings_take_tolerances_and_rename_maps_and_skip_bad_values
 async def test_an_independently_named_port_aligns_and_its_hover_names_the_reference(
     client: LanguageClient, tmp_path: Path
 ) -> None:
-    """A Meta-style Llama (`layers.0.attention.wq`) against transformers' `LlamaModel` (`…self_attn.q_proj`):
+    """A Meta-style Llama (`blocks.0.attention.wq`) against transformers' `LlamaModel` (`…self_attn.q_proj`):
     the editor's diff aligns them by evidence and each compared line's hover names the reference call and how it
     was aligned; `modelTrace.diffMapping` makes the diff use an edited mapping file instead."""
     import subprocess
@@ -229,13 +229,13 @@ async def test_an_independently_named_port_aligns_and_its_hover_names_the_refere
                               str(tmp_path / "port.mtrace"), "--out", str(mapping_file)], capture_output=True,
                              text=True, timeout=300)
     assert written.returncode == 0, written.stderr
-    text = mapping_file.read_text().replace("layers.0.self_attn.k_proj => layers.0.attention.wk",
-                                            "layers.0.self_attn.v_proj => layers.0.attention.wk", 1)
-    text = text.replace("layers.0.self_attn.v_proj => layers.0.attention.wv",
-                        "layers.0.self_attn.k_proj => layers.0.attention.wv", 1)
+    text = mapping_file.read_text().replace("layers.0.self_attn.k_proj => blocks.0.attention.wk",
+                                            "layers.0.self_attn.v_proj => blocks.0.attention.wk", 1)
+    text = text.replace("layers.0.self_attn.v_proj => blocks.0.attention.wv",
+                        "layers.0.self_attn.k_proj => blocks.0.attention.wv", 1)
     mapping_file.write_text(text)
     mapped_line = next(number for number, content in enumerate(text.splitlines(), 1)
-                       if content.startswith("layers.0.self_attn.v_proj => layers.0.attention.wk"))
+                       if content.startswith("layers.0.self_attn.v_proj => blocks.0.attention.wk"))
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"modelTrace": {"diffMapping": str(mapping_file)}})
     )
