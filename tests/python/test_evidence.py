@@ -204,6 +204,12 @@ def test_port_in_another_file_names_its_first_differing_line(worker, original: P
         line = result.first_divergence.line
         assert line is not None and line.file == str(PORT_FILE.resolve())
         assert line.line == line_of(PORT_FILE, "x1 = x[..., 0::2]") and line.name == "x1"
+        # rotate_half is a helper: the attention's forward line that leads to it is named and marked too
+        caller = line_of(PORT_FILE, "query_states, key_states = apply_rotary_pos_emb(")
+        assert line.called_from == (str(PORT_FILE.resolve()), caller)
+        assert to_json(result)["first_divergence"]["line"]["called_from"] == {"file": str(PORT_FILE.resolve()),
+                                                                              "line": caller}
+        assert line_statuses(result)[(str(PORT_FILE.resolve()), caller)] == "divergence"
         # the port builds its modules the same way: nothing reported as built differently
         assert not any(module.settings or module.parameters for module in result.modules)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,22 +16,12 @@ import pytest
 from conftest import REPO_ROOT, line_of
 from modeltrace.diff import DIVERGENCE, MATCH, MISMATCH, close_result, diff_paths
 from modeltrace.diff.compare import DiffResult
+from modeltrace.diff.lines import LineDivergence
 from modeltrace.diff.report import LineMark, line_marks, line_statuses
 
 
 PORT = REPO_ROOT / "examples" / "tiny_llama_port" / "modeling_tiny_llama_port.py"
 REFERENCE = REPO_ROOT / "examples" / "reference" / "tiny_llama.mtrace"
-
-
-@dataclass(frozen=True)
-class LineDivergence:
-    """The fields `diff/lines.py` (issue-evidence) sets on `Divergence.line`, as fixed in the shared interface."""
-
-    file: str
-    line: int
-    name: str | None
-    max_abs_diff: float | None
-    reason: str
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +59,7 @@ def test_the_line_the_diff_drilled_down_to_gets_the_divergence_mark(port_trace: 
         file = str(PORT.resolve())
         edited = line_of(PORT, "attn_output, attn_weights = attention_interface(")
         assert marks_at(result, file, edited) is None
-        # NOTE: a stand-in for what issue-evidence's drill-down sets; the mark follows the shared interface.
+        # NOTE: the drill-down set by hand to the edited line: the mark follows it
         result.first_divergence.line = LineDivergence(file, edited, "attn_output", 0.0107, "values differ")
         mark = marks_at(result, file, edited)
         assert mark is not None and mark.status == DIVERGENCE

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modeltrace.trace.records import LineRecord, TensorSummary
@@ -45,11 +46,16 @@ class LineDivergence:
     name: str | None
     max_abs_diff: float | None
     reason: str
+    # where the value first differs inside a helper function the forward calls: the forward's line that called
+    # it (an edited argument of that call is there), else None
+    called_from: tuple[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
         return {"file": self.file, "line": self.line, "name": self.name,
-                "max_abs_diff": value if value is None or math.isfinite(value) else None, "reason": self.reason}
+                "max_abs_diff": value if value is None or math.isfinite(value) else None, "reason": self.reason,
+                "called_from": None if self.called_from is None else {"file": self.called_from[0],
+                                                                      "line": self.called_from[1]}}
 
 
 # Relative tolerance of a statistic per dtype (the lower precision of the two sides decides), before widening
@@ -78,8 +84,50 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     cand_body, cand_inputs = _split_prologue(cand_lines)
     tolerance = _tolerance(ref_lines, cand_lines, ref_inputs, cand_inputs)
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
-        return _same_file(ref_body, cand_body, tolerance)
-    return _by_order(ref_lines, ref_body, cand_body, tolerance)
+        found = _same_file(ref_body, cand_body, tolerance)
+    else:
+        found = _by_order(ref_lines, ref_body, cand_body, tolerance)
+    if found is None or not cand_inputs:
+        return found
+    return _in_forward(found, cand_body, cand_inputs[0])
+
+
+def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: LineRecord) -> LineDivergence:
+    """`found`, with the line of the module's own forward that leads to it when it lies in a helper function the
+    forward calls (`eager_attention_forward`, `apply_rotary_pos_emb`): that call (`attn_output, attn_weights =
+    attention_interface(...)`) is what the user wrote in the module, and where an edited argument (`scaling=...`)
+    sits; the helper's line is where the values first differ. The forward's lines come from its `def` line
+    (where the parameters are recorded) and the source file; where that cannot be read, `found` stands."""
+    span = _function_span(definition.file, definition.line)
+    if span is None or (found.file == definition.file and span[0] <= found.line <= span[1]):
+        return found
+    start = next((position for position, record in enumerate(cand_body)
+                  if (record.file, record.line, record.name) == (found.file, found.line, found.name)), None)
+    if start is None:
+        return found
+    caller = next((record for record in cand_body[start:]
+                   if record.file == definition.file and span[0] <= record.line <= span[1]), None)
+    if caller is None:
+        return found
+    return LineDivergence(found.file, found.line, found.name, found.max_abs_diff,
+                          f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
+                          called_from=(caller.file, caller.line))
+
+
+def _function_span(file: str, def_line: int) -> tuple[int, int] | None:
+    """First and last line of the function defined on `def_line` of `file` (its decorators' lines included in
+    neither), or None where the file cannot be read or parsed."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= def_line <= (
+                node.body[0].lineno if node.body else node.lineno):
+            return node.lineno, node.end_lineno or node.lineno
+    return None
 
 
 def _split_prologue(records: list[LineRecord]) -> tuple[list[LineRecord], list[LineRecord]]:

@@ -305,6 +305,12 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
             f"First line that differs inside {_call_name(divergence.module)}: {what}, max abs diff "
             f"{_format_number(drilled.max_abs_diff)}" + (f" ({drilled.reason})" if drilled.reason else ""),
         )
+        if drilled.called_from is not None:  # the forward's call into the helper where the values first differ
+            marks[drilled.called_from] = LineMark(
+                DIVERGENCE,
+                f"The first difference inside {_call_name(divergence.module)} comes from this call: {what} differs "
+                f"at {_short(drilled.file)}:{drilled.line}, max abs diff {_format_number(drilled.max_abs_diff)}",
+            )
     if divergence is not None and divergence.built_at is not None and (divergence.settings or divergence.parameters):
         built = "; ".join([*(_setting(item) for item in divergence.settings),
                            *(_parameter(item) for item in divergence.parameters)][:3])

@@ -60,7 +60,7 @@ describe("ModelTrace: comparing with a reference trace", () => {
             document.uri,
             new vscode.Position(divergenceLine, 10),
         );
-        assert.match(hoverText(hovers), /\| `layers\.0\.self_attn` \| \*\*first divergence\*\* \| 0\.01073 \|/);
+        assert.match(hoverText(hovers), /\| `layers\.0\.self_attn` \| same path \| \*\*first divergence\*\* \| 0\.01073 \|/);
     });
 
     it("shows the gutter icons and the warning squiggle on screen", async function () {
@@ -79,7 +79,8 @@ describe("ModelTrace: comparing with a reference trace", () => {
             mode: "trusted",
             action: "check",
             hints: [],
-            gutterIcons: ["diff-divergence.svg", "diff-match.svg", "diff-mismatch.svg"],
+            // NOTE: every line of the decoder layer also runs in layer 1, downstream of the divergence: orange or red
+            gutterIcons: ["diff-divergence.svg", "diff-mismatch.svg"],
             gutterAt: [{ snippet: "hidden_states, _ = self.self_attn(", icon: "diff-divergence.svg" }],
             gutterHover: {
                 snippet: "hidden_states, _ = self.self_attn(",
@@ -93,6 +94,20 @@ describe("ModelTrace: comparing with a reference trace", () => {
         await vscode.commands.executeCommand("notifications.hideList");
         assert.deepEqual(result.failures, []);
         assert.equal(result.ok, true);
+        // the model's own forward, upstream of the attention: the embedding's line matches
+        const embedding: number = lineOf(editor.document, "inputs_embeds = self.embed_tokens(input_ids)");
+        const above: vscode.Position = new vscode.Position(Math.max(0, embedding - 5), 0);
+        editor.revealRange(new vscode.Range(above, above), vscode.TextEditorRevealType.AtTop);
+        await sleep(1000);
+        const upstream: DomResult = await askForDomCheck({
+            mode: "trusted",
+            action: "check",
+            hints: [],
+            gutterAt: [{ snippet: "inputs_embeds = self.embed_tokens(input_ids)", icon: "diff-match.svg" }],
+            screenshot: "screenshot-upstream.png",
+            media: false,
+        });
+        assert.deepEqual(upstream.failures, []);
     });
 
     it("opens the difference plot", async function () {
@@ -134,7 +149,10 @@ describe("ModelTrace: comparing with a reference trace", () => {
             assert.equal(result?.ok, true, JSON.stringify(result));
             assert.equal(result.diff?.match, false, `an edited scaling must diverge: ${JSON.stringify(result.diff)}`);
             const call: string = "attn_output, attn_weights = attention_interface(";
-            const drilled: number | undefined = result.diff?.firstDivergence?.line?.line;
+            // NOTE: the values first differ in eager_attention_forward, a helper: the drill-down names the forward's
+            // call into it as `called_from`, the line the user edited
+            const drillDown = result.diff?.firstDivergence?.line as { line: number; called_from?: { line: number } | null } | null | undefined;
+            const drilled: number | undefined = drillDown?.called_from?.line ?? drillDown?.line;
             const callSite: string = "hidden_states, _ = self.self_attn(";
             // The marked line in view: the edited call with the drill-down, else the attention's call site.
             await vscode.window.showTextDocument(document, { preview: false });
