@@ -289,3 +289,18 @@ def test_transposed_weights_identify_conv1d_against_linear(worker: WorkerClient,
     assert projection.reference == ["transformer.h.0.attn.c_attn"]
     assert "weights equal transposed" in projection.evidence
     assert "weights equal transposed" in by_candidate["blocks.1.mlp.fc"].evidence
+
+
+def test_a_split_candidate_against_a_fused_reference(traces: dict[str, Path]) -> None:
+    """The reverse of the fused pair: the fused port as the reference, transformers' separate projections as the
+    candidate. The run q/k/v on the candidate's side is paired with `wqkv` and compared concatenated."""
+    mapping = align_modules(read_trace(traces["fused"]), read_trace(traces["reference"]))
+    split = {pair.reference[0]: pair for pair in mapping.pairs if pair.fused}
+    assert split["blocks.0.attention.wqkv"].candidate == [f"layers.0.self_attn.{name}_proj" for name in "qkv"]
+    assert split["blocks.1.feed_forward.w13"].candidate == ["layers.1.mlp.gate_proj", "layers.1.mlp.up_proj"]
+    completed = _cli("diff", str(traces["fused"]), str(traces["reference"]), "--format", "json")
+    document = json.loads(completed.stdout)
+    group = next(item for item in document["modules"]
+                 if item["path"] == "layers.0.self_attn.q_proj + layers.0.self_attn.k_proj + layers.0.self_attn.v_proj")
+    assert group["reference_path"] == "blocks.0.attention.wqkv" and group["alignment"]["fused"]
+    assert group["status"] == "match", group
