@@ -45,7 +45,7 @@ _FLOOR = 0.3
 _WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2, "weights": 0.4}
 _KIND_MISMATCH = 0.25
 _SHAPE_MISMATCH = 0.5
-# NOTE: the sequence alignment keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
+# NOTE: a stretch between anchors keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
 _MAX_CELLS = 60_000_000
 _BAND = 0.1
 _BAND_MIN = 128
@@ -68,8 +68,6 @@ class CallFeatures:
     mean: float | None
     std: float | None
     layer: tuple[int, ...]
-    depth: int
-    is_leaf: bool
     input_mean: float | None = None
     input_std: float | None = None
     # the module's own parameters as sampled values, and with 2-D ones transposed (None: it has none recorded)
@@ -139,11 +137,9 @@ def features(trace: Trace) -> list[CallFeatures]:
     records = trace.modules
     weights = _weight_fingerprints(trace)
     has_children = [False] * len(records)
-    depth = [0] * len(records)
     for record in records:
         if 0 <= record.parent < len(records):
             has_children[record.parent] = True
-            depth[record.index] = depth[record.parent] + 1
     found = []
     for record in records:
         first_out = record.outputs[0] if record.outputs else None
@@ -155,8 +151,6 @@ def features(trace: Trace) -> list[CallFeatures]:
             mean=first_out.mean if first_out else None,
             std=first_out.std if first_out else None,
             layer=tuple(int(number) for number in _INTEGER.findall(record.path)),
-            depth=depth[record.index],
-            is_leaf=not has_children[record.index],
             input_mean=first_in.mean if first_in else None,
             input_std=first_in.std if first_in else None,
             weights=weights[record.path][0] if record.path in weights else None,
@@ -433,6 +427,10 @@ def _sequence_alignment(codes: _Codes, cand_range: slice, ref_range: slice) -> l
     module missing on one side, shift positions by a few percent. Left of a row's band D[i][j] = D[i-1][j];
     right of it, the band's last value or D[i-1][j]."""
     count_cand, count_ref = cand_range.stop - cand_range.start, ref_range.stop - ref_range.start
+    if count_cand * count_ref > _MAX_CELLS:
+        raise ValueError(f"automatic alignment handles stretches of up to {_MAX_CELLS:,} call pairs between calls "
+                         f"it can pair for sure; these traces have one of {count_cand:,} × {count_ref:,}: give a "
+                         "mapping file (--mapping) or --map rules")
     table = np.zeros((count_cand + 1, count_ref + 1), dtype=np.float32)
     scores = np.full((count_cand, count_ref), -np.inf, dtype=np.float32)
     half_width = max(_BAND_MIN, int(_BAND * max(count_ref, count_cand)))
@@ -477,9 +475,6 @@ def align_calls(reference: Trace, candidate: Trace) -> tuple[dict[int, tuple[int
     pass over children of aligned parents; with both sides' features and their codes."""
     ref_features, cand_features = features(reference), features(candidate)
     count_ref, count_cand = len(ref_features), len(cand_features)
-    if count_ref * count_cand > _MAX_CELLS:
-        raise ValueError(f"automatic alignment handles up to {_MAX_CELLS:,} call pairs; these traces have "
-                         f"{count_cand:,} × {count_ref:,}: give a mapping file (--mapping) or --map rules")
     codes = _Codes(ref_features, cand_features)
     matched: dict[int, tuple[int, float]] = {}
     # NOTE: anchors split the sequence alignment into small independent pieces: calls whose kind, signatures
