@@ -656,7 +656,7 @@ def _weight_moments(trace: Trace) -> dict[str, tuple[int, float, float]]:
     return found
 
 
-def _pooled(moments: list[tuple[int, float, float]]) -> tuple[float, float]:
+def pooled_moments(moments: list[tuple[int, float, float]]) -> tuple[float, float]:
     """Mean and std of a concatenation, from its parts' counts, means and stds."""
     total = sum(count for count, _, _ in moments)
     mean = sum(count * value for count, value, _ in moments) / total
@@ -704,7 +704,7 @@ def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: 
         if fused.path in fused_weights and all(item.path in run_weights for item in members):
             count, mean, std = fused_weights[fused.path]
             parts = [run_weights[item.path] for item in members]
-            pooled_mean, pooled_std = _pooled(parts)
+            pooled_mean, pooled_std = pooled_moments(parts)
             if count == sum(part[0] for part in parts) and abs(pooled_mean - mean) + abs(pooled_std - std) <= 1e-5 * max(std, 1e-12):
                 confidence = max(confidence, 0.95)
                 evidence += ", weights concatenated"
@@ -720,7 +720,7 @@ def _combined_moments(members: list[ModuleCall]) -> tuple[float, float] | None:
         if summary.mean is None or summary.std is None:
             return None
         moments.append((math.prod(summary.shape), summary.mean, summary.std))
-    return _pooled(moments)
+    return pooled_moments(moments)
 
 
 def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_features: list[CallFeatures],

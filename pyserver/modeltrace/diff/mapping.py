@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modeltrace.diff.auto_align import DEFAULT_THRESHOLD, Leftover, ModuleMapping, ModulePair
+from modeltrace.diff.auto_align import DEFAULT_THRESHOLD, Leftover, ModuleMapping, ModulePair, pooled_moments
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.tensors import TensorStore
@@ -190,11 +190,9 @@ def _concatenated(members: list[ModuleCall]) -> TensorSummary:
     combined = TensorSummary(first.key, shape, first.dtype, first.device)
     counts = [math.prod(summary.shape) for summary in summaries]
     if all(summary.mean is not None and summary.std is not None for summary in summaries):
-        total = sum(counts)
-        mean = sum(count * summary.mean for count, summary in zip(counts, summaries)) / total
-        squares = sum((count - 1) * summary.std**2 + count * summary.mean**2 for count, summary in zip(counts, summaries))
-        combined.mean = mean
-        combined.std = math.sqrt(max((squares - total * mean * mean) / max(total - 1, 1), 0.0))
+        combined.mean, combined.std = pooled_moments(
+            [(count, summary.mean, summary.std) for count, summary in zip(counts, summaries)]
+        )
     if all(summary.min is not None for summary in summaries):
         combined.min = min(summary.min for summary in summaries)
         combined.max = max(summary.max for summary in summaries)

@@ -27,6 +27,7 @@ from modeltrace.diff.compare import (
     ModuleResult,
     ReplayResult,
 )
+from modeltrace.diff.align import Alignment
 from modeltrace.diff.pairing import Pairing
 from modeltrace.diff.settings import ParameterDifference, SettingDifference
 from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
@@ -405,7 +406,7 @@ def _kind(loaded) -> str:
     return f"{what} of {loaded.trace.model.get('class') or '?'}, {len(loaded.trace.modules)} module calls, {tensors}"
 
 
-def _mapping_source(alignment) -> str:  # noqa: ANN001
+def _mapping_source(alignment: Alignment) -> str:
     """How a mapping aligned the traces, for the report's header."""
     mapping = alignment.mapping
     fused = sum(1 for pair in mapping.pairs if pair.fused)
