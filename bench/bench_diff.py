@@ -18,12 +18,14 @@ medium Llama against the time it takes just to read both tensor sets.
   `diff_traces` (full-tensor comparison of every input and output), and `diff_traces` alone on traces opened
   beforehand (tensor data is read from the memory maps during the diff). Files are in the page cache for all.
 
-- `medium Llama full + replay`: the same pair, the candidate rebuilt by the worker from a recipe (the same
-  model, seed 0), its first 8 differing modules re-run on the reference's inputs (`run_replay` with a warm
-  worker, as the editor has one). Timed: `load_reference` ×2 + `diff_traces` + `run_replay` against reading
-  both tensor sets (target ≤ 3×); and, inside the worker, the replayed modules' extra calls against their own
-  live calls in the same forward (target: the replay adds at most the cost of running them once), besides the
-  rebuild of the candidate and its forward that any replay needs.
+- `medium Llama full + replay`: the same pair, its first 8 differing modules re-run on the reference's inputs
+  (`run_replay` with a warm worker). Two cases: the editor's, where the candidate was just traced (from a
+  recipe: the same model, seed 0) by the same worker, which kept the model and its calls' arguments
+  (`keep_for_replay`), so the suspects are called again directly; and the CLI's (`modeltrace diff --replay`),
+  where the worker rebuilds the candidate and runs its forward up to the last suspect. Timed: `load_reference`
+  ×2 + `diff_traces` + `run_replay` against reading both tensor sets (target ≤ 3×); and, for the rebuild,
+  inside the worker, the replayed modules' extra calls against their own live calls in the same forward
+  (target: the replay adds at most the cost of running them once).
 
 Best and median over rounds, after a warm-up; the best is what the code costs, the median what a busy machine
 (these run next to other work) adds to it.
@@ -241,31 +243,63 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     from modeltrace.worker.client import WorkerClient
 
     reference, candidate = folder / "ref.mtrace", folder / "cand.mtrace"
-    ref_tensors, cand_tensors = reference / TENSORS_FILE, candidate / TENSORS_FILE
-    timings: list[dict] = []
+    recipe = folder / "recipe_cand.py"
 
-    def read_both() -> None:
-        load_file(str(ref_tensors))
-        load_file(str(cand_tensors))
+    def timed(target: Path, worker: WorkerClient) -> tuple[tuple[float, float], tuple[float, float], float, list[dict]]:
+        """(read both tensor sets, load both + diff + replay, the median of their per-round ratio, the replays'
+        timings) against candidate `target`: the two are timed back to back in each round, so that the ratio
+        of one round compares like with like on a machine whose load changes between rounds."""
+        timings: list[dict] = []
+        reads, totals = [], []
 
-    with WorkerClient() as worker:
-        worker.start()
+        def read_both() -> None:
+            load_file(str(reference / TENSORS_FILE))
+            load_file(str(target / TENSORS_FILE))
 
         def diff_and_replay() -> None:
-            with load_reference(reference) as ref, load_reference(candidate) as cand:
+            with load_reference(reference) as ref, load_reference(target) as cand:
                 result = diff_traces(ref, cand, DiffOptions())
                 run_replay(result, worker)
                 assert result.replayed, result.notes
                 timings.append(result.replay_timing)
 
-        read_both_ms = _time_ms(read_both, rounds)
-        total_ms = _time_ms(diff_and_replay, rounds)
+        read_both(), diff_and_replay()  # warm-up
+        timings.clear()
+        for _ in range(rounds):
+            for function, times in ((read_both, reads), (diff_and_replay, totals)):
+                started = time.perf_counter()
+                function()
+                times.append((time.perf_counter() - started) * 1000)
+        ratio = statistics.median(total / read for total, read in zip(totals, reads))
+        return (min(reads), statistics.median(reads)), (min(totals), statistics.median(totals)), ratio, timings
+
+    with WorkerClient() as worker:
+        worker.start()
+        # the editor's case: the diff follows the candidate's trace, whose worker child kept the model
+        kept_trace = Path(worker.trace({
+            "file": str(recipe), "recipe": str(recipe), "model": None, "config": None, "full_tensors": True,
+            "seed": 0, "lines": False, "timeout": 600, "out": str(folder / "cand_kept.mtrace"),
+            "keep_for_replay": True})["trace"])
+        kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker)
+        assert all(timing["kept"] for timing in kept_timings)
+        # the CLI's case (`modeltrace diff --replay`): no trace ran in this worker, the candidate is rebuilt
+        worker.trace({"file": str(recipe), "recipe": str(recipe), "model": None, "config": None, "seed": 0,
+                      "lines": False, "timeout": 600, "out": str(folder / "other.mtrace")})
+        read_both_ms, total_ms, ratio, timings = timed(candidate, worker)
+        assert not any(timing["kept"] for timing in timings)
     best = min(timings, key=lambda timing: timing["seconds"])
+    best_kept = min(kept_timings, key=lambda timing: timing["seconds"])
     replayed = sum(seconds for seconds, _ in best["modules"].values() if seconds)
     live = sum(seconds for _, seconds in best["modules"].values() if seconds)
     return {
         "read_both_ms": read_both_ms,
         "diff_replay_ms": total_ms,
+        "kept_read_both_ms": kept_read,
+        "kept_diff_replay_ms": kept_total,
+        "kept_ratio": kept_ratio,
+        "ratio": ratio,
+        "kept_worker_ms": best_kept["seconds"] * 1000,
+        "kept_direct": len(best_kept["direct"]),
         "replayed_modules": len(best["modules"]),
         "worker_ms": best["seconds"] * 1000,
         "rebuild_ms": best["build_seconds"] * 1000,
@@ -285,8 +319,14 @@ def _cell(times: tuple[float, float], baseline: tuple[float, float] | None = Non
 
 def markdown(stats: dict, full: dict, replay: dict | None = None) -> str:
     rows = [] if replay is None else [
-        f"| medium Llama, full tensors, with replay of {replay['replayed_modules']} modules (warm worker) | "
-        f"load both + diff + replay | {_cell(replay['diff_replay_ms'], replay['read_both_ms'])} | ≤ 3× |",
+        f"| medium Llama, full tensors, with replay of {replay['replayed_modules']} modules, after the candidate's "
+        f"trace in the same worker (the editor) | load both + diff + replay "
+        f"({replay['kept_direct']} modules called directly, worker {replay['kept_worker_ms']:.0f} ms) | "
+        f"{_cell(replay['kept_diff_replay_ms'])}, reading both {_cell(replay['kept_read_both_ms'])}; paired "
+        f"ratio {replay['kept_ratio']:.2f}× | ≤ 3× |",
+        f"| the same, the candidate rebuilt by the worker (`modeltrace diff --replay`) | "
+        f"load both + diff + replay | {_cell(replay['diff_replay_ms'])}, reading both {_cell(replay['read_both_ms'])}; "
+        f"paired ratio {replay['ratio']:.2f}× | |",
         f"| | in the worker: rebuild {replay['rebuild_ms']:.0f} ms, whole job {replay['worker_ms']:.0f} ms; the "
         f"replayed modules' extra calls against their live calls in the same forward | "
         f"{replay['replayed_calls_ms']:.1f} vs {replay['live_calls_ms']:.1f} — "
@@ -322,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         stats = bench_statistics(rounds, Path(folder))
         full = bench_full(max(3, rounds // 2), Path(folder))
-        replay = None if arguments.no_replay else bench_replay(max(3, rounds // 3), Path(folder), full)
+        replay = None if arguments.no_replay else bench_replay(max(9, rounds // 2), Path(folder), full)
     print(markdown(stats, full, replay))
     if arguments.json:
         Path(arguments.json).parent.mkdir(parents=True, exist_ok=True)

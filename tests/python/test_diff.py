@@ -485,6 +485,50 @@ def test_replay_judges_each_module_on_the_reference_inputs(original: Path, tmp_p
     assert {path.name: path.read_bytes() for path in candidate.iterdir()} == before  # no trace is changed
 
 
+def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: Path, worker) -> None:
+    """The editor's case: the diff follows the candidate's trace in the same worker, which kept the model and its
+    calls' arguments; the replay calls the suspects again without a rebuild or a forward, with the verdicts of a
+    replay that rebuilds."""
+    from modeltrace.diff import run_replay
+
+    request = {"file": str(_two_bugs(tmp_path)), "model": None, "recipe": None, "config": None,
+               "full_tensors": True, "seed": 0, "lines": False, "timeout": 120,
+               "out": str(tmp_path / "kept.mtrace"), "keep_for_replay": True}
+    traced = worker.trace(request)
+    assert traced["kept_for_replay"]
+    candidate = Path(traced["trace"])
+    verdicts = {}
+    for kept in (True, False):
+        if not kept:  # any other request ends the kept child: this replay rebuilds the candidate
+            worker.trace({**request, "keep_for_replay": False, "out": str(tmp_path / "other.mtrace")})
+        with load_reference(original) as ref, load_reference(candidate) as cand:
+            result = diff_traces(ref, cand)
+            run_replay(result, worker, limit=40)
+            assert result.replayed and bool(result.replay_timing["kept"]) is kept
+            verdicts[kept] = {module.candidate.path: (module.replay.status, module.replay.max_abs_diff)
+                              for module in result.modules if module.replay is not None}
+            assert set(result.replay_timing["direct"]) == (set(result.replay_timing["modules"]) if kept else set())
+            assert result.first_divergence.module.candidate.path == "layers.0.self_attn.q_proj"
+    assert len(verdicts[True]) >= 20 and verdicts[True].keys() == verdicts[False].keys()
+    for path, (status, difference) in verdicts[True].items():
+        assert status == verdicts[False][path][0], path
+        assert difference == pytest.approx(verdicts[False][path][1], rel=1e-4, abs=1e-6), path
+
+
+def test_a_kept_argument_changed_in_place_is_not_replayed_on() -> None:
+    """A call's kept arguments are used only while they hold what the trace recorded for them."""
+    from modeltrace.worker.replay import _kept_arguments_unchanged
+
+    module = torch.nn.Linear(4, 4)
+    scale = torch.linspace(0.5, 1.5, 4)
+    call = ((torch.ones(2, 4),), {"scale": scale})
+    expected = {"scale": [float(scale.double().mean()), float(scale.double().std())]}
+    assert _kept_arguments_unchanged(module, call, expected)
+    scale.mul_(2.0)  # what research code does to a buffer it reuses
+    assert not _kept_arguments_unchanged(module, call, expected)
+    assert not _kept_arguments_unchanged(module, call, {"missing": [0.0, 1.0]})
+
+
 def test_replay_of_a_module_that_raises_falls_back_to_the_plain_verdict(original: Path, tmp_path: Path,
                                                                         worker) -> None:
     from modeltrace.diff import run_replay

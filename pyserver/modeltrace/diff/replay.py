@@ -5,6 +5,8 @@ outputs differ are the suspects. With full tensors in the reference, each suspec
 tensor-level pairing of `pairing`) are taken from the reference, written to a safetensors file, and the worker
 (`worker/replay.py`, in the candidate's environment) rebuilds the candidate from its trace header, runs its
 forward, and at each suspect's call runs the module once more on those inputs with its own other arguments.
+Where the worker still holds the candidate from its trace (the editor's case: the diff follows the trace), it
+calls the suspects again directly on their kept arguments instead.
 Each replayed output is compared with the reference's output for that call by the same rule as the diff
 (`compare_pair_arrays`): a match clears the module (its outputs differ only through its inputs), a difference
 makes it a divergence on its own (`compare.decide`).
@@ -187,19 +189,23 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
             names[name] = module
             module.replay = ReplayResult(NOT_COMPARED, "not replayed", replaced=replaced)
             targets.append({"name": name, "path": module.candidate.path, "call_index": module.candidate.call_index,
-                            "inputs": {key: f"{name}/{key}" for key in tensors}})
+                            "inputs": {key: f"{name}/{key}" for key in tensors},
+                            "expect": _kept_input_statistics(module, set(tensors))})
             inputs.update({f"{name}/{key}": value for key, value in tensors.items()})
         if not targets:
             return
         inputs_file = Path(folder) / "replay_inputs.safetensors"
         write_safetensors(inputs_file, inputs)
         request = build_request(result, timeout)
-        request["replay"] = {"inputs_file": str(inputs_file), "targets": targets, "out": str(Path(folder) / "out")}
+        request["replay"] = {"inputs_file": str(inputs_file), "targets": targets, "out": str(Path(folder) / "out"),
+                             "candidate_trace": str(result.candidate.path)}
         answer = _ask_worker(request, client)
-        result.replay_timing = {key: answer.get(key) for key in ("seconds", "build_seconds")}
+        result.replay_timing = {key: answer.get(key) for key in ("seconds", "build_seconds", "kept")}
         result.replay_timing["modules"] = {
             names[name].candidate.path: (reply.get("replay_seconds"), reply.get("live_seconds"))
             for name, reply in answer["replay"].items() if name in names}
+        result.replay_timing["direct"] = [names[name].candidate.path for name, reply in answer["replay"].items()
+                                          if name in names and reply.get("direct")]
         with SafetensorsFile(answer["outputs"]) as outputs:
             problem = _rebuilt_differs(answer["replay"], names)
             for name, module in names.items():
@@ -213,6 +219,14 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
                     module.replay = _judge(result, module, name, outputs, module.replay.replaced)
         if problem is not None:
             result.notes.append(f"replay not used: {problem}")
+
+
+def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str, list[float]]:
+    """{input key: [mean, std]} of the candidate's own floating inputs that the replay keeps: a worker that
+    still holds the call's arguments checks them against these before calling the module on them again."""
+    return {summary.key: [summary.mean, summary.std] for summary in module.candidate.inputs
+            if summary.key not in replaced and summary.mean is not None and summary.std is not None
+            and "float" in summary.dtype and math.isfinite(summary.mean) and math.isfinite(summary.std)}
 
 
 def _ask_worker(request: dict[str, Any], client: Any) -> dict[str, Any]:

@@ -145,6 +145,8 @@ def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, An
         "checkpoint": settings.checkpoint,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
         "full_tensors": path in ls.references and not settings.shape_only,
+        # NOTE: the diff against that reference follows, and its replay runs on the model this trace keeps alive
+        "keep_for_replay": path in ls.references and settings.diff_replay and not settings.shape_only,
         "max_tensor_mb": settings.max_tensor_mb,
         "max_trace_mb": settings.max_trace_mb,
         "lines": settings.lines,

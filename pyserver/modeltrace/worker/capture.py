@@ -257,8 +257,16 @@ class ModuleCapture:
         full_tensors: bool = False,
         max_tensor_bytes: int | None = None,
         max_trace_bytes: int | None = None,
+        retain_calls_bytes: int | None = None,
     ) -> None:
         self.model = model
+        # NOTE: with `retain_calls_bytes`, each call's own arguments are kept (references, no copies) while the
+        # tensors they hold stay under that many bytes, so that a replay can call a module again without a
+        # forward (`worker/replay.py`); calls past the budget are not kept.
+        self.retained: dict[tuple[str, int], tuple[tuple, dict]] | None = (
+            {} if retain_calls_bytes is not None else None)
+        self._retain_budget = retain_calls_bytes or 0
+        self._retained_tensors: set[int] = set()
         self.full_tensors = full_tensors
         self.max_tensor_bytes = max_tensor_bytes
         self.max_trace_bytes = max_trace_bytes
@@ -331,6 +339,7 @@ class ModuleCapture:
         tensor_type = torch.Tensor
         capture = self
         calls = 0  # of this module in this capture: its records' call_index
+        retain = self._retain if self.retained is not None else None
 
         def capturing_call(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
@@ -346,6 +355,8 @@ class ModuleCapture:
                 index, path, class_name, class_location, called_at, calls, stack[-1] if stack else -1, -1, call_site,
                 inputs,
             )
+            if retain is not None:
+                retain(path, calls, args, kwargs)
             calls += 1
             records.append(record)
             stack.append(index)
@@ -363,6 +374,21 @@ class ModuleCapture:
             return output
 
         return capturing_call
+
+    def _retain(self, path: str, call_index: int, args: tuple, kwargs: dict) -> None:
+        """Keep a call's arguments (see `retained`), counting each tensor object once against the budget."""
+        added = 0
+        for name, value in (*enumerate(args), *kwargs.items()):
+            for _, tensor in iter_tensor_leaves(value, str(name)):
+                if id(tensor) not in self._retained_tensors:
+                    self._retained_tensors.add(id(tensor))
+                    added += tensor.numel() * tensor.element_size()
+        if added > self._retain_budget:
+            self._retain_budget = -1  # NOTE: spent: later calls are not kept either, however small
+            return
+        self._retain_budget -= added
+        assert self.retained is not None
+        self.retained[(path, call_index)] = (args, dict(kwargs))
 
     def _keep_unless_meta(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
         if tensor.device.type != "meta":

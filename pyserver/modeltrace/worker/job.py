@@ -23,7 +23,8 @@ from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import DEFAULT_KEEP_CALLS_MB, DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.replay import keep_candidate
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
 
@@ -87,6 +88,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
             full_tensors=bool(request.get("full_tensors")),
             max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
             max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+            retain_calls_bytes=(_limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
+                                if request.get("keep_for_replay") and not built.shape_only else None),
         ))
         line_capture = None
         if line_files:
@@ -126,8 +129,11 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     progress("writing the trace")
     # NOTE: not durable here: the zygote's child flushes the trace to disk after answering (`sync_trace`).
     destination = write_captured(trace, capture, Path(request["out"]), durable=False)
+    if capture.retained is not None:
+        keep_candidate(built, capture.retained, destination)
     return {
         "type": "result",
+        "kept_for_replay": capture.retained is not None,
         "trace": str(destination),
         "model_class": built.model_class,
         "modules": len(trace.modules),

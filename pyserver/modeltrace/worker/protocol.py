@@ -1,7 +1,8 @@
 """Frames between the worker client and the worker: a 4-byte big-endian length, then one msgpack map.
 
-Used on both sides of the pipes (no torch here). Every frame is a dict with a `type`: requests `trace`,
-`cancel`, `shutdown`; replies `ready`, `progress`, `result`, `error`.
+Used on both sides of the pipes (no torch here). Every frame is a dict with a `type`: requests `trace` (a
+replay is a `trace` carrying `replay`), `cancel`, `shutdown`, `ping`; replies `ready`, `started`, `progress`,
+`result`, `error`, `pong`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 # tensor over the first, or one that would take the trace's total over the second, keeps its statistics only.
 DEFAULT_MAX_TENSOR_MB = 64.0
 DEFAULT_MAX_TRACE_MB = 1024.0
+# A trace request with `keep_for_replay` (the editor's, when the document has a reference and replay is on)
+# leaves its child alive after answering, holding the model and the arguments of its calls (up to
+# `keep_calls_mb` of tensors), so that the diff's replay re-runs suspect modules without rebuilding the model or
+# running a forward. The child ends with the next trace request, on shutdown, or after this long unused.
+DEFAULT_KEEP_CALLS_MB = 1024.0
+KEEP_FOR_REPLAY_SECONDS = 600.0
 _HEADER = struct.Struct(">I")
 
 

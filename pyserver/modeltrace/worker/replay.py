@@ -13,6 +13,11 @@ extra call, so that it cannot advance them.
 Every target gets an answer: the keys of its replayed outputs, or why it could not be replayed (no such module,
 never called, a tensor that does not fit, the module raising). Besides the replayed output, the statistics of
 the module's live output are returned so that the diff can check that the rebuilt candidate is the traced one.
+
+The editor's diff follows the trace it judges: its trace request asks to keep the model (`keep_for_replay`), the
+zygote leaves that child alive, and the replay runs there (`KeptCandidate`): no rebuild, and a target whose call's
+arguments were kept by the capture is simply called again on them, without a forward (its kept arguments are
+first checked against the trace's statistics, in case something changed them in place since).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +33,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.build import build_from_request
+from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leaves
 
 
 OUTPUTS_FILE = "replay_outputs.safetensors"
+# NOTE: a kept argument is the same tensor the trace summarised: its mean and std differ from the trace's only if
+# something changed it in place since (then the call is replayed by a forward instead).
+_KEPT_TOLERANCE = 1e-4
 
 
 class _AllReplayed(Exception):
@@ -105,39 +114,164 @@ def _statistics(output: Any) -> dict[str, list[float]]:
     return found
 
 
-def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
-    """Build the candidate, run its forward with the replay hooks, write the replayed outputs."""
+@dataclass
+class KeptCandidate:
+    """A traced candidate kept alive in its worker child for the diff's replay (`keep_for_replay`): the model as
+    it ran, the arguments of its calls (those within the budget, `ModuleCapture.retained`) and the trace it
+    wrote, stamped so that a trace written over it since is not taken for this one."""
+
+    built: BuiltModel
+    calls: dict[tuple[str, int], tuple[tuple, dict]]
+    trace: Path
+    stamp: tuple[int, int] | None
+
+    def serves(self, trace: str | None) -> bool:
+        """Whether a replay of the candidate trace `trace` can use this model."""
+        return trace is not None and Path(trace).resolve() == self.trace and _stamp(self.trace) == self.stamp
+
+
+_kept: KeptCandidate | None = None
+
+
+def _stamp(folder: Path) -> tuple[int, int] | None:
+    try:
+        status = folder.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def keep_candidate(built: BuiltModel, calls: dict[tuple[str, int], tuple[tuple, dict]], trace: Path) -> None:
+    """Remember the model a trace just ran (see `KeptCandidate`), for this process's later replays."""
+    global _kept
+    folder = Path(trace).resolve()
+    _kept = KeptCandidate(built, calls, folder, _stamp(folder))
+
+
+def kept_candidate(request: dict[str, Any]) -> KeptCandidate | None:
+    """The kept candidate when it is the one the replay request names, else None."""
+    replay = request.get("replay") or {}
+    return _kept if _kept is not None and _kept.serves(replay.get("candidate_trace")) else None
+
+
+def _kept_arguments_unchanged(module: torch.nn.Module, call: tuple[tuple, dict],
+                              expected: dict[str, list[float]]) -> bool:
+    """Whether the kept arguments of a call still hold what the trace recorded for them (mean and std of each
+    floating input the replay keeps): a tensor changed in place after the call fails this."""
+    args, kwargs = call
+    found: dict[str, torch.Tensor] = {}
+    for name, value in _named_arguments(module, args, kwargs):
+        found.update(iter_tensor_leaves(value, name))
+    for key, (mean, std) in expected.items():
+        tensor = found.get(key)
+        if tensor is None:
+            return False
+        values = tensor.detach().to(torch.float64)
+        live_mean, live_std = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
+        scale = (mean ** 2 + std ** 2) ** 0.5 + 1e-6
+        if abs(live_mean - mean) > _KEPT_TOLERANCE * scale or abs(live_std - std) > _KEPT_TOLERANCE * scale:
+            return False
+    return True
+
+
+def _replay_call(module: torch.nn.Module, args: tuple, kwargs: dict, target: dict[str, Any],
+                 reference_inputs: dict[str, torch.Tensor], answer: dict[str, Any],
+                 outputs: dict[str, torch.Tensor]) -> None:
+    """Run one module on its call's arguments with the paired tensors replaced by the reference's; the output
+    goes into `outputs`, the outcome into `answer` (a module that raises is an answer, not an error)."""
+    try:
+        replacements = {key: reference_inputs[name] for key, name in target["inputs"].items()}
+        new_args, new_kwargs = substitute(module, args, kwargs, replacements)
+        started = time.perf_counter()
+        output = module(*new_args, **new_kwargs)
+        answer["replay_seconds"] = time.perf_counter() - started
+        for key, tensor in iter_tensor_leaves(output):
+            outputs[f"{target['name']}/{key}"] = tensor.detach().to("cpu", copy=True).contiguous()
+            answer["keys"].append(key)
+        answer["ran"] = True
+    except Exception as error:  # noqa: BLE001 - any failure of the module: the diff falls back
+        answer["error"] = f"{type(error).__name__}: {error}"
+
+
+def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate | None = None) -> dict[str, Any]:
+    """Replay the request's targets and write their outputs. With `kept` (the model of the candidate's own
+    trace, still alive), a target whose call's arguments were kept is called directly, and the rest by a
+    forward of the kept model; without it, the candidate is rebuilt first."""
     from modeltrace.worker.job import _move
 
     started = time.perf_counter()
     replay = request["replay"]
-    progress("rebuilding the candidate for the replay")
-    built = build_from_request(request)
-    if built.shape_only:
-        raise ModelTraceError("a shape-only trace cannot be replayed")
-    _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    if kept is not None:
+        progress("replaying on the model kept from its trace")
+        built = kept.built
+    else:
+        progress("rebuilding the candidate for the replay")
+        built = build_from_request(request)
+        if built.shape_only:
+            raise ModelTraceError("a shape-only trace cannot be replayed")
+        _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_seconds = time.perf_counter() - started
     reference_inputs = load_file(replay["inputs_file"]) if replay.get("inputs_file") else {}
     modules = dict(built.model.named_modules())
     answers: dict[str, dict[str, Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
     targets: dict[str, dict[int, dict[str, Any]]] = {}
+    direct: list[tuple[dict[str, Any], tuple[tuple, dict]]] = []
     for target in replay["targets"]:
         answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}, "replay_seconds": None,
-                                   "live_seconds": None}
+                                   "live_seconds": None, "direct": False}
         if target["path"] not in modules:
             answers[target["name"]]["error"] = f"the rebuilt candidate has no module {target['path']!r}"
             continue
-        targets.setdefault(target["path"], {})[int(target["call_index"])] = target
+        call = kept.calls.get((target["path"], int(target["call_index"]))) if kept is not None else None
+        if call is not None and _kept_arguments_unchanged(modules[target["path"]], call, target.get("expect") or {}):
+            direct.append((target, call))
+        else:
+            targets.setdefault(target["path"], {})[int(target["call_index"])] = target
+    if direct:
+        progress(f"calling {len(direct)} modules again on the reference's inputs")
+        with torch.no_grad(), built.forward_context():
+            for target, (args, kwargs) in direct:
+                answer = answers[target["name"]]
+                answer["direct"] = True
+                _replay_call(modules[target["path"]], args, kwargs, target, reference_inputs, answer, outputs)
+    forward_error = _replay_by_forward(built, targets, answers, reference_inputs, outputs, progress) if targets else None
+    for path, wanted in targets.items():
+        for target in wanted.values():
+            answer = answers[target["name"]]
+            if not answer["ran"] and answer["error"] is None:
+                answer["error"] = (f"the rebuilt candidate's forward raised before calling it ({forward_error})"
+                                   if forward_error else f"{path} was not called {target['call_index'] + 1} times")
+    out = Path(replay["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(outputs, str(out / OUTPUTS_FILE))
+    return {
+        "type": "result",
+        "replay": answers,
+        "build_seconds": built_seconds,
+        "kept": kept is not None,
+        "outputs": str(out / OUTPUTS_FILE),
+        "forward_error": forward_error,
+        "model_class": built.model_class,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _replay_by_forward(built: BuiltModel, targets: dict[str, dict[int, dict[str, Any]]],
+                       answers: dict[str, dict[str, Any]], reference_inputs: dict[str, torch.Tensor],
+                       outputs: dict[str, torch.Tensor], progress: Any) -> str | None:
+    """Run the model's forward with a pre-hook on each target module that replays the target's call (see the
+    module docstring); returns why the forward raised, or None."""
+    modules = dict(built.model.named_modules())
     handles = []
     replaying = [False]
     remaining = [sum(len(wanted) for wanted in targets.values())]
 
-    def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):
+    def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):  # noqa: ANN202
         calls = [0]
         pending: list[tuple[dict[str, Any] | None, float]] = []
 
-        def before(module: torch.nn.Module, args: tuple, kwargs: dict):
+        def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             if replaying[0]:
                 return None
             index = calls[0]
@@ -146,27 +280,15 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
             if target is None:
                 pending.append((None, 0.0))
                 return None
-            answer = answers[target["name"]]
+            replaying[0] = True
             try:
-                replacements = {key: reference_inputs[name] for key, name in target["inputs"].items()}
-                new_args, new_kwargs = substitute(module, args, kwargs, replacements)
-                replaying[0] = True
-                try:
-                    started = time.perf_counter()
-                    output = module(*new_args, **new_kwargs)
-                    answer["replay_seconds"] = time.perf_counter() - started
-                finally:
-                    replaying[0] = False
-                for key, tensor in iter_tensor_leaves(output):
-                    outputs[f"{target['name']}/{key}"] = tensor.detach().to("cpu", copy=True).contiguous()
-                    answer["keys"].append(key)
-                answer["ran"] = True
-            except Exception as error:  # noqa: BLE001 - any failure of the module: the diff falls back
-                answer["error"] = f"{type(error).__name__}: {error}"
+                _replay_call(module, args, kwargs, target, reference_inputs, answers[target["name"]], outputs)
+            finally:
+                replaying[0] = False
             pending.append((target, time.perf_counter()))
             return None
 
-        def after(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+        def after(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if replaying[0] or not pending:
                 return None
             target, started = pending.pop()
@@ -186,8 +308,7 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
         module = modules[path]
         handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
         handles.append(module.register_forward_hook(after, with_kwargs=True))
-    progress(f"running {built.model_class}.forward with {len(replay['targets'])} modules replayed")
-    forward_error = None
+    progress(f"running {built.model_class}.forward with {sum(map(len, targets.values()))} modules replayed")
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
@@ -196,25 +317,8 @@ def run_replay_job(request: dict[str, Any], progress: Any) -> dict[str, Any]:
     except _AllReplayed:
         pass
     except Exception as error:  # noqa: BLE001 - reported; what was replayed before it still counts
-        forward_error = f"{type(error).__name__}: {error}"
+        return f"{type(error).__name__}: {error}"
     finally:
         for handle in handles:
             handle.remove()
-    for path, wanted in targets.items():
-        for target in wanted.values():
-            answer = answers[target["name"]]
-            if not answer["ran"] and answer["error"] is None:
-                answer["error"] = (f"the rebuilt candidate's forward raised before calling it ({forward_error})"
-                                   if forward_error else f"{path} was not called {target['call_index'] + 1} times")
-    out = Path(replay["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(outputs, str(out / OUTPUTS_FILE))
-    return {
-        "type": "result",
-        "replay": answers,
-        "build_seconds": built_seconds,
-        "outputs": str(out / OUTPUTS_FILE),
-        "forward_error": forward_error,
-        "model_class": built.model_class,
-        "seconds": time.perf_counter() - started,
-    }
+    return None

@@ -6,6 +6,10 @@ on disk now. The child runs the trace and streams frames back through a pipe; th
 enforces the timeout, kills the child on `cancel`, and turns a child that died without answering (segfault,
 `os._exit`, the OOM killer) into a structured error. NOTE: nothing here may run a torch operation before
 forking: an initialised OpenMP thread pool does not survive `fork`.
+
+One child may outlive its answer: a trace asked to `keep_for_replay` stays alive holding its model, and a
+replay of that trace (the diff that follows it in the editor) is handed to it instead of a fresh child. Any
+other request, `shutdown`, or its own idle time (`KEEP_FOR_REPLAY_SECONDS`) ends it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import select
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from modeltrace.worker.protocol import ProtocolError, read_frame, write_frame
+from modeltrace.worker.protocol import KEEP_FOR_REPLAY_SECONDS, ProtocolError, read_frame, write_frame
 
 
 # What nearly every transformers modeling file imports: loaded once here instead of in every child.
@@ -62,77 +67,163 @@ def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _KeptChild:
+    """A trace child left alive after answering (`keep_for_replay`), for replays of the trace it wrote."""
+
+    pid: int
+    replies: int  # read end of the child's frames
+    requests: int  # write end of the pipe the child reads its replay requests from
+    trace: str  # the trace folder it wrote, resolved
+
+
 class Zygote:
     def __init__(self, frames_in: int, frames_out: int) -> None:
         self.frames_in = frames_in
         self.frames_out = frames_out
+        self.kept: _KeptChild | None = None
 
     def serve(self) -> None:
         write_frame(self.frames_out, {"type": "ready", "pid": os.getpid()})
-        while True:
-            message = read_frame(self.frames_in)
-            if message is None or message["type"] == "shutdown":
-                return
-            if message["type"] == "trace":
-                if not self._run(message):
+        try:
+            while True:
+                message = read_frame(self.frames_in)
+                if message is None or message["type"] == "shutdown":
                     return
-            elif message["type"] == "ping":
-                write_frame(self.frames_out, {"type": "pong"})
+                if message["type"] == "trace":
+                    if self._kept_serves(message):
+                        client_alive = self._run_on_kept(message)
+                    else:
+                        # NOTE: any other request ends the kept child: a new trace must see the files as they are
+                        self._drop_kept()
+                        client_alive = self._run(message)
+                    if not client_alive:
+                        return
+                elif message["type"] == "ping":
+                    write_frame(self.frames_out, {"type": "pong"})
+        finally:
+            self._drop_kept()
 
     def _run(self, request: dict[str, Any]) -> bool:
         """Run one trace in a child; False when the client went away (time to exit)."""
+        keep = bool(request.get("keep_for_replay"))
         read_end, write_end = os.pipe()
+        requests_read, requests_write = os.pipe() if keep else (-1, -1)
         child = os.fork()
         if child == 0:
             os.close(read_end)
-            self._child(request, write_end)
+            if keep:
+                os.close(requests_write)
+            self._child(request, write_end, requests_read if keep else None)
         os.close(write_end)
+        if keep:
+            os.close(requests_read)
         write_frame(self.frames_out, {"type": "started", "pid": child})
         timeout = float(request.get("timeout") or 120)
-        deadline = time.monotonic() + timeout
-        answered = False
-        client_alive = True
+        outcome, final, client_alive = self._relay(child, read_end, timeout)
+        if keep and final is not None and final.get("type") == "result" and final.get("kept_for_replay"):
+            self.kept = _KeptChild(child, read_end, requests_write, os.path.realpath(str(final["trace"])))
+            return client_alive
+        if keep:
+            os.close(requests_write)
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._kill(child)
-                    self._send_error({"type": "TimeoutError", "message": (
-                        f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
-                        "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
-                    answered = True
-                    break
-                readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
-                if self.frames_in in readable:
-                    message = read_frame(self.frames_in)
-                    if message is None or message["type"] in ("cancel", "shutdown"):
-                        self._kill(child)
-                        if message is None or message["type"] == "shutdown":
-                            client_alive = False
-                            break
-                        self._send_error({"type": "Cancelled", "message": "the trace was cancelled"})
-                        answered = True
-                        break
-                if read_end in readable:
-                    try:
-                        frame = read_frame(read_end)
-                    except ProtocolError as error:
-                        frame = {"type": "error", "error": {"type": "WorkerCrashed", "message": f"the worker process broke off its reply ({error})"}}
-                    if frame is None:
-                        break
-                    write_frame(self.frames_out, frame)
-                    if frame["type"] in ("result", "error"):
-                        # NOTE: stop reading the client here: its next request may arrive before the
-                        # child has exited, and must wait for `serve` rather than be taken for this run.
-                        answered = True
-                        self._wait_for_exit(child, read_end)
-                        break
+            if outcome == "answered":
+                self._wait_for_exit(child, read_end)
         finally:
             os.close(read_end)
             _, status = os.waitpid(child, 0)
-        if not answered and client_alive:
+        if outcome == "died" and client_alive:
             self._send_error(_death_message(status, timeout))
         return client_alive
+
+    def _relay(self, child: int, read_end: int, timeout: float) -> tuple[str, dict[str, Any] | None, bool]:
+        """Relay a child's frames to the client until it answers (`result` or `error`), while serving `cancel`
+        and `shutdown` and enforcing `timeout`. Returns the outcome (`answered`, `killed`: stopped here, the
+        client told why; `died`: the pipe closed without an answer), the answer, and whether the client is
+        still there."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill(child)
+                self._send_error({"type": "TimeoutError", "message": (
+                    f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
+                    "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
+                return "killed", None, True
+            readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
+            if self.frames_in in readable:
+                message = read_frame(self.frames_in)
+                if message is None or message["type"] in ("cancel", "shutdown"):
+                    self._kill(child)
+                    if message is None or message["type"] == "shutdown":
+                        return "killed", None, False
+                    self._send_error({"type": "Cancelled", "message": "the trace was cancelled"})
+                    return "killed", None, True
+            if read_end in readable:
+                try:
+                    frame = read_frame(read_end)
+                except ProtocolError as error:
+                    frame = {"type": "error", "error": {"type": "WorkerCrashed", "message": f"the worker process broke off its reply ({error})"}}
+                if frame is None:
+                    return "died", None, True
+                write_frame(self.frames_out, frame)
+                if frame["type"] in ("result", "error"):
+                    # NOTE: stop reading the client here: its next request may arrive before the
+                    # child has exited, and must wait for `serve` rather than be taken for this run.
+                    return "answered", frame, True
+
+    def _kept_serves(self, request: dict[str, Any]) -> bool:
+        """Whether `request` is a replay of the kept child's trace, and that child is still alive."""
+        kept = self.kept
+        replay = request.get("replay") or {}
+        if kept is None or not replay.get("candidate_trace"):
+            return False
+        if os.path.realpath(str(replay["candidate_trace"])) != kept.trace:
+            return False
+        pid, _ = os.waitpid(kept.pid, os.WNOHANG)
+        if pid:  # it ended (its idle time ran out): reaped here
+            self._close_kept()
+            return False
+        return True
+
+    def _run_on_kept(self, request: dict[str, Any]) -> bool:
+        """Hand a replay to the kept child; one that died meanwhile is replaced by a fresh child."""
+        kept = self.kept
+        assert kept is not None
+        try:
+            write_frame(kept.requests, request)
+        except OSError:
+            self._drop_kept()
+            return self._run(request)
+        write_frame(self.frames_out, {"type": "started", "pid": kept.pid})
+        outcome, _, client_alive = self._relay(kept.pid, kept.replies, float(request.get("timeout") or 120))
+        if outcome == "died":
+            self._drop_kept()
+            return self._run(request) if client_alive else False
+        if outcome == "killed":
+            self._drop_kept()
+        return client_alive
+
+    def _drop_kept(self) -> None:
+        """End the kept child, if any, and reap it."""
+        kept = self.kept
+        if kept is None:
+            return
+        self._kill(kept.pid)
+        try:
+            os.waitpid(kept.pid, 0)
+        except ChildProcessError:
+            pass
+        self._close_kept()
+
+    def _close_kept(self) -> None:
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            for descriptor in (kept.replies, kept.requests):
+                try:
+                    os.close(descriptor)
+                except OSError:
+                    pass
 
     def _wait_for_exit(self, child: int, read_end: int, grace_seconds: float = 5.0) -> None:
         """Drain the child's pipe until it closes; a child that lingers after answering is killed."""
@@ -159,7 +250,7 @@ class Zygote:
             except (ProcessLookupError, PermissionError):
                 continue
 
-    def _child(self, request: dict[str, Any], write_end: int) -> None:
+    def _child(self, request: dict[str, Any], write_end: int, requests: int | None) -> None:
         os.setpgid(0, 0)
         os.close(self.frames_in)
         os.close(self.frames_out)
@@ -174,6 +265,8 @@ class Zygote:
                 from modeltrace.trace.storage import sync_trace
 
                 sync_trace(result["trace"])  # after answering: the user does not wait for the disk
+            if requests is not None and result.get("kept_for_replay"):
+                _serve_replays(requests, write_end)
         except BaseException as error:  # noqa: BLE001 - every failure becomes an error frame
             try:
                 write_frame(write_end, describe_failure(error, request))
@@ -182,6 +275,28 @@ class Zygote:
         finally:
             flush_standard_streams()
             os._exit(exit_code)
+
+
+def _serve_replays(requests: int, write_end: int) -> None:
+    """In a kept child: answer replay requests on the model of its trace until told to stop or left unused."""
+    from modeltrace.worker.job import describe_failure, flush_standard_streams
+    from modeltrace.worker.replay import kept_candidate, run_replay_job
+
+    def progress(text: str) -> None:
+        write_frame(write_end, {"type": "progress", "message": text})
+
+    while True:
+        readable, _, _ = select.select([requests], [], [], KEEP_FOR_REPLAY_SECONDS)
+        if not readable:
+            return
+        request = read_frame(requests)
+        if request is None or request.get("type") != "trace" or not request.get("replay"):
+            return
+        try:
+            write_frame(write_end, run_replay_job(request, progress, kept_candidate(request)))
+        except Exception as error:  # noqa: BLE001 - every failure becomes an error frame
+            write_frame(write_end, describe_failure(error, request))
+        flush_standard_streams()
 
 
 def main() -> None:
