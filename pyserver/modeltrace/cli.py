@@ -12,12 +12,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+
+if TYPE_CHECKING:
+    from modeltrace.diff.compare import DiffResult
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
@@ -44,6 +48,8 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "timeout": arguments.timeout,
         "out": str(out),
     }
+    if arguments.against:
+        return _trace_against(request, arguments)
     with WorkerClient() as worker:
         result = worker.trace(request)
     trace = read_trace(result["trace"])
@@ -54,6 +60,25 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
         print(f"# trace written to {result['trace']} ({result['seconds']:.2f} s)", file=sys.stderr)
     return 0
+
+
+def _trace_against(request: dict, arguments: argparse.Namespace) -> int:
+    """`trace --against REF`: the editor's flow from a terminal. The trace keeps its model alive in the worker
+    so that the diff's replay calls the suspects again on it (no rebuild, no second forward)."""
+    from modeltrace.diff import close_result, diff_paths
+    from modeltrace.worker.client import WorkerClient
+
+    if not Path(arguments.against).exists():
+        raise ModelTraceError(f"--against {arguments.against}: no such trace")
+    request = {**request, "full_tensors": not request["shape_only"], "keep_for_replay": not request["shape_only"]}
+    with WorkerClient() as worker:
+        traced = worker.trace(request)
+        print(f"# trace written to {traced['trace']} ({traced['seconds']:.2f} s)", file=sys.stderr)
+        result = diff_paths(arguments.against, traced["trace"], replay=True, client=worker)
+    try:
+        return _report_diff(result, arguments.format)
+    finally:
+        close_result(result)
 
 
 def _megabytes(text: str) -> float:
@@ -86,26 +111,33 @@ def _show_command(arguments: argparse.Namespace) -> int:
 
 
 def _diff_command(arguments: argparse.Namespace) -> int:
-    from modeltrace.diff import close_result, diff_paths, render_text, to_json
+    from modeltrace.diff import close_result, diff_paths
 
     result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map,
                         rel_tol=arguments.rel_tol, replay=arguments.replay, mapping=arguments.mapping,
                         automatic=not arguments.no_auto_align)
     try:
-        if arguments.format == "json":
-            json.dump(to_json(result), sys.stdout, allow_nan=False)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(render_text(result))
-        if not result.match:
-            return 1
-        if result.not_comparable:
-            # NOTE: not a match: too little aligned to trust one (exit 2, bad input, with the reason)
-            print(f"modeltrace diff: not comparable: {result.not_comparable}", file=sys.stderr)
-            return 2
-        return 0
+        return _report_diff(result, arguments.format)
     finally:
         close_result(result)
+
+
+def _report_diff(result: DiffResult, form: str) -> int:
+    """Print a diff result (text or JSON); returns `diff`'s exit code."""
+    from modeltrace.diff import render_text, to_json
+
+    if form == "json":
+        json.dump(to_json(result), sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(result))
+    if not result.match:
+        return 1
+    if result.not_comparable:
+        # NOTE: not a match: too little aligned to trust one (exit 2, bad input, with the reason)
+        print(f"modeltrace diff: not comparable: {result.not_comparable}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _align_command(arguments: argparse.Namespace) -> int:
@@ -270,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--out", metavar="DIR", help="where to write the trace (default: ./FILE_STEM.mtrace)")
     trace.add_argument("--format", choices=("text", "json"), default="text")
     trace.add_argument("--stats", action="store_true", help="add mean and std to each annotation")
+    trace.add_argument("--against", metavar="REFERENCE",
+                       help="then diff the trace against this reference (implies --full-tensors) and print the "
+                            "diff instead, replaying suspects on the model just traced; exit codes of `diff`")
     trace.set_defaults(handler=_trace_command)
 
     show = commands.add_parser("show", help="print a trace as an annotated listing or as JSON")

@@ -626,3 +626,18 @@ def test_cli_replay_and_a_diff_that_compares_too_little(original: Path, tmp_path
     # by evidence rather than names, the renamed calls align again, and the numbers are the same
     completed = run_cli("diff", str(original), str(few))
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_cli_trace_against_a_reference_replays_on_the_model_just_traced(tmp_path: Path) -> None:
+    """`modeltrace trace FILE --against REF`: the editor's flow from a terminal: full tensors, the diff, and the
+    replay on the traced model kept in the worker; `diff`'s report and exit codes."""
+    out = tmp_path / "port.mtrace"
+    completed = run_cli("trace", str(PORT_FILE), "--against", str(REFERENCE_TRACE), "--out", str(out),
+                        "--format", "json")
+    assert completed.returncode == 1, completed.stderr
+    document = json.loads(completed.stdout)
+    first = document["first_divergence"]
+    assert first["path"] == "layers.0.self_attn" and first["by_replay"] and document["replayed"] is True
+    assert (out / TENSORS_FILE).is_file() and f"trace written to {out}" in completed.stderr
+    missing = run_cli("trace", str(PORT_FILE), "--against", str(tmp_path / "none.mtrace"), "--out", str(out))
+    assert missing.returncode == 2 and "none.mtrace: no such trace" in missing.stderr
