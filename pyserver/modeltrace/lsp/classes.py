@@ -2,16 +2,16 @@
 
 The file is parsed with `ast`; a class counts as a module when one of its bases is a torch module, a
 transformers model or layer, a name that reads like one (`…Model`, `…Layer`, `…Attention`), or another module
-class of the same file. The base model is chosen by the rule the worker uses (`worker.build.choose_model_class`).
+class of the same file. The base model is chosen by the rule the worker uses (`rules.pick_base_model`).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 
 from modeltrace.lsp.remap import split_lines
+from modeltrace.rules import is_abstract_model, is_task_head, pick_base_model
 
 
 # Imported base names (last dotted part) that make a class a module. Names from other modeling files
@@ -20,8 +20,6 @@ _MODULE_SUFFIXES = tuple(
     "Module Layer Model MLP Attention Embedding Embeddings Norm Block Encoder Decoder Head Experts MoE "
     "Sequential ModuleList ModuleDict Linear Conv1d Conv2d Conv3d".split()
 )
-# Task heads: `…ForCausalLM`, `…ForSequenceClassification`.
-_HEAD = re.compile(r"For[A-Z]")
 _NOT_MODULE_SUFFIXES = ("Config", "Output", "Mixin", "Tokenizer", "Processor", "Cache")
 
 
@@ -33,11 +31,14 @@ class ModuleClass:
     line: int
     column: int
     is_model: bool
+    # NOTE: defines `forward` or inherits one (from a class of the file, or an imported model or layer):
+    # a composite that only generates (`BarkModel`) has none, and the worker never builds it for a trace
+    has_forward: bool = True
 
     @property
     def is_abstract_model(self) -> bool:
         """The `…PreTrainedModel` base class: a model class that cannot be built on its own."""
-        return self.name.endswith("PreTrainedModel")
+        return is_abstract_model(self.name)
 
 
 def _dotted_name(node: ast.expr) -> str | None:
@@ -62,12 +63,18 @@ def _classify_imported_base(dotted: str) -> tuple[bool, bool]:
     owner = dotted.rsplit(".", 1)[0] if "." in dotted else ""
     if owner in ("nn", "torch.nn") and name[:1].isupper():
         return True, False
-    if _HEAD.search(name):
+    if is_task_head(name):
         # NOTE: an imported head (`LlamaForCausalLM`, in modular files) is itself a PreTrainedModel.
         return True, True
     if name == "GradientCheckpointingLayer" or name.endswith(_MODULE_SUFFIXES):
         return True, name.endswith("Model")
     return False, False
+
+
+def _has_no_forward(dotted: str) -> bool:
+    """Imported bases whose `forward` is `nn.Module`'s (which raises): a subclass must define its own."""
+    name = dotted.rsplit(".", 1)[-1]
+    return name in ("Module", "GradientCheckpointingLayer") or is_abstract_model(name)
 
 
 def _class_definitions(body: list[ast.stmt]) -> list[ast.ClassDef]:
@@ -90,6 +97,8 @@ def find_module_classes(source: str) -> list[ModuleClass]:
     known: dict[str, ModuleClass] = {}
     for definition in sorted(_class_definitions(tree.body), key=lambda node: node.lineno):
         is_module = is_model = False
+        has_forward = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward"
+                          for node in definition.body)
         for base in definition.bases:
             dotted = _dotted_name(base)
             if dotted is None:
@@ -98,24 +107,22 @@ def find_module_classes(source: str) -> list[ModuleClass]:
             base_is_module, base_is_model = (True, local.is_model) if local else _classify_imported_base(dotted)
             is_module |= base_is_module
             is_model |= base_is_model
+            if local is not None:
+                has_forward |= local.has_forward
+            elif base_is_module and not _has_no_forward(dotted):
+                has_forward = True
         if is_module:
             # NOTE: `lineno` is the `class` line (decorators come before it); ast does not locate the name.
             line = definition.lineno - 1
             column = max(lines[line].find(definition.name, definition.col_offset), 0)
-            known[definition.name] = ModuleClass(definition.name, line, column, is_model)
+            known[definition.name] = ModuleClass(definition.name, line, column, is_model, has_forward)
     return list(known.values())
 
 
 def base_model_name(classes: list[ModuleClass]) -> str | None:
-    """The class a plain trace builds: a non-abstract model without `For` in its name, `…Model` preferred."""
-    models = [cls for cls in classes if cls.is_model and not cls.is_abstract_model]
-    bases = sorted(
-        (cls for cls in models if "For" not in cls.name),
-        key=lambda cls: (not cls.name.endswith("Model"), len(cls.name)),
-    )
-    if bases:
-        return bases[0].name
-    return models[0].name if models else None
+    """The class a plain trace builds, by the worker's rule (`rules.pick_base_model`)."""
+    return pick_base_model([cls.name for cls in classes
+                            if cls.is_model and not cls.is_abstract_model and cls.has_forward])
 
 
 def trace_arguments(uri: str, target: ModuleClass, classes: list[ModuleClass]) -> list[str]:

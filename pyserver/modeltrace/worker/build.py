@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.rules import base_model_order, pick_base_model
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker import shrink as shrinking
 from modeltrace.worker.inputs import (
@@ -78,7 +79,6 @@ MAX_PARAMETERS = 300_000_000
 # Seconds the builder may spend trying candidates before it settles for the first one.
 DEFAULT_TRIAL_BUDGET = 60.0
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-_HEAD = re.compile(r"For[A-Z]")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -296,7 +296,7 @@ def choose_model_class(module: ModuleType, requested: str | None, file: Path) ->
     """`requested` by name, else the file's base model: a PreTrainedModel that is neither the abstract
     `…PreTrainedModel` nor a head (`…ForCausalLM`); among several, the one named like `XModel` (the shortest).
 
-    The same rule picks the "Trace forward" class in the editor (`lsp/classes.py: base_model_name`).
+    The rule is `rules.pick_base_model`, which also picks the editor's "Trace forward" class.
     """
     classes = module_classes(module)
     if requested:
@@ -318,13 +318,9 @@ def choose_model_class(module: ModuleType, requested: str | None, file: Path) ->
         if _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
         and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
     ]
-    # A head is `…For` + a capitalised task (`…ForCausalLM`); `MaskFormerModel` is not one.
-    bases = [cls for cls in models if not _HEAD.search(cls.__name__)]
-    if bases:
-        bases.sort(key=lambda cls: (not cls.__name__.endswith("Model"), len(cls.__name__)))
-        return bases[0]
-    if models:
-        return models[0]
+    chosen = pick_base_model([cls.__name__ for cls in models])
+    if chosen is not None:
+        return next(cls for cls in models if cls.__name__ == chosen)
     raise ModelTraceError(
         f"{file}: defines nn.Module classes ({', '.join(cls.__name__ for cls in classes)}) but no transformers "
         "model (PreTrainedModel subclass) whose config ModelTrace could build; pass --model CLASS or --recipe"
@@ -695,8 +691,7 @@ def _other_models(module: ModuleType, chosen: type) -> list[type]:
         if cls is not chosen and _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
         and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
     ]
-    return sorted(models, key=lambda cls: (bool(_HEAD.search(cls.__name__)), not cls.__name__.endswith("Model"),
-                                           len(cls.__name__)))
+    return sorted(models, key=lambda cls: base_model_order(cls.__name__))
 
 
 def _build_shrunk(

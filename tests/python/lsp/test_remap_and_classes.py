@@ -58,6 +58,10 @@ class MyPreTrainedModel(PreTrainedModel):
     pass
 
 class MyModel(MyPreTrainedModel):
+    def forward(self, input_ids):
+        return input_ids
+
+class MyComposite(MyPreTrainedModel):  # generates only: no forward of its own, never the traced class
     pass
 
 class MyForCausalLM(LlamaForCausalLM):
@@ -73,9 +77,11 @@ class MyConfig(PretrainedConfig):
         ("MyMLP", False),
         ("MyPreTrainedModel", True),
         ("MyModel", True),
+        ("MyComposite", True),
         ("MyForCausalLM", True),
     ]
     assert base_model_name(classes) == "MyModel"
+    assert base_model_name([cls for cls in classes if cls.name != "MyModel"]) == "MyForCausalLM"
     by_name = {cls.name: cls for cls in classes}
     assert trace_arguments("file:///m.py", by_name["ScaledNorm"], classes) == ["file:///m.py", "MyModel", "ScaledNorm"]
     assert trace_arguments("file:///m.py", by_name["MyForCausalLM"], classes) == ["file:///m.py", "MyForCausalLM"]
