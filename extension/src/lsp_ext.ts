@@ -1,5 +1,6 @@
-// The ModelTrace server's custom LSP methods and command names, mirrored one-to-one.
-// Keep in sync with pyserver/modeltrace/lsp/: every `modelTrace/...` method lives here and nowhere else.
+// The ModelTrace server's custom LSP methods and command names: a one-to-one mirror of
+// pyserver/modeltrace/lsp/methods.py (tests/python/lsp/test_methods.py compares the two). On this side every
+// `modelTrace/...` method and server command lives here and nowhere else.
 // NOTE: from the protocol package, not vscode-languageclient, so that unit tests can load it without `vscode`.
 import * as lc from "vscode-languageserver-protocol";
 
@@ -9,6 +10,8 @@ export const serverCommands = {
     trace: "modelTrace.trace",
     /** Arguments: [documentUri: string]. */
     clear: "modelTrace.clear",
+    /** Arguments: [documentUri: string, path: string] (a `.mtrace` folder): show its hints on the document. */
+    loadTrace: "modelTrace.loadTrace",
     /** Arguments: [documentUri: string, path: string] (a trace folder or transformers debugger output). */
     setReference: "modelTrace.setReference",
     /** Arguments: [documentUri: string]. */
@@ -74,25 +77,6 @@ export interface SourceLocation {
     /** 1-based, as in the trace JSON. */
     line: number;
 }
-
-export interface TraceTreeNode {
-    /** The module's name in `named_modules()`; "" for the root. */
-    path: string;
-    class: string;
-    callIndex: number;
-    definedAt?: SourceLocation;
-    calledAt?: SourceLocation;
-    /** Diff status of this call against the reference trace, when there is one. */
-    status?: LineDiffStatus;
-    children: TraceTreeNode[];
-}
-
-export interface TraceTreeParams {
-    uri: string;
-}
-
-/** Client → server: the module call tree of a document's trace; null when the document has no trace. */
-export const traceTree = new lc.RequestType<TraceTreeParams, TraceTreeNode | null, void>("modelTrace/traceTree");
 
 export interface DiffPlotParams {
     uri: string;

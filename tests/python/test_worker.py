@@ -163,3 +163,38 @@ def test_print_in_model_code_does_not_corrupt_the_frames(worker: WorkerClient, t
     recipe = _recipe(tmp_path, "print('x' * 100000)")
     result = worker.trace(_request(recipe, tmp_path / "p.mtrace", recipe=str(recipe)))
     assert result["model_class"] == "Faulty"
+
+
+FAKE_WORKER = '''
+import os, sys
+sys.path.insert(0, {package!r})
+from modeltrace.worker.protocol import read_frame, write_frame
+write_frame(1, {{"type": "ready", "pid": os.getpid()}})
+read_frame(0)
+if {malformed!r}:
+    os.write(1, bytes([0, 0, 0, 4]) + b"junk")
+else:
+    write_frame(1, {{"type": "traceTree", "nodes": []}})
+read_frame(0)
+'''
+
+
+@pytest.mark.parametrize("malformed", [True, False], ids=["malformed", "unknown type"])
+def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Path, malformed: bool) -> None:
+    """A worker of another version, or one whose output was corrupted: one error naming what it sent, the worker
+    stopped, never a hang until the timeout."""
+    import modeltrace
+
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER.format(package=str(Path(modeltrace.__file__).parent.parent), malformed=malformed))
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    fake_python.chmod(0o755)
+    client = WorkerClient(python=str(fake_python))
+    started = time.monotonic()
+    with pytest.raises(TraceFailed) as failure:
+        client.trace(_request(tmp_path / "model.py", tmp_path / "out.mtrace"))
+    assert failure.value.error["type"] == "WorkerProtocolError"
+    expected = "malformed frame (undecodable frame" if malformed else "unknown type 'traceTree'"
+    assert expected in failure.value.error["message"]
+    assert time.monotonic() - started < 30 and not client.running

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from lsprotocol import types
 
+from modeltrace.lsp import methods
 from modeltrace.lsp.classes import ModuleClass, find_module_classes, trace_arguments
 from modeltrace.lsp.server import ModelTraceServer
 
 
-TRACE_COMMAND = "modelTrace.trace"
-CLEAR_COMMAND = "modelTrace.clear"
 
 
 def document_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass]:
@@ -47,7 +46,7 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
         types.CodeLens(
             range=_line_range(cls.line, cls.column, len(cls.name)),
             command=types.Command(
-                title="▶ Trace forward", command=TRACE_COMMAND, arguments=trace_arguments(uri, cls, classes)
+                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, classes)
             ),
         )
         for cls in classes
@@ -59,7 +58,7 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
         where = _line_range(traced.line, traced.column, len(traced.name)) if traced else _line_range(0, 0, 0)
         lenses.append(
             types.CodeLens(
-                range=where, command=types.Command(title="✕ Clear trace", command=CLEAR_COMMAND, arguments=[uri])
+                range=where, command=types.Command(title="✕ Clear trace", command=methods.CLEAR, arguments=[uri])
             )
         )
     return lenses

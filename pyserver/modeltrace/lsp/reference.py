@@ -28,6 +28,7 @@ from modeltrace.diff import (
 )
 from modeltrace.diff.report import LineMark, divergence_json, line_marks
 from modeltrace.errors import ModelTraceError
+from modeltrace.lsp import methods
 from modeltrace.lsp.diagnostics import publish_divergence
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
@@ -37,9 +38,6 @@ from modeltrace.trace.lines import format_number
 
 logger = logging.getLogger(__name__)
 
-LINE_STATUS_NOTIFICATION = "modelTrace/lineStatus"
-DIFF_RESULT_NOTIFICATION = "modelTrace/diffResult"
-DIFF_PLOT_REQUEST = "modelTrace/diffPlot"
 DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
 
 
@@ -152,7 +150,7 @@ def _uri(ls: ModelTraceServer, file: str) -> str:
 
 
 def _notify_lines(ls: ModelTraceServer, file: str, lines: list[dict[str, Any]]) -> None:
-    ls.protocol.notify(LINE_STATUS_NOTIFICATION, {"uri": _uri(ls, file), "lines": lines})
+    ls.protocol.notify(methods.LINE_STATUS, {"uri": _uri(ls, file), "lines": lines})
 
 
 def show_diff(ls: ModelTraceServer, loaded: LoadedTrace, diff: DocumentDiff) -> None:
@@ -172,7 +170,7 @@ def show_diff(ls: ModelTraceServer, loaded: LoadedTrace, diff: DocumentDiff) -> 
         for file in {file for file, _ in previous.statuses} - set(by_file):
             _notify_lines(ls, file, [])
     publish_divergence(ls, loaded.owner, divergence_diagnostic(ls, diff.divergence))
-    ls.protocol.notify(DIFF_RESULT_NOTIFICATION, diff_result_params(ls, loaded.uri, diff))
+    ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, loaded.uri, diff))
 
 
 def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 import modeltrace
+from modeltrace.lsp import methods
 from modeltrace.lsp.classes import ModuleClass
 from modeltrace.lsp.settings import Settings
 from modeltrace.lsp.store import TraceRequest, TraceStore
@@ -137,12 +138,12 @@ def create_server() -> ModelTraceServer:
     server.feature(types.INLAY_HINT_RESOLVE)(hints.resolve_inlay_hint)
     server.feature(types.TEXT_DOCUMENT_HOVER)(hover.hover)
     server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))(codelens.code_lenses)
-    server.command(codelens.TRACE_COMMAND)(commands.trace_command)
-    server.command(codelens.CLEAR_COMMAND)(commands.clear_command)
-    server.command("modelTrace.loadTrace")(commands.load_trace_command)
-    server.command("modelTrace.setReference")(commands.set_reference_command)
-    server.command("modelTrace.pinReference")(commands.pin_reference_command)
-    server.feature(reference.DIFF_PLOT_REQUEST)(reference.diff_plot)
+    server.command(methods.TRACE)(commands.trace_command)
+    server.command(methods.CLEAR)(commands.clear_command)
+    server.command(methods.LOAD_TRACE)(commands.load_trace_command)
+    server.command(methods.SET_REFERENCE)(commands.set_reference_command)
+    server.command(methods.PIN_REFERENCE)(commands.pin_reference_command)
+    server.feature(methods.DIFF_PLOT)(reference.diff_plot)
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(recorders.document_diagnostics)
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, recorders.CODE_ACTION_OPTIONS)(recorders.code_actions)
     server.feature(types.SHUTDOWN)(_shutdown)

@@ -59,7 +59,8 @@ class Settings:
     hint_detail: HintDetail = HintDetail.DTYPE
     hint_placement: HintPlacement = HintPlacement.AFTER_NAME
     trace_on_save: bool = False
-    lines: bool = False
+    # NOTE: the same default as the editor's setting (package.json, compared by a test): every client gets line hints
+    lines: bool = True
     timeout: float = 120.0
     # Full tensors kept by a trace (recorded while a reference is set): larger ones keep their statistics only.
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB

@@ -8,10 +8,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from modeltrace.lsp import methods
 from modeltrace.lsp.server import ModelTraceServer
 
 
-STATUS_NOTIFICATION = "modelTrace/status"
 
 
 class ServerState(str, Enum):
@@ -29,4 +29,4 @@ def notify_status(
         params["message"] = message
     if uri is not None:
         params["uri"] = uri
-    ls.protocol.notify(STATUS_NOTIFICATION, params)
+    ls.protocol.notify(methods.STATUS, params)

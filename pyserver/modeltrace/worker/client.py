@@ -67,7 +67,7 @@ class WorkerClient:
         threading.Thread(target=self._drain_stderr, args=(self._process,), daemon=True).start()
         try:
             ready = self._read(STARTUP_TIMEOUT_SECONDS)
-        except EOFError:
+        except (EOFError, ProtocolError):
             ready = None
         if ready is None or ready.get("type") != "ready":
             error = (ready or {}).get("error") or {
@@ -104,10 +104,7 @@ class WorkerClient:
         readable, _, _ = select.select([fd], [], [], max(timeout, 0))
         if not readable:
             return None
-        try:
-            frame = read_frame(fd)
-        except ProtocolError:
-            frame = None
+        frame = read_frame(fd)  # ProtocolError: a malformed frame (`trace` names it)
         if frame is None:
             raise EOFError
         return frame
@@ -129,6 +126,12 @@ class WorkerClient:
         while True:
             try:
                 frame = self._read(deadline - time.monotonic())
+            except ProtocolError as error:
+                self.close()
+                self._kill_child()
+                raise TraceFailed({"type": "WorkerProtocolError", "message": (
+                    f"the worker sent a malformed frame ({error}) and was stopped; "
+                    f"its last output: {self.stderr_tail(3) or 'none'}")}) from None
             except EOFError:
                 self.close()
                 self._kill_child()
@@ -153,6 +156,12 @@ class WorkerClient:
             elif kind == "error":
                 self._child_pid = None
                 raise TraceFailed(frame.get("error") or {"type": "Error", "message": "unknown worker error"})
+            elif kind != "pong":
+                self.close()
+                self._kill_child()
+                raise TraceFailed({"type": "WorkerProtocolError", "message": (
+                    f"the worker sent a frame of unknown type {kind!r} (expected started, progress, result or "
+                    "error) and was stopped: is it the same ModelTrace version as this one?")})
 
     def _kill_child(self) -> None:
         """Stop the trace child (and what it started) when its worker is gone and cannot do it."""

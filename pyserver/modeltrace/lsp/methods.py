@@ -1,0 +1,27 @@
+"""Every custom name of the ModelTrace protocol, defined once: commands, notifications and requests.
+
+The editor's `extension/src/lsp_ext.ts` mirrors this module one to one (as rust-analyzer's `lsp_ext.ts` mirrors
+its `lsp_ext.rs`); `tests/python/lsp/test_methods.py` compares the two.
+"""
+
+from __future__ import annotations
+
+
+# Commands the server advertises through `workspace/executeCommand` (arguments in lsp_ext.ts).
+TRACE = "modelTrace.trace"
+CLEAR = "modelTrace.clear"
+LOAD_TRACE = "modelTrace.loadTrace"
+SET_REFERENCE = "modelTrace.setReference"
+PIN_REFERENCE = "modelTrace.pinReference"
+
+# Notifications, server → client.
+STATUS = "modelTrace/status"
+LINE_STATUS = "modelTrace/lineStatus"
+DIFF_RESULT = "modelTrace/diffResult"
+
+# Requests, client → server.
+DIFF_PLOT = "modelTrace/diffPlot"
+
+SERVER_COMMANDS = (TRACE, CLEAR, LOAD_TRACE, SET_REFERENCE, PIN_REFERENCE)
+NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
+REQUESTS = (DIFF_PLOT,)
