@@ -33,7 +33,9 @@ async def client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFa
     await initialize(
         lsp_client,
         {
-            "settings": {"hintDetail": "dtype", "traceOnSave": False, "timeout": 60},
+            # NOTE: module-call hints only (line capture is on by default, and has tests of its own): the labels
+            # these tests expect are those of module calls
+            "settings": {"hintDetail": "dtype", "traceOnSave": False, "timeout": 60, "lines": False},
             "workspaceTrusted": True,
             "traceDirectory": str(trace_directory),
         },

@@ -117,27 +117,3 @@ async def test_the_lines_setting_traces_line_by_line_and_names_variables(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}})
         )
 
-
-def test_the_editor_declares_the_server_defaults() -> None:
-    """Defaults live in the server (`Settings`); the editor's declared defaults (package.json) mirror them, so
-    any LSP client that sends nothing gets what VS Code users get."""
-    import json
-    import sys
-    from dataclasses import fields
-
-    from conftest import REPO_ROOT
-    from modeltrace.lsp.settings import _SETTINGS, Settings
-
-    declared = json.loads((REPO_ROOT / "package.json").read_text())["contributes"]["configuration"]["properties"]
-    defaults = {item.name: item for item in fields(Settings)}
-    server = Settings()
-    for name, (field_name, _parse) in _SETTINGS.items():
-        if f"modelTrace.{name}" not in declared:
-            assert name == "traceDirectory", f"modelTrace.{name} is not declared in package.json"
-            continue
-        assert field_name in defaults
-        editor_default = declared[f"modelTrace.{name}"].get("default")
-        mirrored = server.updated({name: editor_default}) if editor_default not in ("", None) else server
-        assert getattr(mirrored, field_name) == getattr(server, field_name), (
-            f"modelTrace.{name}: package.json says {editor_default!r}, the server {getattr(server, field_name)!r}")
-    assert server.python == sys.executable and server.lines is True
