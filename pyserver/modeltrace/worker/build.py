@@ -437,7 +437,7 @@ def shrink_config(config_class: type, defaults: Any, file: Path) -> Any:
 def _set_attention(config: Any, attention: str) -> None:
     """The attention implementation on every config of the tree; mixtures of experts run their eager loop
     too (the readable reference code, and the one that runs on any device and dtype, the meta device included)."""
-    for node in shrinking._walk(config):
+    for node in shrinking.walk_configs(config):
         for name, value in (("_attn_implementation", attention), ("_experts_implementation", "eager")):
             try:
                 setattr(node, name, value)
@@ -449,7 +449,7 @@ def _set_attention(config: Any, attention: str) -> None:
 
 
 def _first_line(error: BaseException) -> str:
-    return shrinking._first_line(error) or type(error).__name__
+    return shrinking.first_line(error) or type(error).__name__
 
 
 def _count_parameters_on_meta(build: Callable[[], nn.Module]) -> int | None:
@@ -473,13 +473,13 @@ def _lend_attribute(config: Any, error: BaseException) -> bool:
     if not isinstance(error, AttributeError) or match is None:
         return False
     owner_name, attribute = match.groups()
-    nodes = list(shrinking._walk(config))
+    nodes = list(shrinking.walk_configs(config))
     owners = [node for node in nodes if type(node).__name__ == owner_name]
     value = None
     for node in nodes:
         if node in owners:
             continue
-        found = shrinking._safe_getattr(node, attribute)
+        found = shrinking.safe_getattr(node, attribute)
         if found is None:
             found = next((item[attribute] for item in vars(node).values()
                           if isinstance(item, dict) and attribute in item), None)
@@ -591,7 +591,7 @@ def _repair_config(synthesizer: InputSynthesizer, error: BaseException) -> bool:
     match = _NO_ATTRIBUTE.search(str(error))
     if not isinstance(error, AttributeError) or match is None or not match.group(2).endswith("_token_id"):
         return False
-    owners = [node for node in shrinking._walk(config) if type(node).__name__ == match.group(1)]
+    owners = [node for node in shrinking.walk_configs(config) if type(node).__name__ == match.group(1)]
     if not owners:
         return False
     token = int(synthesizer.text_tokens(1)[0])
@@ -699,7 +699,7 @@ def _build_shrunk(
 ) -> BuiltModel:
     deadline = time.monotonic() + trial_budget
     attempts: list[_Attempt] = []
-    first: tuple[nn.Module, Any, tuple[str, dict[str, Any]] | None, InputSynthesizer, str] | None = None
+    first: Candidate | None = None  # the first model that built, kept in case no input set runs unaided
     previous_failures: list[_Attempt] = []
     rejected: list[str] = []
     try:
@@ -741,9 +741,9 @@ def _build_shrunk(
             first = _first_candidate(model, config, synthesizer, level)
         if time.monotonic() > deadline:
             break
-    if first is None or first[2] is None:
+    if first is None or first.inputs is None:
         reasons = "; ".join(f"{a.level}: {a.error}" for a in attempts[:3]) or "no candidate"
-        missing = first[3].missing() if first is not None else []
+        missing = first.synthesizer.missing() if first is not None else []
         if missing:
             raise _CannotSynthesise(
                 f"{file}: {model_class.__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot "
@@ -763,7 +763,7 @@ def _build_shrunk(
         if first is None:
             raise _NothingBuilt(message, attempts[0].error if attempts else "no candidate")
         raise ModelTraceError(message)
-    model, config, chosen, synthesizer, level = first
+    config, chosen, level = first.config, first.inputs, first.level
     notes = {"shrink": level, "failed_candidates": [f"{a.level} / {a.inputs}: {a.error}" for a in attempts]}
     tried = len({(a.level, a.inputs) for a in attempts})
     notes["unverified"] = (
@@ -776,9 +776,20 @@ def _build_shrunk(
     return _result(model, model_class, config, _rebuild_first(synthesizer, chosen), synthesizer, notes)
 
 
-def _first_candidate(model: nn.Module, config: Any, synthesizer: InputSynthesizer, level: str) -> tuple:
+@dataclass
+class Candidate:
+    """A model built from one shrunk config, with its synthesiser and first input set (None: it has none)."""
+
+    model: nn.Module
+    config: Any
+    inputs: tuple[str, dict[str, Any]] | None
+    synthesizer: InputSynthesizer
+    level: str
+
+
+def _first_candidate(model: nn.Module, config: Any, synthesizer: InputSynthesizer, level: str) -> Candidate:
     variants = list(synthesizer.variants())
-    return model, config, variants[0] if variants else None, synthesizer, level
+    return Candidate(model, config, variants[0] if variants else None, synthesizer, level)
 
 
 _NOT_SIZE_ERRORS = ("NameError", "AttributeError", "TypeError", "KeyError", "ImportError", "ModuleNotFoundError",

@@ -17,6 +17,11 @@ Instead of a table per family, the rules here go by what a field's name says it 
   `num_key_value_heads`, `layer_types`, `rope_parameters`) are reset to `None` so that they are derived again
   from the shrunk values.
 
+The rules are rows (`UNSET_SIZE_RULES`, `SIZE_CAPS`, `WIDTH_CAPS`: a test of the field, the size it gets, and
+which models need the row), read by one generic loop in `_shrink_values`; the structural fixes that keep a
+shrunk config consistent (per-layer lists, layer sums, stage widths, rope sections) are the `_fix_*` steps.
+Adding a family's rule is adding a row next to its reason.
+
 Sub-configs (a composite model's `text_config`, `vision_config`, `audio_config`, an encoder-decoder's `encoder`
 and `decoder`) are shrunk by the same rules, recursively, and the whole tree is rebuilt through the config
 classes' own constructors, so every `__post_init__` and `validate_*` check runs on the result.
@@ -32,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from modeltrace.errors import ModelTraceError
@@ -127,6 +133,127 @@ _DERIVED_KEEP = {"pad_token_id", "bos_token_id", "eos_token_id", "sliding_window
 _DROPPED = ("transformers_version", "model_type", "architectures", "_name_or_path", "dtype", "torch_dtype")
 
 
+# --- size rules: what each config field becomes, as rows with their reason ------------------------------------
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a rule may look at besides the field itself: the config's own values and the shrink level."""
+
+    values: dict[str, Any]
+    level: str
+    heads: int | None  # the config's number of attention heads, under its usual names
+    mha: bool  # as many key/value heads as query heads
+    core_only: bool  # `narrow`: only the core widths shrink
+    hierarchical: bool  # per-stage head counts (Swin): widths follow the stages instead
+
+    def has_experts(self, besides: str | None = None) -> bool:
+        return any(_EXPERT_NAMES.match(other) for other in self.values if other != besides)
+
+
+_KEEP = object()  # a rule's answer that leaves the field as it is
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """One row: `claims` says whether the rule decides a field (name, value, context), `size` what it becomes
+    (`_KEEP`: unchanged); the first row that claims a field decides it. `reason`: which models need the row."""
+
+    claims: Callable[[str, Any, _Context], bool]
+    size: Callable[[str, Any, _Context], Any]
+    reason: str
+
+
+def _not_type_vocab(name: str) -> bool:
+    return not name.startswith(("type_", "token_type"))
+
+
+# Fields a model needs that its default config leaves unset (None, and None in the class defaults).
+UNSET_SIZE_RULES = (
+    SizeRule(lambda name, _, c: bool(_VOCAB_NAMES.match(name)) and _not_type_vocab(name),
+             lambda *_: VOCAB, "a vocabulary a checkpoint sets (ESM)"),
+    SizeRule(lambda name, _, c: bool(_EXPERT_NAMES.match(name)), lambda *_: EXPERTS,
+             "an expert count a checkpoint sets (DeepSeek-V2)"),
+    SizeRule(lambda name, _, c: name in ("n_shared_experts", "num_shared_experts") and c.has_experts(),
+             lambda *_: 1, "shared experts next to routed ones"),
+    SizeRule(lambda name, _, c: name in _PLACEHOLDER_TOKENS and c.level != "default",
+             lambda name, _, c: VOCAB // 2 + _PLACEHOLDER_TOKENS.index(name),
+             "a multimodal model whose placeholder token a checkpoint sets (InstructBLIP's image token)"),
+    SizeRule(lambda name, _, c: name == "prediction_length", lambda *_: 8,
+             "forecasters that need a horizon (Autoformer, Informer)"),
+    SizeRule(lambda name, _, c: bool(_FFN_NAMES.match(name)), lambda *_: FFN,
+             "an expert's width that a checkpoint sets (Diffusion-Gemma's moe_intermediate_size)"),
+    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_KV_HEAD_NAMES.match(name)), lambda *_: 2,
+             "the head layout of a block a checkpoint sets (Qwen4-Exp's indexer)"),
+    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_HEAD_NAMES.match(name)), lambda *_: HEADS,
+             "a head count a checkpoint sets"),
+    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_HEAD_DIM_NAMES.match(name)) and name != "head_dim",
+             lambda *_: HEAD_DIM, "a head width a checkpoint sets"),
+    SizeRule(lambda name, _, c: name.endswith(("_compress_ratio", "_ratio")) and not name.endswith("dropout_ratio"),
+             lambda *_: 2, "a compression / pooling ratio a checkpoint sets"),
+    SizeRule(lambda name, _, c: name.endswith("_budget"), lambda *_: 2 * _SLIDING_WINDOW,
+             "tokens kept by a sparse-attention indexer"),
+    SizeRule(lambda name, _, c: name == "sliding_window" and c.level in ("narrow", "shallow"), lambda *_: 4096,
+             "a model that reads it whatever its layer types say (Step3p7)"),
+    SizeRule(lambda name, _, c: name == "pad_token_id" and c.level in ("narrow", "shallow"), lambda *_: 0,
+             "ESM compares ids with it"),
+    SizeRule(lambda name, _, c: bool(_TOP_K_NAMES.match(name)) and c.has_experts(besides=name),
+             lambda *_: TOP_K, "experts chosen per token, where there are experts"),
+)
+
+# Integer fields over a bound, at every level but `default` (layer counts are decided before these rows).
+SIZE_CAPS = (
+    SizeRule(lambda name, _, c: name in _LAYER_BOUNDS, lambda name, value, c: min(value, _LAYER_BOUNDS[name]),
+             "layer counts inside the layer count (dense layers before the experts, shared KV layers)"),
+    SizeRule(lambda name, value, c: bool(_EXPERT_NAMES.match(name)) and value > EXPERTS, lambda *_: EXPERTS,
+             "mixtures of experts"),
+    SizeRule(lambda name, value, c: bool(_TOP_K_NAMES.match(name)) and value > TOP_K, lambda *_: TOP_K,
+             "experts chosen per token"),
+    SizeRule(lambda name, value, c: bool(_VOCAB_NAMES.match(name)) and value > VOCAB and _not_type_vocab(name),
+             lambda *_: VOCAB, "vocabularies (not token-type vocabularies)"),
+    SizeRule(lambda name, value, c: bool(_POSITION_NAMES.match(name)) and value > MAX_POSITIONS,
+             lambda *_: MAX_POSITIONS, "position tables"),
+    SizeRule(lambda name, value, c: name == "max_source_positions" and value > AUDIO_POSITIONS,
+             lambda *_: AUDIO_POSITIONS, "audio encoders' positions (Whisper)"),
+)
+
+
+def _capped(bound: int, to: int | None = None) -> Callable[[str, Any, _Context], Any]:
+    return lambda name, value, c: (bound if to is None else to) if value > bound else _KEEP
+
+
+# Widths, at `tiny` and `narrow` only (`narrow`: the core names only; per-stage models keep theirs).
+WIDTH_CAPS = (
+    SizeRule(lambda name, _, c: bool(_KV_HEAD_NAMES.match(name)),
+             lambda name, value, c: (HEADS if (c.heads is None or value >= c.heads or c.mha) else min(value, 2))
+             if value > 1 and (not c.core_only or name == "num_key_value_heads") else _KEEP,
+             "grouped key/value heads stay grouped, or as many as the heads (MHA)"),
+    SizeRule(lambda name, _, c: bool(_HEAD_NAMES.match(name)) and (not c.core_only or name in _CORE_HEAD_NAMES)
+             and not c.hierarchical, _capped(HEADS), "attention heads"),
+    SizeRule(lambda name, _, c: bool(_HEAD_DIM_NAMES.match(name)) and not c.core_only and not c.hierarchical,
+             lambda name, value, c: (HEAD_DIM // 2 if name in ("qk_rope_head_dim", "qk_nope_head_dim") else HEAD_DIM)
+             if value > HEAD_DIM else _KEEP, "head widths (MLA's rope and nope halves)"),
+    SizeRule(lambda name, _, c: bool(_FFN_NAMES.match(name)) and (not c.core_only or name in _CORE_FFN_NAMES)
+             and not c.hierarchical, _capped(FFN), "feed-forward widths"),
+    SizeRule(lambda name, _, c: bool(_WIDTH_NAMES.match(name)) and (not c.core_only or name in _CORE_WIDTH_NAMES)
+             and not c.hierarchical, _capped(WIDTH), "hidden widths"),
+    SizeRule(lambda name, value, c: name in ("q_lora_rank", "kv_lora_rank") and value > 32, lambda *_: 32,
+             "low-rank attention projections (DeepSeek's MLA)"),
+    SizeRule(lambda name, value, c: name in ("state_size", "d_state", "mamba_d_state", "ssm_state_size")
+             and value > 16, lambda *_: 16, "state-space models' state"),
+    SizeRule(lambda name, value, c: name in ("time_step_rank", "dt_rank", "mamba_dt_rank") and value > 8,
+             lambda *_: 8, "state-space models' time-step rank"),
+    SizeRule(lambda name, value, c: name in _ROTARY_DIMS and value > HEAD_DIM, lambda *_: HEAD_DIM,
+             "partial rotary widths inside a head"),
+    SizeRule(lambda name, value, c: name in ("mamba_d_ssm", "ssm_inner_size", "mamba_intermediate_size",
+                                             "d_inner_ssm") and value > FFN, lambda *_: FFN,
+             "state-space inner widths"),
+    SizeRule(lambda name, value, c: name == "sliding_window" and c.level == "tiny" and value > _SLIDING_WINDOW,
+             lambda *_: _SLIDING_WINDOW,
+             "smaller than the synthesised sequence, so that the sliding-window mask really cuts"),
+)
+
+
 def shrink_candidates(defaults: Any, rejected: list[str] | None = None) -> Iterator[tuple[str, Any]]:
     """`(level, config)` for each level of `LEVELS` that builds a config different from the previous one.
 
@@ -143,7 +270,7 @@ def shrink_candidates(defaults: Any, rejected: list[str] | None = None) -> Itera
             try:
                 config = _shrink_as_told(defaults, level, mha=True)  # some want as many key/value heads as heads
             except Exception:  # noqa: BLE001
-                errors.append(f"{level}: {type(error).__name__}: {_first_line(error)}")
+                errors.append(f"{level}: {type(error).__name__}: {first_line(error)}")
                 rejected.append(errors[-1])
                 continue
         fingerprint = _fingerprint(config)
@@ -214,7 +341,8 @@ def _fingerprint(config: Any) -> dict:
         return {"id": id(config)}
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The line of an exception's message that says what is wrong (at most 300 characters)."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # a strict-dataclass validation error: the cause is below
         return f"{lines[0]} {lines[1]}"[:300]
@@ -318,7 +446,8 @@ def _shrink_tree(
     return shrunk
 
 
-def _safe_getattr(config: Any, name: str, default: Any = None) -> Any:
+def safe_getattr(config: Any, name: str, default: Any = None) -> Any:
+    """`getattr` that takes a config's refusal (an exception) for absence."""
     try:
         return getattr(config, name, default)
     except Exception:  # noqa: BLE001 - per-layer attributes refuse a global read (Gemma 4)
@@ -329,14 +458,14 @@ def _still_missing(config: Any) -> dict[str, Any]:
     """Fields the model reads that neither the defaults nor `__post_init__` set (a head size, the layer types)."""
     fields = _field_defaults(type(config))
     missing: dict[str, Any] = {}
-    hidden, heads = _safe_getattr(config, "hidden_size"), _safe_getattr(config, "num_attention_heads")
-    unset_head_dim = "head_dim" in fields and _safe_getattr(config, "head_dim", 0) is None
+    hidden, heads = safe_getattr(config, "hidden_size"), safe_getattr(config, "num_attention_heads")
+    unset_head_dim = "head_dim" in fields and safe_getattr(config, "head_dim", 0) is None
     if unset_head_dim and _is_int(hidden) and _is_int(heads) and heads:
         missing["head_dim"] = hidden // heads
-    if "num_key_value_heads" in fields and _safe_getattr(config, "num_key_value_heads", 0) is None and _is_int(heads):
+    if "num_key_value_heads" in fields and safe_getattr(config, "num_key_value_heads", 0) is None and _is_int(heads):
         missing["num_key_value_heads"] = heads
-    layers = _safe_getattr(config, "num_hidden_layers")
-    if "layer_types" in fields and _safe_getattr(config, "layer_types", 0) is None and _is_int(layers):
+    layers = safe_getattr(config, "num_hidden_layers")
+    if "layer_types" in fields and safe_getattr(config, "layer_types", 0) is None and _is_int(layers):
         missing["layer_types"] = ["full_attention"] * layers
     return missing
 
@@ -386,43 +515,13 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
         elif isinstance(default, str) and _is_int(value):
             new[name] = default
     # Sizes a model needs that its default config leaves unset (ESM's vocabulary, DeepSeek-V2's experts).
+    context = _Context(values, level, values.get("num_attention_heads", values.get("num_heads", values.get("n_head"))),
+                       mha, core_only, hierarchical)
     for name, value in values.items():
         if value is None and defaults.get(name, 0) is None:
-            if _VOCAB_NAMES.match(name) and not name.startswith(("type_", "token_type")):
-                new[name] = VOCAB
-            elif _EXPERT_NAMES.match(name):
-                new[name] = EXPERTS
-            elif name in ("n_shared_experts", "num_shared_experts") and any(
-                _EXPERT_NAMES.match(other) for other in values
-            ):
-                new[name] = 1
-            elif name in _PLACEHOLDER_TOKENS and level != "default":
-                # A multimodal model whose placeholder token a checkpoint sets (InstructBLIP's image token).
-                new[name] = VOCAB // 2 + _PLACEHOLDER_TOKENS.index(name)
-            elif name == "prediction_length":
-                new[name] = 8  # forecasters that need a horizon (Autoformer, Informer)
-            elif _FFN_NAMES.match(name):
-                new[name] = FFN  # an expert's width that a checkpoint sets (Diffusion-Gemma's moe_intermediate_size)
-            elif level == "tiny" and _KV_HEAD_NAMES.match(name):
-                new[name] = 2  # the head layout of a block a checkpoint sets (Qwen4-Exp's indexer)
-            elif level == "tiny" and _HEAD_NAMES.match(name):
-                new[name] = HEADS
-            elif level == "tiny" and _HEAD_DIM_NAMES.match(name) and name != "head_dim":
-                new[name] = HEAD_DIM
-            elif name.endswith(("_compress_ratio", "_ratio")) and not name.endswith("dropout_ratio"):
-                new[name] = 2  # a compression / pooling ratio a checkpoint sets
-            elif name.endswith("_budget"):
-                new[name] = 2 * _SLIDING_WINDOW  # tokens kept by a sparse-attention indexer
-            elif name == "sliding_window" and level in ("narrow", "shallow"):
-                new[name] = 4096  # a model that reads it whatever its layer types say (Step3p7)
-            elif name == "pad_token_id" and level in ("narrow", "shallow"):
-                new[name] = 0  # ESM compares ids with it
-            elif _TOP_K_NAMES.match(name) and any(
-                _EXPERT_NAMES.match(other) for other in values if other != name
-            ):
-                new[name] = TOP_K
-
-    heads = values.get("num_attention_heads", values.get("num_heads", values.get("n_head")))
+            rule = next((rule for rule in UNSET_SIZE_RULES if rule.claims(name, None, context)), None)
+            if rule is not None:
+                new[name] = rule.size(name, None, context)
     layer_counts: dict[int, int] = {}
     # A backbone whose stages are its layers (DINOv2 under a depth head) keeps as many layers as it hands out.
     indices, stages = values.get("out_indices"), values.get("stage_names")
@@ -445,48 +544,14 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
                 target = backbone_layers if backbone_layers and name in ("num_hidden_layers", "num_layers") else LAYERS
                 new[name] = target
                 layer_counts[value] = target
-        elif name in _LAYER_BOUNDS:
-            new[name] = min(value, _LAYER_BOUNDS[name])
-        elif _EXPERT_NAMES.match(name) and value > EXPERTS:
-            new[name] = EXPERTS
-        elif _TOP_K_NAMES.match(name) and value > TOP_K:
-            new[name] = TOP_K
-        elif _VOCAB_NAMES.match(name) and value > VOCAB and not name.startswith(("type_", "token_type")):
-            new[name] = VOCAB
-        elif _POSITION_NAMES.match(name) and value > MAX_POSITIONS:
-            new[name] = MAX_POSITIONS
-        elif name == "max_source_positions" and value > AUDIO_POSITIONS:
-            new[name] = AUDIO_POSITIONS
-        elif not widths:
             continue
-        elif _KV_HEAD_NAMES.match(name):
-            if value > 1 and (not core_only or name == "num_key_value_heads"):
-                new[name] = HEADS if (heads is None or value >= heads or mha) else min(value, 2)
-        elif _HEAD_NAMES.match(name) and (not core_only or name in _CORE_HEAD_NAMES) and not hierarchical:
-            if value > HEADS:
-                new[name] = HEADS
-        elif _HEAD_DIM_NAMES.match(name) and not core_only and not hierarchical:
-            if value > HEAD_DIM:
-                new[name] = HEAD_DIM // 2 if name in ("qk_rope_head_dim", "qk_nope_head_dim") else HEAD_DIM
-        elif _FFN_NAMES.match(name) and (not core_only or name in _CORE_FFN_NAMES) and not hierarchical:
-            if value > FFN:
-                new[name] = FFN
-        elif _WIDTH_NAMES.match(name) and (not core_only or name in _CORE_WIDTH_NAMES) and not hierarchical:
-            if value > WIDTH:
-                new[name] = WIDTH
-        elif name in ("q_lora_rank", "kv_lora_rank") and value > 32:
-            new[name] = 32
-        elif name in ("state_size", "d_state", "mamba_d_state", "ssm_state_size") and value > 16:
-            new[name] = 16
-        elif name in ("time_step_rank", "dt_rank", "mamba_dt_rank") and value > 8:
-            new[name] = 8
-        elif name in _ROTARY_DIMS and value > HEAD_DIM:
-            new[name] = HEAD_DIM
-        elif name in ("mamba_d_ssm", "ssm_inner_size", "mamba_intermediate_size", "d_inner_ssm") and value > FFN:
-            new[name] = FFN
-        elif name == "sliding_window" and level == "tiny" and value > _SLIDING_WINDOW:
-            # Smaller than the synthesised sequence, so that the sliding-window mask really cuts.
-            new[name] = _SLIDING_WINDOW
+        rule = next((rule for rule in SIZE_CAPS if rule.claims(name, value, context)), None)
+        if rule is None and widths:
+            rule = next((rule for rule in WIDTH_CAPS if rule.claims(name, value, context)), None)
+        if rule is not None:
+            size = rule.size(name, value, context)
+            if size is not _KEEP:
+                new[name] = size
 
     if widths:
         for name, limit in _SCALING_FACTORS.items():
@@ -809,18 +874,19 @@ def _fix_rope(config: Any, new: dict[str, Any]) -> None:
 # --- special tokens -----------------------------------------------------------------------------------------
 
 
-def _walk(config: Any) -> Iterator[Any]:
+def walk_configs(config: Any) -> Iterator[Any]:
+    """A config and every sub-config inside it, depth first (the one walk of the config tree)."""
     yield config
     for value in vars(config).values():
         if _is_config(value):
-            yield from _walk(value)
+            yield from walk_configs(value)
 
 
 def _token_map(config: Any, level: str) -> dict[int, int]:
     """Old id -> new id for special tokens outside the shrunk vocabulary (one new id per old id, tree-wide)."""
     vocabularies = [
         value
-        for node in _walk(config)
+        for node in walk_configs(config)
         for name, value in vars(node).items()
         if _VOCAB_NAMES.match(name) and _is_int(value) and value > VOCAB
         and not name.startswith(("type_", "token_type"))
@@ -829,7 +895,7 @@ def _token_map(config: Any, level: str) -> dict[int, int]:
         return {}
     used: set[int] = set()
     outside: list[int] = []
-    for node in _walk(config):
+    for node in walk_configs(config):
         for _, value in _token_values(node):
             for token in value if isinstance(value, (list, tuple)) else [value]:
                 if not _is_int(token) or token < 0:
