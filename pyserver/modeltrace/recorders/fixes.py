@@ -8,7 +8,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from modeltrace.recorders.static import Analysis, Problem, Recorder, analyze_source
+from modeltrace.recorders.checking import analyze_source
+from modeltrace.recorders.types import Analysis, Problem, Recorder
 
 
 def dotted(node: cst.BaseExpression | None) -> str | None:
@@ -48,7 +49,9 @@ class _FixTransformer(cst.CSTTransformer):
         self.depth -= 1
         if self.depth != 0:
             return updated
-        problems = [p for p in self.by_owner.get(original.name.value, []) if p.code == "no-recorders" and p not in self.applied]
+        problems = [
+            p for p in self.by_owner.get(original.name.value, []) if p.code == "no-recorders" and p not in self.applied
+        ]
         self.current = None
         if not problems:
             return updated
@@ -76,7 +79,9 @@ class _FixTransformer(cst.CSTTransformer):
             return updated
         if dotted(original.targets[0].target) != "_can_record_outputs" or not isinstance(updated.value, cst.Dict):
             return updated
-        problems = [p for p in self.by_owner.get(self.current, []) if p.recorder is not None and p.code != "no-recorders"]
+        problems = [
+            p for p in self.by_owner.get(self.current, []) if p.recorder is not None and p.code != "no-recorders"
+        ]
         if not problems:
             return updated
         value = updated.value
@@ -87,9 +92,15 @@ class _FixTransformer(cst.CSTTransformer):
                 self.needs_output_recorder = True
             found = False
             for position, element in enumerate(elements):
-                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and element.key.evaluated_value == key:
+                if (
+                    isinstance(element, cst.DictElement)
+                    and isinstance(element.key, cst.SimpleString)
+                    and element.key.evaluated_value == key
+                ):
                     if problem.replace:
-                        elements[position] = element.with_changes(value=cst.parse_expression(problem.recorder.source(key)))
+                        elements[position] = element.with_changes(
+                            value=cst.parse_expression(problem.recorder.source(key))
+                        )
                     found = True
             if found:
                 self.applied.append(problem)
@@ -105,7 +116,11 @@ class _FixTransformer(cst.CSTTransformer):
                     elements[-1] = last.with_changes(comma=between)
                     elements.append(_entry_element(key, problem.recorder, last.comma))
                 else:
-                    comma = elements[-2].comma if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                    comma = (
+                        elements[-2].comma
+                        if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
+                        else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                    )
                     elements[-1] = last.with_changes(comma=comma)
                     elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
             else:
@@ -155,7 +170,9 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     body = list(module.body)
     position = 0
     for position, item in enumerate(body):
-        if isinstance(item, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body):
+        if isinstance(item, cst.SimpleStatementLine) and any(
+            isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body
+        ):
             continue
         if position == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr):
             continue  # module docstring
@@ -164,7 +181,9 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     return module.with_changes(body=body)
 
 
-def apply_fixes(source: str, problems: list[Problem] | None = None, analysis: Analysis | None = None) -> tuple[str, list[Problem]]:
+def apply_fixes(
+    source: str, problems: list[Problem] | None = None, analysis: Analysis | None = None
+) -> tuple[str, list[Problem]]:
     """The source with the fixes of `problems` (all fixable ones when None) applied, and the problems fixed."""
     analysis = analysis or analyze_source(source)
     if analysis.module is None:
