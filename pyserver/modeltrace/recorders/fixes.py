@@ -21,7 +21,7 @@ def dotted(node: cst.BaseExpression | None) -> str | None:
     return None
 
 
-def _entry_element(key: str, recorder: Recorder, comma) -> cst.DictElement:
+def _entry_element(key: str, recorder: Recorder, comma: cst.Comma | cst.MaybeSentinel) -> cst.DictElement:
     return cst.DictElement(cst.SimpleString(f'"{key}"'), cst.parse_expression(recorder.source(key)), comma=comma)
 
 
@@ -50,7 +50,9 @@ class _FixTransformer(cst.CSTTransformer):
         if self.depth != 0:
             return updated
         problems = [
-            p for p in self.by_owner.get(original.name.value, []) if p.code == "no-recorders" and p not in self.applied
+            problem
+            for problem in self.by_owner.get(original.name.value, [])
+            if problem.code == "no-recorders" and problem not in self.applied
         ]
         self.current = None
         if not problems:
@@ -74,13 +76,15 @@ class _FixTransformer(cst.CSTTransformer):
         self.applied.extend(problems)
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         if self.depth != 1 or self.current is None or len(original.targets) != 1:
             return updated
         if dotted(original.targets[0].target) != "_can_record_outputs" or not isinstance(updated.value, cst.Dict):
             return updated
         problems = [
-            p for p in self.by_owner.get(self.current, []) if p.recorder is not None and p.code != "no-recorders"
+            problem
+            for problem in self.by_owner.get(self.current, [])
+            if problem.recorder is not None and problem.code != "no-recorders"
         ]
         if not problems:
             return updated
@@ -142,7 +146,7 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
 
-        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
             if self.done or isinstance(updated.names, cst.ImportStar):
                 return updated
             names = [alias.name.value for alias in updated.names if isinstance(alias.name, cst.Name)]
@@ -156,9 +160,12 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
             last = aliases[-1]
             aliases[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             aliases.append(cst.ImportAlias(cst.Name("OutputRecorder"), comma=last.comma))
-            aliases.sort(key=lambda a: a.name.value if isinstance(a.name, cst.Name) else "")
+            aliases.sort(key=lambda alias: alias.name.value if isinstance(alias.name, cst.Name) else "")
             # keep the trailing-comma layout of the original last alias on the new last one
-            fixed = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in aliases[:-1]]
+            fixed = [
+                alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                for alias in aliases[:-1]
+            ]
             fixed.append(aliases[-1].with_changes(comma=last.comma))
             return updated.with_changes(names=fixed)
 
@@ -171,7 +178,7 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     position = 0
     for position, item in enumerate(body):
         if isinstance(item, cst.SimpleStatementLine) and any(
-            isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body
+            isinstance(small_statement, (cst.Import, cst.ImportFrom)) for small_statement in item.body
         ):
             continue
         if position == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr):
@@ -189,8 +196,12 @@ def apply_fixes(
     if analysis.module is None:
         return source, []
     if problems is None:
-        problems = [p for p in analysis.problems if p.fix_json() is not None]
-    problems = [p for p in problems if p.owner and (p.recorder is not None or p.code == "no-recorders")]
+        problems = [problem for problem in analysis.problems if problem.fix_json() is not None]
+    problems = [
+        problem
+        for problem in problems
+        if problem.owner and (problem.recorder is not None or problem.code == "no-recorders")
+    ]
     if not problems:
         return source, []
     original = analysis.module

@@ -30,44 +30,13 @@ from modeltrace.recorders.types import ClassInfo, Returns
 # Calls that build a container of modules: every module in their arguments is an item of a list.
 CONTAINER_CLASSES = ("ModuleList", "Sequential", "ModuleDict")
 # Lower-case calls that are not a module class handed in as an argument (`downsample(...)` is one).
-_BUILTIN_CALLS = {
-    "getattr",
-    "int",
-    "float",
-    "bool",
-    "str",
-    "len",
-    "max",
-    "min",
-    "range",
-    "list",
-    "tuple",
-    "dict",
-    "sum",
-    "round",
-    "isinstance",
-    "set",
-    "abs",
-    "super",
-    "type",
-}
+_BUILTIN_CALLS = frozenset(
+    "getattr int float bool str len max min range list tuple dict sum round isinstance set abs super type".split()
+)
 # Names in a return annotation that are not an output class (`Optional[tuple[...] | BaseModelOutput]`).
-_NOT_OUTPUT_ANNOTATIONS = {
-    "Optional",
-    "Union",
-    "Tuple",
-    "tuple",
-    "list",
-    "dict",
-    "None",
-    "Any",
-    "str",
-    "int",
-    "float",
-    "bool",
-    "List",
-    "Dict",
-}
+_NOT_OUTPUT_ANNOTATIONS = frozenset(
+    "Optional Union Tuple tuple list dict None Any str int float bool List Dict".split()
+)
 # Method calls that put modules into a list or into the module itself.
 _ADDING_METHODS = ("append", "extend", "insert", "add_module")
 # NOTE: a `return` that refers to names assigned from other names is followed this many steps, no further
