@@ -107,33 +107,33 @@ class ClassReader:
         self.tables = tables
         self.class_names = class_names
         self.methods = methods  # name -> FunctionDef of this class (`self.layers = self.get_layers()`)
-        self.calling: set[str] = set()
-        self.params: list[str] = []  # parameters of the method being read
+        self.methods_being_read: set[str] = set()
+        self.parameters: list[str] = []  # parameters of the method being read
         self.injections: list[Injection] = []
 
     def method_result(self, name: str) -> Binding:
         """What `self.name(...)` returns, when `name` is a method of the class building modules."""
         function = self.methods.get(name)
         result = Binding()
-        if function is None or name in self.calling:
+        if function is None or name in self.methods_being_read:
             return result
-        self.calling.add(name)
-        env: dict[str, Binding] = {}
-        self.statements(function.body, env)
+        self.methods_being_read.add(name)
+        bindings: dict[str, Binding] = {}
+        self.statements(function.body, bindings)
         for node in walk_function(function):
             if isinstance(node, ast.Return) and node.value is not None:
-                binding = self.evaluate(node.value, env)
+                binding = self.evaluate(node.value, bindings)
                 result.instances = union(result.instances, binding.instances)
                 result.in_list = result.in_list or binding.in_list
-        self.calling.discard(name)
+        self.methods_being_read.discard(name)
         return result
 
     # ---- expressions
-    def refs(self, node: ast.AST, env: dict[str, Binding]) -> list[str]:
+    def refs(self, node: ast.AST, bindings: dict[str, Binding]) -> list[str]:
         """The classes an expression may name (to be called later): a class, a table of classes, a choice."""
         if isinstance(node, ast.Name):
-            if node.id in env:
-                return list(env[node.id].refs)
+            if node.id in bindings:
+                return list(bindings[node.id].refs)
             if node.id in self.tables:
                 return list(self.tables[node.id])
             return [node.id] if is_class_name(node.id) or node.id in self.class_names else []
@@ -143,50 +143,52 @@ class ClassReader:
         if isinstance(node, ast.Subscript):
             base = node.value
             if isinstance(base, ast.Name):
-                if base.id in env:
-                    return list(env[base.id].refs)
+                if base.id in bindings:
+                    return list(bindings[base.id].refs)
                 if base.id in self.tables:
                     return list(self.tables[base.id])
             return []
         if isinstance(node, ast.IfExp):
-            return union(self.refs(node.body, env), self.refs(node.orelse, env))
+            return union(self.refs(node.body, bindings), self.refs(node.orelse, bindings))
         if isinstance(node, ast.BoolOp):
             result: list[str] = []
             for value in node.values:
-                result = union(result, self.refs(value, env))
+                result = union(result, self.refs(value, bindings))
             return result
         return []
 
-    def evaluate(self, node: ast.AST | None, env: dict[str, Binding]) -> Binding:
+    def evaluate(self, node: ast.AST | None, bindings: dict[str, Binding]) -> Binding:
         """The modules an expression builds, and the classes it names."""
         if node is None:
             return Binding()
         if isinstance(node, ast.Call):
-            return self._evaluate_call(node, env)
+            return self._evaluate_call(node, bindings)
         if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
-            return Binding(instances=self.evaluate(node.elt, env).instances, in_list=True)
+            return Binding(instances=self.evaluate(node.elt, bindings).instances, in_list=True)
         if isinstance(node, ast.DictComp):
-            return Binding(instances=self.evaluate(node.value, env).instances, in_list=True)
+            return Binding(instances=self.evaluate(node.value, bindings).instances, in_list=True)
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
             elements = [element.value if isinstance(element, ast.Starred) else element for element in node.elts]
-            return self._evaluate_items(elements, env)
+            return self._evaluate_items(elements, bindings)
         if isinstance(node, ast.Dict):
-            return self._evaluate_items(node.values, env)
+            return self._evaluate_items(node.values, bindings)
         if isinstance(node, (ast.IfExp, ast.BoolOp)) or (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
-            return self._evaluate_alternatives(node, env)
-        if isinstance(node, ast.Name) and node.id in env:
-            binding = env[node.id]
+            return self._evaluate_alternatives(node, bindings)
+        if isinstance(node, ast.Name) and node.id in bindings:
+            binding = bindings[node.id]
             return Binding(list(binding.refs), list(binding.instances), binding.in_list)
-        return Binding(refs=self.refs(node, env))
+        return Binding(refs=self.refs(node, bindings))
 
-    def _evaluate_items(self, items: list[ast.AST], env: dict[str, Binding]) -> Binding:
+    def _evaluate_items(self, items: list[ast.AST], bindings: dict[str, Binding]) -> Binding:
         """A literal list, tuple, set or dict of modules."""
         result = Binding(in_list=True)
         for item in items:
-            result.instances = union(result.instances, self.evaluate(item, env).instances)
+            result.instances = union(result.instances, self.evaluate(item, bindings).instances)
         return result
 
-    def _evaluate_alternatives(self, node: ast.IfExp | ast.BoolOp | ast.BinOp, env: dict[str, Binding]) -> Binding:
+    def _evaluate_alternatives(
+        self, node: ast.IfExp | ast.BoolOp | ast.BinOp, bindings: dict[str, Binding]
+    ) -> Binding:
         """`A(...) if cond else B(...)`, `a or B(...)`, `[A(...) for ...] + [B(...) for ...]`: either part."""
         if isinstance(node, ast.BinOp):
             parts = [node.left, node.right]
@@ -194,29 +196,29 @@ class ClassReader:
             parts = [node.body, node.orelse] if isinstance(node, ast.IfExp) else node.values
         result = Binding()
         for part in parts:
-            binding = self.evaluate(part, env)
+            binding = self.evaluate(part, bindings)
             result.instances = union(result.instances, binding.instances)
             result.refs = union(result.refs, binding.refs)
             result.in_list = result.in_list or binding.in_list
         return result
 
-    def _evaluate_call(self, node: ast.Call, env: dict[str, Binding]) -> Binding:
+    def _evaluate_call(self, node: ast.Call, bindings: dict[str, Binding]) -> Binding:
         """A container of modules, a method of the class building modules, or a class called."""
         name = dotted(node.func)
         if name and short_name(name) in CONTAINER_CLASSES:
             arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
             return self._evaluate_items(
-                [argument.value if isinstance(argument, ast.Starred) else argument for argument in arguments], env
+                [argument.value if isinstance(argument, ast.Starred) else argument for argument in arguments], bindings
             )
         method = self_attribute(node.func)
         if method and method in self.methods:
             return self.method_result(method)
-        called = self.refs(node.func, env)
+        called = self.refs(node.func, bindings)
         if called:
-            self._record_injections(node, called, env)
+            self._record_injections(node, called, bindings)
         return Binding(instances=called)
 
-    def _record_injections(self, node: ast.Call, called: list[str], env: dict[str, Binding]) -> None:
+    def _record_injections(self, node: ast.Call, called: list[str], bindings: dict[str, Binding]) -> None:
         """Modules built in the arguments of a constructor call (the constructor may keep them)."""
         passed: list[tuple[str | int, ast.AST]] = [
             (position, argument)
@@ -226,38 +228,38 @@ class ClassReader:
         passed += [(keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg]
         for parameter, argument in passed:
             if isinstance(argument, (ast.Call, ast.Name, ast.IfExp)):
-                modules = self.evaluate(argument, env).instances
+                modules = self.evaluate(argument, bindings).instances
                 if modules:
                     self.injections.extend(Injection(called_class, parameter, modules) for called_class in called)
 
     # ---- statements
-    def statements(self, body: list[ast.stmt], env: dict[str, Binding]) -> None:
+    def statements(self, body: list[ast.stmt], bindings: dict[str, Binding]) -> None:
         """Read the wiring of a block of statements, recursing into compound statements."""
         for statement in body:
             if isinstance(statement, ast.Assign):
-                binding = self.evaluate(statement.value, env)
+                binding = self.evaluate(statement.value, bindings)
                 for target in statement.targets:
-                    self.assign(target, statement.value, binding, env)
+                    self.assign(target, statement.value, binding, bindings)
             elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-                self.assign(statement.target, statement.value, self.evaluate(statement.value, env), env)
+                self.assign(statement.target, statement.value, self.evaluate(statement.value, bindings), bindings)
             elif isinstance(statement, ast.AugAssign) and isinstance(statement.op, ast.Add):
-                binding = self.evaluate(statement.value, env)
-                self.add(statement.target, binding.instances, env)
+                binding = self.evaluate(statement.value, bindings)
+                self.add(statement.target, binding.instances, bindings)
             elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
-                self._adding_call(statement.value, env)
+                self._adding_call(statement.value, bindings)
             elif isinstance(statement, (ast.If, ast.For, ast.AsyncFor, ast.While)):
-                self.statements(statement.body, env)
-                self.statements(statement.orelse, env)
+                self.statements(statement.body, bindings)
+                self.statements(statement.orelse, bindings)
             elif isinstance(statement, (ast.With, ast.AsyncWith)):
-                self.statements(statement.body, env)
+                self.statements(statement.body, bindings)
             elif isinstance(statement, ast.Try) or type(statement).__name__ == "TryStar":
-                self.statements(statement.body, env)
+                self.statements(statement.body, bindings)
                 for handler in statement.handlers:
-                    self.statements(handler.body, env)
-                self.statements(statement.orelse, env)
-                self.statements(statement.finalbody, env)
+                    self.statements(handler.body, bindings)
+                self.statements(statement.orelse, bindings)
+                self.statements(statement.finalbody, bindings)
 
-    def _adding_call(self, call: ast.Call, env: dict[str, Binding]) -> None:
+    def _adding_call(self, call: ast.Call, bindings: dict[str, Binding]) -> None:
         """`layers.append(Layer(...))`, `self.add_module("name", Layer(...))` and the like."""
         if not (isinstance(call.func, ast.Attribute) and call.func.attr in _ADDING_METHODS):
             return
@@ -265,7 +267,7 @@ class ClassReader:
         arguments = call.args[1:] if method in ("insert", "add_module") else call.args
         instances: list[str] = []
         for argument in arguments:
-            instances = union(instances, self.evaluate(argument, env).instances)
+            instances = union(instances, self.evaluate(argument, bindings).instances)
         if method == "add_module" and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
             name = string_value(call.args[0]) if call.args else None
             attribute = name or "*"
@@ -276,12 +278,12 @@ class ClassReader:
                 if name is None:
                     self.info.list_attributes.add(attribute)
         else:
-            self.add(call.func.value, instances, env)
+            self.add(call.func.value, instances, bindings)
 
-    def add(self, target: ast.AST, instances: list[str], env: dict[str, Binding]) -> None:
+    def add(self, target: ast.AST, instances: list[str], bindings: dict[str, Binding]) -> None:
         """Modules appended to a local list or to `self.NAME` (a ModuleList filled one layer at a time)."""
         if isinstance(target, ast.Name):
-            binding = env.setdefault(target.id, Binding())
+            binding = bindings.setdefault(target.id, Binding())
             binding.instances = union(binding.instances, instances)
             binding.in_list = True
             return
@@ -291,22 +293,22 @@ class ClassReader:
             existing.extend(cls for cls in instances if cls not in existing)
             self.info.list_attributes.add(attribute)
 
-    def assign(self, target: ast.AST, value: ast.AST, binding: Binding, env: dict[str, Binding]) -> None:
+    def assign(self, target: ast.AST, value: ast.AST, binding: Binding, bindings: dict[str, Binding]) -> None:
         """`name = ...` binds a local; `self.NAME = ...` wires the modules of `binding` into the class."""
         if isinstance(target, ast.Name):
-            env[target.id] = binding
+            bindings[target.id] = binding
             return
         if isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 if isinstance(element, ast.Name):
-                    env.pop(element.id, None)
+                    bindings.pop(element.id, None)
             return
         attribute = self_attribute(target)
         if not attribute:
             return
         info = self.info
         info.assigned.add(attribute)
-        if isinstance(value, ast.Name) and value.id in self.params:
+        if isinstance(value, ast.Name) and value.id in self.parameters:
             info.param_attributes.setdefault(value.id, attribute)
         if not binding.instances and any(
             isinstance(node, ast.Call)
@@ -572,11 +574,11 @@ def _read_class(
             info.can_record_node = value
             info.can_record_line = statement.lineno
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            reader.params = parameter_names(statement.args)[1:]
+            reader.parameters = parameter_names(statement.args)[1:]
             if statement.name == "__init__":
-                info.init_params = list(reader.params)
+                info.init_params = list(reader.parameters)
             reader.statements(statement.body, {})
-            reader.params = []
+            reader.parameters = []
             if statement.name == "forward":
                 reader.forward(statement)
     info.capture_line = info.capture_line or info.line
