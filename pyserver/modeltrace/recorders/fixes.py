@@ -94,43 +94,49 @@ class _FixTransformer(cst.CSTTransformer):
             key = problem.key or ""
             if problem.recorder.source(key).startswith("OutputRecorder"):
                 self.needs_output_recorder = True
-            found = False
-            for position, element in enumerate(elements):
-                if (
-                    isinstance(element, cst.DictElement)
-                    and isinstance(element.key, cst.SimpleString)
-                    and element.key.evaluated_value == key
-                ):
-                    if problem.replace:
-                        elements[position] = element.with_changes(
-                            value=cst.parse_expression(problem.recorder.source(key))
-                        )
-                    found = True
-            if found:
-                self.applied.append(problem)
-                continue
-            if elements:
-                last = elements[-1]
-                if isinstance(last.comma, cst.Comma):
-                    # the last comma carries the line break before `}`; the one before it, the item indentation
-                    if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
-                        between = elements[-2].comma
-                    else:
-                        between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
-                    elements[-1] = last.with_changes(comma=between)
-                    elements.append(_entry_element(key, problem.recorder, last.comma))
-                else:
-                    comma = (
-                        elements[-2].comma
-                        if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
-                        else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                    )
-                    elements[-1] = last.with_changes(comma=comma)
-                    elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
-            else:
-                elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
+            if not _replace_entry(elements, key, problem):
+                _append_entry(elements, value, key, problem.recorder)
             self.applied.append(problem)
         return updated.with_changes(value=value.with_changes(elements=elements))
+
+
+def _replace_entry(elements: list[cst.BaseDictElement], key: str, problem: Problem) -> bool:
+    """Whether the dict already has `key`; its value replaced by the fix's entry when the problem says so."""
+    found = False
+    for position, element in enumerate(elements):
+        if (
+            isinstance(element, cst.DictElement)
+            and isinstance(element.key, cst.SimpleString)
+            and element.key.evaluated_value == key
+        ):
+            if problem.replace:
+                elements[position] = element.with_changes(value=cst.parse_expression(problem.recorder.source(key)))
+            found = True
+    return found
+
+
+def _append_entry(elements: list[cst.BaseDictElement], value: cst.Dict, key: str, recorder: Recorder) -> None:
+    """Add `key: recorder` after the last element, in the layout of the ones before it."""
+    if not elements:
+        elements.append(_entry_element(key, recorder, cst.MaybeSentinel.DEFAULT))
+        return
+    last = elements[-1]
+    if isinstance(last.comma, cst.Comma):
+        # the last comma carries the line break before `}`; the one before it, the item indentation
+        if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
+            between = elements[-2].comma
+        else:
+            between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
+        elements[-1] = last.with_changes(comma=between)
+        elements.append(_entry_element(key, recorder, last.comma))
+    else:
+        comma = (
+            elements[-2].comma
+            if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
+            else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
+        elements[-1] = last.with_changes(comma=comma)
+        elements.append(_entry_element(key, recorder, cst.MaybeSentinel.DEFAULT))
 
 
 def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[str]) -> cst.Module:
