@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 
 from modeltrace.recorders.fixes import apply_fixes
-from modeltrace.recorders.static import Analysis, Recorder, Wiring, _read_can_record, analyze_source
+from modeltrace.recorders.checking import analyze_source
+from modeltrace.recorders.declarations import read_can_record
+from modeltrace.recorders.types import Analysis, Recorder
+from modeltrace.recorders.wiring import Wiring
 
 
 def installed_files() -> list[Path]:
@@ -76,7 +79,7 @@ def literal_dicts(analysis: Analysis):
     result = []
     for info in sorted(analysis.classes.values(), key=lambda c: c.line):
         if isinstance(info.can_record_node, ast.Dict):
-            result.append((info.name, _read_can_record(analysis, info, frozenset({info.name}))))
+            result.append((info.name, read_can_record(analysis, info, frozenset({info.name}))))
     return result
 
 

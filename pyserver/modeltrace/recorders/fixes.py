@@ -8,7 +8,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from modeltrace.recorders.static import Analysis, Problem, Recorder, analyze_source
+from modeltrace.recorders.checking import analyze_source
+from modeltrace.recorders.types import Analysis, Problem, Recorder
 
 
 def dotted(node: cst.BaseExpression | None) -> str | None:
@@ -20,7 +21,7 @@ def dotted(node: cst.BaseExpression | None) -> str | None:
     return None
 
 
-def _entry_element(key: str, recorder: Recorder, comma) -> cst.DictElement:
+def _entry_element(key: str, recorder: Recorder, comma: cst.Comma | cst.MaybeSentinel) -> cst.DictElement:
     return cst.DictElement(cst.SimpleString(f'"{key}"'), cst.parse_expression(recorder.source(key)), comma=comma)
 
 
@@ -48,7 +49,11 @@ class _FixTransformer(cst.CSTTransformer):
         self.depth -= 1
         if self.depth != 0:
             return updated
-        problems = [p for p in self.by_owner.get(original.name.value, []) if p.code == "no-recorders" and p not in self.applied]
+        problems = [
+            problem
+            for problem in self.by_owner.get(original.name.value, [])
+            if problem.code == "no-recorders" and problem not in self.applied
+        ]
         self.current = None
         if not problems:
             return updated
@@ -71,12 +76,16 @@ class _FixTransformer(cst.CSTTransformer):
         self.applied.extend(problems)
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         if self.depth != 1 or self.current is None or len(original.targets) != 1:
             return updated
         if dotted(original.targets[0].target) != "_can_record_outputs" or not isinstance(updated.value, cst.Dict):
             return updated
-        problems = [p for p in self.by_owner.get(self.current, []) if p.recorder is not None and p.code != "no-recorders"]
+        problems = [
+            problem
+            for problem in self.by_owner.get(self.current, [])
+            if problem.recorder is not None and problem.code != "no-recorders"
+        ]
         if not problems:
             return updated
         value = updated.value
@@ -85,33 +94,49 @@ class _FixTransformer(cst.CSTTransformer):
             key = problem.key or ""
             if problem.recorder.source(key).startswith("OutputRecorder"):
                 self.needs_output_recorder = True
-            found = False
-            for position, element in enumerate(elements):
-                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and element.key.evaluated_value == key:
-                    if problem.replace:
-                        elements[position] = element.with_changes(value=cst.parse_expression(problem.recorder.source(key)))
-                    found = True
-            if found:
-                self.applied.append(problem)
-                continue
-            if elements:
-                last = elements[-1]
-                if isinstance(last.comma, cst.Comma):
-                    # the last comma carries the line break before `}`; the one before it, the item indentation
-                    if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
-                        between = elements[-2].comma
-                    else:
-                        between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
-                    elements[-1] = last.with_changes(comma=between)
-                    elements.append(_entry_element(key, problem.recorder, last.comma))
-                else:
-                    comma = elements[-2].comma if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                    elements[-1] = last.with_changes(comma=comma)
-                    elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
-            else:
-                elements.append(_entry_element(key, problem.recorder, cst.MaybeSentinel.DEFAULT))
+            if not _replace_entry(elements, key, problem):
+                _append_entry(elements, value, key, problem.recorder)
             self.applied.append(problem)
         return updated.with_changes(value=value.with_changes(elements=elements))
+
+
+def _replace_entry(elements: list[cst.BaseDictElement], key: str, problem: Problem) -> bool:
+    """Whether the dict already has `key`; its value replaced by the fix's entry when the problem says so."""
+    found = False
+    for position, element in enumerate(elements):
+        if (
+            isinstance(element, cst.DictElement)
+            and isinstance(element.key, cst.SimpleString)
+            and element.key.evaluated_value == key
+        ):
+            if problem.replace:
+                elements[position] = element.with_changes(value=cst.parse_expression(problem.recorder.source(key)))
+            found = True
+    return found
+
+
+def _append_entry(elements: list[cst.BaseDictElement], value: cst.Dict, key: str, recorder: Recorder) -> None:
+    """Add `key: recorder` after the last element, in the layout of the ones before it."""
+    if not elements:
+        elements.append(_entry_element(key, recorder, cst.MaybeSentinel.DEFAULT))
+        return
+    last = elements[-1]
+    if isinstance(last.comma, cst.Comma):
+        # the last comma carries the line break before `}`; the one before it, the item indentation
+        if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
+            between = elements[-2].comma
+        else:
+            between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
+        elements[-1] = last.with_changes(comma=between)
+        elements.append(_entry_element(key, recorder, last.comma))
+    else:
+        comma = (
+            elements[-2].comma
+            if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
+            else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
+        elements[-1] = last.with_changes(comma=comma)
+        elements.append(_entry_element(key, recorder, cst.MaybeSentinel.DEFAULT))
 
 
 def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[str]) -> cst.Module:
@@ -127,7 +152,7 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
 
-        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+        def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
             if self.done or isinstance(updated.names, cst.ImportStar):
                 return updated
             names = [alias.name.value for alias in updated.names if isinstance(alias.name, cst.Name)]
@@ -141,9 +166,12 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
             last = aliases[-1]
             aliases[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             aliases.append(cst.ImportAlias(cst.Name("OutputRecorder"), comma=last.comma))
-            aliases.sort(key=lambda a: a.name.value if isinstance(a.name, cst.Name) else "")
+            aliases.sort(key=lambda alias: alias.name.value if isinstance(alias.name, cst.Name) else "")
             # keep the trailing-comma layout of the original last alias on the new last one
-            fixed = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for a in aliases[:-1]]
+            fixed = [
+                alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                for alias in aliases[:-1]
+            ]
             fixed.append(aliases[-1].with_changes(comma=last.comma))
             return updated.with_changes(names=fixed)
 
@@ -155,7 +183,9 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     body = list(module.body)
     position = 0
     for position, item in enumerate(body):
-        if isinstance(item, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body):
+        if isinstance(item, cst.SimpleStatementLine) and any(
+            isinstance(small_statement, (cst.Import, cst.ImportFrom)) for small_statement in item.body
+        ):
             continue
         if position == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr):
             continue  # module docstring
@@ -164,14 +194,20 @@ def _ensure_output_recorder_import(module: cst.Module, analysis_imported: set[st
     return module.with_changes(body=body)
 
 
-def apply_fixes(source: str, problems: list[Problem] | None = None, analysis: Analysis | None = None) -> tuple[str, list[Problem]]:
+def apply_fixes(
+    source: str, problems: list[Problem] | None = None, analysis: Analysis | None = None
+) -> tuple[str, list[Problem]]:
     """The source with the fixes of `problems` (all fixable ones when None) applied, and the problems fixed."""
     analysis = analysis or analyze_source(source)
     if analysis.module is None:
         return source, []
     if problems is None:
-        problems = [p for p in analysis.problems if p.fix_json() is not None]
-    problems = [p for p in problems if p.owner and (p.recorder is not None or p.code == "no-recorders")]
+        problems = [problem for problem in analysis.problems if problem.fix_json() is not None]
+    problems = [
+        problem
+        for problem in problems
+        if problem.owner and (problem.recorder is not None or problem.code == "no-recorders")
+    ]
     if not problems:
         return source, []
     original = analysis.module
