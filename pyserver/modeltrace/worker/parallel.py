@@ -113,11 +113,9 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
         codes = [process.poll() for process in processes]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            # NOTE: a rank whose peer died fails in a collective a moment later; the one with its own error
-            # (a file written by its rank job) is the cause, else the first that ended.
-            time.sleep(0.2)
-            reported = [rank for rank in range(len(processes)) if (staging / f"rank{rank}.error.json").is_file()]
-            rank = reported[0] if reported else failed[0]
+            # NOTE: a rank whose peer died fails in a collective a moment later: the first rank seen to end is
+            # the cause; among ranks seen ending together, one whose error is not torch.distributed's own
+            rank = min(failed, key=lambda candidate: (_is_collective_failure(staging, candidate), candidate))
             _end_group(processes)
             raise ModelTraceError(_failure_message(rank, processes[rank].returncode, staging, len(processes)))
         if all(code == 0 for code in codes):
@@ -131,6 +129,15 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
                 "rank's process was ended and no trace was written"
             )
         time.sleep(0.05)
+
+
+def _is_collective_failure(staging: Path, rank: int) -> bool:
+    """Whether the rank's error is a collective failing (a peer gone), not a cause of its own."""
+    try:
+        error = json.loads((staging / f"rank{rank}.error.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return str(error.get("type", "")).startswith("Dist") or "Connection closed by peer" in str(error.get("message"))
 
 
 def _failure_message(rank: int, code: int | None, staging: Path, nproc: int) -> str:
