@@ -226,9 +226,11 @@ def test_bad_device_inputs_give_one_line(setup: dict[str, Path], tmp_path: Path)
     missing_gpu = json.dumps({"embed_tokens": "cuda:3", "rotary_emb": "cpu", "layers": "cpu", "norm": "cpu"})
     _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", missing_gpu,
                              "--out", str(out)), "cuda:3", "embed_tokens")
-    uncovered = json.dumps({"embed_tokens": "cpu", "layers.0": "cpu"})
-    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", uncovered,
-                             "--out", str(out)), "--device-map")
+    past_the_last_layer = json.dumps({"embed_tokens": "cpu", "layers.0": "cpu", "layers.7": "disk"})
+    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", past_the_last_layer,
+                             "--out", str(out)), "--device-map", "'layers.7'")
+    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", '{"layers": "gpu7"}',
+                             "--out", str(out)), "--device-map", "'gpu7'")
     _assert_one_line(run_cli("trace", modeling, "--device-map", "auto", "--out", str(out)), "--checkpoint")
     _assert_one_line(run_cli("trace", modeling, "--nproc", "2", "--out", str(out)), "--checkpoint")
     _assert_one_line(run_cli("trace", modeling, "--checkpoint", "meta-llama/Llama-3.1-8B", "--nproc", "2",

@@ -872,9 +872,15 @@ def _build_checkpoint(
     torch.manual_seed(seed)
     options = dict(load_options or {})
     if options.get("device_map") is not None:
-        from modeltrace.worker.placement import check_device_map_fits
+        from modeltrace.worker.placement import check_device_map_fits, check_device_map_names
 
         check_device_map_fits(options["device_map"], model_class)
+        if isinstance(options["device_map"], dict):
+            skeleton = None
+            with contextlib.suppress(Exception), torch.device("meta"):
+                skeleton = model_class(model_class.config_class.from_pretrained(str(folder), local_files_only=True))
+            if skeleton is not None:
+                check_device_map_names(options["device_map"], skeleton, model_class)
     try:
         # NOTE: weights_only=True (also transformers' default): a pickled `pytorch_model.bin` is read with torch's
         # restricted unpickler, so a checkpoint cannot run code; safetensors files are never pickles.

@@ -113,9 +113,10 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
         codes = [process.poll() for process in processes]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            # NOTE: a rank whose peer died fails in a collective a moment later: the first rank seen to end is
-            # the cause; among ranks seen ending together, one whose error is not torch.distributed's own
-            rank = min(failed, key=lambda candidate: (_is_collective_failure(staging, candidate), candidate))
+            # NOTE: a rank whose peer died fails in a collective a moment later: the cause is, among the ranks
+            # seen ending, one that ended abruptly (a signal, or no error of its own), else one with an error of
+            # its own, else one whose collective failed
+            rank = min(failed, key=lambda candidate: (_failure_rank(staging, candidate), candidate))
             _end_group(processes)
             raise ModelTraceError(_failure_message(rank, processes[rank].returncode, staging, len(processes)))
         if all(code == 0 for code in codes):
@@ -131,13 +132,17 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
         time.sleep(0.05)
 
 
-def _is_collective_failure(staging: Path, rank: int) -> bool:
-    """Whether the rank's error is a collective failing (a peer gone), not a cause of its own."""
+def _failure_rank(staging: Path, rank: int) -> int:
+    """0: the rank ended abruptly (no error file); 1: an error of its own; 2: a collective failing (a peer gone)."""
     try:
         error = json.loads((staging / f"rank{rank}.error.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return False
-    return str(error.get("type", "")).startswith("Dist") or "Connection closed by peer" in str(error.get("message"))
+        return 0
+    message = str(error.get("message"))
+    collective = str(error.get("type", "")).startswith("Dist") or any(
+        sign in message for sign in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
+    )
+    return 2 if collective else 1
 
 
 def _failure_message(rank: int, code: int | None, staging: Path, nproc: int) -> str:

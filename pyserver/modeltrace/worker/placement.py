@@ -82,6 +82,21 @@ def check_device_map_fits(mapping: str | dict[str, Any], model_class: type) -> N
             )
 
 
+def check_device_map_names(mapping: str | dict[str, Any], model: nn.Module, model_class: type) -> None:
+    """Refuse a JSON map naming a module the model does not have (a typo, another model's layout, a layer past
+    the last): accelerate would place it nowhere without a word."""
+    if not isinstance(mapping, dict):
+        return
+    names = {name for name, _ in model.named_modules()} | {name for name, _ in model.named_parameters()}
+    for key in mapping:
+        if key and key not in names:
+            close = sorted(name for name in names if name and "." not in name)
+            raise ModelTraceError(
+                f"--device-map: {model_class.__name__} has no module {key!r} (its top-level modules: "
+                f"{', '.join(close[:8])})"
+            )
+
+
 def check_device_map_covers(mapping: str | dict[str, Any], model: nn.Module, model_class: type) -> None:
     """Refuse a JSON map that leaves some weight of the model on no device (named, not accelerate's KeyError)."""
     if not isinstance(mapping, dict):
