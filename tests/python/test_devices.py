@@ -257,3 +257,16 @@ def test_a_rank_that_dies_or_hangs_ends_the_whole_group(setup: dict[str, Path], 
     assert not out.exists()
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".fault.mtrace")]
     _no_rank_left(str(tmp_path))
+
+
+def test_the_hover_shows_each_rank_shard_and_the_device_of_a_call(traces: dict[str, Path]) -> None:
+    from modeltrace.lsp.hover import calls_table
+    from modeltrace.trace.storage import read_trace
+
+    parallel = read_trace(traces["parallel"])
+    query = [record for record in parallel.modules if record.path == "layers.0.self_attn.q_proj"]
+    table = calls_table(query)
+    assert "[1,7,64] · sharded on dim 2: rank 0 [1,7,32], rank 1 [1,7,32]" in table, table
+    mapped = read_trace(traces["mapped"])
+    offloaded = [record for record in mapped.modules if record.path == "layers.1.mlp.down_proj"]
+    assert "on cpu (weights offloaded to disk)" in calls_table(offloaded)
