@@ -164,6 +164,10 @@ def test_a_bug_on_rank_one_is_found_and_named(setup: dict[str, Path], traces: di
     assert "rank 1" in shards[0]["message"]
     text = run_cli("diff", str(traces["plain"]), str(out)).stdout
     assert "rank 1" in text and "FIRST DIVERGENCE: layers.0.self_attn" in text
+    # between two parallel traces the shards are compared rank by rank
+    between = _diff(traces["parallel"], out)
+    assert between["match"] is False and between["first_divergence"]["path"] == "layers.0.self_attn"
+    assert [finding["ranks"] for finding in between["ranks"] if finding["kind"] == "shard"][0] == [1]
 
 
 def test_a_replicated_tensor_differing_on_one_rank_is_a_divergence_of_its_own(setup: dict[str, Path],
