@@ -16,6 +16,16 @@ trap 'rm -rf "$WORK"' EXIT
 echo "# $(date -u +%H:%M:%S) GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo none)"
 "$PYTHON" -c 'import torch, sys; print("# torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() else 3)'
 
+"$PYTHON" -c 'import importlib, sys
+missing = []
+for name in ("transformers", "accelerate", "safetensors", "msgpack", "pygls", "libcst", "pytest", "psutil"):
+    try:
+        print("#", name, importlib.import_module(name).__version__)
+    except ImportError:
+        missing.append(name)
+if missing:
+    sys.exit("gpu_check: this Python lacks " + ", ".join(missing) + " (the venv takes them from it: nothing is downloaded)")'
+
 echo "# $(date -u +%H:%M:%S) building the wheel"
 "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$WORK/dist" . >/dev/null
 "$PYTHON" -m venv --system-site-packages "$WORK/venv"
