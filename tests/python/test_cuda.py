@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -93,7 +92,7 @@ def test_device_map_auto_runs_on_the_gpu_and_says_so(tmp_path: Path) -> None:
     model.save_pretrained(checkpoint)
     out = tmp_path / "gpu.mtrace"
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", textwrap.dedent(str(_llama_file())), "--checkpoint",
+        [sys.executable, "-m", "modeltrace", "trace", str(_llama_file()), "--checkpoint",
          str(checkpoint), "--device-map", "auto", "--out", str(out), "--format", "json"],
         capture_output=True, text=True, timeout=600,
     )

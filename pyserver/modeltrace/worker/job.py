@@ -107,6 +107,12 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             )
         built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
+    if request.get("device_map"):
+        # NOTE: accelerate leaves a model that fits one device whole without hooks (nor, on a CPU-only machine,
+        # a device map): its calls ran where their outputs are
+        for record in capture.records:
+            if record.device is None and record.outputs:
+                record.device = record.outputs[0].device
     # NOTE: after the forward, so that the capture's tensor limits favour the activations over the weights
     from modeltrace.worker.placement import onloaded
 

@@ -144,8 +144,13 @@ def module_devices(model: nn.Module) -> dict[str, str]:
         hook = _alignment_hook(module)
         if hook is None or getattr(hook, "execution_device", None) is None:
             parent = path.rpartition(".")[0] if "." in path else ""
-            inherited = found.get(parent)
-            if inherited is not None and path:
+            inherited = found.get(parent) if path else None
+            if inherited is None:
+                # NOTE: a model accelerate placed on one device whole gets no hooks: the map says where it is
+                placed = next((device_map[key] for key in keys if key == "" or path == key
+                               or path.startswith(key + ".")), None)
+                inherited = None if placed is None or placed == "disk" else _device_label(placed)
+            if inherited is not None:
                 found[path] = inherited
             continue
         label = _device_label(hook.execution_device)
