@@ -238,7 +238,7 @@ def test_bad_device_inputs_give_one_line(setup: dict[str, Path], tmp_path: Path)
     _assert_one_line(run_cli("trace", modeling, "--device-map", "auto", "--out", str(out)), "--checkpoint")
     _assert_one_line(run_cli("trace", modeling, "--nproc", "2", "--out", str(out)), "--checkpoint")
     _assert_one_line(run_cli("trace", modeling, "--checkpoint", "meta-llama/Llama-3.1-8B", "--nproc", "2",
-                             "--out", str(out)), "rank 0", "never downloads")
+                             "--out", str(out)), "rank ", "never downloads")
     assert not out.exists() and not list(tmp_path.iterdir())
     _no_rank_left(str(tmp_path))
 

@@ -113,6 +113,10 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
         codes = [process.poll() for process in processes]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
+            # NOTE: ranks hitting the same error (a bad checkpoint) end within moments of each other: a short wait
+            # lets the lowest of them be the one named
+            time.sleep(0.5)
+            failed = [rank for rank, process in enumerate(processes) if process.poll() not in (None, 0)]
             # NOTE: a rank whose peer died fails in a collective a moment later: the cause is, among the ranks
             # seen ending, one that ended abruptly (a signal, or no error of its own), else one with an error of
             # its own, else one whose collective failed
