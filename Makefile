@@ -58,6 +58,7 @@ bench: $(PY_STAMP)
 	$(PY) bench/bench_lines.py
 	$(PY) bench/bench_server.py
 	$(PY) bench/bench_diff.py
+	$(PY) bench/bench_parallel.py
 	$(PY) bench/bench_align.py
 	$(PY) bench/bench_breadth.py
 	$(PY) bench/port_verdicts.py

@@ -28,6 +28,8 @@ export interface ModelTraceSettings {
     shapeOnly: boolean;
     /** A local save_pretrained folder to trace with; "" means none. */
     checkpoint: string;
+    /** With a checkpoint: accelerate's device map ("auto", or JSON); "" means one device. */
+    deviceMap: string;
     /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
     diffAtol: number | null;
     diffRtol: number | null;
@@ -56,6 +58,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     maxTraceMB: 1024,
     shapeOnly: false,
     checkpoint: "",
+    deviceMap: "",
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
@@ -97,6 +100,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const maxTraceMB: unknown = configuration.get("maxTraceMB");
     const shapeOnly: unknown = configuration.get("shapeOnly");
     const checkpoint: unknown = configuration.get("checkpoint");
+    const deviceMap: unknown = configuration.get("deviceMap");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
     const diffMapping: unknown = configuration.get("diffMapping");
@@ -115,6 +119,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         maxTraceMB: megabytes(maxTraceMB, defaultSettings.maxTraceMB),
         shapeOnly: typeof shapeOnly === "boolean" ? shapeOnly : defaultSettings.shapeOnly,
         checkpoint: typeof checkpoint === "string" ? checkpoint.trim() : defaultSettings.checkpoint,
+        deviceMap: typeof deviceMap === "string" ? deviceMap.trim() : defaultSettings.deviceMap,
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 def _trace_command(arguments: argparse.Namespace) -> int:
     from modeltrace.worker.client import WorkerClient
 
+    if arguments.nproc is not None:
+        return _parallel_trace_command(arguments)
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
@@ -48,6 +50,8 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "timeout": arguments.timeout,
         "out": str(out),
     }
+    if arguments.device_map:
+        request["device_map"] = arguments.device_map
     if arguments.against:
         return _trace_against(request, arguments)
     with WorkerClient() as worker:
@@ -79,6 +83,57 @@ def _trace_against(request: dict, arguments: argparse.Namespace) -> int:
         return _report_diff(result, arguments.format)
     finally:
         close_result(result)
+
+
+def _parallel_trace_command(arguments: argparse.Namespace) -> int:
+    """`trace --nproc N`: the model on N ranks with transformers' tensor parallelism, one trace of them all
+    (`worker/parallel.py`)."""
+    from modeltrace.worker.parallel import run_parallel_trace
+
+    file = Path(arguments.file).resolve()
+    if not file.is_file():
+        raise ModelTraceError(f"{arguments.file}: no such file")
+    if arguments.device_map:
+        raise ModelTraceError("--nproc and --device-map are two ways to spread a model: choose one")
+    if arguments.lines:
+        raise ModelTraceError("--lines is not supported with --nproc yet: tensor-parallel traces record module calls")
+    out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
+    request = {
+        "file": str(file),
+        "model": arguments.model,
+        "checkpoint": _local_path(arguments.checkpoint),
+        "full_tensors": arguments.full_tensors,
+        "max_tensor_mb": arguments.max_tensor_mb,
+        "max_trace_mb": arguments.max_trace_mb,
+        "device": arguments.device,
+        "dtype": arguments.dtype,
+        "seed": arguments.seed,
+        "timeout": arguments.timeout,
+        "out": str(out),
+    }
+    result = run_parallel_trace(request, arguments.nproc)
+    trace = read_trace(result["trace"])
+    if arguments.format == "json":
+        json.dump(trace.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_listing(trace, None, _detail(arguments)))
+        for divergence in trace.model.get("parallel", {}).get("rank_divergences", []):
+            print(f"# rank divergence: {divergence['message']}", file=sys.stderr)
+        print(f"# trace of {arguments.nproc} ranks written to {result['trace']} ({result['seconds']:.2f} s)",
+              file=sys.stderr)
+    return 0
+
+
+def _nproc(text: str) -> int:
+    """An argparse type: a number of ranks >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 1 process")
+    return value
 
 
 def _megabytes(text: str) -> float:
@@ -287,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shapes and dtypes only, on the meta device (full size: no shrinking, no weights)")
     trace.add_argument("--checkpoint", metavar="DIR",
                        help="a local folder saved with save_pretrained to load the model from (never downloads)")
+    trace.add_argument("--device-map", metavar="auto|JSON",
+                       help="with --checkpoint: spread the model over the devices present with accelerate (auto, "
+                            "or a JSON object / file from module names to cpu, disk, 0, cuda:1...)")
+    trace.add_argument("--nproc", type=_nproc, metavar="N",
+                       help="with --checkpoint: run the model on N ranks with transformers' tensor parallelism "
+                            "(tp_plan=auto; gloo on CPU, NCCL on CUDA) and write one trace of them all")
     trace.add_argument("--lines", action="store_true", help="also capture tensor variables line by line")
     trace.add_argument("--full-tensors", action="store_true", help="also store every captured tensor")
     trace.add_argument("--max-tensor-mb", type=_megabytes, default=DEFAULT_MAX_TENSOR_MB, metavar="MB",

@@ -203,9 +203,15 @@ class DiffResult:
     replayed: bool = False
     # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
     replay_timing: dict | None = None
+    # tensor-parallel traces: ranks that disagree, and which rank's shard holds the first divergence (`ranks.py`)
+    ranks: list[dict] = field(default_factory=list)
 
     @property
     def match(self) -> bool:
+        # NOTE: ranks of a parallel trace that disagree where they should hold the same tensor are a divergence
+        # of their own, even where the merged values agree with the other trace
+        if any(finding.get("kind") == "rank_divergence" for finding in self.ranks):
+            return False
         return not any(module.status in (MISMATCH, DIVERGENCE) for module in self.modules)
 
     @property
@@ -913,6 +919,10 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
     result = DiffResult(reference, candidate, options, alignment, results, None, notes)
     decide(result)
     result.not_comparable = _coverage_problem(result)
+    if "parallel" in reference.trace.model or "parallel" in candidate.trace.model:
+        from modeltrace.diff.ranks import rank_findings
+
+        result.ranks = rank_findings(result)
     return result
 
 

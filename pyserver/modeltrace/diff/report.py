@@ -234,6 +234,8 @@ def to_json(result: DiffResult) -> dict[str, Any]:
             "threshold": alignment.mapping.threshold,
         },
         "notes": result.notes,
+        # NOTE: tensor-parallel traces only (`diff/ranks.py`): rank divergences and the rank of a diverging shard
+        **({"ranks": result.ranks} if result.ranks else {}),
     }
 
 
@@ -439,6 +441,8 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add(f"replay     {len(replayed)} suspect module calls re-run on the reference's inputs")
     for note in result.notes:
         add(f"note       {note}")
+    for finding in result.ranks:
+        add(f"{'RANK' if finding['kind'] == 'rank_divergence' else 'rank'}       {finding['message']}")
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)
     if root is not None and root.inputs == MISMATCH:
         add("note       the model's inputs differ: trace both with the same inputs (and seed) to compare them")
@@ -452,6 +456,9 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
                   (("statistics", "statistics only, a weaker check"), ("shape", "shapes and dtypes only"))
                   if checks.count(name)]
         add("MATCH: every compared module agrees within tolerance" + (f" ({'; '.join(weaker)})." if weaker else "."))
+    elif divergence is None and result.ranks:
+        add("RANK DIVERGENCE: ranks of a tensor-parallel trace disagree where they should hold the same tensor "
+            "(see RANK above)")
     elif divergence is not None:
         module = divergence.module
         record = module.candidate

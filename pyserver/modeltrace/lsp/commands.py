@@ -143,6 +143,7 @@ def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, An
         "config": None,
         "shape_only": settings.shape_only,
         "checkpoint": settings.checkpoint,
+        "device_map": settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
         "full_tensors": path in ls.references and not settings.shape_only,
         # NOTE: the diff against that reference follows, and its replay runs on the model this trace keeps alive

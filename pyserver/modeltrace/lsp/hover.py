@@ -44,6 +44,18 @@ def _statistics(summary: TensorSummary, bad_values: bool) -> list[str]:
     return cells + ([f"{summary.nan_count} / {summary.inf_count}"] if bad_values else [])
 
 
+def _ranks(summary: TensorSummary) -> str:
+    """How the ranks of a tensor-parallel trace held the tensor: each rank's local shape of a shard."""
+    placement = summary.placement
+    if not placement:
+        return ""
+    if placement.get("kind") == "shard":
+        shards = ", ".join(f"rank {rank} {compact_shape(shape)}" for rank, shape in
+                           enumerate(placement.get("local_shapes") or []))
+        return _cell(f" · sharded on dim {placement.get('dim')}: {shards}")
+    return _cell(f" · whole on each of {placement.get('ranks')} ranks")
+
+
 def calls_table(records: list[ModuleCall]) -> str:
     """One row per output of each call: `call` (module path and class), shape, dtype, statistics."""
     outputs = [(record, summary) for record in records for summary in (record.outputs or [None])]
@@ -57,8 +69,9 @@ def calls_table(records: list[ModuleCall]) -> str:
             rows.append([f"{call} {_cell(record.class_name)}", "(no tensor)", *[""] * (len(header) - 2)])
             continue
         name = f"{call}[{_cell(summary.key)}]" if summary.key else call
-        rows.append([f"{name} {_cell(record.class_name)}", compact_shape(summary.shape), summary.dtype,
-                     *_statistics(summary, bad_values)])
+        ran_on = f" on {_cell(record.device)}" if record.device else ""  # a model spread over devices
+        rows.append([f"{name} {_cell(record.class_name)}{ran_on}", compact_shape(summary.shape) + _ranks(summary),
+                     summary.dtype, *_statistics(summary, bad_values)])
     return _table(header, rows, len(outputs) - len(shown), "outputs")
 
 

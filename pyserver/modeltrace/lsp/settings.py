@@ -78,6 +78,8 @@ class Settings:
     # checkpoint folder (saved with save_pretrained) to load instead of a shrunk random-weight config.
     shape_only: bool = False
     checkpoint: str | None = None
+    # With a checkpoint: accelerate's device map (`auto`, or a JSON object / file), as `--device-map`.
+    device_map: str | None = None
 
     def updated(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the camelCase `values` applied (`hintDetail`, `traceOnSave`, ...); bad ones are skipped."""
@@ -139,6 +141,14 @@ def _tolerance(value: Any) -> float | None:
     return tolerance
 
 
+def _device_map(value: Any) -> str | None:
+    # NOTE: read by the worker (`worker/placement.py: parse_device_map`), which names what is wrong with it
+    if value is None:
+        return None
+    text = _text(value).strip()
+    return text or None
+
+
 def _checkpoint(value: Any) -> str | None:
     # NOTE: an empty setting means no checkpoint; a hub id is passed on as it is, for the worker to refuse with
     # a message that names it.
@@ -190,6 +200,7 @@ _SETTINGS = {
     "diffMapping": ("diff_mapping", _optional_path),
     "shapeOnly": ("shape_only", _boolean),
     "checkpoint": ("checkpoint", _checkpoint),
+    "deviceMap": ("device_map", _device_map),
 }
 
 

@@ -40,6 +40,11 @@ class TensorSummary:
     positive_fraction: float | None = None
     tensor: str | None = None
     not_stored: str | None = None
+    # NOTE: tensor-parallel traces only (`worker/parallel.py`): how the ranks held this tensor. `{"kind":
+    # "shard", "dim": d, "local_shapes": [...], "ranks": [{"mean", "std", "min", "max"}, ...]}` for a tensor
+    # sharded on dimension d (the summary above describes the whole), `{"kind": "replicate", "ranks": N}` for
+    # one every rank held whole. Absent on single-process traces.
+    placement: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -60,6 +65,8 @@ class TensorSummary:
             data["tensor"] = self.tensor
         if self.not_stored is not None:
             data["not_stored"] = self.not_stored
+        if self.placement is not None:
+            data["placement"] = self.placement
         return data
 
     @classmethod
@@ -79,6 +86,7 @@ class TensorSummary:
             positive_fraction=data.get("positive_fraction"),
             tensor=data.get("tensor"),
             not_stored=data.get("not_stored"),
+            placement=data.get("placement"),
         )
 
 
@@ -140,9 +148,13 @@ class ModuleCall:
     call_site: int | None = None
     inputs: list[TensorSummary] = field(default_factory=list)
     outputs: list[TensorSummary] = field(default_factory=list)
+    # NOTE: where the call ran, when the model is spread over devices (`--device-map`): the execution device
+    # of its accelerate hook ("cpu", "cuda:1"), with " (weights offloaded to disk)" / "(... to cpu)" when its
+    # weights live elsewhere between calls. None on a single-device trace (every tensor's own `device` says it).
+    device: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "index": self.index,
             "path": self.path,
             "class": self.class_name,
@@ -155,6 +167,9 @@ class ModuleCall:
             "inputs": [summary.to_json() for summary in self.inputs],
             "outputs": [summary.to_json() for summary in self.outputs],
         }
+        if self.device is not None:
+            data["device"] = self.device
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModuleCall:
@@ -170,6 +185,7 @@ class ModuleCall:
             call_site=data.get("call_site"),
             inputs=[TensorSummary.from_json(item) for item in data.get("inputs", [])],
             outputs=[TensorSummary.from_json(item) for item in data.get("outputs", [])],
+            device=None if data.get("device") is None else str(data["device"]),
         )
 
 

@@ -142,6 +142,12 @@ def _table(trace: Trace) -> dict[str, Any]:
         ):
             extra.append([index, summary.device, summary.nan_count, summary.inf_count, summary.tensor,
                           summary.not_stored])
+        if summary.placement is not None:
+            # NOTE: tensor-parallel traces only: a seventh field, after a row of its own or a new one
+            if not extra or extra[-1][0] != index:
+                extra.append([index, summary.device, summary.nan_count, summary.inf_count, summary.tensor,
+                              summary.not_stored])
+            extra[-1].append(summary.placement)
         return index
 
     get = summary_index.get
@@ -162,6 +168,8 @@ def _table(trace: Trace) -> dict[str, Any]:
             [index if (index := get(id(summary))) is not None else add(summary) for summary in record.inputs],
             [index if (index := get(id(summary))) is not None else add(summary) for summary in record.outputs],
         ])
+        if record.device is not None:  # NOTE: spread over devices (`--device-map`): a twelfth field
+            modules[-1].append(record.device)
     lines = [
         [record.file, record.line, record.name, record.call_index,
          index if (index := get(id(record.tensor))) is not None else add(record.tensor), record.module_call]
@@ -315,8 +323,10 @@ class _Tables:
             summary = TensorSummary(str(keys[position]), [int(size) for size in shapes[position]], str(dtypes[position]),
                                     "cpu", *statistics_of[:5], 0, 0, statistics_of[5])
             self.summaries.append(sharing.summary(summary))
-        for index, device, nan_count, inf_count, tensor, not_stored in extra:
+        for index, device, nan_count, inf_count, tensor, not_stored, *placement in extra:
             summary = self.summary(index)
+            if placement:  # tensor-parallel traces: how the ranks held it
+                summary.placement = placement[0]
             summary.device = sys.intern(str(device))
             summary.nan_count, summary.inf_count = int(nan_count), int(inf_count)
             summary.tensor = None if tensor is None else str(tensor)
@@ -335,7 +345,8 @@ class _Tables:
         return self.locations[index]
 
     def module(self, row: Any) -> ModuleCall:
-        index, path, class_name, defined_at, called_at, call_index, parent, finish_order, call_site, inputs, outputs = row
+        index, path, class_name, defined_at, called_at, call_index, parent, finish_order, call_site, inputs, outputs, \
+            *device = row
         summary = self.summary
         return ModuleCall(
             int(index),
@@ -349,6 +360,7 @@ class _Tables:
             None if call_site is None else int(call_site),
             [summary(position) for position in inputs] if self.sharing.inputs else _NO_INPUTS,
             [summary(position) for position in outputs],
+            str(device[0]) if device else None,
         )
 
     def line(self, row: Any) -> LineRecord:

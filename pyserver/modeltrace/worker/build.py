@@ -621,8 +621,11 @@ def build_from_file(
     shape_only: bool = False,
     dtype: str = "float32",
     trial_budget: float = DEFAULT_TRIAL_BUDGET,
+    load_options: dict[str, Any] | None = None,
 ) -> BuiltModel:
-    """The file's model (or `model_name`) ready to run, with synthesised inputs; see the module docstring."""
+    """The file's model (or `model_name`) ready to run, with synthesised inputs; see the module docstring.
+    `load_options` go to `from_pretrained` with a checkpoint: `device_map` (`worker/placement.py`), `tp_plan`
+    (`worker/parallel.py`)."""
     _forbid_downloads()
     file = Path(file)
     if checkpoint is not None:
@@ -630,7 +633,12 @@ def build_from_file(
     module = import_user_file(file)
     model_class = choose_model_class(module, model_name, file)
     if checkpoint is not None:
-        return _build_checkpoint(model_class, Path(checkpoint), seed, attention, file)
+        return _build_checkpoint(model_class, Path(checkpoint), seed, attention, file, load_options)
+    if load_options:
+        raise ModelTraceError(
+            f"{', '.join('--' + name.replace('_', '-') for name in load_options)} loads a checkpoint: give the "
+            "local folder saved with save_pretrained (--checkpoint DIR, or the checkpoint setting)"
+        )
     if not _is_pretrained_model(model_class):
         return _build_plain_module(module, model_class, config_path, seed, attention, file, shape_only, dtype)
     config_class = _config_class(model_class, module, file)
@@ -859,20 +867,37 @@ def _check_checkpoint(checkpoint: Path | str) -> None:
     )
 
 
-def _build_checkpoint(model_class: type, folder: Path, seed: int, attention: str, file: Path) -> BuiltModel:
+def _build_checkpoint(
+    model_class: type, folder: Path, seed: int, attention: str, file: Path, load_options: dict[str, Any] | None = None
+) -> BuiltModel:
     if not _is_pretrained_model(model_class):
         raise ModelTraceError(
             f"{file}: {model_class.__name__} is not a transformers model (PreTrainedModel), so it cannot load a "
             "checkpoint folder; pass --recipe"
         )
     torch.manual_seed(seed)
+    options = dict(load_options or {})
+    if options.get("device_map") is not None:
+        from modeltrace.worker.placement import check_device_map_fits, check_device_map_names
+
+        check_device_map_fits(options["device_map"], model_class)
+        if isinstance(options["device_map"], dict):
+            skeleton = None
+            with contextlib.suppress(Exception), torch.device("meta"):
+                skeleton = model_class(model_class.config_class.from_pretrained(str(folder), local_files_only=True))
+            if skeleton is not None:
+                check_device_map_names(options["device_map"], skeleton, model_class)
     try:
         # NOTE: weights_only=True (also transformers' default): a pickled `pytorch_model.bin` is read with torch's
         # restricted unpickler, so a checkpoint cannot run code; safetensors files are never pickles.
         model = model_class.from_pretrained(
-            str(folder), local_files_only=True, attn_implementation=attention, weights_only=True
+            str(folder), local_files_only=True, attn_implementation=attention, weights_only=True, **options
         )
+    except ModelTraceError:
+        raise
     except Exception as error:  # noqa: BLE001
+        if options.get("device_map") is not None:
+            _explain_device_map_failure(error, options["device_map"], model_class, folder)
         raise ModelTraceError(
             f"{folder}: loading {model_class.__name__} from this folder failed ({type(error).__name__}: "
             f"{_first_line(error)})"
@@ -886,6 +911,28 @@ def _build_checkpoint(model_class: type, folder: Path, seed: int, attention: str
     chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + DEFAULT_TRIAL_BUDGET, [],
                          "checkpoint", always_try=False)
     return _result(model, model_class, config, chosen, synthesizer, {"checkpoint": str(folder.resolve())})
+
+
+def _explain_device_map_failure(error: Exception, device_map: Any, model_class: type, folder: Path) -> None:
+    """A failed `from_pretrained(device_map=...)` said in the map's terms, when the cause is the map."""
+    from modeltrace.worker.placement import check_device_map_covers
+
+    if isinstance(device_map, dict):
+        skeleton = None
+        with contextlib.suppress(Exception), torch.device("meta"):
+            skeleton = model_class(model_class.config_class.from_pretrained(str(folder), local_files_only=True))
+        if skeleton is not None:
+            check_device_map_covers(device_map, skeleton, model_class)
+    raise ModelTraceError(
+        f"{folder}: loading {model_class.__name__} with --device-map {json_text(device_map)} failed "
+        f"({type(error).__name__}: {_first_line(error)})"
+    ) from error
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 @contextlib.contextmanager
@@ -1217,4 +1264,25 @@ def build_from_request(request: dict[str, Any]) -> BuiltModel:
         shape_only=bool(request.get("shape_only")),
         dtype=request.get("dtype") or "float32",
         trial_budget=min(DEFAULT_TRIAL_BUDGET, timeout / 2),
+        load_options=_load_options(request),
     )
+
+
+def _load_options(request: dict[str, Any]) -> dict[str, Any] | None:
+    """`from_pretrained` options for a model spread over devices (`device_map`) or ranks (`tp_plan`)."""
+    options: dict[str, Any] = {}
+    if request.get("device_map"):
+        import tempfile
+
+        from modeltrace.worker.placement import parse_device_map
+
+        options["device_map"] = parse_device_map(request["device_map"])
+        # NOTE: where accelerate writes the weights it offloads to disk (those the checkpoint's own safetensors
+        # cannot serve); the job removes it when the trace is written or has failed (`job.run_trace_job`)
+        folder = tempfile.mkdtemp(prefix="modeltrace-offload-")
+        request["offload_folder"] = options["offload_folder"] = folder
+        options["dtype"] = _DTYPES.get(request.get("dtype") or "float32", torch.float32)
+    if request.get("tp_plan"):
+        options["tp_plan"] = request["tp_plan"]
+        options["dtype"] = _DTYPES.get(request.get("dtype") or "float32", torch.float32)
+    return options or None

@@ -22,6 +22,7 @@ from torch import nn
 
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import source_map
+from modeltrace.worker.placement import module_devices
 from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu
 
 
@@ -222,8 +223,21 @@ def forward_parameter_names(module: nn.Module) -> list[str]:
             ]
         except (TypeError, ValueError):
             names = []
+        if not names and override is not None:
+            # NOTE: a `forward` replaced on the instance by a `(*args, **kwargs)` wrapper that does not say what it
+            # wraps (transformers' tensor-parallel `tp_forward`): the class's own forward names the arguments
+            names = _class_forward_names(type(module))
         _parameter_names[cache_key] = names
     return names
+
+
+def _class_forward_names(module_class: type) -> list[str]:
+    try:
+        parameters = list(inspect.signature(module_class.forward).parameters.values())[1:]  # past `self`
+    except (TypeError, ValueError):
+        return []
+    return [parameter.name for parameter in parameters
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
 
 
 # NOTE: argument types that cannot hold tensors, skipped without walking them.
@@ -278,6 +292,7 @@ class ModuleCapture:
         self._finished = 0
         self._wrapped: list[tuple[nn.Module, Any]] = []
         self._collector_was_enabled = False
+        self._devices: dict[str, str] = {}
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
@@ -292,6 +307,8 @@ class ModuleCapture:
         # dispatch (together ~20 µs per call on a tiny model), and no change to any class (assigning a method of
         # `nn.Module` walks its thousands of subclasses: ~0.2 ms each way).
         wrapped = self._wrapped
+        # NOTE: a model spread over devices by accelerate (`--device-map`) says per module where it runs
+        self._devices = module_devices(self.model)
         try:
             for path, module in self.model.named_modules():
                 if "_call_impl" not in module.__dict__:
@@ -340,6 +357,7 @@ class ModuleCapture:
         capture = self
         calls = 0  # of this module in this capture: its records' call_index
         retain = self._retain if self.retained is not None else None
+        device = self._devices.get(path)
 
         def capturing_call(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
@@ -358,6 +376,8 @@ class ModuleCapture:
             if retain is not None:
                 retain(path, calls, args, kwargs)
             calls += 1
+            if device is not None:
+                record.device = device
             records.append(record)
             stack.append(index)
             try:

@@ -65,6 +65,16 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         from modeltrace.worker.replay import run_replay_job
 
         return run_replay_job(request, progress)
+    try:
+        return _run_trace(request, progress)
+    finally:
+        if request.get("offload_folder"):  # accelerate's disk offload of a `--device-map` run
+            import shutil
+
+            shutil.rmtree(request["offload_folder"], ignore_errors=True)
+
+
+def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
     started = time.perf_counter()
     source = request.get("recipe") or request["file"]
     progress(f"building the model from {Path(source).name}")
@@ -75,7 +85,9 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     request["model_class"] = built.model_class
     if built.notes.get("unverified"):
         request["advice"] = built.notes["unverified"]
-    if not built.shape_only:  # a shape-only model stays on the meta device, built in the requested dtype
+    # NOTE: a shape-only model stays on the meta device, built in the requested dtype; one loaded with a device
+    # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
+    if not built.shape_only and not request.get("device_map"):
         _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
     progress(f"running {built.model_class}.forward")
@@ -88,8 +100,10 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
             full_tensors=bool(request.get("full_tensors")),
             max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
             max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+            # NOTE: not a model spread by a device map: its offload folder goes when this job ends
             retain_calls_bytes=(_limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
-                                if request.get("keep_for_replay") and not built.shape_only else None),
+                                if request.get("keep_for_replay") and not built.shape_only
+                                and not request.get("device_map") else None),
         ))
         line_capture = None
         if line_files:
@@ -98,10 +112,19 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
             )
         built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
+    if request.get("device_map"):
+        # NOTE: accelerate leaves a model that fits one device whole without hooks (nor, on a CPU-only machine,
+        # a device map): its calls ran where their outputs are
+        for record in capture.records:
+            if record.device is None and record.outputs:
+                record.device = record.outputs[0].device
     # NOTE: after the forward, so that the capture's tensor limits favour the activations over the weights
-    builds = record_builds(
-        built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
-    )
+    from modeltrace.worker.placement import onloaded
+
+    with onloaded(built.model):  # weights accelerate offloaded: fingerprinted for real, then offloaded again
+        builds = record_builds(
+            built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
+        )
     constructions.clear()
     builds_at = time.perf_counter()
     trace = assemble_trace(
@@ -119,6 +142,7 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
                 "attention": request.get("attention") or "eager",
                 "shape_only": built.shape_only,
                 "checkpoint": request.get("checkpoint") or None,
+                **_placement_options(request, built),
             },
             "build": _jsonable_notes(built.notes),
             "seconds": {"build": built_at - started, "forward": finished_at - built_at,
@@ -139,6 +163,14 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         "modules": len(trace.modules),
         "seconds": time.perf_counter() - started,
     }
+
+
+def _placement_options(request: dict[str, Any], built: BuiltModel) -> dict[str, Any]:
+    """The header's record of a model spread over devices: the map asked for and the one accelerate made."""
+    if not request.get("device_map"):
+        return {}
+    placed = getattr(built.model, "hf_device_map", None) or {}
+    return {"device_map": request["device_map"], "placed": {str(name): str(device) for name, device in placed.items()}}
 
 
 def _limit_bytes(request: dict[str, Any], name: str, default_mb: float) -> int:

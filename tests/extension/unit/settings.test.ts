@@ -22,6 +22,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.maxTraceMB", 0);
         vscodeFake.settings.set("modelTrace.shapeOnly", true);
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
+        vscodeFake.settings.set("modelTrace.deviceMap", " auto ");
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
@@ -44,6 +45,7 @@ describe("settings", () => {
                 maxTraceMB: 0,
                 shapeOnly: true,
                 checkpoint: "/models/tiny-llama",
+                deviceMap: "auto",
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
@@ -67,6 +69,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.timeout", -5);
         vscodeFake.settings.set("modelTrace.shapeOnly", "yes");
         vscodeFake.settings.set("modelTrace.checkpoint", 3);
+        vscodeFake.settings.set("modelTrace.deviceMap", 3);
         vscodeFake.settings.set("modelTrace.maxTensorMB", -1);
         vscodeFake.settings.set("modelTrace.maxTraceMB", "big");
         vscodeFake.settings.set("modelTrace.diffAtol", -1);
