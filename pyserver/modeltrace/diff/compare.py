@@ -51,6 +51,7 @@ import numpy as np
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.diff.auto_align import ModuleMapping, ModulePair
+from modeltrace.diff.gradients import gradient_diff
 from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.errors import ModelTraceError
 from modeltrace.diff.pairing import (
@@ -64,6 +65,7 @@ from modeltrace.diff.pairing import (
     in_order,
     pair_leaves,
 )
+from modeltrace.diff.steps import restrict_to_common_steps, step_report
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary, Trace
 from modeltrace.trace.tensors import LoadedTrace
 
@@ -203,9 +205,15 @@ class DiffResult:
     replayed: bool = False
     # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
     replay_timing: dict | None = None
+    # generation traces: steps compared, first diverging step and token (`diff/steps.py`)
+    steps: Any = None
+    # backward traces: gradients compared, first divergence in backward order (`diff/gradients.py`)
+    gradients: Any = None
 
     @property
     def match(self) -> bool:
+        if self.gradients is not None and not self.gradients.match:
+            return False
         return not any(module.status in (MISMATCH, DIVERGENCE) for module in self.modules)
 
     @property
@@ -805,6 +813,7 @@ class _Comparer:
 def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
     """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns."""
     options = options or DiffOptions()
+    step_notes = restrict_to_common_steps(reference, candidate)
     alignment = align_traces(reference.trace, candidate.trace, list(options.maps), options.mapping, options.automatic)
     if alignment.groups:  # fused pairs compare concatenations of the run's tensors
         for loaded in (reference, candidate):
@@ -910,8 +919,11 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         notes.append(f"aligned by stripping the prefix {alignment.prefix!r} from the {alignment.prefix_side}'s "
                      "module paths")
     notes.extend(map_notes(alignment))
+    notes.extend(step_notes)
     result = DiffResult(reference, candidate, options, alignment, results, None, notes)
     decide(result)
+    result.steps = step_report(result)
+    result.gradients = gradient_diff(result)
     result.not_comparable = _coverage_problem(result)
     return result
 
