@@ -30,10 +30,11 @@ _NOT_FOR_GENERATE = frozenset({
     "output_attentions", "output_hidden_states", "decoder_position_ids",
 })
 # NOTE: heads that generate text, in the order a file's classes are preferred for `--generate` without
-# `--model` (a decoder-only LM first, then an encoder-decoder).
+# `--model`: where a file has both, its `…ForConditionalGeneration` is the whole model and its `…ForCausalLM` a
+# part (`BartForCausalLM` is BART's decoder alone).
 GENERATING_HEADS = (
-    ("ForCausalLM", "decoder-only language model"),
     ("ForConditionalGeneration", "encoder-decoder or multimodal generator"),
+    ("ForCausalLM", "decoder-only language model"),
     ("LMHeadModel", "GPT-2-style language model"),
 )
 
