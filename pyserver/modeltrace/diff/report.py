@@ -519,6 +519,8 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         title = "FIRST DIVERGENCE" if divergence.inputs_match else "DIVERGENCE (inputs already differ)"
         label = record.path or "(root)"
         call = f", call {record.call_index}" if record.call_index else ""
+        step = result.candidate.trace.step_of(record.index)
+        call += f", step {step}" if step is not None else ""
         add(f"{title}: {label} ({record.class_name or '?'}{call})")
         add(f"  called at   {_where(record.called_at)}")
         add(f"  defined at  {_where(record.defined_at)}")
