@@ -281,11 +281,15 @@ def steps_and_gradients_text(result: DiffResult) -> list[str]:
     gradients = result.gradients
     if gradients is not None:
         divergence = gradients.first_divergence
+        forward_agrees = result.first_divergence is None and not any(
+            module.status == MISMATCH for module in result.modules)
         if divergence is None:
             lines.append("gradients  every compared gradient agrees (loss, module calls, parameters)")
-        elif divergence.kind == "loss":
+        elif forward_agrees:
+            lines.append("forward    every compared module's outputs agree: the difference is in the backward pass")
+        if divergence is not None and divergence.kind == "loss":
             lines.append(f"FIRST GRADIENT DIVERGENCE: the loss: {divergence.reason}")
-        else:
+        elif divergence is not None:
             record = divergence.result.record
             title = ("FIRST GRADIENT DIVERGENCE" if divergence.outputs_match
                      else "GRADIENT DIVERGENCE (output gradients already differ)")

@@ -459,24 +459,27 @@ class GradientCall:
 @dataclass(slots=True)
 class ParameterGradient:
     """The gradient of one parameter after the backward pass: `summary` None when it got none (`requires_grad`
-    False: frozen; True: unused by the loss). `backward_order` as in `GradientCall` (-1: none)."""
+    False: frozen; True: unused by the loss). `backward_order` as in `GradientCall` (-1: none);
+    `statistics_stride` > 1: statistics of every stride-th element (large parameters, as `ParameterRecord`)."""
 
     name: str
     requires_grad: bool
     summary: TensorSummary | None = None
     backward_order: int = -1
+    statistics_stride: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "requires_grad": self.requires_grad,
                 "summary": self.summary.to_json() if self.summary is not None else None,
-                "backward_order": self.backward_order}
+                "backward_order": self.backward_order, "statistics_stride": self.statistics_stride}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ParameterGradient:
         summary = data.get("summary")
         return cls(name=str(data["name"]), requires_grad=bool(data.get("requires_grad", True)),
                    summary=TensorSummary.from_json(summary) if summary is not None else None,
-                   backward_order=int(data.get("backward_order", -1)))
+                   backward_order=int(data.get("backward_order", -1)),
+                   statistics_stride=int(data.get("statistics_stride", 1)))
 
 
 @dataclass(slots=True)

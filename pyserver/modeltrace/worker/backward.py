@@ -19,6 +19,7 @@ from torch import nn
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import BackwardRecord, GradientCall, GradientFlag, ParameterGradient, TensorSummary
+from modeltrace.worker.builds import MAX_EXACT_STATISTICS, STATISTICS_ELEMENTS
 from modeltrace.worker.capture import ModuleCapture, forward_parameter_names, iter_tensor_leaves
 from modeltrace.worker.generation import recipe_function
 from modeltrace.worker.stats import PendingStats, summarize
@@ -195,15 +196,28 @@ def run_backward(built: Any, capture: ModuleCapture, request: dict[str, Any]) ->
     parameters = []
     for name, parameter in model.named_parameters():
         gradient = parameter.grad
-        summary = summarize(gradient.detach(), name) if gradient is not None else None
+        summary, stride = _parameter_summary(gradient, name) if gradient is not None else (None, 1)
         if summary is not None and capture.full_tensors:
             capture._keep_unless_meta(gradient, summary, f"grad/parameters/{name}")
         parameters.append(ParameterGradient(name, parameter.requires_grad, summary,
-                                            recorder.parameter_orders.get(name, -1)))
+                                            recorder.parameter_orders.get(name, -1), stride))
     calls = sorted(recorder.calls.values(), key=lambda call: call.module_call)
     calls = [call for call in calls if call.outputs or call.inputs]
     return BackwardRecord(loss_summary, source, description, calls, parameters,
                           gradient_flags(loss_summary, calls, parameters, capture))
+
+
+def _parameter_summary(gradient: torch.Tensor, name: str) -> tuple[TensorSummary, int]:
+    """A parameter gradient's statistics; over evenly strided elements for a large one, as the weights' own
+    (`builds._fingerprint`): the same elements for any tensor of its size, so two traces compare alike."""
+    gradient = gradient.detach()
+    count = gradient.numel()
+    if count <= MAX_EXACT_STATISTICS:
+        return summarize(gradient, name), 1
+    stride = count // STATISTICS_ELEMENTS
+    summary = summarize(gradient.reshape(-1)[::stride], name)
+    summary.shape = list(gradient.shape)
+    return summary, stride
 
 
 def _problem(summary: TensorSummary) -> str | None:
