@@ -33,6 +33,8 @@ class ModuleClass:
     line: int
     column: int
     is_model: bool
+    # NOTE: it or a base of the file derives from transformers' `GenerationMixin`: a "Trace generate" lens
+    generates: bool = False
 
     @property
     def is_abstract_model(self) -> bool:
@@ -89,12 +91,13 @@ def find_module_classes(source: str) -> list[ModuleClass]:
     lines = split_lines(source)
     known: dict[str, ModuleClass] = {}
     for definition in sorted(_class_definitions(tree.body), key=lambda node: node.lineno):
-        is_module = is_model = False
+        is_module = is_model = generates = False
         for base in definition.bases:
             dotted = _dotted_name(base)
             if dotted is None:
                 continue
             local = known.get(dotted)
+            generates |= dotted.rsplit(".", 1)[-1] == "GenerationMixin" or bool(local and local.generates)
             base_is_module, base_is_model = (True, local.is_model) if local else _classify_imported_base(dotted)
             is_module |= base_is_module
             is_model |= base_is_model
@@ -102,7 +105,7 @@ def find_module_classes(source: str) -> list[ModuleClass]:
             # NOTE: `lineno` is the `class` line (decorators come before it); ast does not locate the name.
             line = definition.lineno - 1
             column = max(lines[line].find(definition.name, definition.col_offset), 0)
-            known[definition.name] = ModuleClass(definition.name, line, column, is_model)
+            known[definition.name] = ModuleClass(definition.name, line, column, is_model, generates)
     return list(known.values())
 
 

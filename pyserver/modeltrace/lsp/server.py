@@ -139,6 +139,8 @@ def create_server() -> ModelTraceServer:
     server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))(codelens.code_lenses)
     server.command(codelens.TRACE_COMMAND)(commands.trace_command)
     server.command(codelens.CLEAR_COMMAND)(commands.clear_command)
+    server.command(codelens.TRACE_GENERATE_COMMAND)(commands.trace_generate_command)
+    server.command(codelens.TRACE_BACKWARD_COMMAND)(commands.trace_backward_command)
     server.command("modelTrace.loadTrace")(commands.load_trace_command)
     server.command("modelTrace.setReference")(commands.set_reference_command)
     server.command("modelTrace.pinReference")(commands.pin_reference_command)
