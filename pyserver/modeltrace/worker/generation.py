@@ -136,9 +136,12 @@ def iter_cache(cache: Any) -> Iterator[tuple[int, str, torch.Tensor, torch.Tenso
 
 
 def _output_cache(output: Any) -> Any:
-    if isinstance(output, dict):  # ModelOutput
-        return output.get("past_key_values")
-    return getattr(output, "past_key_values", None)
+    # NOTE: `past_key_values` until transformers renamed the field `cache`; either may be there
+    for name in ("past_key_values", "cache"):
+        cache = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
+        if cache is not None:
+            return cache
+    return None
 
 
 class CacheRecorder:
