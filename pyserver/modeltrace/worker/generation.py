@@ -10,7 +10,7 @@ summarised (and kept whole within the size limits with `--full-tensors`). Runs i
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,14 +147,18 @@ def _output_cache(output: Any) -> Any:
 class CacheRecorder:
     """A forward hook on the traced model: after each of its calls (one step), the cache's tensors summarised."""
 
-    def __init__(self, capture: ModuleCapture) -> None:
+    def __init__(self, capture: ModuleCapture, total: int = 0, progress: Callable[[str], None] | None = None) -> None:
         self.capture = capture
         self.entries: list[CacheEntry] = []
         self.steps = 0
+        self.total = total
+        self.progress = progress
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
         step = self.steps
         self.steps += 1
+        if self.progress is not None:
+            self.progress("prefill done" if step == 0 else f"decode step {step} of {self.total - 1}")
         capture = self.capture
         for layer, kind, key, value in iter_cache(_output_cache(output)):
             summaries = []
@@ -168,11 +172,12 @@ class CacheRecorder:
 
 
 def run_generation(model: nn.Module, args: tuple, kwargs: dict[str, Any], steps: int, capture: ModuleCapture,
-                   request: dict[str, Any]) -> GenerationRecord:
-    """Generate greedily (`steps` decode steps after the prefill) under `capture`; returns what the trace adds."""
+                   request: dict[str, Any], progress: Callable[[str], None] | None = None) -> GenerationRecord:
+    """Generate greedily (`steps` decode steps after the prefill) under `capture`; returns what the trace adds.
+    `progress` hears of each step as it ends (the editor's progress bar)."""
     if steps < 1:
         raise ModelTraceError(f"--generate {steps}: expected a number of decode steps >= 1")
-    recorder = CacheRecorder(capture)
+    recorder = CacheRecorder(capture, steps + 1, progress)
     handle = model.register_forward_hook(recorder)
     recipe_generate = recipe_function(request, "generate")
     inputs = generation_inputs(kwargs)

@@ -106,7 +106,8 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
                 LineCapture(line_files, capture.summary_cache, capture.pending, capture.call_stack)
             )
         if generate_steps:
-            generation = run_generation(built.model, built.args, built.kwargs, generate_steps, capture, request)
+            generation = run_generation(built.model, built.args, built.kwargs, generate_steps, capture, request,
+                                        progress)
         elif request.get("backward"):
             gradients = run_backward(built, capture, request)
         else:

@@ -33,6 +33,9 @@ async def test_trace_generate_shows_prefill_and_decode_steps(client: LanguageCli
     uri = open_document(client, modeling_file)
     result = await execute(client, "modelTrace.traceGenerate", uri, "GPT2LMHeadModel", timeout=300)
     assert result["ok"] is True, result
+    reports = [report.message for reports in client.progress_reports.values() for report in reports
+               if report.kind == "report"]
+    assert "prefill done" in reports and "decode step 4 of 4" in reports  # progress per step
     hints = await inlay_hints(client, uri)
     line = line_of(modeling_file, "attn_output = self.c_proj(attn_output)")
     # the prompt's shape in the prefill, one position per decode step (4 by default: modelTrace.generateSteps)
