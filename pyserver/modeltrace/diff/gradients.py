@@ -194,10 +194,15 @@ def gradient_diff(result: Any) -> GradientDiff | None:
     loss_status, loss_reason = MATCH, None
     if not summaries_close(reference.loss, candidate.loss, _tolerance([reference.loss, candidate.loss])):
         loss_status = MISMATCH
+        losses = (f"both {candidate.loss_description}" if reference.loss_description == candidate.loss_description
+                  else f"{reference.loss_description} vs {candidate.loss_description}")
         loss_reason = (f"the loss is {_number(reference.loss.mean)} in the reference, {_number(candidate.loss.mean)} "
-                       f"in the candidate ({reference.loss_description} vs {candidate.loss_description})")
-    return GradientDiff(loss_status, loss_reason, modules, parameter_rows,
-                        _first_divergence(modules, loss_reason))
+                       f"in the candidate ({losses})")
+    divergence = _first_divergence(modules, loss_reason)
+    if divergence is not None and divergence.kind == "loss" and candidate.loss_source == "model":
+        # NOTE: the model's own loss is computed in its forward: the root's call is where to look
+        divergence.result = next((module for module in modules if module.record.path == ""), None)
+    return GradientDiff(loss_status, loss_reason, modules, parameter_rows, divergence)
 
 
 def _first_divergence(modules: list[GradientResult], loss_reason: str | None) -> GradientDivergence | None:

@@ -289,6 +289,9 @@ def steps_and_gradients_text(result: DiffResult) -> list[str]:
             lines.append("forward    every compared module's outputs agree: the difference is in the backward pass")
         if divergence is not None and divergence.kind == "loss":
             lines.append(f"FIRST GRADIENT DIVERGENCE: the loss: {divergence.reason}")
+            if divergence.result is not None:
+                lines.append(f"  computed in {divergence.result.record.class_name}.forward, defined at "
+                             f"{_where(divergence.result.record.defined_at)}")
         elif divergence is not None:
             record = divergence.result.record
             title = ("FIRST GRADIENT DIVERGENCE" if divergence.outputs_match
