@@ -51,7 +51,7 @@ import numpy as np
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.diff.auto_align import ModuleMapping, ModulePair
-from modeltrace.diff.gradients import gradient_diff
+from modeltrace.diff.gradients import GradientDiff, gradient_diff
 from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.errors import ModelTraceError
 from modeltrace.diff.pairing import (
@@ -65,7 +65,7 @@ from modeltrace.diff.pairing import (
     in_order,
     pair_leaves,
 )
-from modeltrace.diff.steps import restrict_to_common_steps, step_report
+from modeltrace.diff.steps import StepReport, restrict_to_common_steps, step_report
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary, Trace
 from modeltrace.trace.tensors import LoadedTrace
 
@@ -206,9 +206,9 @@ class DiffResult:
     # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
     replay_timing: dict | None = None
     # generation traces: steps compared, first diverging step and token (`diff/steps.py`)
-    steps: Any = None
+    steps: StepReport | None = None
     # backward traces: gradients compared, first divergence in backward order (`diff/gradients.py`)
-    gradients: Any = None
+    gradients: GradientDiff | None = None
 
     @property
     def match(self) -> bool:
