@@ -204,3 +204,41 @@ def test_generate_on_a_model_that_cannot_generate_names_what_to_use(tmp_path: Pa
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert completed.returncode == 2 and "BertModel cannot generate" in completed.stderr, completed.stderr
+
+
+RECIPE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def build_model():
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64))
+
+
+def build_inputs(model):
+    return {"input_ids": torch.tensor([[5, 6, 7, 8]])}
+
+
+def generate(model, inputs, steps):
+    """A hand-written greedy loop: one call of the model per step, its cache carried along."""
+    ids, cache = inputs["input_ids"], None
+    new = []
+    for _ in range(steps + 1):
+        output = model(input_ids=ids if cache is None else new[-1], past_key_values=cache, use_cache=True)
+        cache = output.past_key_values
+        new.append(output.logits[:, -1:].argmax(-1))
+    return torch.cat(new, dim=1)
+'''
+
+
+def test_a_recipe_defines_its_own_generation_call(worker: WorkerClient, tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe_generate.py"
+    recipe.write_text(RECIPE)
+    loaded = read_trace(trace(worker, recipe, tmp_path / "recipe.mtrace", recipe=str(recipe), generate=2))
+    generation = loaded.generation
+    assert generation.call == "recipe" and generation.steps == 3
+    assert generation.prompt_length == 0 and len(generation.generated_ids[0]) == 3  # it returned the new ids only
+    roots = [record for record in loaded.modules if record.path == ""]
+    assert [loaded.step_of(record.index) for record in roots] == [0, 1, 2]
+    assert [record.inputs[0].shape for record in roots] == [[1, 4], [1, 1], [1, 1]]
+    assert {entry.step for entry in generation.cache} == {0, 1, 2}
