@@ -8,6 +8,10 @@ import * as lc from "vscode-languageserver-protocol";
 export const serverCommands = {
     /** Arguments: [documentUri: string, className?: string]. */
     trace: "modelTrace.trace",
+    /** Arguments: [documentUri: string, className?: string]: greedy generation, modelTrace.generateSteps steps. */
+    traceGenerate: "modelTrace.traceGenerate",
+    /** Arguments: [documentUri: string, className?: string]: forward, a loss and its backward pass. */
+    traceBackward: "modelTrace.traceBackward",
     /** Arguments: [documentUri: string]. */
     clear: "modelTrace.clear",
     /** Arguments: [documentUri: string, path: string] (a `.mtrace` folder): show its hints on the document. */

@@ -38,6 +38,11 @@ function isUri(value: unknown): boolean {
 export type ExecuteCommandNext = (command: string, args: unknown[]) => Promise<unknown>;
 
 const referenceCommands: ReadonlySet<string> = new Set<string>([serverCommands.setReference, serverCommands.pinReference]);
+const traceCommands: ReadonlySet<string> = new Set<string>([
+    serverCommands.trace,
+    serverCommands.traceGenerate,
+    serverCommands.traceBackward,
+]);
 
 /** The reference a `setReference` / `pinReference` result says was set, else undefined. */
 export function referenceSetBy(command: string, result: unknown): string | undefined {
@@ -56,7 +61,7 @@ export async function executeCommand(
     onReferenceSet?: (reference: string) => void,
 ): Promise<unknown> {
     // NOTE: messages are not awaited: a notification's promise stays pending until the user closes it.
-    if (command === serverCommands.trace && !vscodeapi.isWorkspaceTrusted()) {
+    if (traceCommands.has(command) && !vscodeapi.isWorkspaceTrusted()) {
         void vscodeapi.showWarningMessage(untrustedTraceMessage, manageTrust).then((choice: string | undefined) => {
             if (choice === manageTrust) {
                 void vscodeapi.executeCommand("workbench.trust.manage");

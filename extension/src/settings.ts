@@ -43,6 +43,10 @@ export interface ModelTraceSettings {
     notifications: boolean;
     /** The last trace's result in the status bar. */
     statusBar: boolean;
+    /** "Trace generate": decode steps after the prefill (1 to 1024). */
+    generateSteps: number;
+    /** Backward traces: a gradient hint after each traced line's value, gradient rows in hovers. */
+    gradientHints: boolean;
 }
 
 export const defaultSettings: Readonly<ModelTraceSettings> = {
@@ -66,6 +70,8 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     diffMapping: "",
     notifications: true,
     statusBar: true,
+    generateSteps: 4,
+    gradientHints: true,
 };
 
 export interface InitializationOptions {
@@ -106,6 +112,8 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const diffMapping: unknown = configuration.get("diffMapping");
     const notifications: unknown = configuration.get("notifications");
     const statusBar: unknown = configuration.get("statusBar");
+    const generateSteps: unknown = configuration.get("generateSteps");
+    const gradientHints: unknown = configuration.get("gradientHints");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
@@ -127,6 +135,11 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         diffMapping: typeof diffMapping === "string" ? diffMapping.trim() : defaultSettings.diffMapping,
         notifications: typeof notifications === "boolean" ? notifications : defaultSettings.notifications,
         statusBar: typeof statusBar === "boolean" ? statusBar : defaultSettings.statusBar,
+        generateSteps:
+            typeof generateSteps === "number" && Number.isInteger(generateSteps) && generateSteps >= 1 && generateSteps <= 1024
+                ? generateSteps
+                : defaultSettings.generateSteps,
+        gradientHints: typeof gradientHints === "boolean" ? gradientHints : defaultSettings.gradientHints,
     };
 }
 

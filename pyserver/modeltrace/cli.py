@@ -49,6 +49,8 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "seed": arguments.seed,
         "timeout": arguments.timeout,
         "out": str(out),
+        "generate": arguments.generate,
+        "backward": arguments.backward,
     }
     if arguments.device_map:
         request["device_map"] = arguments.device_map
@@ -144,6 +146,17 @@ def _megabytes(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of megabytes >= 0")
+    return value
+
+
+def _decode_steps(text: str) -> int:
+    """An argparse type: a number of decode steps, >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of decode steps") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of decode steps >= 1")
     return value
 
 
@@ -366,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--against", metavar="REFERENCE",
                        help="then diff the trace against this reference (implies --full-tensors) and print the "
                             "diff instead, replaying suspects on the model just traced; exit codes of `diff`")
+    trace.add_argument("--generate", type=_decode_steps, default=0, metavar="N",
+                       help="trace greedy generation: the prefill and N decode steps with the model's own cache "
+                            "(default class: the file's …ForCausalLM; a recipe may define generate(model, inputs, "
+                            "steps))")
+    trace.add_argument("--backward", action="store_true",
+                       help="also run a loss and its backward pass: gradients of every module call and parameter "
+                            "(the model's own loss with synthesised labels, a recipe's build_loss(outputs), or "
+                            "0.5 * mean(output ** 2))")
     trace.set_defaults(handler=_trace_command)
 
     show = commands.add_parser("show", help="print a trace as an annotated listing or as JSON")

@@ -51,6 +51,7 @@ import numpy as np
 
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.diff.auto_align import ModuleMapping, ModulePair
+from modeltrace.diff.gradients import GradientDiff, gradient_diff
 from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.errors import ModelTraceError
 from modeltrace.diff.pairing import (
@@ -64,6 +65,7 @@ from modeltrace.diff.pairing import (
     in_order,
     pair_leaves,
 )
+from modeltrace.diff.steps import StepReport, restrict_to_common_steps, step_report
 from modeltrace.trace.records import ModuleCall, SourceLocation, SourceRange, TensorSummary, Trace
 from modeltrace.trace.tensors import LoadedTrace
 
@@ -205,12 +207,18 @@ class DiffResult:
     replay_timing: dict | None = None
     # tensor-parallel traces: ranks that disagree, and which rank's shard holds the first divergence (`ranks.py`)
     ranks: list[dict] = field(default_factory=list)
+    # generation traces: steps compared, first diverging step and token (`diff/steps.py`)
+    steps: StepReport | None = None
+    # backward traces: gradients compared, first divergence in backward order (`diff/gradients.py`)
+    gradients: GradientDiff | None = None
 
     @property
     def match(self) -> bool:
         # NOTE: ranks of a parallel trace that disagree where they should hold the same tensor are a divergence
         # of their own, even where the merged values agree with the other trace
         if any(finding.get("kind") == "rank_divergence" for finding in self.ranks):
+            return False
+        if self.gradients is not None and not self.gradients.match:
             return False
         return not any(module.status in (MISMATCH, DIVERGENCE) for module in self.modules)
 
@@ -811,6 +819,7 @@ class _Comparer:
 def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
     """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns."""
     options = options or DiffOptions()
+    step_notes = restrict_to_common_steps(reference, candidate)
     alignment = align_traces(reference.trace, candidate.trace, list(options.maps), options.mapping, options.automatic)
     if alignment.groups:  # fused pairs compare concatenations of the run's tensors
         for loaded in (reference, candidate):
@@ -916,8 +925,11 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         notes.append(f"aligned by stripping the prefix {alignment.prefix!r} from the {alignment.prefix_side}'s "
                      "module paths")
     notes.extend(map_notes(alignment))
+    notes.extend(step_notes)
     result = DiffResult(reference, candidate, options, alignment, results, None, notes)
     decide(result)
+    result.steps = step_report(result)
+    result.gradients = gradient_diff(result)
     result.not_comparable = _coverage_problem(result)
     if "parallel" in reference.trace.model or "parallel" in candidate.trace.model:
         from modeltrace.diff.ranks import rank_findings

@@ -201,7 +201,7 @@ def to_json(result: DiffResult) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for module in result.modules:
         counts[module.status] = counts.get(module.status, 0) + 1
-    return {
+    document = {
         # NOTE: a diff with too little aligned is not a match (`verdict` "not_comparable", exit 2)
         "match": result.match and not result.not_comparable,
         "verdict": result.verdict,
@@ -237,6 +237,73 @@ def to_json(result: DiffResult) -> dict[str, Any]:
         # NOTE: tensor-parallel traces only (`diff/ranks.py`): rank divergences and the rank of a diverging shard
         **({"ranks": result.ranks} if result.ranks else {}),
     }
+    _add_steps_and_gradients(result, document)
+    return document
+
+
+def _add_steps_and_gradients(result: DiffResult, document: dict[str, Any]) -> None:
+    """Generation traces: `generation` and a `step` per module (and on the first divergence); backward traces:
+    `gradients` (`diff/steps.py`, `diff/gradients.py`). Absent otherwise: the document of a forward diff is as it was."""
+    step_of = result.candidate.trace.step_of
+    if result.steps is not None:
+        document["generation"] = result.steps.to_json()
+        for module, entry in zip(result.modules, document["modules"]):
+            entry["step"] = step_of(module.candidate.index)
+        if document["first_divergence"] is not None and result.first_divergence is not None:
+            document["first_divergence"]["step"] = step_of(result.first_divergence.module.candidate.index)
+    if result.gradients is not None:
+        document["gradients"] = result.gradients.to_json()
+
+
+def steps_and_gradients_text(result: DiffResult) -> list[str]:
+    """The lines the text report adds for generation and backward traces."""
+    lines: list[str] = []
+    steps = result.steps
+    if steps is not None:
+        lines.append(f"steps      {steps.compared_steps} compared (reference {steps.reference_steps}, candidate "
+                     f"{steps.candidate_steps}; step 0 is the prefill)")
+        if steps.first_diverging_step is None:
+            lines.append("           every compared step agrees")
+        else:
+            lines.append(f"FIRST DIVERGING STEP: {steps.first_diverging_step}"
+                         + (" (the prefill)" if steps.first_diverging_step == 0 else " (a decode step; the prefill "
+                            "matches)" if steps.first_diverging_step > 0 else ""))
+        token = steps.first_differing_token
+        if token is not None:
+            lines.append(f"           first differing generated token: #{token['position']} (row {token['row']}, "
+                         f"chosen at step {token['step']}): {token['reference']} in the reference, "
+                         f"{token['candidate']} in the candidate")
+        elif result.reference.trace.generation is not None and result.candidate.trace.generation is not None:
+            lines.append("           the generated tokens are the same")
+        cache = steps.first_differing_cache
+        if cache is not None:
+            lines.append(f"           first differing cache entry: step {cache['step']}, layer {cache['layer']} "
+                         f"({cache['kind']}-attention {cache['tensor']}, shapes {cache['reference_shape']} / "
+                         f"{cache['candidate_shape']})")
+    gradients = result.gradients
+    if gradients is not None:
+        divergence = gradients.first_divergence
+        forward_agrees = result.first_divergence is None and not any(
+            module.status == MISMATCH for module in result.modules)
+        if divergence is None:
+            lines.append("gradients  every compared gradient agrees (loss, module calls, parameters)")
+        elif forward_agrees:
+            lines.append("forward    every compared module's outputs agree: the difference is in the backward pass")
+        if divergence is not None and divergence.kind == "loss":
+            lines.append(f"FIRST GRADIENT DIVERGENCE: the loss: {divergence.reason}")
+            if divergence.result is not None:
+                lines.append(f"  computed in {divergence.result.record.class_name}.forward, defined at "
+                             f"{_where(divergence.result.record.defined_at)}")
+        elif divergence is not None:
+            record = divergence.result.record
+            title = ("FIRST GRADIENT DIVERGENCE" if divergence.outputs_match
+                     else "GRADIENT DIVERGENCE (output gradients already differ)")
+            lines.append(f"{title}: {record.path or '(root)'} ({record.class_name}), in backward order")
+            lines.append(f"  called at   {_where(record.called_at)}")
+            lines.append(f"  {divergence.reason}")
+    if lines:
+        lines.append("")
+    return lines
 
 
 def _label(record) -> str:
@@ -447,6 +514,7 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     if root is not None and root.inputs == MISMATCH:
         add("note       the model's inputs differ: trace both with the same inputs (and seed) to compare them")
     add("")
+    lines.extend(steps_and_gradients_text(result))
     divergence = result.first_divergence
     if result.match and result.not_comparable:
         add(f"NOT COMPARABLE: {result.not_comparable}")
@@ -465,6 +533,8 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         title = "FIRST DIVERGENCE" if divergence.inputs_match else "DIVERGENCE (inputs already differ)"
         label = record.path or "(root)"
         call = f", call {record.call_index}" if record.call_index else ""
+        step = result.candidate.trace.step_of(record.index)
+        call += f", step {step}" if step is not None else ""
         add(f"{title}: {label} ({record.class_name or '?'}{call})")
         add(f"  called at   {_where(record.called_at)}")
         add(f"  defined at  {_where(record.defined_at)}")

@@ -34,6 +34,8 @@ class ModuleClass:
     # NOTE: defines `forward` or inherits one (from a class of the file, or an imported model or layer):
     # a composite that only generates (`BarkModel`) has none, and the worker never builds it for a trace
     has_forward: bool = True
+    # NOTE: it or a base of the file derives from transformers' `GenerationMixin`: a "Trace generate" lens
+    generates: bool = False
 
     @property
     def is_abstract_model(self) -> bool:
@@ -96,7 +98,7 @@ def find_module_classes(source: str) -> list[ModuleClass]:
     lines = split_lines(source)
     known: dict[str, ModuleClass] = {}
     for definition in sorted(_class_definitions(tree.body), key=lambda node: node.lineno):
-        is_module = is_model = False
+        is_module = is_model = generates = False
         has_forward = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward"
                           for node in definition.body)
         for base in definition.bases:
@@ -104,6 +106,7 @@ def find_module_classes(source: str) -> list[ModuleClass]:
             if dotted is None:
                 continue
             local = known.get(dotted)
+            generates |= dotted.rsplit(".", 1)[-1] == "GenerationMixin" or bool(local and local.generates)
             base_is_module, base_is_model = (True, local.is_model) if local else _classify_imported_base(dotted)
             is_module |= base_is_module
             is_model |= base_is_model
@@ -115,7 +118,7 @@ def find_module_classes(source: str) -> list[ModuleClass]:
             # NOTE: `lineno` is the `class` line (decorators come before it); ast does not locate the name.
             line = definition.lineno - 1
             column = max(lines[line].find(definition.name, definition.col_offset), 0)
-            known[definition.name] = ModuleClass(definition.name, line, column, is_model, has_forward)
+            known[definition.name] = ModuleClass(definition.name, line, column, is_model, has_forward, generates)
     return list(known.values())
 
 

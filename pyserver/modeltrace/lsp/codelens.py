@@ -1,4 +1,6 @@
-"""Code lenses: "▶ Trace forward" above each `nn.Module` class, "✕ Clear trace" once the document has hints.
+"""Code lenses: "▶ Trace forward" above each `nn.Module` class ("▶ Trace generate" above a class that derives from
+`GenerationMixin`,
+"▶ Trace forward + backward" above a model class), "✕ Clear trace" once the document has hints.
 
 Classes are found statically (`classes`), so lenses work in untrusted workspaces and before any trace. While
 the user types code that does not parse, the lenses of the last version that did stay in place.
@@ -51,6 +53,15 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
         )
         for cls in classes
     ]
+    for cls in classes:
+        if not cls.is_model or cls.is_abstract_model:
+            continue
+        where = _line_range(cls.line, cls.column, len(cls.name))
+        if cls.generates:
+            lenses.append(types.CodeLens(range=where, command=types.Command(
+                title="▶ Trace generate", command=methods.TRACE_GENERATE, arguments=[uri, cls.name])))
+        lenses.append(types.CodeLens(range=where, command=types.Command(
+            title="▶ Trace forward + backward", command=methods.TRACE_BACKWARD, arguments=[uri, cls.name])))
     loaded = ls.store.trace_showing(path)
     if loaded is not None:
         # NOTE: next to the lens of the class that was traced, when it is in this document; else at the top.

@@ -53,6 +53,10 @@ class _Refused(Exception):
     """A command that cannot run as asked; the message is shown to the user as it is."""
 
 
+# What each kind of trace is called in progress and status messages.
+TRACE_MODES = {"forward": "forward", "generate": "generate", "backward": "forward + backward"}
+
+
 def _traceable_path(ls: ModelTraceServer, uri: Any) -> str:
     """The file to trace for a command's URI argument."""
     if not isinstance(uri, str) or not uri:
@@ -69,6 +73,21 @@ def _traceable_path(ls: ModelTraceServer, uri: Any) -> str:
 
 async def trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.trace [uri, model class?, class to highlight?]`: trace and show the result."""
+    return await _trace_command(ls, "forward", *arguments)
+
+
+async def trace_generate_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.traceGenerate [uri, model class?]`: trace greedy generation (`modelTrace.generateSteps` decode
+    steps after the prefill, with the model's cache)."""
+    return await _trace_command(ls, "generate", *arguments)
+
+
+async def trace_backward_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.traceBackward [uri, model class?]`: trace the forward pass, a loss and its backward pass."""
+    return await _trace_command(ls, "backward", *arguments)
+
+
+async def _trace_command(ls: ModelTraceServer, mode: str, *arguments: Any) -> dict[str, Any]:
     if not ls.workspace_trusted:
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
     uri = arguments[0] if arguments else None
@@ -77,16 +96,18 @@ async def trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     except _Refused as refusal:
         return _refuse(ls, str(refusal))
     model = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], str) and arguments[1] else None
-    return await run_trace(ls, str(uri), path, model)
+    return await run_trace(ls, str(uri), path, model, mode)
 
 
-async def run_trace(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
-    """Trace `path` (one trace at a time: the worker runs one) and install the result."""
-    ls.last_requests[path] = TraceRequest(uri=uri, model=model)
+async def run_trace(ls: ModelTraceServer, uri: str, path: str, model: str | None,
+                    mode: str = "forward") -> dict[str, Any]:
+    """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
+    "generate" or "backward"."""
+    ls.last_requests[path] = TraceRequest(uri=uri, model=model, mode=mode)
     ls.waiting_traces.add(path)
     async with ls.trace_lock:
         ls.waiting_traces.discard(path)
-        return await _trace_now(ls, uri, path, model)
+        return await _trace_now(ls, uri, path, model, mode)
 
 
 class _Cancellation:
@@ -134,9 +155,11 @@ def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None
     ls.work_done_progress.tokens.pop(token, None)
 
 
-def _request(ls: ModelTraceServer, path: str, model: str | None) -> dict[str, Any]:
+def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward") -> dict[str, Any]:
     settings = ls.settings
     return {
+        "generate": settings.generate_steps if mode == "generate" else 0,
+        "backward": mode == "backward",
         "file": path,
         "model": model,
         "recipe": None,
@@ -166,8 +189,11 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
     return base_model_name(document_classes(ls, uri)) or Path(path).name
 
 
-async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | None,
+                     mode: str = "forward") -> dict[str, Any]:
     name = _model_to_build(ls, uri, path, model)
+    if mode != "forward":
+        name += f" ({TRACE_MODES[mode]})"
     loop = asyncio.get_running_loop()
     worker = ls.worker()
     cancellation = _Cancellation(worker)
@@ -180,7 +206,7 @@ async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | Non
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
     try:
-        result = await asyncio.to_thread(worker.trace, _request(ls, path, model), on_progress)
+        result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode), on_progress)
         loaded = await asyncio.to_thread(load_trace, path, uri, result["trace"])
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)

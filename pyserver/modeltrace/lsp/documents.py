@@ -62,7 +62,7 @@ def did_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams) -> N
     if request is None or owner in ls.waiting_traces:
         # NOTE: a trace still waiting for the worker reads the file when it starts: it sees this save too.
         return
-    task = asyncio.get_running_loop().create_task(run_trace(ls, request.uri, owner, request.model))
+    task = asyncio.get_running_loop().create_task(run_trace(ls, request.uri, owner, request.model, request.mode))
     # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
     ls.background_tasks.add(task)
     task.add_done_callback(ls.background_tasks.discard)

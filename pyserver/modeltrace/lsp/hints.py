@@ -23,6 +23,7 @@ from lsprotocol import types
 from modeltrace.lsp.hover import line_markdown
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.settings import HintPlacement
+from modeltrace.lsp.steps import gradient_label, hover_markdown, step_label
 from modeltrace.lsp.store import FileHints, TracedLine
 from modeltrace.trace.lines import (
     HINT_MAX_LENGTH,
@@ -184,6 +185,7 @@ def _line_hints(ls: ModelTraceServer, hints: FileHints, line: int, traced: Trace
         labels = [PlacedLabel(len(text), HINT_PREFIX + traced.label(detail) + (STALE_SUFFIX if stale else ""), True)]
     else:
         labels = placed_labels(traced, text, detail, model_dtype, stale)
+    labels.extend(_step_and_gradient_labels(ls, hints, traced, text, model_dtype))
     return [
         types.InlayHint(
             position=types.Position(line=line, character=_units(ls, text[: placed.column])),
@@ -194,6 +196,19 @@ def _line_hints(ls: ModelTraceServer, hints: FileHints, line: int, traced: Trace
         )
         for placed in labels
     ]
+
+
+def _step_and_gradient_labels(ls: ModelTraceServer, hints: FileHints, traced: TracedLine, text: str,
+                              model_dtype: str | None) -> list[PlacedLabel]:
+    """The step label of a generation trace's line and, on `modelTrace.gradientHints`, the gradient row of a
+    backward trace's line (`lsp/steps.py`), at the line's end."""
+    loaded = ls.store.traces.get(hints.owner)
+    if loaded is None or (loaded.trace.generation is None and loaded.trace.gradients is None):
+        return []
+    labels = [step_label(loaded.trace, traced.entry, model_dtype)]
+    if ls.settings.gradient_hints:
+        labels.append(gradient_label(loaded.trace, traced.entry))
+    return [PlacedLabel(len(text), HINT_PREFIX + label, padding_left=True) for label in labels if label]
 
 
 def inlay_hints(ls: ModelTraceServer, params: types.InlayHintParams) -> list[types.InlayHint]:
@@ -209,7 +224,7 @@ def inlay_hints(ls: ModelTraceServer, params: types.InlayHintParams) -> list[typ
     last, last_character = params.range.end.line, params.range.end.character
     found = []
     for line, traced in hints.between(params.range.start.line, last):
-        key = (detail, placement, stale, line)
+        key = (detail, placement, stale, line, ls.settings.gradient_hints)
         line_hints = hints.hint_cache.get(key)
         if line_hints is None:
             line_hints = hints.hint_cache[key] = _line_hints(ls, hints, line, traced, detail, stale, model_dtype)
@@ -236,7 +251,9 @@ def resolve_inlay_hint(ls: ModelTraceServer, hint: types.InlayHint) -> types.Inl
     if hints is None or traced is None:
         return hint
     loaded = ls.store.traces.get(hints.owner)
+    markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
+    extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
     hint.tooltip = types.MarkupContent(
-        kind=types.MarkupKind.Markdown, value=line_markdown(traced.entry, bool(loaded and loaded.stale))
+        kind=types.MarkupKind.Markdown, value=markdown + ("\n\n" + extra if extra else "")
     )
     return hint

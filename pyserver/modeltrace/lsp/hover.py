@@ -13,6 +13,7 @@ from lsprotocol import types
 
 from modeltrace.lsp.reference import reference_markdown
 from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.steps import hover_markdown
 from modeltrace.trace.lines import LineEntry, compact_shape, format_number, is_discarded, layer_label, run_count
 from modeltrace.trace.records import LineRecord, ModuleCall, TensorSummary
 
@@ -123,6 +124,9 @@ def hover(ls: ModelTraceServer, params: types.HoverParams) -> types.Hover | None
     loaded = ls.store.traces.get(hints.owner)
     text = hints.lines[params.position.line] if params.position.line < len(hints.lines) else ""
     markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
+    extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
+    if extra:
+        markdown += "\n\n" + extra
     compared = reference_markdown(ls, hints.owner, [*traced.entry.calls, *traced.entry.inner_calls])
     if compared is not None:
         markdown += "\n\n" + compared

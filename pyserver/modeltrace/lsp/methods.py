@@ -10,6 +10,8 @@ from __future__ import annotations
 # Commands the server advertises through `workspace/executeCommand` (arguments in lsp_ext.ts).
 TRACE = "modelTrace.trace"
 CLEAR = "modelTrace.clear"
+TRACE_GENERATE = "modelTrace.traceGenerate"
+TRACE_BACKWARD = "modelTrace.traceBackward"
 LOAD_TRACE = "modelTrace.loadTrace"
 SET_REFERENCE = "modelTrace.setReference"
 PIN_REFERENCE = "modelTrace.pinReference"
@@ -22,6 +24,6 @@ DIFF_RESULT = "modelTrace/diffResult"
 # Requests, client → server.
 DIFF_PLOT = "modelTrace/diffPlot"
 
-SERVER_COMMANDS = (TRACE, CLEAR, LOAD_TRACE, SET_REFERENCE, PIN_REFERENCE)
+SERVER_COMMANDS = (TRACE, CLEAR, TRACE_GENERATE, TRACE_BACKWARD, LOAD_TRACE, SET_REFERENCE, PIN_REFERENCE)
 NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
 REQUESTS = (DIFF_PLOT,)

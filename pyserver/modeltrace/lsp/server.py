@@ -140,6 +140,8 @@ def create_server() -> ModelTraceServer:
     server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))(codelens.code_lenses)
     server.command(methods.TRACE)(commands.trace_command)
     server.command(methods.CLEAR)(commands.clear_command)
+    server.command(methods.TRACE_GENERATE)(commands.trace_generate_command)
+    server.command(methods.TRACE_BACKWARD)(commands.trace_backward_command)
     server.command(methods.LOAD_TRACE)(commands.load_trace_command)
     server.command(methods.SET_REFERENCE)(commands.set_reference_command)
     server.command(methods.PIN_REFERENCE)(commands.pin_reference_command)

@@ -80,6 +80,9 @@ class Settings:
     checkpoint: str | None = None
     # With a checkpoint: accelerate's device map (`auto`, or a JSON object / file), as `--device-map`.
     device_map: str | None = None
+    # "Trace generate": decode steps after the prefill; backward traces: a gradient hint after each line's value.
+    generate_steps: int = 4
+    gradient_hints: bool = True
 
     def updated(self, values: Mapping[str, Any]) -> Settings:
         """A copy with the camelCase `values` applied (`hintDetail`, `traceOnSave`, ...); bad ones are skipped."""
@@ -170,6 +173,12 @@ def _optional_path(value: Any) -> str | None:
     return value
 
 
+def _steps(value: Any) -> int:
+    if isinstance(value, bool) or int(value) != value or not 1 <= int(value) <= 1024:
+        raise ValueError("expected a whole number of decode steps from 1 to 1024")
+    return int(value)
+
+
 def _maps(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
         raise ValueError("expected a list of 'REGEX=>REPL' strings")
@@ -201,6 +210,8 @@ _SETTINGS = {
     "shapeOnly": ("shape_only", _boolean),
     "checkpoint": ("checkpoint", _checkpoint),
     "deviceMap": ("device_map", _device_map),
+    "generateSteps": ("generate_steps", _steps),
+    "gradientHints": ("gradient_hints", _boolean),
 }
 
 

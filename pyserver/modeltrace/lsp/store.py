@@ -46,8 +46,8 @@ class FileHints:
     by_line: dict[int, TracedLine] = field(default_factory=dict)
     sorted_lines: list[int] = field(default_factory=list)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
-    # Keyed by (detail, placement, stale, line): a line may have several hints (one per assigned name).
-    hint_cache: dict[tuple[HintDetail, str, bool, int], list[types.InlayHint]] = field(default_factory=dict)
+    # Keyed by (detail, placement, stale, line, gradient hints): a line may have several hints (one per assigned name).
+    hint_cache: dict[tuple[HintDetail, str, bool, int, bool], list[types.InlayHint]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.by_line:
@@ -120,10 +120,12 @@ def build_loaded_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> L
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
-    """What was last asked for a document (its URI, the class to build), so that trace-on-save repeats it."""
+    """What was last asked for a document (its URI, the class to build, the kind of trace: "forward",
+    "generate" or "backward"), so that trace-on-save repeats it."""
 
     uri: str
     model: str | None
+    mode: str = "forward"
 
 
 @dataclass

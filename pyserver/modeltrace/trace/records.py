@@ -329,16 +329,33 @@ class Trace:
     schema: str = SCHEMA
     # NOTE: after `schema`, so that positional construction by older callers keeps its meaning.
     builds: list[ModuleBuild] = field(default_factory=list)
+    # NOTE: only in generation traces (`--generate`) and backward traces (`--backward`); None elsewhere.
+    generation: GenerationRecord | None = None
+    gradients: BackwardRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The `modeltrace.trace/1` JSON of the contract (`show --format json`), plus `builds`."""
-        return {
+        """The `modeltrace.trace/1` JSON of the contract (`show --format json`), plus `builds`; a generation
+        trace adds `generation` and a `step` to each module record, a backward trace adds `gradients`."""
+        modules = [record.to_json() for record in self.modules]
+        if self.generation is not None:
+            for record in modules:
+                record["step"] = self.generation.step_of(record["index"])
+        data = {
             "schema": self.schema,
             "model": self.model,
-            "modules": [record.to_json() for record in self.modules],
+            "modules": modules,
             "lines": [record.to_json() for record in self.lines],
             "builds": [build.to_json() for build in self.builds],
         }
+        if self.generation is not None:
+            data["generation"] = self.generation.to_json()
+        if self.gradients is not None:
+            data["gradients"] = self.gradients.to_json()
+        return data
+
+    def step_of(self, record_index: int) -> int | None:
+        """The generation step of a module record (0: the prefill), None in a trace that is not a generation."""
+        return None if self.generation is None else self.generation.step_of(record_index)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trace:
@@ -348,6 +365,8 @@ class Trace:
             modules=[ModuleCall.from_json(item) for item in data.get("modules", [])],
             lines=[LineRecord.from_json(item) for item in data.get("lines", [])],
             builds=[ModuleBuild.from_json(item) for item in data.get("builds") or []],
+            generation=GenerationRecord.from_json(data.get("generation")),
+            gradients=BackwardRecord.from_json(data.get("gradients")),
         )
 
     def files(self) -> set[str]:
@@ -355,3 +374,179 @@ class Trace:
         found = {loc.file for record in self.modules for loc in (record.called_at, record.defined_at) if loc}
         found.update(record.file for record in self.lines)
         return found
+
+
+@dataclass(slots=True)
+class CacheEntry:
+    """The key/value cache of one attention layer after one generation step (`kind` "self", or "cross" for an
+    encoder-decoder's cross-attention): statistics, and the full tensors' names when they were stored."""
+
+    step: int
+    layer: int
+    kind: str
+    key: TensorSummary
+    value: TensorSummary
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "layer": self.layer, "kind": self.kind, "key": self.key.to_json(),
+                "value": self.value.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CacheEntry:
+        return cls(step=int(data["step"]), layer=int(data["layer"]), kind=str(data.get("kind", "self")),
+                   key=TensorSummary.from_json(data["key"]), value=TensorSummary.from_json(data["value"]))
+
+
+@dataclass(slots=True)
+class GenerationRecord:
+    """What a generation trace (`trace --generate N`) adds: its steps, generated ids and cache, once per trace.
+
+    Step 0 is the prefill (the prompt, and an encoder-decoder's encoder), steps 1..N-1 the decode steps; a step
+    starts at each call of the traced model itself (the root module), so `step_starts[s]` is the index of the
+    first module record of step `s` (records before the second root call, an encoder's included, are step 0).
+    `generated_ids` are the new token ids per batch row (the prompt left out), `call` says what generated
+    ("generate": `model.generate`, greedy with the model's own cache; "recipe": the recipe's `generate`).
+    """
+
+    steps: int
+    step_starts: list[int]
+    prompt_length: int
+    generated_ids: list[list[int]]
+    call: str = "generate"
+    cache: list[CacheEntry] = field(default_factory=list)
+
+    def step_of(self, record_index: int) -> int:
+        """The step of the module record at `record_index`."""
+        from bisect import bisect_right
+
+        return max(0, bisect_right(self.step_starts, record_index) - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "step_starts": self.step_starts,
+            "prompt_length": self.prompt_length,
+            "generated_ids": self.generated_ids,
+            "call": self.call,
+            "cache": [entry.to_json() for entry in self.cache],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> GenerationRecord | None:
+        if data is None:
+            return None
+        return cls(
+            steps=int(data["steps"]),
+            step_starts=[int(index) for index in data.get("step_starts") or [0]],
+            prompt_length=int(data.get("prompt_length", 0)),
+            generated_ids=[[int(token) for token in row] for row in data.get("generated_ids") or []],
+            call=str(data.get("call", "generate")),
+            cache=[CacheEntry.from_json(item) for item in data.get("cache") or []],
+        )
+
+
+@dataclass(slots=True)
+class GradientCall:
+    """The gradients of one module call in a backward trace (`trace --backward`).
+
+    `outputs`: the gradient of the loss w.r.t. each of the call's outputs that required grad (keys as in the
+    call's `outputs`); `inputs`: w.r.t. each input that required grad, through this call only (a residual that
+    also bypasses the call is not counted here). `backward_order` is the position at which the call's backward
+    finished (its input, or else its own parameters', gradients were computed): the order of the gradient diff.
+    """
+
+    module_call: int
+    backward_order: int
+    outputs: list[TensorSummary] = field(default_factory=list)
+    inputs: list[TensorSummary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"module_call": self.module_call, "backward_order": self.backward_order,
+                "outputs": [summary.to_json() for summary in self.outputs],
+                "inputs": [summary.to_json() for summary in self.inputs]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GradientCall:
+        return cls(module_call=int(data["module_call"]), backward_order=int(data.get("backward_order", -1)),
+                   outputs=[TensorSummary.from_json(item) for item in data.get("outputs") or []],
+                   inputs=[TensorSummary.from_json(item) for item in data.get("inputs") or []])
+
+
+@dataclass(slots=True)
+class ParameterGradient:
+    """The gradient of one parameter after the backward pass: `summary` None when it got none (`requires_grad`
+    False: frozen; True: unused by the loss). `backward_order` as in `GradientCall` (-1: none);
+    `statistics_stride` > 1: statistics of every stride-th element (large parameters, as `ParameterRecord`)."""
+
+    name: str
+    requires_grad: bool
+    summary: TensorSummary | None = None
+    backward_order: int = -1
+    statistics_stride: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "requires_grad": self.requires_grad,
+                "summary": self.summary.to_json() if self.summary is not None else None,
+                "backward_order": self.backward_order, "statistics_stride": self.statistics_stride}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ParameterGradient:
+        summary = data.get("summary")
+        return cls(name=str(data["name"]), requires_grad=bool(data.get("requires_grad", True)),
+                   summary=TensorSummary.from_json(summary) if summary is not None else None,
+                   backward_order=int(data.get("backward_order", -1)),
+                   statistics_stride=int(data.get("statistics_stride", 1)))
+
+
+@dataclass(slots=True)
+class GradientFlag:
+    """A gradient worth a look: `problem` "nan", "inf" or "zero" (all zero); `where` "loss", "module" (with the
+    module call's index in `module_call`) or "parameter"; `name` the module path or parameter name, `key` the leaf."""
+
+    problem: str
+    where: str
+    name: str
+    key: str = ""
+    module_call: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"problem": self.problem, "where": self.where, "name": self.name, "key": self.key,
+                "module_call": self.module_call}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GradientFlag:
+        return cls(problem=str(data["problem"]), where=str(data["where"]), name=str(data.get("name", "")),
+                   key=str(data.get("key", "")), module_call=int(data.get("module_call", -1)))
+
+
+@dataclass(slots=True)
+class BackwardRecord:
+    """What a backward trace (`trace --backward`) adds: the loss, gradients per module call and per parameter.
+
+    `loss_source` says which loss ran: "model" (the model's own, labels synthesised), "recipe" (its
+    `build_loss(outputs)`) or "default" (half the mean square of every differentiable floating output leaf).
+    """
+
+    loss: TensorSummary
+    loss_source: str
+    loss_description: str
+    calls: list[GradientCall] = field(default_factory=list)
+    parameters: list[ParameterGradient] = field(default_factory=list)
+    flags: list[GradientFlag] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loss": self.loss.to_json(), "loss_source": self.loss_source,
+                "loss_description": self.loss_description,
+                "calls": [call.to_json() for call in self.calls],
+                "parameters": [parameter.to_json() for parameter in self.parameters],
+                "flags": [flag.to_json() for flag in self.flags]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> BackwardRecord | None:
+        if data is None:
+            return None
+        return cls(loss=TensorSummary.from_json(data["loss"]), loss_source=str(data.get("loss_source", "default")),
+                   loss_description=str(data.get("loss_description", "")),
+                   calls=[GradientCall.from_json(item) for item in data.get("calls") or []],
+                   parameters=[ParameterGradient.from_json(item) for item in data.get("parameters") or []],
+                   flags=[GradientFlag.from_json(item) for item in data.get("flags") or []])

@@ -189,6 +189,9 @@ def _table(trace: Trace) -> dict[str, Any]:
         "lines": lines,
         # NOTE: once per module, not per call: a few hundred small maps, read through `Trace.from_json`.
         "builds": [build.to_json() for build in trace.builds],
+        # NOTE: generation and backward traces only (steps, cache, gradients): plain maps, read by `Trace.from_json`.
+        **({"generation": trace.generation.to_json()} if trace.generation is not None else {}),
+        **({"gradients": trace.gradients.to_json()} if trace.gradients is not None else {}),
     }
 def sync_trace(folder: Path) -> None:
     """Flush a written trace folder's files and its directory entry to the disk (best effort: a trace that was

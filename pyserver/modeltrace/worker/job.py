@@ -21,7 +21,9 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import assemble_trace, write_captured
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
+from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
+from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.protocol import DEFAULT_KEEP_CALLS_MB, DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
 from modeltrace.worker.replay import keep_candidate
@@ -77,6 +79,10 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
 def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
     started = time.perf_counter()
     source = request.get("recipe") or request["file"]
+    if request.get("generate") and request.get("backward"):
+        raise ModelTraceError("--generate and --backward: choose one (a generation trace, or a forward + backward)")
+    if request.get("generate"):
+        choose_generating_class(request)
     progress(f"building the model from {Path(source).name}")
     # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
     with ConstructionRecorder() as constructions:
@@ -90,10 +96,16 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
     if not built.shape_only and not request.get("device_map"):
         _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
     built_at = time.perf_counter()
-    progress(f"running {built.model_class}.forward")
+    generate_steps = int(request.get("generate") or 0)
+    if generate_steps:
+        check_can_generate(built.model, request)
+    progress(f"running {built.model_class}." + (f"generate ({generate_steps} decode steps)" if generate_steps
+                                               else "forward + backward" if request.get("backward") else "forward"))
     line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
+    generation = gradients = None
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
+        if not request.get("backward"):
+            stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
         capture = stack.enter_context(ModuleCapture(
             built.model,
@@ -110,7 +122,13 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             line_capture = stack.enter_context(
                 LineCapture(line_files, capture.summary_cache, capture.pending, capture.call_stack)
             )
-        built.model(*built.args, **built.kwargs)
+        if generate_steps:
+            generation = run_generation(built.model, built.args, built.kwargs, generate_steps, capture, request,
+                                        progress)
+        elif request.get("backward"):
+            gradients = run_backward(built, capture, request)
+        else:
+            built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
     if request.get("device_map"):
         # NOTE: accelerate leaves a model that fits one device whole without hooks (nor, on a CPU-only machine,
@@ -150,6 +168,11 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
         },
         capture, line_capture, builds,
     )
+    trace.generation, trace.gradients = generation, gradients
+    if generate_steps:
+        trace.model["options"]["generate"] = generate_steps
+    if request.get("backward"):
+        trace.model["options"]["backward"] = True
     progress("writing the trace")
     # NOTE: not durable here: the zygote's child flushes the trace to disk after answering (`sync_trace`).
     destination = write_captured(trace, capture, Path(request["out"]), durable=False)

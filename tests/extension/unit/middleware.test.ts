@@ -71,6 +71,23 @@ describe("executeCommand middleware", () => {
         assert.deepEqual(vscodeFake.executedCommands, [{ command: "workbench.trust.manage", args: [] }]);
     });
 
+    it("refuses Trace generate and Trace forward + backward in an untrusted workspace too", async () => {
+        vscodeFake.trusted = false;
+        const { sent, next } = recordingNext();
+        for (const command of ["modelTrace.traceGenerate", "modelTrace.traceBackward"]) {
+            assert.equal(await executeCommand(command, [`file://${modelingFile}`, "TinyLlamaForCausalLM"], next), undefined);
+        }
+        assert.deepEqual(sent, []);
+        assert.deepEqual(vscodeFake.warnings, [untrustedTraceMessage, untrustedTraceMessage]);
+    });
+
+    it("sends a palette Trace generate with the active editor's URI", async () => {
+        vscodeFake.activeEditor = { document: { uri: fileUri(modelingFile), languageId: "python" } };
+        const { sent, next } = recordingNext();
+        await executeCommand("modelTrace.traceGenerate", [], next);
+        assert.deepEqual(sent, [{ command: "modelTrace.traceGenerate", args: [`file://${modelingFile}`] }]);
+    });
+
     it("still clears in an untrusted workspace (clearing runs no workspace code)", async () => {
         vscodeFake.trusted = false;
         const { sent, next } = recordingNext();

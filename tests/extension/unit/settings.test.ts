@@ -30,6 +30,8 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffMapping", " maps/port.map ");
         vscodeFake.settings.set("modelTrace.notifications", false);
         vscodeFake.settings.set("modelTrace.statusBar", false);
+        vscodeFake.settings.set("modelTrace.generateSteps", 16);
+        vscodeFake.settings.set("modelTrace.gradientHints", false);
         const options = initializationOptions(readSettings(vscodeapi.getConfiguration(settingsSection)), false);
         assert.deepEqual(options, {
             settings: {
@@ -53,6 +55,8 @@ describe("settings", () => {
                 diffMapping: "maps/port.map",
                 notifications: false,
                 statusBar: false,
+                generateSteps: 16,
+                gradientHints: false,
             },
             workspaceTrusted: false,
         });
@@ -76,6 +80,8 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.diffRtol", "0.1");
         vscodeFake.settings.set("modelTrace.diffMaps", "a=>b");
         vscodeFake.settings.set("modelTrace.diffReplay", "no");
+        vscodeFake.settings.set("modelTrace.generateSteps", 2.5);
+        vscodeFake.settings.set("modelTrace.gradientHints", "yes");
         assert.deepEqual(readSettings(vscodeapi.getConfiguration(settingsSection)), defaultSettings);
     });
 

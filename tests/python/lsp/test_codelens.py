@@ -42,6 +42,27 @@ async def test_one_trace_lens_per_module_class(client: LanguageClient) -> None:
     assert len(by_line) == 8  # RMSNorm, rotary embedding, MLP, attention, decoder layer, and the three models
 
 
+async def test_generate_and_backward_lenses_above_model_classes(client: LanguageClient, tmp_path: Path) -> None:
+    uri = client.example_uri
+    lenses = await code_lenses(client, uri)
+    backward = [lens for lens in lenses if lens.command.command == "modelTrace.traceBackward"]
+    # the example's head does not derive from GenerationMixin: no "Trace generate"
+    assert not [lens for lens in lenses if lens.command.command == "modelTrace.traceGenerate"]
+    modeling_file = copy_example(tmp_path)
+    text = modeling_file.read_text()
+    modeling_file.write_text(text.replace("class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel):",
+                                          "class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel, GenerationMixin):"))
+    copied = open_document(client, modeling_file)
+    generate = [lens for lens in await code_lenses(client, copied) if lens.command.command == "modelTrace.traceGenerate"]
+    assert [(lens.command.title, lens.range.start.line, list(lens.command.arguments)) for lens in generate] == [
+        ("▶ Trace generate", line_of(EXAMPLE, "class TinyLlamaForCausalLM("), [copied, "TinyLlamaForCausalLM"])
+    ]
+    assert {lens.command.title for lens in backward} == {"▶ Trace forward + backward"}
+    assert {tuple(lens.command.arguments) for lens in backward} == {
+        (uri, "TinyLlamaModel"), (uri, "TinyLlamaForCausalLM")
+    }
+
+
 async def test_clear_removes_the_hints_and_load_trace_brings_them_back(client: LanguageClient) -> None:
     uri = client.example_uri
     clear = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.clear"]
@@ -79,4 +100,4 @@ async def test_lenses_of_a_file_that_does_not_parse_stay_as_they_were(client: La
     )
     after = await code_lenses(client, uri)
     assert [lens.command.arguments for lens in after] == [lens.command.arguments for lens in before]
-    assert len(after) == 8
+    assert len([lens for lens in after if lens.command.command == "modelTrace.trace"]) == 8
