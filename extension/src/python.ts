@@ -134,10 +134,14 @@ export const probeScript: string = [
     "        import modeltrace",
     "        info['modeltrace'] = str(getattr(modeltrace, '__version__', 'unknown'))",
     "        info['location'] = modeltrace.__file__",
-    "        from modeltrace.environment import probe",
-    "        info.update(probe())",
     "    except Exception as e:",
     "        info['error'] = '%s: %s' % (type(e).__name__, e)",
+    "    else:",
+    "        try:",
+    "            from modeltrace.environment import probe",
+    "            info.update(probe())",
+    "        except ImportError:",
+    "            pass",
     "print(json.dumps(info))",
 ].join("\n");
 
