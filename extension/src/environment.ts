@@ -46,7 +46,9 @@ export async function offerInstall(
     onInstalled: () => unknown,
     log: (message: string) => void,
 ): Promise<void> {
-    const choice: string | undefined = await vscodeapi.showWarningMessage(message, installChoice, copyChoice);
+    // NOTE: VS Code runs no tasks in an untrusted workspace: there the command can only be copied.
+    const choices: string[] = vscodeapi.isWorkspaceTrusted() ? [installChoice, copyChoice] : [copyChoice];
+    const choice: string | undefined = await vscodeapi.showWarningMessage(message, ...choices);
     if (choice === copyChoice) {
         await vscodeapi.writeClipboard(commandLine(install));
         return;
@@ -55,7 +57,12 @@ export async function offerInstall(
         return;
     }
     log(`Running ${commandLine(install)}`);
-    const exitCode: number | undefined = await runInstall(install);
+    let exitCode: number | undefined;
+    try {
+        exitCode = await runInstall(install);
+    } catch (error) {
+        log(`The install task did not start: ${String(error)}`);
+    }
     if (exitCode === 0) {
         log("Installed; restarting the server.");
         await onInstalled();

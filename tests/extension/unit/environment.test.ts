@@ -114,6 +114,13 @@ describe("missing packages", () => {
         assert.match(vscodeFake.errors[0] ?? "", /pip install 'libcst>=1\.4'` failed \(exit code 1\)/);
     });
 
+    it("offers only to copy the command in an untrusted workspace (no tasks run there)", async () => {
+        vscodeFake.trusted = false;
+        vscodeFake.messageReplies = [undefined];
+        await offerInstall("lacks libcst", install, () => assert.fail("no restart"), () => undefined);
+        assert.deepEqual(vscodeFake.warningItems, [[copyChoice]]);
+    });
+
     it("copies the command, or does nothing when dismissed", async () => {
         vscodeFake.messageReplies = [copyChoice, undefined];
         await offerInstall("lacks libcst", install, () => assert.fail("no restart"), () => undefined);
