@@ -52,6 +52,10 @@ describe("ModelTrace installed from the .vsix alone, with an interpreter that ha
     });
 
     it("names the missing libcst and installs it with pip when the user clicks Install", async () => {
+        // NOTE: the notification came while the workbench was starting, and its toast may be gone by now: the
+        // notification center (the bell) lists it with its buttons, as a person finds it.
+        await sleep(3000);
+        await vscode.commands.executeCommand("notifications.showList");
         const result: DomResult = await askForDomCheck({
             mode: "bundled",
             action: "check",
