@@ -106,6 +106,10 @@ describe("ModelTrace installed from the .vsix alone, with an interpreter that ha
             hints.some((hint) => hint.position.line === line && labelText(hint).startsWith(queryLabel)),
             `the trace gave no ${queryLabel} on the query line:\n${describeHints(hints)}`,
         );
+        // NOTE: the install's terminal panel closed and the traced line brought into view, as a person reads it.
+        await vscode.commands.executeCommand("workbench.action.closePanel");
+        editor = await vscode.window.showTextDocument(document, { preview: false });
+        editor.revealRange(new vscode.Range(line, 0, line, 0), vscode.TextEditorRevealType.InCenter);
         const result: DomResult = await askForDomCheck({
             mode: "bundled",
             action: "check",
