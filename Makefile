@@ -9,7 +9,7 @@ NODE_STAMP := node_modules/.installed
 VSIX := extension/out/modeltrace-0.1.0.vsix
 EXAMPLE := examples/tiny_llama/modeling_tiny_llama.py
 
-.PHONY: demo test test-python test-extension install extension bench clean
+.PHONY: demo test test-python test-package test-extension install extension bench clean
 
 PORT := examples/tiny_llama_port/modeling_tiny_llama_port.py
 REFERENCE := examples/reference/tiny_llama.mtrace
@@ -23,7 +23,11 @@ demo: $(PY_STAMP) $(VSIX)
 	@echo
 	@echo "Traces: build/example.mtrace build/port.mtrace   Extension: $(VSIX)  (code --install-extension $(VSIX))"
 
-test: test-python test-extension
+test: test-python test-package test-extension
+
+# The wheel and sdist installed into a fresh venv (pinned CPU torch only), the CLI and the API run there.
+test-package: $(PY_STAMP) $(VSIX)
+	bash tests/package/run.sh
 
 test-python: $(PY_STAMP)
 	$(VENV)/bin/ruff check pyserver tests bench
@@ -32,7 +36,7 @@ test-python: $(PY_STAMP)
 test-extension: $(PY_STAMP) $(VSIX)
 	npm run --silent typecheck
 	npm run --silent test:unit
-	bash tests/extension/e2e/run.sh
+	E2E_SKIP_BUILD=1 bash tests/extension/e2e/run.sh
 
 install: $(PY_STAMP) $(NODE_STAMP)
 
@@ -49,9 +53,12 @@ $(NODE_STAMP): package.json package-lock.json
 
 extension: $(VSIX)
 
-$(VSIX): $(NODE_STAMP) package.json tsconfig.json $(wildcard extension/src/*.ts)
+# NOTE: the .vsix carries the Python server (extension/bundle_python.py, run by `npm run package`): it is rebuilt
+# when the package's source changes too.
+$(VSIX): $(PY_STAMP) $(NODE_STAMP) package.json tsconfig.json requirements.lock extension/bundle_python.py $(wildcard extension/src/*.ts) \
+		$(shell find pyserver/modeltrace -name '*.py' -o -name '*.c')
 	npm run --silent build
-	npm run --silent package
+	MODELTRACE_BUNDLE_PYTHON=$(PY) npm run --silent package
 
 bench: $(PY_STAMP)
 	$(PY) bench/bench_capture.py

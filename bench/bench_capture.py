@@ -26,6 +26,9 @@ timing:
   worker has answered, so it is not timed), as `worker/job.py` does (job.py's source hashing of the model files is left out).
 - `modeltrace full tensors`: the same with `ModuleCapture(model, full_tensors=True)` and the captured tensors
   written to `tensors.safetensors` inside the trace folder, as `worker/job.py` does.
+- `api capture()`, `api capture() full tensors`: `modeltrace.capture(model, path)` around the forward, as a
+  script or notebook calls it: the same engine in the caller's process, with what the library adds (the modules'
+  construction records, source hashes, the trace written as the CLI writes it) on leaving the block.
 - `debugger repr`: `transformers.model_debugging_utils.model_addition_debugger_context(model, debug_path=tmp,
   do_prune_layers=False, use_repr=True)` around the forward (wrapping every module's forward on entry,
   repr of every tensor and its mean/std/min/max, the `*_FULL_TENSORS.json` and `*_SUMMARY.json` files written
@@ -58,6 +61,8 @@ from pathlib import Path
 
 import torch
 import transformers
+
+import modeltrace
 from transformers import LlamaConfig, LlamaModel
 from transformers.model_debugging_utils import model_addition_debugger_context
 
@@ -139,6 +144,11 @@ def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_t
     return time.perf_counter() - writing
 
 
+def _api(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool) -> None:
+    with torch.no_grad(), modeltrace.capture(model, folder / "api.mtrace", full_tensors=full_tensors):
+        model(input_ids)
+
+
 def _debugger(model: LlamaModel, input_ids: torch.Tensor, folder: Path, use_repr: bool) -> None:
     with torch.no_grad(), model_addition_debugger_context(
         model, debug_path=str(folder / "debug"), do_prune_layers=False, use_repr=use_repr
@@ -161,6 +171,8 @@ def variants() -> dict[str, Callable[[LlamaModel, torch.Tensor, Path], None]]:
         "records only": lambda m, x, f: _modeltrace(m, x, f, False, _RecordsOnly),
         "modeltrace stats": lambda m, x, f: _modeltrace(m, x, f, False),
         "modeltrace full tensors": lambda m, x, f: _modeltrace(m, x, f, True),
+        "api capture()": lambda m, x, f: _api(m, x, f, False),
+        "api capture() full tensors": lambda m, x, f: _api(m, x, f, True),
         "debugger repr": lambda m, x, f: _debugger(m, x, f, True),
         "debugger safetensors": lambda m, x, f: _debugger(m, x, f, False),
     }
@@ -243,6 +255,10 @@ def targets(results: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
         ratio = _paired(tiny, "modeltrace stats", "plain")
         checks.append(("tiny: stats ≤ 1.6× plain", ratio, f"{ratio:.2f}×", ratio <= 1.6))
     for size, rows in (("medium", medium), ("tiny", tiny)):
+        if rows and "api capture()" in rows:
+            ratio = _paired(rows, "api capture()", "modeltrace stats")
+            checks.append((f"{size}: api capture() ≤ 1.15× the CLI's capture (modeltrace stats)", ratio,
+                           f"{ratio:.2f}×", ratio <= 1.15))
         if rows:
             speedup = _paired(rows, "debugger safetensors", "modeltrace full tensors")
             checks.append((f"{size}: full tensors ≥ 3× faster than debugger safetensors", speedup,

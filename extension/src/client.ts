@@ -12,6 +12,7 @@ import {
     type ServerOptions,
     State,
 } from "vscode-languageclient/node";
+import { missingMessage, offerInstall } from "./environment";
 import type { TraceFeedback } from "./feedback";
 import type { DiffGutters } from "./gutters";
 import * as lspExt from "./lsp_ext";
@@ -22,7 +23,10 @@ import {
     findInterpreter,
     type Interpreter,
     type InterpreterCheck,
+    type MissingRequirement,
+    runProcess,
     serverArguments,
+    serverBundle,
     serverExecutable,
 } from "./python";
 import { RestartQueue } from "./restart_queue";
@@ -40,8 +44,10 @@ export class ServerManager implements vscode.Disposable {
     private fallbackCommands: vscode.Disposable[] = [];
     private notRunningReason: string = "ModelTrace: the server is not running.";
     private restarting: Promise<void> | undefined;
-    /** The modelTrace.python value the running server was started with. */
-    private startedWithPython: string | undefined;
+    /** The modelTrace.python and modelTrace.importStrategy values the running server was started with. */
+    private startedWith: string | undefined;
+    /** The install offers already shown this session (interpreter and command): each is made once. */
+    private readonly offeredInstalls: Set<string> = new Set();
     private readonly restarts: RestartQueue = new RestartQueue(() =>
         this.restartOnce().catch((error: unknown) => this.fail(`ModelTrace: restarting the server failed: ${String(error)}`)),
     );
@@ -71,10 +77,13 @@ export class ServerManager implements vscode.Disposable {
         return restart;
     }
 
-    /** Restarts when modelTrace.python changed; the other settings reach the server as didChangeConfiguration. */
+    /**
+     * Restarts when modelTrace.python or modelTrace.importStrategy changed; the other settings reach the server
+     * as didChangeConfiguration.
+     */
     async onSettingsChanged(): Promise<void> {
         // NOTE: granting trust also fires a change of modelTrace.python (a restricted setting), with the same value.
-        if (readSettings(vscodeapi.getConfiguration(settingsSection)).python !== this.startedWithPython) {
+        if (launchKey(readSettings(vscodeapi.getConfiguration(settingsSection))) !== this.startedWith) {
             await this.restart();
         }
     }
@@ -103,19 +112,27 @@ export class ServerManager implements vscode.Disposable {
         this.registerFallbackCommands();
         this.status.show(startingView);
         const settings: ModelTraceSettings = readSettings(vscodeapi.getConfiguration(settingsSection));
-        this.startedWithPython = settings.python;
+        this.startedWith = launchKey(settings);
         const interpreter: Interpreter = await findInterpreter(settings.python, (message: string) =>
             this.outputChannel.warn(message),
         );
         this.outputChannel.info(`Interpreter: ${interpreter.path} (${interpreter.source})`);
-        const check: InterpreterCheck = await checkInterpreter(interpreter);
+        const bundle: string | undefined = serverBundle(settings.importStrategy);
+        this.outputChannel.info(
+            bundle !== undefined
+                ? `Server: the ModelTrace bundled in the extension (${bundle})`
+                : "Server: the interpreter's own modeltrace (modelTrace.importStrategy fromEnvironment, or no bundle)",
+        );
+        const check: InterpreterCheck = await checkInterpreter(interpreter, runProcess, bundle);
         if (!check.ok) {
-            this.fail(check.problem);
+            this.fail(check.problem, check.install);
             return;
         }
         this.outputChannel.info(
-            `Python ${check.probe.version.join(".")} at ${check.probe.executable}, modeltrace ${check.probe.modeltrace}`,
+            `Python ${check.probe.version.join(".")} at ${check.probe.executable}, modeltrace ${check.probe.modeltrace}` +
+                (check.probe.location !== undefined ? ` from ${check.probe.location}` : ""),
         );
+        this.offerMissing(interpreter.path, check.probe.missing ?? [], check.probe.install ?? undefined);
         const trusted: boolean = vscodeapi.isWorkspaceTrusted();
         this.status.restricted = !trusted;
         if (!trusted) {
@@ -146,6 +163,7 @@ export class ServerManager implements vscode.Disposable {
         const serverOptions: ServerOptions = serverExecutable(
             interpreter,
             trusted ? workspaceFolder?.uri.fsPath : codeFreeFolder,
+            serverBundle(settings.importStrategy),
         );
         const clientOptions: LanguageClientOptions = {
             documentSelector: [{ scheme: "file", language: "python" }],
@@ -192,11 +210,30 @@ export class ServerManager implements vscode.Disposable {
         return client;
     }
 
-    private fail(problem: string): void {
+    /** Says once what the interpreter lacks (features that will not work) and offers the command that installs it. */
+    private offerMissing(interpreter: string, missing: readonly MissingRequirement[], install: string[] | undefined): void {
+        if (missing.length === 0 || install === undefined) {
+            return;
+        }
+        const message: string = missingMessage(interpreter, missing, install);
+        this.outputChannel.warn(message);
+        const key: string = `${interpreter}\n${install.join(" ")}`;
+        if (this.offeredInstalls.has(key)) {
+            return;
+        }
+        this.offeredInstalls.add(key);
+        void offerInstall(message, install, () => this.restart(), (line: string) => this.outputChannel.info(line));
+    }
+
+    private fail(problem: string, install?: string[]): void {
         this.outputChannel.error(problem);
         this.status.show(problemView(problem));
         this.notRunningReason = problem;
         this.registerFallbackCommands();
+        if (install !== undefined) {
+            void offerInstall(problem, install, () => this.restart(), (line: string) => this.outputChannel.info(line));
+            return;
+        }
         void vscodeapi.showErrorMessage(problem, "Open Settings", "Show Logs").then((choice: string | undefined) => {
             if (choice === "Open Settings") {
                 void vscodeapi.executeCommand("workbench.action.openSettings", settingsSection);
@@ -232,4 +269,9 @@ export class ServerManager implements vscode.Disposable {
         }
         this.fallbackCommands = [];
     }
+}
+
+/** What a server start depends on beyond didChangeConfiguration: the interpreter setting and the import strategy. */
+function launchKey(settings: ModelTraceSettings): string {
+    return `${settings.python}\n${settings.importStrategy}`;
 }

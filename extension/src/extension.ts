@@ -4,7 +4,7 @@ import type * as vscode from "vscode";
 import { ServerManager } from "./client";
 import { TraceFeedback } from "./feedback";
 import { DiffGutters } from "./gutters";
-import { loadReference, showDiffPlot } from "./reference";
+import { loadReference, loadTrace, showDiffPlot } from "./reference";
 import { settingsSection } from "./settings";
 import { TraceStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
@@ -25,6 +25,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
         feedback,
         manager,
         vscodeapi.registerCommand("modelTrace.loadReference", () => loadReference()),
+        vscodeapi.registerCommand("modelTrace.openTrace", (tracePath?: unknown) => loadTrace(tracePath)),
         vscodeapi.registerCommand("modelTrace.showDiffPlot", () => showDiffPlot(manager.running)),
         vscodeapi.registerCommand("modelTrace.restartServer", () => manager.restart()),
         vscodeapi.registerCommand("modelTrace.showLogs", () => outputChannel.show()),
@@ -32,7 +33,10 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             typeof uri === "string" && typeof line === "number" ? vscodeapi.showLine(uri, line) : undefined,
         ),
         vscodeapi.onDidChangeConfiguration((event: vscode.ConfigurationChangeEvent) => {
-            if (event.affectsConfiguration(`${settingsSection}.python`)) {
+            if (
+                event.affectsConfiguration(`${settingsSection}.python`) ||
+                event.affectsConfiguration(`${settingsSection}.importStrategy`)
+            ) {
                 void manager.onSettingsChanged();
             }
             if (event.affectsConfiguration(`${settingsSection}.statusBar`)) {

@@ -18,9 +18,34 @@ export const serverCommands = {
     loadTrace: "modelTrace.loadTrace",
     /** Arguments: [documentUri: string, path: string] (a trace folder or transformers debugger output). */
     setReference: "modelTrace.setReference",
+    /**
+     * Arguments: [documentUri: string, path: string] (a .mtrace folder): shows the trace's hints on the files it
+     * recorded, found here by content hash, path or name. Result: LoadTraceResult.
+     */
+    loadTrace: "modelTrace.loadTrace",
     /** Arguments: [documentUri: string]. */
     pinReference: "modelTrace.pinReference",
 } as const;
+
+/** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */
+export interface LoadedSourceFile {
+    recorded: string;
+    /** null: not found here. */
+    path: string | null;
+    how: "recorded path" | "same content" | "same name" | "not found";
+    /** The file found differs from the one captured: its hints may be off. */
+    changed: boolean;
+}
+
+export interface LoadTraceResult {
+    ok: boolean;
+    message?: string;
+    modelClass?: string;
+    modules?: number;
+    files?: LoadedSourceFile[];
+    /** The traced model's file as found here; null when the trace names none or it was not found. */
+    modelFile?: string | null;
+}
 
 export type ServerCommand = (typeof serverCommands)[keyof typeof serverCommands];
 

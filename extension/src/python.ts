@@ -1,6 +1,9 @@
 // Finds the Python interpreter that runs the ModelTrace server, and checks it can.
 // Order: the `modelTrace.python` setting, the Python extension's selected environment, `python3`.
+// The server itself is the copy bundled in the extension (extension/out/bundled, `modelTrace.importStrategy`
+// useBundled) with its pure-Python dependencies; what is compiled (torch, numpy, ...) comes from the interpreter.
 import { execFile } from "node:child_process";
+import { existsSync } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import type * as vscode from "vscode";
@@ -94,6 +97,18 @@ export function describeSource(source: InterpreterSource): string {
     }
 }
 
+/** A package the interpreter lacks (`modeltrace.environment.Requirement`). */
+export interface MissingRequirement {
+    /** Import name. */
+    module: string;
+    /** What pip installs. */
+    package: string;
+    /** What does not work without it. */
+    needed_for: string;
+    /** The server cannot start without it. */
+    server: boolean;
+}
+
 /** What the check script prints, as JSON on one line. */
 export interface InterpreterProbe {
     version: [number, number, number];
@@ -102,6 +117,12 @@ export interface InterpreterProbe {
     modeltrace: string | null;
     /** Why `import modeltrace` failed. */
     error: string | null;
+    /** Where modeltrace was imported from (the bundle's copy or the environment's). */
+    location?: string;
+    /** What the interpreter lacks (`modeltrace.environment.probe`); absent from a modeltrace without it. */
+    missing?: MissingRequirement[];
+    /** The command that installs `missing` into the interpreter's environment; null when nothing is missing. */
+    install?: string[] | null;
 }
 
 // NOTE: kept valid Python 2 so that an old interpreter reports its version instead of a SyntaxError.
@@ -112,8 +133,15 @@ export const probeScript: string = [
     "    try:",
     "        import modeltrace",
     "        info['modeltrace'] = str(getattr(modeltrace, '__version__', 'unknown'))",
+    "        info['location'] = modeltrace.__file__",
     "    except Exception as e:",
     "        info['error'] = '%s: %s' % (type(e).__name__, e)",
+    "    else:",
+    "        try:",
+    "            from modeltrace.environment import probe",
+    "            info.update(probe())",
+    "        except ImportError:",
+    "            pass",
     "print(json.dumps(info))",
 ].join("\n");
 
@@ -124,24 +152,42 @@ export interface ProcessResult {
     error?: { code?: string | number | null; message: string };
 }
 
-export type RunProcess = (command: string, args: string[]) => Promise<ProcessResult>;
+export type RunProcess = (command: string, args: string[], env?: NodeJS.ProcessEnv) => Promise<ProcessResult>;
+
+export type ImportStrategy = "useBundled" | "fromEnvironment";
+
+/** The ModelTrace server bundled in this extension (`npm run package` writes it): `tool/`, `libs/`, `fallback/`. */
+export const bundledServerFolder: string = path.join(__dirname, "bundled");
+
+/** The bundle folder to run the server from, or undefined: the interpreter's own modeltrace (dev checkouts). */
+export function serverBundle(strategy: ImportStrategy, folder: string = bundledServerFolder): string | undefined {
+    return strategy === "useBundled" && existsSync(path.join(folder, "tool", "modeltrace")) ? folder : undefined;
+}
 
 /**
  * The environment the server and the interpreter probe run in. PYTHONSAFEPATH (Python 3.11+): `-m` and `-c`
  * put the working folder first on sys.path, so a workspace file named like a module the server imports
  * (`modeltrace.py`, `msgpack.py`, ...) would be imported, and run, in place of the real one.
+ * With a bundle, its `tool/` (the modeltrace package) goes first on PYTHONPATH, and MODELTRACE_BUNDLE tells
+ * modeltrace where its bundled libraries are (`modeltrace.bundled`); the trace worker inherits both.
  */
-export function pythonEnvironment(base: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
-    return { ...base, PYTHONUNBUFFERED: "1", PYTHONSAFEPATH: "1" };
+export function pythonEnvironment(base: NodeJS.ProcessEnv = process.env, bundle?: string): NodeJS.ProcessEnv {
+    const environment: NodeJS.ProcessEnv = { ...base, PYTHONUNBUFFERED: "1", PYTHONSAFEPATH: "1" };
+    if (bundle !== undefined) {
+        const tool: string = path.join(bundle, "tool");
+        environment.PYTHONPATH = base.PYTHONPATH ? `${tool}${path.delimiter}${base.PYTHONPATH}` : tool;
+        environment.MODELTRACE_BUNDLE = bundle;
+    }
+    return environment;
 }
 
 /** A folder holding no Python code (this bundle's own): the working folder where the workspace must not be one. */
 export const codeFreeFolder: string = __dirname;
 
-export const runProcess: RunProcess = (command: string, args: string[]): Promise<ProcessResult> =>
+export const runProcess: RunProcess = (command: string, args: string[], env?: NodeJS.ProcessEnv): Promise<ProcessResult> =>
     new Promise((resolve) => {
         // NOTE: not in the workspace: Python < 3.11 ignores PYTHONSAFEPATH and `-c` puts the working folder on sys.path.
-        const options = { timeout: 30_000, windowsHide: true, cwd: codeFreeFolder, env: pythonEnvironment() };
+        const options = { timeout: 30_000, windowsHide: true, cwd: codeFreeFolder, env: env ?? pythonEnvironment() };
         execFile(command, args, options, (error, stdout, stderr) => {
             resolve({ stdout: String(stdout), stderr: String(stderr), error: error ?? undefined });
         });
@@ -149,12 +195,30 @@ export const runProcess: RunProcess = (command: string, args: string[]): Promise
 
 export type InterpreterCheck =
     | { ok: true; probe: InterpreterProbe }
-    | { ok: false; problem: string };
+    | { ok: false; problem: string; install?: string[] };
 
-/** Runs the interpreter once: is it there, is it Python >= 3.10, can it `import modeltrace`? Says plainly what is missing. */
-export async function checkInterpreter(interpreter: Interpreter, run: RunProcess = runProcess): Promise<InterpreterCheck> {
+/** "numpy (statistics and the diff), libcst (quick fixes)": what is missing and what it is for. */
+export function describeMissing(missing: readonly MissingRequirement[]): string {
+    return missing.map((requirement: MissingRequirement) => `${requirement.module} (${requirement.needed_for})`).join(", ");
+}
+
+/** A command line as a person types it, arguments with spaces or shell characters quoted. */
+export function commandLine(command: readonly string[]): string {
+    return command.map((part: string) => (/^[\w@%+=:,./-]+$/.test(part) ? part : `'${part.replace(/'/g, "'\\''")}'`)).join(" ");
+}
+
+/**
+ * Runs the interpreter once (in the environment the server gets, `bundle` included): is it there, is it
+ * Python >= 3.10, can it `import modeltrace`, does it have what the server cannot start without? Says plainly
+ * what is missing. Missing packages that only disable a feature are left in `probe.missing` for the caller.
+ */
+export async function checkInterpreter(
+    interpreter: Interpreter,
+    run: RunProcess = runProcess,
+    bundle?: string,
+): Promise<InterpreterCheck> {
     const name: string = `${interpreter.path} (${describeSource(interpreter.source)})`;
-    const result: ProcessResult = await run(interpreter.path, ["-c", probeScript]);
+    const result: ProcessResult = await run(interpreter.path, ["-c", probeScript], pythonEnvironment(process.env, bundle));
     if (result.error?.code === "ENOENT") {
         return {
             ok: false,
@@ -181,12 +245,22 @@ export async function checkInterpreter(interpreter: Interpreter, run: RunProcess
         };
     }
     if (probe.modeltrace === null) {
+        const advice: string =
+            bundle === undefined
+                ? `Install it into that environment with \`${interpreter.path} -m pip install -e <ModelTrace checkout>\`, ` +
+                  "set modelTrace.importStrategy to useBundled (the server this extension carries), " +
+                  "or set modelTrace.python to an interpreter that has it."
+                : "Set modelTrace.python to another interpreter, or see the logs (Model Trace: Show Logs).";
+        return { ok: false, problem: `ModelTrace: ${name} cannot import modeltrace (${probe.error ?? "unknown error"}). ${advice}` };
+    }
+    const blocking: MissingRequirement[] = (probe.missing ?? []).filter((requirement: MissingRequirement) => requirement.server);
+    if (blocking.length > 0) {
         return {
             ok: false,
             problem:
-                `ModelTrace: ${name} cannot import modeltrace (${probe.error ?? "unknown error"}). ` +
-                `Install it into that environment with \`${interpreter.path} -m pip install -e <ModelTrace checkout>/pyserver\`, ` +
-                "or set modelTrace.python to an interpreter that has it.",
+                `ModelTrace: ${name} lacks ${describeMissing(blocking)}; the server cannot start without it. ` +
+                `Install it with \`${commandLine(probe.install ?? [])}\`, or set modelTrace.python to an interpreter that has it.`,
+            install: probe.install ?? undefined,
         };
     }
     return { ok: true, probe };
@@ -199,12 +273,12 @@ export const serverArguments: readonly string[] = ["-m", "modeltrace", "serve"];
  * (the workspace folder when it is trusted: model code may open files relative to it; the caller passes
  * `codeFreeFolder` otherwise, since Python < 3.11 ignores PYTHONSAFEPATH and `-m` puts the working folder on sys.path).
  */
-export function serverExecutable(interpreter: Interpreter, cwd: string | undefined): Executable {
+export function serverExecutable(interpreter: Interpreter, cwd: string | undefined, bundle?: string): Executable {
     // NOTE: no `transport`: with TransportKind.stdio languageclient appends `--stdio`, which `serve` rejects.
     // Without one it still talks over the child's stdin/stdout.
     return {
         command: interpreter.path,
         args: [...serverArguments],
-        options: { cwd, env: pythonEnvironment() },
+        options: { cwd, env: pythonEnvironment(process.env, bundle) },
     };
 }

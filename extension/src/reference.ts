@@ -36,6 +36,36 @@ export async function loadReference(): Promise<unknown> {
     return vscodeapi.executeCommand(lspExt.serverCommands.setReference, document.uri.toString(), chosen[0].fsPath);
 }
 
+/**
+ * "Load Trace…": a `.mtrace` folder (from the CLI, CI, or a script's `modeltrace.capture`) shown on the files it
+ * recorded. The server finds them here by content hash, path or name; the traced model's file is then opened
+ * (when it was found and is not the active document).
+ */
+export async function loadTrace(tracePath?: unknown): Promise<lspExt.LoadTraceResult | undefined> {
+    let chosen: string | undefined = typeof tracePath === "string" && tracePath !== "" ? tracePath : undefined;
+    if (chosen === undefined) {
+        const picked: vscode.Uri[] | undefined = await vscodeapi.showOpenDialog({
+            title: "Trace to show: a .mtrace folder",
+            openLabel: "Load Trace",
+            canSelectFiles: false,
+            canSelectFolders: true,
+            canSelectMany: false,
+        });
+        chosen = picked?.[0]?.fsPath;
+    }
+    if (chosen === undefined) {
+        return undefined;
+    }
+    const active: vscode.TextDocument | undefined = activePythonDocument();
+    const owner: string = active?.uri.toString() ?? vscodeapi.fileUri(chosen).toString();
+    const result: lspExt.LoadTraceResult | undefined = await vscodeapi.executeCommand(lspExt.serverCommands.loadTrace, owner, chosen);
+    const modelFile: string | null | undefined = result?.modelFile;
+    if (result?.ok && modelFile && (active === undefined || active.uri.fsPath !== modelFile)) {
+        await vscodeapi.openFile(modelFile);
+    }
+    return result;
+}
+
 /** "Show Difference Plot": the active document's latest diff against its reference. */
 export async function showDiffPlot(client: LanguageClient | undefined): Promise<vscode.WebviewPanel | undefined> {
     const document: vscode.TextDocument | undefined = activePythonDocument();

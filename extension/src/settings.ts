@@ -1,6 +1,7 @@
 // Typed view of the `modelTrace.*` settings and the initializationOptions sent to the server.
 // The server gets every setting once at start, then `workspace/didChangeConfiguration` on changes.
 import type * as vscode from "vscode";
+import type { ImportStrategy } from "./python";
 
 export const settingsSection = "modelTrace";
 
@@ -11,6 +12,8 @@ export type HintPlacement = "afterName" | "endOfLine";
 export interface ModelTraceSettings {
     /** Interpreter path; "" means: ask the Python extension, else python3. */
     python: string;
+    /** The server this extension bundles (useBundled), or the interpreter's own modeltrace (fromEnvironment). */
+    importStrategy: ImportStrategy;
     device: string;
     dtype: TraceDtype;
     hintDetail: HintDetail;
@@ -51,6 +54,7 @@ export interface ModelTraceSettings {
 
 export const defaultSettings: Readonly<ModelTraceSettings> = {
     python: "",
+    importStrategy: "useBundled",
     device: "cpu",
     dtype: "float32",
     hintDetail: "dtype",
@@ -79,6 +83,7 @@ export interface InitializationOptions {
     workspaceTrusted: boolean;
 }
 
+const importStrategies: readonly ImportStrategy[] = ["useBundled", "fromEnvironment"];
 const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
 const hintPlacements: readonly HintPlacement[] = ["afterName", "endOfLine"];
@@ -116,6 +121,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const gradientHints: unknown = configuration.get("gradientHints");
     return {
         python: typeof python === "string" ? python.trim() : defaultSettings.python,
+        importStrategy: oneOf(configuration.get("importStrategy"), importStrategies, defaultSettings.importStrategy),
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
         dtype: oneOf(configuration.get("dtype"), dtypes, defaultSettings.dtype),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),

@@ -97,3 +97,32 @@ export async function showLine(uri: string, line: number): Promise<void> {
     const position: vscode.Position = new vscode.Position(line, 0);
     await vscode.window.showTextDocument(document, { selection: new vscode.Range(position, position), preview: false });
 }
+
+/** Runs `command args` as a task in a terminal (its output visible to the user). */
+export function executeProcessTask(name: string, command: string, args: string[]): Thenable<vscode.TaskExecution> {
+    const task: vscode.Task = new vscode.Task(
+        { type: "modelTrace" },
+        vscode.TaskScope.Workspace,
+        name,
+        "ModelTrace",
+        new vscode.ProcessExecution(command, args),
+    );
+    return vscode.tasks.executeTask(task);
+}
+
+export function onDidEndTaskProcess(listener: (event: vscode.TaskProcessEndEvent) => void): vscode.Disposable {
+    return vscode.tasks.onDidEndTaskProcess(listener);
+}
+
+export function writeClipboard(text: string): Thenable<void> {
+    return vscode.env.clipboard.writeText(text);
+}
+
+export function fileUri(path: string): vscode.Uri {
+    return vscode.Uri.file(path);
+}
+
+export async function openFile(path: string): Promise<void> {
+    const document: vscode.TextDocument = await vscode.workspace.openTextDocument(vscode.Uri.file(path));
+    await vscode.window.showTextDocument(document, { preview: false });
+}

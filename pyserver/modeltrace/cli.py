@@ -260,6 +260,10 @@ def _export_command(arguments: argparse.Namespace) -> int:
 
 
 def _serve_command(arguments: argparse.Namespace) -> int:
+    from modeltrace.bundled import add_server_libraries
+
+    # NOTE: started from the VS Code extension's bundle: its pygls/lsprotocol come first (see `bundled`).
+    add_server_libraries()
     from modeltrace.lsp.server import serve
 
     serve()

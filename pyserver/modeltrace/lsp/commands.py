@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
+from pygls.uris import from_fs_path, to_fs_path
 
 from modeltrace.errors import TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.codelens import document_classes
-from modeltrace.lsp.diagnostics import clear_failure, publish_failure
-from modeltrace.lsp.loading import load_trace, settle_memory
+from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, clear_failure, publish_failure, publish_source_notes
+from modeltrace.lsp.loading import load_trace, load_trace_here, settle_memory
 from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.status import ServerState, notify_status
 from modeltrace.lsp.store import LoadedTrace, TraceRequest
+from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
 
@@ -219,6 +221,7 @@ async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | Non
         return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
     install(ls, loaded)
     clear_failure(ls, path)
+    publish_source_notes(ls, path, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
         f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result['seconds']:.1f} s)"
@@ -304,6 +307,7 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     owner = loaded.owner if loaded is not None else path
     ls.store.remove(owner)
     clear_failure(ls, owner)
+    publish_source_notes(ls, owner, [])
     forget_diff(ls, owner)
     ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
@@ -311,23 +315,85 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
 
 
 async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
-    """`modelTrace.loadTrace [uri, trace folder]`: show an existing trace (from the CLI, CI, a colleague).
+    """`modelTrace.loadTrace [uri, trace folder]`: show an existing trace (from the CLI, CI, a script's
+    `modeltrace.capture`, a colleague).
 
-    Reading a trace runs no code, so this works in untrusted workspaces too.
+    The trace's source files are looked for here (`trace.relocate`: by content hash, then by path and name), so
+    a trace captured in another folder or on another machine shows its hints on this workspace's copies; a file
+    that changed since the capture gets a note (an Information diagnostic), and the trace is marked stale. The
+    result lists where each recorded file was found (`files`). Reading a trace runs no code, so this works in
+    untrusted workspaces too.
     """
     if len(arguments) != 2 or not all(isinstance(argument, str) for argument in arguments):
         return _refuse(ls, "ModelTrace: modelTrace.loadTrace needs a document URI and the path of a .mtrace folder")
-    uri, trace_path = arguments
+    uri, text = arguments
     path = ls.uri_to_path(uri)
     if path is None:
         return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
+    trace_path = workspace_path(ls, text)
+    roots = [to_fs_path(folder.uri) for folder in ls.workspace.folders.values()] + [str(Path(path).parent)]
+    open_texts = {
+        document_path: document.source
+        for document_uri, document in list(ls.workspace.text_documents.items())
+        if (document_path := ls.uri_to_path(document_uri)) is not None
+    }
     try:
-        loaded = await asyncio.to_thread(load_trace, path, uri, trace_path)
+        loaded, matches = await asyncio.to_thread(
+            load_trace_here, path, uri, trace_path, [root for root in roots if root], open_texts
+        )
     except TraceFormatError as error:
         return _refuse(ls, f"ModelTrace: {error}")
     install(ls, loaded)
-    notify_status(ls, ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri)
-    return {"ok": True, "modelClass": loaded.model_class, "modules": loaded.call_count}
+    shown = [match for match in matches if match.found in loaded.files]
+    publish_source_notes(ls, path, [_changed_note(ls, trace_path, match) for match in shown if match.changed])
+    message = _load_message(trace_path, loaded, shown)
+    if message is not None:
+        ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
+    notify_status(ls, ServerState.STALE if loaded.stale else ServerState.IDLE,
+                  f"{loaded.model_class}: loaded {trace_path}", uri)
+    return {
+        "ok": True,
+        "modelClass": loaded.model_class,
+        "modules": loaded.call_count,
+        "files": [match.to_json() for match in matches],
+        "modelFile": _found_model_file(loaded, matches),
+    }
+
+
+def _found_model_file(loaded: LoadedTrace, matches: list[SourceMatch]) -> str | None:
+    """The traced model's file here (relocated with the records), when it was found."""
+    model_file = loaded.trace.model.get("file")
+    found = {match.found for match in matches if match.found is not None}
+    return model_file if isinstance(model_file, str) and model_file in found else None
+
+
+def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> tuple[str, types.Diagnostic]:
+    """An Information diagnostic on the first line of a file that differs from the one the trace captured."""
+    document = ls.open_document(str(match.found))
+    uri = document.uri if document is not None else from_fs_path(str(match.found))
+    recorded = "" if match.recorded == match.found else f" (recorded as {match.recorded})"
+    return uri, types.Diagnostic(
+        range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+        message=(f"This file changed since {Path(trace_path).name} was captured{recorded}: its hints sit on the "
+                 "lines the trace recorded, which edits may have moved. Trace it again for exact hints."),
+        severity=types.DiagnosticSeverity.Information,
+        source=DIAGNOSTIC_SOURCE,
+    )
+
+
+def _load_message(trace_path: str, loaded: LoadedTrace, shown: list[SourceMatch]) -> str | None:
+    """What the user is told after a load when its files were not simply where the trace recorded them."""
+    moved = [match for match in shown if match.how != AT_RECORDED_PATH]
+    changed = [match for match in shown if match.changed]
+    if not moved and not changed:
+        return None
+    parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
+    if moved:
+        parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
+    if changed:
+        parts.append(f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
+                     "hints may be off by the lines edited since (marked stale)")
+    return "; ".join(parts)
 
 
 def _owner(ls: ModelTraceServer, path: str) -> str:

@@ -68,11 +68,21 @@ def publish_divergence(ls: ModelTraceServer, owner: str, located: tuple[str, typ
         _publish(ls, uri)
 
 
+def publish_source_notes(ls: ModelTraceServer, owner: str, located: list[tuple[str, types.Diagnostic]]) -> None:
+    """Replace the owner's notes on files changed since its trace was captured (an empty list: remove them)."""
+    previous = ls.source_notes.pop(owner, [])
+    if located:
+        ls.source_notes[owner] = located
+    for uri in {where for where, _ in (*previous, *located)}:
+        _publish(ls, uri)
+
+
 def _publish(ls: ModelTraceServer, uri: str) -> None:
     # NOTE: a publish replaces all of a URI's diagnostics, and several traced files can fail in one shared file.
+    notes = [item for items in ls.source_notes.values() for item in items]
     diagnostics = [
         diagnostic
-        for where, diagnostic in (*ls.failures.values(), *ls.divergences.values())
+        for where, diagnostic in (*ls.failures.values(), *ls.divergences.values(), *notes)
         if where == uri
     ]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 
 from modeltrace.lsp.store import LoadedTrace, build_loaded_trace
+from modeltrace.trace.relocate import SourceMatch, locate_sources, relocate
 from modeltrace.trace.storage import read_trace
 
 
@@ -24,6 +25,25 @@ def load_trace(owner: str, uri: str, trace_path: str) -> LoadedTrace:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def load_trace_here(
+    owner: str, uri: str, trace_path: str, roots: list[str], open_texts: dict[str, str]
+) -> tuple[LoadedTrace, list[SourceMatch]]:
+    """`load_trace` for a trace captured elsewhere ("Load Trace…"): its records are pointed at the files found
+    here (`trace.relocate`), and it is marked stale when one of them changed since the capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        trace = read_trace(trace_path, inputs=False)
+        matches = locate_sources(trace, roots, open_texts)
+        relocate(trace, matches)
+        loaded = build_loaded_trace(owner, uri, trace_path, trace)
+    finally:
+        if was_enabled:
+            gc.enable()
+    loaded.stale = any(match.changed for match in matches if match.found in loaded.files)
+    return loaded, matches
 
 
 # Traces with fewer calls are not worth a full collection each time one is installed.

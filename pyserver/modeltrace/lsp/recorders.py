@@ -8,11 +8,12 @@ trace failures and divergences the server pushes with `publishDiagnostics` on th
 from __future__ import annotations
 
 import difflib
+import logging
 
 from lsprotocol import types
 
 from modeltrace.lsp.server import ModelTraceServer
-from modeltrace.recorders import analyze_source, apply_fixes
+from modeltrace.recorders import analyze_source
 from modeltrace.recorders.static import Analysis, Problem
 
 SOURCE = "ModelTrace recorders"
@@ -20,6 +21,8 @@ DIAGNOSTIC_OPTIONS = types.DiagnosticOptions(
     inter_file_dependencies=False, workspace_diagnostics=False, identifier="modeltrace-recorders"
 )
 CODE_ACTION_OPTIONS = types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix])
+
+logger = logging.getLogger(__name__)
 
 _cache: dict[tuple[str, int | None], tuple[str, Analysis]] = {}
 
@@ -93,6 +96,13 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
     source, analysis = found
     wanted = params.context.only
     if wanted and not any(kind.startswith(types.CodeActionKind.QuickFix) for kind in wanted):
+        return None
+    try:
+        from modeltrace.recorders.fixes import apply_fixes
+    except ImportError as error:
+        # NOTE: libcst missing from the interpreter (the extension names it and offers to install it): the
+        # problems stay diagnostics, without their fixes.
+        logger.warning("no quick fixes: %s", error)
         return None
     first, last = params.range.start.line + 1, params.range.end.line + 1
     actions = []

@@ -50,6 +50,8 @@ class ModelTraceServer(LanguageServer):
         self.references: dict[str, str] = {}
         self.diffs: dict[str, DocumentDiff] = {}
         self.divergences: dict[str, tuple[str, types.Diagnostic]] = {}
+        # Notes on the files of a loaded trace that changed since it was captured ("Load Trace…"), by owner.
+        self.source_notes: dict[str, list[tuple[str, types.Diagnostic]]] = {}
         self.class_cache: dict[str, tuple[int | None, list[ModuleClass]]] = {}
         self.background_tasks: set[asyncio.Task] = set()
         self.trace_lock = asyncio.Lock()

@@ -1,13 +1,16 @@
 // End-to-end test of the built .vsix in a real VS Code: code-server (VS Code 1.139 web workbench and a
 // real Node extension host) driven by Debian's Chromium through playwright-core. See run.sh for installs.
 //
-// For each mode (trusted, untrusted) it starts a fresh code-server, installs the .vsix, opens the
+// For each mode (trusted, untrusted, bundled) it starts a fresh code-server, installs the .vsix, opens the
 // workspace and runs the mocha suite tests/extension/e2e/suite/<mode>.test.ts INSIDE the extension host
 // (the smoke-test-driver payload: extensionDevelopmentPath = a test-only host extension,
 // extensionTestsPath = the bundled suite). When the suite has its hints it writes ready.json in the run
 // folder; this script then checks the DOM, takes the screenshot and answers in dom-result.json.
 //
-//   node tests/extension/e2e/run.mjs [--mode trusted|untrusted|all] [--workspace DIR] [--python PATH] [--keep]
+//   node tests/extension/e2e/run.mjs [--mode trusted|untrusted|bundled|all] [--workspace DIR] [--python PATH]
+//                                    [--user-python PATH] [--keep]
+// The bundled mode runs the server the .vsix carries with --user-python: an interpreter with torch and
+// transformers but no ModelTrace (nor pygls, msgpack, libcst), as a user has who installs only the extension.
 import { spawn, spawnSync } from "node:child_process";
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
@@ -24,6 +27,7 @@ const { values: options } = parseArgs({
         mode: { type: "string", default: "all" },
         workspace: { type: "string", default: join(repo, "examples") },
         python: { type: "string", default: join(repo, ".venv/bin/python") },
+        "user-python": { type: "string", default: process.env.E2E_USER_PYTHON ?? join(repo, ".e2e/torch-venv/bin/python") },
         keep: { type: "boolean", default: false },
     },
 });
@@ -89,17 +93,52 @@ function prepareRunFolder(mode) {
         "editor.fontSize": 14,
         // NOTE: no startup trust dialog: an untrusted folder opens straight in restricted mode.
         "security.workspace.trust.startupPrompt": "never",
-        "modelTrace.python": options.python,
+        "modelTrace.python": interpreterFor(mode),
     };
     writeFileSync(join(runDir, "user-data/User/settings.json"), JSON.stringify(settings, null, 2));
     // NOTE: code-server's window is a remote one: machine-scoped settings (modelTrace.python is
     // machine-overridable) are read from the remote machine's settings, not from the user's.
-    writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": options.python }, null, 2));
+    writeFileSync(join(runDir, "user-data/Machine/settings.json"), JSON.stringify({ "modelTrace.python": interpreterFor(mode) }, null, 2));
     plantTraps(runDir, workspace, mode);
     if (mode === "trusted") {
         copyModelFolder(workspace);
     }
+    if (mode === "bundled") {
+        captureElsewhere(runDir, workspace);
+    }
     return { runDir, workspace };
+}
+
+/** The interpreter a mode's VS Code runs ModelTrace with. */
+function interpreterFor(mode) {
+    return mode === "bundled" ? options["user-python"] : options.python;
+}
+
+/**
+ * A trace a script captured with `modeltrace.capture` (the repo's .venv) from its own copy of the example, in a
+ * folder removed afterwards (as on another machine): RUN/captured/example.mtrace. Load Trace must find the
+ * workspace's copy of the file by its content.
+ */
+function captureElsewhere(runDir, workspace) {
+    const elsewhere = join(runDir, "elsewhere");
+    cpSync(join(workspace, "tiny_llama"), join(elsewhere, "tiny_llama"), { recursive: true });
+    const script = [
+        "import sys, torch, modeltrace",
+        "sys.path.insert(0, sys.argv[1])",
+        "from tiny_llama.configuration_tiny_llama import TinyLlamaConfig",
+        "from tiny_llama.modeling_tiny_llama import TinyLlamaModel",
+        "torch.manual_seed(0)",
+        "model = TinyLlamaModel(TinyLlamaConfig()).eval()",
+        "with torch.no_grad(), modeltrace.capture(model, sys.argv[2], lines=True):",
+        "    model(input_ids=torch.tensor([[1, 17, 42, 99, 5, 63, 120]]))",
+    ].join("\n");
+    const trace = join(runDir, "captured", "example.mtrace");
+    const captured = spawnSync(options.python, ["-c", script, elsewhere, trace], { encoding: "utf8", timeout: 300_000 });
+    if (captured.status !== 0) {
+        throw new Error(`capturing the example with modeltrace.capture failed: ${captured.stderr}`);
+    }
+    rmSync(elsewhere, { recursive: true, force: true });
+    log(`captured ${trace} from a copy of the example that is gone now`);
 }
 
 /** A copy of the installed transformers' models/qwen3/ folder, as a port starts: copied/qwen3/ in the workspace. */
@@ -164,6 +203,8 @@ function codeServerEnv(runDir, mode) {
         MODELTRACE_E2E_MODE: mode,
         MODELTRACE_E2E_RUN_DIR: runDir,
         MODELTRACE_E2E_EXTENSIONS_DIR: join(runDir, "extensions"),
+        MODELTRACE_E2E_PYTHON: interpreterFor(mode),
+        MODELTRACE_E2E_CAPTURED_TRACE: join(runDir, "captured", "example.mtrace"),
     };
 }
 
@@ -191,7 +232,7 @@ async function startCodeServer(runDir, workspace, mode, env) {
         "--extensions-dir", join(runDir, "extensions"),
         "--disable-telemetry",
         "--disable-update-check",
-        ...(mode === "trusted" ? ["--disable-workspace-trust"] : []),
+        ...(mode !== "untrusted" ? ["--disable-workspace-trust"] : []),
         "--disable-getting-started-override",
         "--reconnection-grace-time", "30",
         "--vscode-option", "enable-smoke-test-driver",
@@ -541,6 +582,20 @@ async function checkDom(page, request, runDir) {
         }
         await page.mouse.move(700, 400);
     }
+    if (request.clickNotificationButton !== undefined) {
+        // After the screenshot: a person clicks the notification's button (it runs what it offers).
+        const { notification, button } = request.clickNotificationButton;
+        const item = page.locator(".notification-list-item", { hasText: notification }).first();
+        const target = item.locator(".monaco-button", { hasText: button }).first();
+        try {
+            await target.waitFor({ state: "visible", timeout: 20_000 });
+            await target.click();
+            log(`clicked "${button}" on the notification ${JSON.stringify(notification)}`);
+        } catch {
+            const buttons = await item.locator(".monaco-button").allTextContents().catch(() => []);
+            failures.push(`no "${button}" button on the notification ${JSON.stringify(notification)} (buttons: ${JSON.stringify(buttons)})`);
+        }
+    }
     return { step: request.step, ok: failures.length === 0, failures };
 }
 
@@ -629,12 +684,15 @@ async function main() {
     if (!existsSync(options.python)) {
         throw new Error(`${options.python} is missing: create the repo's .venv (pip install -e pyserver) or pass --python`);
     }
+    if ((options.mode === "all" || options.mode === "bundled") && !existsSync(options["user-python"])) {
+        throw new Error(`${options["user-python"]} is missing: run tests/extension/e2e/run.sh (it creates it) or pass --user-python`);
+    }
     const vsix = findVsix();
     const build = spawnSync(process.execPath, [join(repo, "extension/esbuild.mjs"), "--e2e"], { stdio: "inherit" });
     if (build.status !== 0) {
         throw new Error("building the extension-host test suite failed");
     }
-    const modes = options.mode === "all" ? ["trusted", "untrusted"] : [options.mode];
+    const modes = options.mode === "all" ? ["trusted", "untrusted", "bundled"] : [options.mode];
     const started = Date.now();
     let passed = 0;
     for (const mode of modes) {

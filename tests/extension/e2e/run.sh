@@ -3,7 +3,7 @@
 # Installs what is missing under .e2e/ (see shared REAL_VSCODE.md), then runs run.mjs.
 #   tests/extension/e2e/run.sh            install if needed, build the .vsix, run both modes
 #   tests/extension/e2e/run.sh --install  install only
-#   tests/extension/e2e/run.sh --mode trusted|untrusted [--keep] [--workspace DIR] [--python PATH]
+#   tests/extension/e2e/run.sh --mode trusted|untrusted|bundled [--keep] [--workspace DIR] [--python PATH]
 #                                         options are passed to run.mjs
 set -euo pipefail
 
@@ -45,6 +45,20 @@ if [ ! -x "$CODE_SERVER_BIN" ] || [ "$(cat "$CODE_SERVER_DIR/.installed" 2>/dev/
     npm install --no-save --no-audit --no-fund --loglevel=error "code-server@$CODE_SERVER_VERSION")
   echo "$CODE_SERVER_VERSION" > "$CODE_SERVER_DIR/.installed"
 fi
+
+# The bundled mode's interpreter: torch and transformers (pinned), nothing of ModelTrace.
+TORCH_VENV="$E2E/torch-venv"
+if [ ! -x "$TORCH_VENV/bin/python" ] || ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
+  log "creating $TORCH_VENV: torch and transformers, no ModelTrace (about 2 minutes)"
+  rm -rf "$TORCH_VENV"
+  python3 -m venv "$TORCH_VENV"
+  "$TORCH_VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+  "$TORCH_VENV/bin/pip" install -q --disable-pip-version-check -c "$REPO/requirements.lock" transformers 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+# NOTE: the bundled mode clicks "Install" on the missing-libcst notification: each run starts without it.
+"$TORCH_VENV/bin/pip" uninstall -y -q libcst >/dev/null 2>&1 || true
+export E2E_USER_PYTHON="${E2E_USER_PYTHON:-$TORCH_VENV/bin/python}"
 
 if [ ! -d "$REPO/node_modules/playwright-core" ] || [ ! -d "$REPO/node_modules/mocha" ]; then
   log "installing the extension's npm devDependencies (npm ci)"

@@ -132,7 +132,8 @@ describe("checkInterpreter", () => {
             !check.ok && check.problem,
             "ModelTrace: /venv/bin/python (from the modelTrace.python setting) cannot import modeltrace " +
                 "(ModuleNotFoundError: No module named 'modeltrace'). Install it into that environment with " +
-                "`/venv/bin/python -m pip install -e <ModelTrace checkout>/pyserver`, or set modelTrace.python to an interpreter that has it.",
+                "`/venv/bin/python -m pip install -e <ModelTrace checkout>`, set modelTrace.importStrategy to useBundled " +
+                "(the server this extension carries), or set modelTrace.python to an interpreter that has it.",
         );
     });
 

@@ -11,6 +11,7 @@ describe("settings", () => {
 
     it("reads every modelTrace setting into the initializationOptions, with the trust flag", () => {
         vscodeFake.settings.set("modelTrace.python", " /venv/bin/python ");
+        vscodeFake.settings.set("modelTrace.importStrategy", "fromEnvironment");
         vscodeFake.settings.set("modelTrace.device", "cuda:1");
         vscodeFake.settings.set("modelTrace.dtype", "bfloat16");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
@@ -36,6 +37,7 @@ describe("settings", () => {
         assert.deepEqual(options, {
             settings: {
                 python: "/venv/bin/python",
+                importStrategy: "fromEnvironment",
                 device: "cuda:1",
                 dtype: "bfloat16",
                 hintDetail: "stats",
@@ -100,11 +102,11 @@ describe("settings", () => {
         assert.deepEqual(contributed["modelTrace.hintPlacement"]?.enum, ["afterName", "endOfLine"]);
     });
 
-    it("keeps modelTrace.python out of reach of untrusted workspace settings", () => {
+    it("keeps modelTrace.python and importStrategy out of reach of untrusted workspace settings", () => {
         const manifest = JSON.parse(readFileSync(join(__dirname, "../../../package.json"), "utf8")) as {
             capabilities: { untrustedWorkspaces: { supported: string; restrictedConfigurations: string[] } };
         };
         assert.equal(manifest.capabilities.untrustedWorkspaces.supported, "limited");
-        assert.deepEqual(manifest.capabilities.untrustedWorkspaces.restrictedConfigurations, ["modelTrace.python"]);
+        assert.deepEqual(manifest.capabilities.untrustedWorkspaces.restrictedConfigurations, ["modelTrace.python", "modelTrace.importStrategy"]);
     });
 });

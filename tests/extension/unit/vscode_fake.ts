@@ -109,6 +109,11 @@ function createFake() {
         statusItems: [] as FakeLanguageStatusItem[],
         visibleEditors: [] as FakeEditor[],
         decorationTypes: [] as FakeDecorationType[],
+        /** Tasks run with `tasks.executeTask`: the command line of their ProcessExecution. */
+        executedTasks: [] as { name: string; command: string; args: string[] }[],
+        /** The exit code each next task ends with (undefined: it never ends). */
+        taskExitCodes: [] as (number | undefined)[],
+        clipboard: "",
 
         reset(): void {
             fake.settings.clear();
@@ -126,6 +131,10 @@ function createFake() {
             fake.statusItems = [];
             fake.visibleEditors = [];
             fake.decorationTypes = [];
+            fake.executedTasks = [];
+            fake.taskExitCodes = [];
+            fake.clipboard = "";
+            taskEndListeners.clear();
         },
     };
 
@@ -138,7 +147,53 @@ function createFake() {
             return Promise.resolve(fake.messageReplies.shift());
         };
 
+    type TaskEndListener = (event: { execution: unknown; exitCode: number | undefined }) => void;
+    const taskEndListeners: Set<TaskEndListener> = new Set();
+
     const vscode = {
+        TaskScope: { Global: 1, Workspace: 2 },
+        ProcessExecution: class {
+            constructor(
+                public process: string,
+                public args: string[],
+            ) {}
+        },
+        Task: class {
+            constructor(
+                public definition: unknown,
+                public scope: unknown,
+                public name: string,
+                public source: string,
+                public execution: { process: string; args: string[] },
+            ) {}
+        },
+        tasks: {
+            executeTask: (task: { name: string; execution: { process: string; args: string[] } }): Promise<unknown> => {
+                fake.executedTasks.push({ name: task.name, command: task.execution.process, args: task.execution.args });
+                const execution = { task };
+                const exitCode: number | undefined = fake.taskExitCodes.shift();
+                if (exitCode !== undefined) {
+                    setTimeout(() => {
+                        for (const listener of [...taskEndListeners]) {
+                            listener({ execution, exitCode });
+                        }
+                    }, 0);
+                }
+                return Promise.resolve(execution);
+            },
+            onDidEndTaskProcess: (listener: TaskEndListener) => {
+                taskEndListeners.add(listener);
+                return { dispose: () => taskEndListeners.delete(listener) };
+            },
+        },
+        env: {
+            clipboard: {
+                writeText: (text: string): Promise<void> => {
+                    fake.clipboard = text;
+                    return Promise.resolve();
+                },
+            },
+        },
         LanguageStatusSeverity: { Information: 0, Warning: 1, Error: 2 },
         StatusBarAlignment: { Left: 1, Right: 2 },
         MarkdownString: class {

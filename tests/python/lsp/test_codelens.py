@@ -77,7 +77,11 @@ async def test_clear_removes_the_hints_and_load_trace_brings_them_back(client: L
 
     # A trace on disk (from the CLI, CI, or this server's trace folder) can be shown again without tracing.
     loaded = await execute(client, "modelTrace.loadTrace", uri, client.example_trace["trace"])
-    assert loaded == {"ok": True, "modelClass": "TinyLlamaModel", "modules": 30}
+    assert {key: loaded[key] for key in ("ok", "modelClass", "modules")} == {
+        "ok": True, "modelClass": "TinyLlamaModel", "modules": 30,
+    }
+    # the trace was made here: every file it names is where it recorded it, unchanged
+    assert {(item["how"], item["changed"]) for item in loaded["files"]} == {("recorded path", False)}
     assert await inlay_hints(client, uri) == hints
 
 

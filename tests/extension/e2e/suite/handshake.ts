@@ -4,7 +4,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 
 export interface DomRequest {
-    mode: "trusted" | "untrusted";
+    mode: "trusted" | "untrusted" | "bundled";
     /** "check": look at the screen; "grant-trust": click "Trust" in the open workspace trust editor, as a person would. */
     action: "check" | "grant-trust";
     /** Lines and the hint label expected on each, as found through the LSP in the extension host. */
@@ -33,6 +33,8 @@ export interface DomRequest {
     screenshot?: string;
     /** false: keep the screenshot in the run folder only (not for the README). */
     media?: boolean;
+    /** After the checks, click `button` on the notification holding `notification`, as a person would. */
+    clickNotificationButton?: { notification: string; button: string };
 }
 
 export interface DomResult {
