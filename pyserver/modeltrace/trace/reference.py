@@ -13,7 +13,7 @@ from pathlib import Path
 from modeltrace.errors import TraceFormatError
 from modeltrace.trace.hf_debugger import is_debugger_file, read_debugger_output
 from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, tensors_path
-from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore
+from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore, shard_paths
 
 
 def load_trace_folder(path: Path | str) -> LoadedTrace:
@@ -22,7 +22,7 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
     folder = path.parent if path.name == TRACE_FILE else path
     trace = read_trace(path)
     tensors_file = tensors_path(folder)
-    store = SafetensorsStore(tensors_file) if tensors_file is not None else None
+    store = SafetensorsStore(tensors_file, *shard_paths(folder)[1:]) if tensors_file is not None else None
     if store is not None:
         missing = [
             summary.tensor

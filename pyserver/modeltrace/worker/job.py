@@ -18,12 +18,12 @@ import torch
 
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.assemble import assemble_trace, write_captured
+from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
 
@@ -79,7 +79,12 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
     built_at = time.perf_counter()
     progress(f"running {built.model_class}.forward")
     line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
+    # NOTE: full tensors stream to the trace's temporary folder during the forward (`worker/tensor_stream.py`)
+    stream = start_stream(
+        Path(request["out"]), _limit_bytes(request, "tensor_memory_mb", DEFAULT_TENSOR_MEMORY_MB)
+    ) if request.get("full_tensors") and not built.shape_only else None
     with contextlib.ExitStack() as stack:
+        stack.enter_context(discarded_on_error(stream))
         stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
         capture = stack.enter_context(ModuleCapture(
@@ -87,6 +92,7 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
             full_tensors=bool(request.get("full_tensors")),
             max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
             max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+            stream=stream,
         ))
         line_capture = None
         if line_files:
@@ -96,9 +102,10 @@ def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[s
         built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
     # NOTE: after the forward, so that the capture's tensor limits favour the activations over the weights
-    builds = record_builds(
-        built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
-    )
+    with discarded_on_error(stream):  # the parameters go to the stream too
+        builds = record_builds(
+            built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
+        )
     constructions.clear()
     builds_at = time.perf_counter()
     trace = assemble_trace(

@@ -41,6 +41,20 @@ def _preload() -> None:
         importlib.import_module(name)
 
 
+def _remove_abandoned(request: dict[str, Any], child: int) -> None:
+    """Delete the temporary trace folder a killed child left (its full tensors were streaming into it), once the
+    child has exited (waited for without reaping it: `_run` reaps it)."""
+    if not request.get("out"):
+        return
+    try:
+        os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        pass
+    from modeltrace.trace.storage import remove_abandoned
+
+    remove_abandoned(request["out"], child)
+
+
 def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
@@ -97,6 +111,7 @@ class Zygote:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._kill(child)
+                    _remove_abandoned(request, child)
                     self._send_error({"type": "TimeoutError", "message": (
                         f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
                         "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
@@ -107,6 +122,7 @@ class Zygote:
                     message = read_frame(self.frames_in)
                     if message is None or message["type"] in ("cancel", "shutdown"):
                         self._kill(child)
+                        _remove_abandoned(request, child)
                         if message is None or message["type"] == "shutdown":
                             client_alive = False
                             break
@@ -130,6 +146,8 @@ class Zygote:
         finally:
             os.close(read_end)
             _, status = os.waitpid(child, 0)
+            if not answered:
+                _remove_abandoned(request, child)
         if not answered and client_alive:
             self._send_error(_death_message(status, timeout))
         return client_alive
