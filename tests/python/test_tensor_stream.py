@@ -250,3 +250,37 @@ def test_streamed_shards_read_like_any_safetensors_file(tmp_path: Path) -> None:
         assert np.array_equal(store.get("bf16"), tensors["bf16"].float().numpy())
     finally:
         store.close()
+
+
+def test_a_folder_that_cannot_be_written_is_one_clear_message(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "x.mtrace"
+    completed = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "trace", str(EXAMPLE_MODELING_FILE), "--full-tensors", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        f"modeltrace: {out}: cannot write a trace there (Not a directory: "
+        + completed.stderr.split("(Not a directory: ")[1].strip()
+    ]
+    assert "Traceback" not in completed.stderr and str(out) in completed.stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["a_file"]
+
+
+def test_where_a_limit_cuts_the_note_names_the_modules_compared_by_statistics(tmp_path: Path) -> None:
+    model, inputs = small_llama()
+    out = tmp_path / "cut.mtrace"
+    with modeltrace.capture(model, out, full_tensors=True, max_trace_mb=0.02), torch.no_grad():
+        model(inputs)
+    with load_reference(out) as loaded:
+        cut = [record.path for record in loaded.trace.modules
+               if any(summary.not_stored for summary in record.outputs)]
+        stored = [record.path for record in loaded.trace.modules if record.outputs and record.outputs[0].tensor]
+        [note] = [note for note in loaded.notes if "not stored in full" in note]
+    assert cut and stored  # the limit cut part way
+    assert "limit per trace" in note and f"the outputs of {len(cut)} module call(s)" in note
+    assert cut[0] in note and "compared by statistics only" in note

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from modeltrace.errors import TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 
 
@@ -58,10 +58,15 @@ def begin_trace(destination: Path) -> Path:
     # NOTE: as few file-system calls as the common case needs (the parent exists, the destination does not):
     # each costs tens of µs right after a forward pass, and a tiny model's forward takes 2-4 ms.
     try:
-        temporary.mkdir()
-    except FileNotFoundError:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        temporary.mkdir()
+        try:
+            temporary.mkdir()
+        except FileNotFoundError:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            temporary.mkdir()
+    except OSError as error:
+        raise ModelTraceError(
+            f"{destination}: cannot write a trace there ({error.strerror or error}: {error.filename or temporary})"
+        ) from None
     return temporary
 
 
