@@ -36,11 +36,11 @@ def small_llama() -> tuple[LlamaModel, torch.Tensor]:
     return LlamaModel(config).eval(), torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
 
 
-def streamed_trace(model: nn.Module, inputs: torch.Tensor, out: Path, budget: int) -> tuple[Path, object]:
+def streamed_trace(model: nn.Module, inputs: torch.Tensor | tuple, out: Path, budget: int) -> tuple[Path, object]:
     """Capture with full tensors streamed as `worker/job.py` does; returns the folder written and the stream."""
     stream = start_stream(out, budget)
     with discarded_on_error(stream), torch.no_grad(), ModuleCapture(model, full_tensors=True, stream=stream) as capture:
-        model(inputs)
+        model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     trace = Trace(model={"class": type(model).__name__}, modules=capture.records)
     return write_captured(trace, capture, out), stream
 
@@ -82,6 +82,21 @@ def test_a_slow_writer_stores_every_tensor_within_the_memory_budget(slow_writer:
     assert sorted(path.name for path in tmp_path.iterdir()) == ["slow.mtrace"]
 
 
+@pytest.fixture
+def held_writer(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The writer writes nothing until the event is set (by the end of the model's forward): every captured
+    tensor is still waiting in the queue when the forward changes it, however loaded the machine is."""
+    write = StreamingSafetensorsWriter.write
+    gate = threading.Event()
+
+    def held(self: StreamingSafetensorsWriter, *arguments: object) -> None:
+        assert gate.wait(timeout=60)
+        write(self, *arguments)
+
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write", held)
+    return gate
+
+
 class InPlaceAfterCapture(nn.Module):
     """A module output changed in place by its caller after it was captured, three ways."""
 
@@ -91,24 +106,27 @@ class InPlaceAfterCapture(nn.Module):
         self.second = nn.Linear(6, 6)
         self.third = nn.Linear(6, 6)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
         hidden = self.first(x)
         hidden.add_(100.0)  # the output of `first`, changed after the capture
         other = self.second(hidden)
         other[:, 0] = -5.0  # __setitem__
         last = self.third(other)
-        return torch.relu_(last.view(-1)).view_as(last)  # through a view
+        result = torch.relu_(last.view(-1)).view_as(last)  # through a view
+        done.set()
+        return result
 
 
-def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(slow_writer: None, tmp_path: Path) -> None:
+def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(held_writer: threading.Event,
+                                                                        tmp_path: Path) -> None:
     torch.manual_seed(0)
     model, x = InPlaceAfterCapture(), torch.randn(3, 6)
     with torch.no_grad():
         first = model.first(x)
         second = model.second(first + 100.0)
         third = model.third(torch.cat([torch.full((3, 1), -5.0), second[:, 1:]], dim=1))
-    folder, stream = streamed_trace(model, x, tmp_path / "inplace.mtrace", 1 << 20)
-    assert stream.copies >= 3  # the three changed tensors, and only those, were copied first
+    folder, stream = streamed_trace(model, (x, held_writer), tmp_path / "inplace.mtrace", 1 << 20)
+    assert stream.copies == 3  # the three changed tensors, and only those, were copied first
     with load_reference(folder) as loaded:
         outputs = {record.path: loaded.tensors.get(record.outputs[0].tensor) for record in loaded.trace.modules}
     assert np.array_equal(outputs["first"], first.numpy())  # without the +100
@@ -117,20 +135,22 @@ def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(slow_writ
     assert (outputs["third"] < 0).any()
 
 
-def test_a_change_the_guard_cannot_see_is_not_stored_but_said(slow_writer: None, tmp_path: Path) -> None:
+def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threading.Event,
+                                                              tmp_path: Path) -> None:
     class Unseen(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.first = nn.Linear(4, 4)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
             hidden = self.first(x)
             with torch._C.DisableTorchFunction():  # as C++ code would: no torch function mode sees it
                 hidden.add_(1.0)
+            done.set()
             return hidden
 
     model = Unseen()
-    folder, stream = streamed_trace(model, torch.randn(2, 4), tmp_path / "unseen.mtrace", 1 << 20)
+    folder, stream = streamed_trace(model, (torch.randn(2, 4), held_writer), tmp_path / "unseen.mtrace", 1 << 20)
     with load_reference(folder) as loaded:
         first = next(record for record in loaded.trace.modules if record.path == "first").outputs[0]
         assert first.tensor is None and "changed in place" in first.not_stored
