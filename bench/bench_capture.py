@@ -40,9 +40,10 @@ timing:
 Columns: `× plain` is a ratio of medians; `× plain (paired)` is the median over rounds of (variant / plain) timed
 in the same round, which a noisy machine disturbs less (the targets are checked on paired ratios). `of which
 writing` is the part of a ModelTrace variant spent after the capture context exited (building the `Trace`,
-msgpack, safetensors, rename), and the last column the paired ratio without it. `--large` (or `--rss`) also measures the peak resident memory (`ru_maxrss`) of one call of `plain`,
-`modeltrace full tensors` and `debugger safetensors`, each in a fresh process that builds the model first, so the
-difference between rows is what each variant adds on top of the model and its forward. The machine's load
+msgpack, safetensors, rename), and the last column the paired ratio without it. `--large` (or `--rss`) also measures the peak resident memory during one call of `plain`, `modeltrace full
+tensors` and `debugger safetensors`, each in a fresh process that builds the model and runs it once first, with
+the peak reset after that (`/proc/self/clear_refs`): the difference between rows is what each variant adds on
+top of the model and its forward. The machine's load
 average is printed with the table: on a shared 2-core machine two torch threads stall whenever another process
 holds a core, so only runs at a low load mean anything.
 """
@@ -248,16 +249,37 @@ def measure(size: str, rounds: int, warmup: int) -> dict:
 RSS_VARIANTS = ("plain", "modeltrace full tensors", "debugger safetensors")
 
 
+def _resident_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _rss_child(size: str, variant: str, threads: int) -> int:
-    """In a fresh process: build the model, run one call of `variant`, return the peak resident KB."""
+    """In a fresh process: build the model, run one call of `variant`, return the peak resident KB during that
+    call (Linux: the peak is reset after the build, `/proc/self/clear_refs`, so that a build that peaks higher
+    than the forward does not hide the call; elsewhere the process's peak, build included)."""
     torch.set_num_threads(threads)
     model, input_ids = build(size)
+    with torch.no_grad():
+        model(input_ids)  # warm: torch's allocator and thread pools as a later call finds them
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
     _time_once(variants()[variant], model, input_ids)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _resident_kb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def peak_rss(size: str, threads: int) -> dict[str, float]:
-    """Peak resident MB of one call of each of `RSS_VARIANTS`, each in its own fresh process (model included)."""
+    """Peak resident MB during one call of each of `RSS_VARIANTS`, each in its own fresh process that built the
+    model and ran it once first (so the model's weights are in every row)."""
     found = {}
     for variant in RSS_VARIANTS:
         completed = subprocess.run(
@@ -331,7 +353,7 @@ def markdown(results: dict[str, dict]) -> str:
     ))
     rss = {size: result["peak_rss_mb"] for size, result in results.items() if result.get("peak_rss_mb")}
     if rss:
-        lines += ["", "| model | peak RSS, MB (fresh process: model + one call) | × plain | over plain, MB |",
+        lines += ["", "| model | peak RSS during one call, MB (model included) | × plain | over plain, MB |",
                   "|---|---|---:|---:|"]
         for size, found in rss.items():
             for variant, megabytes in found.items():

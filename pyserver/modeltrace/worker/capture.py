@@ -311,11 +311,11 @@ class ModuleCapture:
 
     def __exit__(self, *exc_info: object) -> None:
         try:
-            if self.stream is not None and self.full_tensors:
-                self.stream.guard.__exit__(*exc_info)
             self._unwrap()
             self.pending.resolve()
             self.summary_cache.clear()
+            if self.stream is not None and self.full_tensors:
+                self.stream.guard.__exit__(*exc_info)
         finally:
             if self._collector_was_enabled:
                 gc.enable()
