@@ -1,7 +1,8 @@
 """Cost of module capture on CPU: ModelTrace's `ModuleCapture` vs a plain forward vs transformers' debugger.
 
-    .venv/bin/python bench/bench_capture.py            # both sizes, prints a markdown table
+    .venv/bin/python bench/bench_capture.py            # tiny and medium, prints a markdown table
     .venv/bin/python bench/bench_capture.py --quick    # fewer rounds, for a smoke run
+    .venv/bin/python bench/bench_capture.py --large    # also the 1B-like size (minutes; ~8 GB of memory)
     .venv/bin/python bench/bench_capture.py --json bench/results/capture.json
 
 Models: `LlamaModel` built from a `LlamaConfig` (random weights, fixed seed, eager attention, `use_cache=False`,
@@ -9,6 +10,8 @@ batch 1), run under `torch.no_grad()`:
 
 - tiny: hidden 64, intermediate 128, 2 layers, 4 heads (2 KV heads), sequence 7
 - medium: hidden 512, intermediate 1536, 8 layers, 8 heads (4 KV heads), sequence 128
+- large (opt-in, `--large`): Llama-3.2-1B-like, hidden 2048, intermediate 8192, 16 layers, 32 heads (8 KV heads),
+  sequence 256 (vocabulary 1024, so about 1B parameters in the layers: 3.9 GB in float32)
 
 Every variant is timed from before entering its context to after leaving it, so it includes what the user waits
 for (files written; fsync where the writer does it before returning). Variants run interleaved, in a rotating order,
@@ -24,8 +27,10 @@ timing:
 - `modeltrace stats`: `ModuleCapture(model)` around the forward, then the trace (`Trace`, records and a small
   header) written with `modeltrace.trace.storage.write_trace` (msgpack, atomic rename; the fsync comes after the
   worker has answered, so it is not timed), as `worker/job.py` does (job.py's source hashing of the model files is left out).
-- `modeltrace full tensors`: the same with `ModuleCapture(model, full_tensors=True)` and the captured tensors
-  written to `tensors.safetensors` inside the trace folder, as `worker/job.py` does.
+- `modeltrace full tensors`: the same with full tensors, as `worker/job.py` takes them: a `TensorStream`
+  (`worker/tensor_stream.py`, default 1 GB memory budget) writes them into the trace's temporary folder from a
+  background thread while the forward runs, and `write_captured` waits for it, completes the safetensors files
+  and renames the folder into place.
 - `api capture()`, `api capture() full tensors`: `modeltrace.capture(model, path)` around the forward, as a
   script or notebook calls it: the same engine in the caller's process, with what the library adds (the modules'
   construction records, source hashes, the trace written as the CLI writes it) on leaving the block.
@@ -38,7 +43,10 @@ timing:
 Columns: `× plain` is a ratio of medians; `× plain (paired)` is the median over rounds of (variant / plain) timed
 in the same round, which a noisy machine disturbs less (the targets are checked on paired ratios). `of which
 writing` is the part of a ModelTrace variant spent after the capture context exited (building the `Trace`,
-msgpack, safetensors, rename), and the last column the paired ratio without it. The machine's load
+msgpack, safetensors, rename), and the last column the paired ratio without it. `--large` (or `--rss`) also measures the peak resident memory during one call of `plain`, `modeltrace full
+tensors` and `debugger safetensors`, each in a fresh process that builds the model and runs it once first, with
+the peak reset after that (`/proc/self/clear_refs`): the difference between rows is what each variant adds on
+top of the model and its forward. The machine's load
 average is printed with the table: on a shared 2-core machine two torch threads stall whenever another process
 holds a core, so only runs at a low load mean anything.
 """
@@ -51,7 +59,9 @@ import gc
 import json
 import os
 import platform
+import resource
 import shutil
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -68,14 +78,19 @@ from transformers.model_debugging_utils import model_addition_debugger_context
 
 from modeltrace.trace.records import TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker.assemble import discarded_on_error, start_stream, write_captured
 from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB
 
 
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, sequence, rounds)
     "tiny": (64, 128, 2, 4, 2, 7, 200),
     "medium": (512, 1536, 8, 8, 4, 128, 30),
+    "large": (2048, 8192, 16, 32, 8, 256, 4),
 }
+# NOTE: opt-in: building it and running its seven variants for a few rounds takes minutes on two cores
+OPT_IN_SIZES = ("large",)
 VOCAB = 1024
 SEED = 0
 
@@ -126,12 +141,20 @@ class _RecordsOnly(ModuleCapture):
 
 def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool,
                 capture_class: type[ModuleCapture] = ModuleCapture) -> float:
-    """Capture and write; returns the seconds spent writing (Trace, msgpack, safetensors, rename)."""
-    with torch.no_grad(), capture_class(model, full_tensors=full_tensors) as capture:
+    """Capture and write; returns the seconds spent writing (Trace, msgpack, safetensors, rename) after the
+    capture context exited (full tensors: waiting for the stream's writer to finish included)."""
+    out = folder / "bench.mtrace"
+    stream = start_stream(out, int(DEFAULT_TENSOR_MEMORY_MB * 2**20)) if full_tensors else None
+    with discarded_on_error(stream), torch.no_grad(), capture_class(model, full_tensors=full_tensors,
+                                                                    stream=stream) as capture:
         model(input_ids)
     writing = time.perf_counter()
     trace = Trace(model={"class": type(model).__name__, "options": {"full_tensors": full_tensors}},
                   modules=capture.records)
+    if stream is not None:
+        # NOTE: durable=False as worker/job.py writes it: the worker flushes to disk after it has answered
+        write_captured(trace, capture, out, durable=False)
+        return time.perf_counter() - writing
     write_extra = None
     if capture.tensors:
         from safetensors.torch import save_file
@@ -235,6 +258,50 @@ def measure(size: str, rounds: int, warmup: int) -> dict:
     return {"size": size, "config": SIZES[size][:6], "rounds": rounds, "variants": rows}
 
 
+RSS_VARIANTS = ("plain", "modeltrace full tensors", "debugger safetensors")
+
+
+def _resident_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _rss_child(size: str, variant: str, threads: int) -> int:
+    """In a fresh process: build the model, run one call of `variant`, return the peak resident KB during that
+    call (Linux: the peak is reset after the build, `/proc/self/clear_refs`, so that a build that peaks higher
+    than the forward does not hide the call; elsewhere the process's peak, build included)."""
+    torch.set_num_threads(threads)
+    model, input_ids = build(size)
+    with torch.no_grad():
+        model(input_ids)  # warm: torch's allocator and thread pools as a later call finds them
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    _time_once(variants()[variant], model, input_ids)
+    peak = _resident_kb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_rss(size: str, threads: int) -> dict[str, float]:
+    """Peak resident MB during one call of each of `RSS_VARIANTS`, each in its own fresh process that built the
+    model and ran it once first (so the model's weights are in every row)."""
+    found = {}
+    for variant in RSS_VARIANTS:
+        completed = subprocess.run(
+            [sys.executable, __file__, "--rss-child", size, variant, "--threads", str(threads)],
+            capture_output=True, text=True, check=True,
+        )
+        found[variant] = int(completed.stdout.split()[-1]) / 1024
+    return found
+
+
 def _paired(rows: dict, numerator: str, denominator: str) -> float:
     """Median over rounds of numerator / denominator, both timed in the same round."""
     pairs = zip(rows[numerator]["times_ms"], rows[denominator]["times_ms"])
@@ -263,6 +330,18 @@ def targets(results: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
             speedup = _paired(rows, "debugger safetensors", "modeltrace full tensors")
             checks.append((f"{size}: full tensors ≥ 3× faster than debugger safetensors", speedup,
                            f"{speedup:.1f}×", speedup >= 3))
+    if medium:
+        ratio = _paired(medium, "modeltrace full tensors", "plain")
+        checks.append(("medium: full tensors ≤ 1.5× plain", ratio, f"{ratio:.2f}×", ratio <= 1.5))
+    large = results.get("large", {}).get("variants")
+    if large:
+        ratio = _paired(large, "modeltrace full tensors", "plain")
+        checks.append(("large: full tensors ≤ 1.3× plain", ratio, f"{ratio:.2f}×", ratio <= 1.3))
+        ratio = _paired(large, "modeltrace stats", "plain")
+        checks.append(("large: stats ≤ 1.05× plain", ratio, f"{ratio:.2f}×", ratio <= 1.05))
+        speedup = _paired(large, "debugger safetensors", "modeltrace full tensors")
+        checks.append(("large: full tensors faster than debugger safetensors", speedup, f"{speedup:.2f}×",
+                       speedup > 1))
     return checks
 
 
@@ -288,6 +367,14 @@ def markdown(results: dict[str, dict]) -> str:
         f"{size}: {result['rounds']} rounds, {result['variants']['plain'].get('module_calls', '?')} module calls"
         for size, result in results.items()
     ))
+    rss = {size: result["peak_rss_mb"] for size, result in results.items() if result.get("peak_rss_mb")}
+    if rss:
+        lines += ["", "| model | peak RSS during one call, MB (model included) | × plain | over plain, MB |",
+                  "|---|---|---:|---:|"]
+        for size, found in rss.items():
+            for variant, megabytes in found.items():
+                lines.append(f"| {size} | {variant}: {megabytes:,.0f} | {megabytes / found['plain']:.2f} | "
+                             f"{megabytes - found['plain']:+,.0f} |")
     lines += ["", "| target | measured | met |", "|---|---:|:---:|"]
     for label, _, shown, met in targets(results):
         lines.append(f"| {label} | {shown} | {'yes' if met else 'no'} |")
@@ -296,20 +383,32 @@ def markdown(results: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", default=[size for size in SIZES if size not in OPT_IN_SIZES],
+                        choices=list(SIZES))
+    parser.add_argument("--large", action="store_true", help="also the 1B-like size (minutes, ~8 GB of memory)")
+    parser.add_argument("--rss", action="store_true", help="peak RSS of plain / full tensors / debugger per size "
+                        "(always with --large)")
+    parser.add_argument("--rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="a tenth of the rounds")
     parser.add_argument("--rounds", type=int, help="rounds for every size (overrides the defaults)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--json", type=Path, help="also write the results (with every timing) here")
     options = parser.parse_args(argv)
+    if options.rss_child:
+        print(_rss_child(*options.rss_child, options.threads))
+        return 0
     torch.set_num_threads(options.threads)
+    sizes = options.sizes + (["large"] if options.large and "large" not in options.sizes else [])
     results = {}
-    for size in options.sizes:
+    for size in sizes:
         rounds = options.rounds or SIZES[size][6]
         if options.quick:
             rounds = max(3, rounds // 10)
         started = time.perf_counter()
-        results[size] = measure(size, rounds, warmup=2 if size == "medium" else 10)
+        warmup = {"tiny": 10, "medium": 2}.get(size, 1)
+        results[size] = measure(size, rounds, warmup=warmup)
+        if options.rss or size in OPT_IN_SIZES:
+            results[size]["peak_rss_mb"] = peak_rss(size, options.threads)
         print(f"{size}: {rounds} rounds in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     print(markdown(results))
     if options.json:

@@ -27,6 +27,8 @@ export interface ModelTraceSettings {
     /** Full tensors over this many MB keep their statistics only; the trace stores at most maxTraceMB in all. */
     maxTensorMB: number;
     maxTraceMB: number;
+    /** Full tensors waiting in memory for the trace's writer (MB); past it the forward waits for the disk. */
+    tensorMemoryMB: number;
     /** Full-size config on the meta device: shapes and dtypes, no statistics. */
     shapeOnly: boolean;
     /** A local save_pretrained folder to trace with; "" means none. */
@@ -62,8 +64,9 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     traceOnSave: false,
     lines: true,
     timeout: 120,
-    maxTensorMB: 64,
-    maxTraceMB: 1024,
+    maxTensorMB: 1024,
+    maxTraceMB: 8192,
+    tensorMemoryMB: 1024,
     shapeOnly: false,
     checkpoint: "",
     deviceMap: "",
@@ -109,6 +112,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const timeout: unknown = configuration.get("timeout");
     const maxTensorMB: unknown = configuration.get("maxTensorMB");
     const maxTraceMB: unknown = configuration.get("maxTraceMB");
+    const tensorMemoryMB: unknown = configuration.get("tensorMemoryMB");
     const shapeOnly: unknown = configuration.get("shapeOnly");
     const checkpoint: unknown = configuration.get("checkpoint");
     const deviceMap: unknown = configuration.get("deviceMap");
@@ -131,6 +135,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
         maxTensorMB: megabytes(maxTensorMB, defaultSettings.maxTensorMB),
         maxTraceMB: megabytes(maxTraceMB, defaultSettings.maxTraceMB),
+        tensorMemoryMB: megabytes(tensorMemoryMB, defaultSettings.tensorMemoryMB),
         shapeOnly: typeof shapeOnly === "boolean" ? shapeOnly : defaultSettings.shapeOnly,
         checkpoint: typeof checkpoint === "string" ? checkpoint.trim() : defaultSettings.checkpoint,
         deviceMap: typeof deviceMap === "string" ? deviceMap.trim() : defaultSettings.deviceMap,

@@ -28,7 +28,7 @@ from typing import Any
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
-from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 
 @dataclass
@@ -47,17 +47,19 @@ class CaptureSession:
 @contextlib.contextmanager
 def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: bool = False,
             files: list[str | Path] | None = None, max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
-            max_trace_mb: float = DEFAULT_MAX_TRACE_MB) -> Iterator[CaptureSession]:
+            max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
+            tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB) -> Iterator[CaptureSession]:
     """Record every module call of `model` run inside the block, then write the trace folder `path`.
 
-    `full_tensors` keeps each tensor (within `max_tensor_mb` per tensor and `max_trace_mb` in all, as the CLI);
+    `full_tensors` keeps each tensor (within `max_tensor_mb` per tensor and `max_trace_mb` in all, as the CLI),
+    written to disk while the block runs, with at most `tensor_memory_mb` of them waiting in memory;
     `lines` records the tensors each line assigns in the model class's source file and in `files`. An exception
     inside the block still writes what was recorded until then, marked `incomplete` in the header, and then
     propagates unchanged. The folder is written atomically (a trace already there is replaced only by a whole
     one)."""
     from torch import nn
 
-    from modeltrace.worker.assemble import assemble_trace, jsonable, write_captured
+    from modeltrace.worker.assemble import assemble_trace, discarded_on_error, jsonable, start_stream, write_captured
     from modeltrace.worker.builds import record_builds
     from modeltrace.worker.capture import ModuleCapture
     from modeltrace.worker.lines import LineCapture
@@ -65,7 +67,8 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
 
     if not isinstance(model, nn.Module):
         raise ModelTraceError(f"modeltrace.capture: expected a torch.nn.Module, got {type(model).__name__}")
-    for name, value in (("max_tensor_mb", max_tensor_mb), ("max_trace_mb", max_trace_mb)):
+    for name, value in (("max_tensor_mb", max_tensor_mb), ("max_trace_mb", max_trace_mb),
+                        ("tensor_memory_mb", tensor_memory_mb)):
         if not (isinstance(value, (int, float)) and value >= 0):
             raise ModelTraceError(f"modeltrace.capture: {name} must be a number of megabytes >= 0, not {value!r}")
     destination = Path(path).absolute()
@@ -79,10 +82,13 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
                               "to record lines of; pass files=[...]")
     session = CaptureSession(destination)
     failure: BaseException | None = None
+    # NOTE: full tensors stream into the trace's temporary folder while the block runs (`worker/tensor_stream.py`)
+    stream = start_stream(destination, int(tensor_memory_mb * 2**20)) if full_tensors else None
     with contextlib.ExitStack() as stack:
+        stack.enter_context(discarded_on_error(stream))
         module_capture = stack.enter_context(ModuleCapture(
             model, full_tensors=full_tensors, max_tensor_bytes=int(max_tensor_mb * 2**20),
-            max_trace_bytes=int(max_trace_mb * 2**20),
+            max_trace_bytes=int(max_trace_mb * 2**20), stream=stream,
         ))
         line_capture = None
         if lines:
@@ -93,7 +99,8 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
             yield session
         except BaseException as error:  # noqa: BLE001 - written down, then raised again unchanged
             failure = error
-    builds = record_builds(model, None, module_capture._keep_unless_meta if module_capture.full_tensors else None)
+    with discarded_on_error(stream):  # the parameters go to the stream too
+        builds = record_builds(model, None, module_capture._keep_unless_meta if module_capture.full_tensors else None)
     first_parameter = next(model.parameters(), None)
     config = getattr(model, "config", None)
     root_inputs = module_capture.records[0].inputs if module_capture.records else []

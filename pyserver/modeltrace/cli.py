@@ -18,7 +18,7 @@ from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
-from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 if TYPE_CHECKING:
     from modeltrace.diff.compare import DiffResult
@@ -43,6 +43,7 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         "full_tensors": arguments.full_tensors,
         "max_tensor_mb": arguments.max_tensor_mb,
         "max_trace_mb": arguments.max_trace_mb,
+        "tensor_memory_mb": arguments.tensor_memory_mb,
         "lines": arguments.lines,
         "device": arguments.device,
         "dtype": arguments.dtype,
@@ -373,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--max-trace-mb", type=_megabytes, default=DEFAULT_MAX_TRACE_MB, metavar="MB",
                        help="with --full-tensors: store no more than this in all; later tensors keep statistics "
                             f"only (default: {DEFAULT_MAX_TRACE_MB:g})")
+    trace.add_argument("--tensor-memory-mb", type=_megabytes, default=DEFAULT_TENSOR_MEMORY_MB, metavar="MB",
+                       help="with --full-tensors: tensors are written to disk during the forward, at most this "
+                            "many MB of them waiting in memory; past it the forward waits for the disk "
+                            f"(default: {DEFAULT_TENSOR_MEMORY_MB:g})")
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     trace.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or float64")
     trace.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")

@@ -175,6 +175,7 @@ def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "fo
         "keep_for_replay": path in ls.references and settings.diff_replay and not settings.shape_only,
         "max_tensor_mb": settings.max_tensor_mb,
         "max_trace_mb": settings.max_trace_mb,
+        "tensor_memory_mb": settings.tensor_memory_mb,
         "lines": settings.lines,
         "device": settings.device,
         "dtype": settings.dtype,

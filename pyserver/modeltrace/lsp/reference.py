@@ -317,7 +317,10 @@ def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> st
         return None
     header = ("| call | reference | status | max abs diff | max rel diff | check |\n"
               "|:--|:--|:--|--:|--:|:--|")
-    return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows)
+    # NOTE: a call compared by statistics says why: the notes name the modules whose tensors were not stored
+    why = [f"\n\n_{note}_" for note in diff.notes if "not stored in full" in note] if any(
+        "| statistics |" in row for row in rows) else []
+    return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows) + "".join(why)
 
 
 def diff_plot(ls: ModelTraceServer, params: Any) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from lsprotocol import types
 from modeltrace.diff.align import parse_maps
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.lines import HintDetail
-from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 
 # NOTE: the server module imports Settings from here; the handlers only need the name for type checkers.
@@ -65,6 +65,8 @@ class Settings:
     # Full tensors kept by a trace (recorded while a reference is set): larger ones keep their statistics only.
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB
     max_trace_mb: float = DEFAULT_MAX_TRACE_MB
+    # Full tensors waiting in memory for the trace's writer; past it the forward waits for the disk.
+    tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB
     trace_directory: Path = field(default_factory=default_trace_directory)
     # Diff against a reference trace: tolerances (None: the diff's defaults) and module path rename maps.
     diff_atol: float | None = None
@@ -201,6 +203,7 @@ _SETTINGS = {
     "timeout": ("timeout", _seconds),
     "maxTensorMB": ("max_tensor_mb", _megabytes),
     "maxTraceMB": ("max_trace_mb", _megabytes),
+    "tensorMemoryMB": ("tensor_memory_mb", _megabytes),
     "traceDirectory": ("trace_directory", _directory),
     "diffAtol": ("diff_atol", _tolerance),
     "diffRtol": ("diff_rtol", _tolerance),

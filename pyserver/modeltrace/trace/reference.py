@@ -12,8 +12,9 @@ from pathlib import Path
 
 from modeltrace.errors import TraceFormatError
 from modeltrace.trace.hf_debugger import is_debugger_file, read_debugger_output
+from modeltrace.trace.records import TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, tensors_path
-from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore
+from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore, shard_paths
 
 
 def load_trace_folder(path: Path | str) -> LoadedTrace:
@@ -22,7 +23,7 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
     folder = path.parent if path.name == TRACE_FILE else path
     trace = read_trace(path)
     tensors_file = tensors_path(folder)
-    store = SafetensorsStore(tensors_file) if tensors_file is not None else None
+    store = SafetensorsStore(tensors_file, *shard_paths(folder)[1:]) if tensors_file is not None else None
     if store is not None:
         missing = [
             summary.tensor
@@ -43,9 +44,25 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
     not_stored = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)
                   if summary.not_stored is not None]
     if not_stored:
-        notes.append(f"{folder.name}: {len(not_stored)} tensor(s) over the trace's size limits were not stored "
-                     f"(first: {not_stored[0].not_stored}); they are compared by statistics only")
+        notes.append(_not_stored_note(folder, trace, not_stored))
     return LoadedTrace(trace=trace, tensors=store, path=folder, kind="modeltrace", notes=notes)
+
+
+# NOTE: the module paths a note names before "and N more": enough to find where a limit started cutting.
+NOTE_MODULES_SHOWN = 8
+
+
+def _not_stored_note(folder: Path, trace: Trace, not_stored: list[TensorSummary]) -> str:
+    """Which module calls have outputs that were not stored in full (a size limit, a tensor changed in place
+    unseen), so are compared by statistics only, and why (the first reason)."""
+    calls = [record for record in trace.modules if any(summary.not_stored for summary in record.outputs)]
+    names = [(record.path or "(root)") + (f"#{record.call_index}" if record.call_index else "") for record in calls]
+    shown = ", ".join(names[:NOTE_MODULES_SHOWN]) + (f" and {len(names) - NOTE_MODULES_SHOWN} more"
+                                                     if len(names) > NOTE_MODULES_SHOWN else "")
+    modules = f"; the outputs of {len(names)} module call(s) are compared by statistics only: {shown}" if names else (
+        "; they are compared by statistics only")
+    return (f"{folder.name}: {len(not_stored)} tensor(s) were not stored in full (first: {not_stored[0].not_stored})"
+            + modules)
 
 
 def load_reference(path: Path | str) -> LoadedTrace:

@@ -1,4 +1,5 @@
-"""Traces on disk: a `NAME.mtrace/` folder holding `trace.msgpack` and, optionally, `tensors.safetensors`.
+"""Traces on disk: a `NAME.mtrace/` folder holding `trace.msgpack` and, optionally, `tensors.safetensors` (and, for
+a trace with more tensors than one file's reserved header holds, `tensors-00001.safetensors` and so on).
 
 Writes are atomic: everything goes into a temporary sibling folder that is renamed into place, so a crash at
 any point leaves either the previous trace or the new one, never half of one. Reads never unpickle, check the
@@ -32,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from modeltrace.errors import TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 
 
@@ -43,24 +44,68 @@ TRACE_SUFFIX = ".mtrace"
 MAX_TRACE_BYTES = int(os.environ.get("MODELTRACE_MAX_TRACE_BYTES", 2 * 1024**3))
 
 
+def _temporary_prefix(destination: Path, pid: int) -> str:
+    return f".{destination.name}.tmp-{pid}-"
+
+
+def begin_trace(destination: Path) -> Path:
+    """Create and return the temporary sibling folder that a trace of `destination` is written into (files
+    streamed during the forward go there first); `write_trace(..., temporary=...)` completes it into place and
+    `discard_trace` deletes it. Its name carries this process's id, so that the worker that forked this process
+    can delete what a killed trace left (`remove_abandoned`)."""
+    destination = Path(destination).absolute()
+    temporary = destination.with_name(f"{_temporary_prefix(destination, os.getpid())}{uuid.uuid4().hex[:8]}")
+    # NOTE: as few file-system calls as the common case needs (the parent exists, the destination does not):
+    # each costs tens of µs right after a forward pass, and a tiny model's forward takes 2-4 ms.
+    try:
+        try:
+            temporary.mkdir()
+        except FileNotFoundError:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            temporary.mkdir()
+    except OSError as error:
+        raise ModelTraceError(
+            f"{destination}: cannot write a trace there ({error.strerror or error}: {error.filename or temporary})"
+        ) from None
+    return temporary
+
+
+def discard_trace(temporary: Path) -> None:
+    """Delete a temporary trace folder that will not be completed (best effort)."""
+    shutil.rmtree(temporary, ignore_errors=True)
+
+
+def remove_abandoned(destination: Path, pid: int) -> list[Path]:
+    """Delete the temporary folders that process `pid` left for a trace of `destination` (it was killed: a
+    cancelled or timed-out trace); returns those deleted."""
+    destination = Path(destination).absolute()
+    prefix = _temporary_prefix(destination, pid)
+    removed = []
+    try:
+        names = os.listdir(destination.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            shutil.rmtree(destination.parent / name, ignore_errors=True)
+            removed.append(destination.parent / name)
+    return removed
+
+
 def write_trace(
-    trace: Trace, destination: Path, write_extra: Callable[[Path], None] | None = None, durable: bool = True
+    trace: Trace, destination: Path, write_extra: Callable[[Path], None] | None = None, durable: bool = True,
+    temporary: Path | None = None,
 ) -> Path:
     """Write `trace` to the folder `destination` atomically; `write_extra(tmp_folder)` adds files (tensors).
 
     The rename makes the write atomic for every process, crashed or not. `durable` also flushes the trace to the
     disk before the rename (against power loss); the worker passes False and calls `sync_trace` after it has
     answered, so that the user does not wait for the disk (an fsync costs 1-4 ms here, a tiny model's forward 3).
+    `temporary`: the folder from `begin_trace` that files were already streamed into (deleted on failure).
     """
     destination = Path(destination).absolute()
-    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    # NOTE: as few file-system calls as the common case needs (the parent exists, the destination does not):
-    # each costs tens of µs right after a forward pass, and a tiny model's forward takes 2-4 ms.
-    try:
-        temporary.mkdir()
-    except FileNotFoundError:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        temporary.mkdir()
+    if temporary is None:
+        temporary = begin_trace(destination)
     try:
         _write_file(temporary / TRACE_FILE, _pack(trace), durable)
         if write_extra is not None:
@@ -449,3 +494,11 @@ def tensors_path(trace_folder: Path) -> Path | None:
     """The safetensors file of full tensors, when the trace has one."""
     candidate = Path(trace_folder) / TENSORS_FILE
     return candidate if candidate.is_file() else None
+
+
+def tensors_paths(trace_folder: Path) -> list[Path]:
+    """Every safetensors shard of the trace's full tensors: `tensors.safetensors`, then those a streamed trace
+    added (`tensors-00001.safetensors`, …); empty when it has none."""
+    from modeltrace.trace.tensors import shard_paths
+
+    return shard_paths(Path(trace_folder))

@@ -211,25 +211,38 @@ class TensorStore:
 
 
 class SafetensorsStore(TensorStore):
-    """A trace's `tensors.safetensors`."""
+    """A trace's `tensors.safetensors`, and the further shards of a streamed trace (`shard_paths`), if any."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *more: Path) -> None:
         self.file = SafetensorsFile(path)
+        self.files = [self.file]
+        try:
+            self.files.extend(SafetensorsFile(shard) for shard in more)
+        except BaseException:
+            self.close()
+            raise
+        # name -> the file holding it (the first one that does, were a name in two)
+        self._where: dict[str, SafetensorsFile] = {}
+        for tensor_file in reversed(self.files):
+            self._where.update(dict.fromkeys(tensor_file.tensors, tensor_file))
 
     def get(self, name: str) -> np.ndarray | None:
-        return self.file.array(name) if name in self.file.tensors else None
+        tensor_file = self._where.get(name)
+        return tensor_file.array(name) if tensor_file is not None else None
 
     def __contains__(self, name: object) -> bool:
-        return name in self.file.tensors
+        return name in self._where
 
     def raw(self, name: str) -> tuple[str, tuple[int, ...], memoryview] | None:
-        info = self.file.tensors.get(name)
-        if info is None:
+        tensor_file = self._where.get(name)
+        if tensor_file is None:
             return None
-        return info.code, info.shape, self.file.raw(name)
+        info = tensor_file.tensors[name]
+        return info.code, info.shape, tensor_file.raw(name)
 
     def close(self) -> None:
-        self.file.close()
+        for tensor_file in self.files:
+            tensor_file.close()
 
 
 class DebuggerTensors(TensorStore):
@@ -312,3 +325,105 @@ def file_size_checked(path: Path, limit: int, what: str) -> int:
     if size > limit:
         raise TraceFormatError(f"{path}: {size} bytes is over the {limit}-byte limit for a {what}")
     return size
+
+
+# NOTE: the header space each shard of a streamed tensors file reserves, growing per shard: a tiny trace wastes
+# 64 KB of spaces, a 1B model's few thousand tensors fit in the first two or three shards.
+FIRST_SHARD_HEADER_BYTES = 64 * 1024
+MAX_SHARD_HEADER_BYTES = 16 * 1024 * 1024
+
+
+def shard_name(index: int) -> str:
+    """The file name of shard `index` of a trace's tensors: the first is the `tensors.safetensors` that traces
+    have always had (so readers of one file read a trace of one shard unchanged), later ones
+    `tensors-00001.safetensors` and so on."""
+    return "tensors.safetensors" if index == 0 else f"tensors-{index:05d}.safetensors"
+
+
+def shard_paths(folder: Path) -> list[Path]:
+    """The tensor shard files of a trace folder, in order (the first absent: none; stops at the first gap)."""
+    paths: list[Path] = []
+    while (candidate := Path(folder) / shard_name(len(paths))).is_file():
+        paths.append(candidate)
+    return paths
+
+
+class StreamingSafetensorsWriter:
+    """Writes tensors into safetensors shard files one by one, as they arrive, never holding them.
+
+    A safetensors file starts with its header, which names every tensor and its offsets; a stream does not know
+    them in advance. Each shard therefore reserves header space after its 8-byte length prefix, writes tensors'
+    bytes back to back after it, and on `close` writes the header padded with spaces to the reserved size (the
+    format allows trailing spaces in the header: `safetensors` and `SafetensorsFile` read it as any other
+    file). A tensor whose header entry would overflow the reservation starts the next shard (`shard_name`).
+    The files are written into a trace's temporary folder (`storage.begin_trace`), so nothing reads them
+    before the rename that completes the trace.
+    """
+
+    def __init__(self, folder: Path, first_header_bytes: int = FIRST_SHARD_HEADER_BYTES) -> None:
+        self.folder = Path(folder)
+        self.shards = 0
+        self.bytes_written = 0
+        self._header_bytes = first_header_bytes
+        self._descriptor: int | None = None
+        self._entries: dict[str, Any] = {}
+        self._header_used = 2  # the braces
+        self._offset = 0
+
+    def _open_shard(self) -> None:
+        path = self.folder / shard_name(self.shards)
+        self._descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        os.lseek(self._descriptor, 8 + self._header_bytes, os.SEEK_SET)
+        self.shards += 1
+        self._entries = {}
+        self._header_used = 2
+        self._offset = 0
+
+    def write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
+        """Append one tensor: `data` its little-endian row-major bytes (any buffer: written without a copy)."""
+        length = data.nbytes
+        entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
+        # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
+        size = len(json.dumps({name: entry}, separators=(",", ":"))) + 1
+        if self._descriptor is None or self._header_used + size > self._header_bytes:
+            if self._descriptor is not None:
+                self._close_shard()
+                self._header_bytes = min(self._header_bytes * 4, MAX_SHARD_HEADER_BYTES)
+            # NOTE: a name too long for any reservation would loop: it is a caller's bug, said as such
+            if size + 2 > self._header_bytes:
+                raise ValueError(f"tensor name {name[:80]!r}… is too long for a safetensors header")
+            self._open_shard()
+            entry["data_offsets"] = [0, length]
+        assert self._descriptor is not None
+        view = data.cast("B") if data.ndim != 1 or data.format != "B" else data
+        while view:
+            view = view[os.write(self._descriptor, view) :]
+        self._entries[name] = entry
+        self._header_used += size
+        self._offset += length
+        self.bytes_written += length
+
+    def _close_shard(self) -> None:
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is None:
+            return
+        try:
+            encoded = json.dumps(self._entries, separators=(",", ":")).encode()
+            encoded += b" " * (self._header_bytes - len(encoded))
+            payload = struct.pack("<Q", self._header_bytes) + encoded
+            view = memoryview(payload)
+            position = 0
+            while position < len(payload):
+                position += os.pwrite(descriptor, view[position:], position)
+        finally:
+            os.close(descriptor)
+
+    def close(self) -> None:
+        """Write the last shard's header; the files are complete safetensors files from here on."""
+        self._close_shard()
+
+    def abort(self) -> None:
+        """Close without completing (the caller deletes the temporary folder)."""
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is not None:
+            os.close(descriptor)

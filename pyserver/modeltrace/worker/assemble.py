@@ -8,8 +8,10 @@ transformers, when installed, is named among the versions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,9 @@ import torch
 
 import modeltrace
 from modeltrace.trace.records import Trace
-from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.trace.storage import TENSORS_FILE, begin_trace, discard_trace, write_trace
 from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.tensor_stream import TensorStream
 from modeltrace.worker.lines import LineCapture
 
 
@@ -62,6 +65,8 @@ def assemble_trace(header: dict[str, Any], capture: ModuleCapture, line_capture:
     if capture.full_tensors:
         options["max_tensor_bytes"] = capture.max_tensor_bytes
         options["max_trace_bytes"] = capture.max_trace_bytes
+        if capture.stream is not None:
+            options["tensor_memory_bytes"] = capture.stream.memory_budget
     if capture.skipped:
         trace.model["tensors_not_stored"] = capture.skipped
     if line_capture and line_capture.truncated:
@@ -71,8 +76,56 @@ def assemble_trace(header: dict[str, Any], capture: ModuleCapture, line_capture:
     return trace
 
 
+def start_stream(out: Path, memory_budget: int) -> TensorStream:
+    """A `TensorStream` writing into a new temporary folder for the trace `out` (`storage.begin_trace`), for a
+    `ModuleCapture(..., stream=...)`; `write_captured` completes it into place."""
+    temporary = begin_trace(out)
+    try:
+        return TensorStream(temporary, memory_budget)
+    except BaseException:
+        discard_trace(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def discarded_on_error(stream: TensorStream | None) -> Iterator[None]:
+    """Around the forward: if it raises (or is interrupted), stop the stream's writer and delete its temporary
+    folder, so that a failed trace leaves nothing behind."""
+    try:
+        yield
+    except BaseException:
+        if stream is not None:
+            stream.abort()
+            discard_trace(stream.folder)
+        raise
+
+
+def _finish_stream(trace: Trace, stream: TensorStream) -> None:
+    """Wait for the writer (raising its error after deleting the folder), then turn the records that name a
+    tensor the writer could not keep (changed in place unseen) into statistics-only ones, saying why."""
+    try:
+        stream.finish()
+    except BaseException:
+        discard_trace(stream.folder)
+        raise
+    if not stream.stale:
+        return
+    reasons = {summary.tensor: reason for summary, reason in stream.stale}
+    summaries = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)]
+    summaries += [record.tensor for record in trace.lines]
+    for summary in summaries:
+        reason = reasons.get(summary.tensor)
+        if reason is not None:
+            summary.tensor, summary.not_stored = None, reason
+    trace.model["tensors_not_stored"] = int(trace.model.get("tensors_not_stored") or 0) + len(reasons)
+
+
 def write_captured(trace: Trace, capture: ModuleCapture, out: Path, durable: bool = True) -> Path:
-    """Write `trace` with the capture's full tensors (safetensors) into the folder `out`, atomically."""
+    """Write `trace` with the capture's full tensors (safetensors) into the folder `out`, atomically: the shards
+    its stream has been writing, completed, or the kept copies written now."""
+    if capture.stream is not None:
+        _finish_stream(trace, capture.stream)
+        return write_trace(trace, out, None, durable=durable, temporary=capture.stream.folder)
     write_extra = None
     if capture.tensors:
         from safetensors.torch import save_file

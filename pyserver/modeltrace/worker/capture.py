@@ -23,6 +23,7 @@ from torch import nn
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import source_map
 from modeltrace.worker.placement import module_devices
+from modeltrace.worker.tensor_stream import TensorStream
 from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu
 
 
@@ -254,7 +255,9 @@ class ModuleCapture:
     With `full_tensors`, a CPU copy of every captured tensor is kept in `tensors` under the name stored in
     its summary's `tensor` field (`"{record index}/outputs/{key}"`), for the safetensors file of the trace;
     a tensor over `max_tensor_bytes`, or one that would take the kept total over `max_trace_bytes`, is not
-    kept: its summary says why in `not_stored` and keeps its statistics (`skipped` counts them).
+    kept: its summary says why in `not_stored` and keeps its statistics (`skipped` counts them). With a
+    `stream` (`worker/tensor_stream.py`), kept tensors are written to disk by its writer thread while the forward
+    runs instead, uncopied unless the forward changes them in place afterwards, and `tensors` stays empty.
 
     The wrapper runs on every module call, so it is written for speed (see bench/bench_capture.py): one
     closure with the capture's state bound, per-class caches for class locations and `forward`'s parameter
@@ -272,8 +275,12 @@ class ModuleCapture:
         max_tensor_bytes: int | None = None,
         max_trace_bytes: int | None = None,
         retain_calls_bytes: int | None = None,
+        stream: TensorStream | None = None,
     ) -> None:
         self.model = model
+        # NOTE: with a stream, kept tensors go to its writer thread while the forward runs (no copy, no
+        # `tensors` dict); without one they are copied into `tensors`, for callers that write them themselves
+        self.stream = stream
         # NOTE: with `retain_calls_bytes`, each call's own arguments are kept (references, no copies) while the
         # tensors they hold stay under that many bytes, so that a replay can call a module again without a
         # forward (`worker/replay.py`); calls past the budget are not kept.
@@ -323,6 +330,8 @@ class ModuleCapture:
         # times) is paused until exit, when whatever the forward left in cycles is collected as usual.
         self._collector_was_enabled = gc.isenabled()
         gc.disable()
+        if self.stream is not None and self.full_tensors:
+            self.stream.guard.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -330,6 +339,8 @@ class ModuleCapture:
             self._unwrap()
             self.pending.resolve()
             self.summary_cache.clear()
+            if self.stream is not None and self.full_tensors:
+                self.stream.guard.__exit__(*exc_info)
         finally:
             if self._collector_was_enabled:
                 gc.enable()
@@ -421,6 +432,11 @@ class ModuleCapture:
             summary.not_stored = f"{_megabytes(size)} is over the {_megabytes(self.max_tensor_bytes)} limit per tensor"
         elif self.max_trace_bytes is not None and self.stored_bytes + size > self.max_trace_bytes:
             summary.not_stored = f"the trace's tensors reached the {_megabytes(self.max_trace_bytes)} limit per trace"
+        elif self.stream is not None:
+            if self.stream.put(name, tensor, summary):
+                summary.tensor = name
+                self.stored_bytes += size
+                return
         else:
             summary.tensor = name
             self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()

@@ -18,14 +18,19 @@ import torch
 
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.assemble import assemble_trace, write_captured
+from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.protocol import DEFAULT_KEEP_CALLS_MB, DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+from modeltrace.worker.protocol import (
+    DEFAULT_KEEP_CALLS_MB,
+    DEFAULT_MAX_TENSOR_MB,
+    DEFAULT_MAX_TRACE_MB,
+    DEFAULT_TENSOR_MEMORY_MB,
+)
 from modeltrace.worker.replay import keep_candidate
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -103,7 +108,12 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
                                                else "forward + backward" if request.get("backward") else "forward"))
     line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
     generation = gradients = None
+    # NOTE: full tensors stream to the trace's temporary folder during the forward (`worker/tensor_stream.py`)
+    stream = start_stream(
+        Path(request["out"]), _limit_bytes(request, "tensor_memory_mb", DEFAULT_TENSOR_MEMORY_MB)
+    ) if request.get("full_tensors") and not built.shape_only else None
     with contextlib.ExitStack() as stack:
+        stack.enter_context(discarded_on_error(stream))
         if not request.get("backward"):
             stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
@@ -116,6 +126,7 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             retain_calls_bytes=(_limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
                                 if request.get("keep_for_replay") and not built.shape_only
                                 and not request.get("device_map") else None),
+            stream=stream,
         ))
         line_capture = None
         if line_files:
@@ -139,7 +150,8 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
     # NOTE: after the forward, so that the capture's tensor limits favour the activations over the weights
     from modeltrace.worker.placement import onloaded
 
-    with onloaded(built.model):  # weights accelerate offloaded: fingerprinted for real, then offloaded again
+    # weights accelerate offloaded: fingerprinted for real, then offloaded again; they go to the stream too
+    with onloaded(built.model), discarded_on_error(stream):
         builds = record_builds(
             built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
         )

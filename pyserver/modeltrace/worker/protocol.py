@@ -17,8 +17,13 @@ import msgpack
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Full tensors kept by one trace (`--max-tensor-mb`, `--max-trace-mb`, modelTrace.maxTensorMB/maxTraceMB): a
 # tensor over the first, or one that would take the trace's total over the second, keeps its statistics only.
-DEFAULT_MAX_TENSOR_MB = 64.0
-DEFAULT_MAX_TRACE_MB = 1024.0
+# NOTE: sized so that a 1B model at sequence 256 is stored whole, weights included (Llama-3.2-1B in float32:
+# 4.7 GB of weights, a 1002 MB embedding, about 1 GB of activations).
+DEFAULT_MAX_TENSOR_MB = 1024.0
+DEFAULT_MAX_TRACE_MB = 8192.0
+# Full tensors held in memory while the trace's writer catches up (`--tensor-memory-mb`,
+# modelTrace.tensorMemoryMB): past it, the forward waits for the writer (`worker/tensor_stream.py`).
+DEFAULT_TENSOR_MEMORY_MB = 1024.0
 # A trace request with `keep_for_replay` (the editor's, when the document has a reference and replay is on)
 # leaves its child alive after answering, holding the model and the arguments of its calls (up to
 # `keep_calls_mb` of tensors), so that the diff's replay re-runs suspect modules without rebuilding the model or

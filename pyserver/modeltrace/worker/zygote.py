@@ -20,6 +20,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,20 @@ PRELOADED_MODULES = (
 def _preload() -> None:
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
+
+
+def _remove_abandoned(request: dict[str, Any], child: int) -> None:
+    """Delete the temporary trace folder a killed child left (its full tensors were streaming into it), once the
+    child has exited (waited for without reaping it: `_run` reaps it)."""
+    if not request.get("out"):
+        return
+    try:
+        os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        pass
+    from modeltrace.trace.storage import remove_abandoned
+
+    remove_abandoned(request["out"], child)
 
 
 def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
@@ -120,7 +135,8 @@ class Zygote:
             os.close(requests_read)
         write_frame(self.frames_out, {"type": "started", "pid": child})
         timeout = float(request.get("timeout") or 120)
-        outcome, final, client_alive = self._relay(child, read_end, timeout)
+        outcome, final, client_alive = self._relay(child, read_end, timeout,
+                                                   on_kill=lambda: _remove_abandoned(request, child))
         if keep and final is not None and final.get("type") == "result" and final.get("kept_for_replay"):
             self.kept = _KeptChild(child, read_end, requests_write, os.path.realpath(str(final["trace"])))
             return client_alive
@@ -132,20 +148,26 @@ class Zygote:
         finally:
             os.close(read_end)
             _, status = os.waitpid(child, 0)
-        if outcome == "died" and client_alive:
-            self._send_error(_death_message(status, timeout))
+        if outcome == "died":
+            _remove_abandoned(request, child)
+            if client_alive:
+                self._send_error(_death_message(status, timeout))
         return client_alive
 
-    def _relay(self, child: int, read_end: int, timeout: float) -> tuple[str, dict[str, Any] | None, bool]:
+    def _relay(self, child: int, read_end: int, timeout: float,
+               on_kill: Callable[[], None] | None = None) -> tuple[str, dict[str, Any] | None, bool]:
         """Relay a child's frames to the client until it answers (`result` or `error`), while serving `cancel`
         and `shutdown` and enforcing `timeout`. Returns the outcome (`answered`, `killed`: stopped here, the
         client told why; `died`: the pipe closed without an answer), the answer, and whether the client is
-        still there."""
+        still there. `on_kill` runs once a child stopped here has exited, before the client is told (a trace's
+        temporary folder is removed there)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill(child)
+                if on_kill is not None:
+                    on_kill()
                 self._send_error({"type": "TimeoutError", "message": (
                     f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
                     "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
@@ -155,6 +177,8 @@ class Zygote:
                 message = read_frame(self.frames_in)
                 if message is None or message["type"] in ("cancel", "shutdown"):
                     self._kill(child)
+                    if on_kill is not None:
+                        on_kill()
                     if message is None or message["type"] == "shutdown":
                         return "killed", None, False
                     self._send_error({"type": "Cancelled", "message": "the trace was cancelled"})

@@ -21,6 +21,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.timeout", 30);
         vscodeFake.settings.set("modelTrace.maxTensorMB", 0.5);
         vscodeFake.settings.set("modelTrace.maxTraceMB", 0);
+        vscodeFake.settings.set("modelTrace.tensorMemoryMB", 256);
         vscodeFake.settings.set("modelTrace.shapeOnly", true);
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
         vscodeFake.settings.set("modelTrace.deviceMap", " auto ");
@@ -47,6 +48,7 @@ describe("settings", () => {
                 timeout: 30,
                 maxTensorMB: 0.5,
                 maxTraceMB: 0,
+                tensorMemoryMB: 256,
                 shapeOnly: true,
                 checkpoint: "/models/tiny-llama",
                 deviceMap: "auto",
@@ -78,6 +80,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.deviceMap", 3);
         vscodeFake.settings.set("modelTrace.maxTensorMB", -1);
         vscodeFake.settings.set("modelTrace.maxTraceMB", "big");
+        vscodeFake.settings.set("modelTrace.tensorMemoryMB", -3);
         vscodeFake.settings.set("modelTrace.diffAtol", -1);
         vscodeFake.settings.set("modelTrace.diffRtol", "0.1");
         vscodeFake.settings.set("modelTrace.diffMaps", "a=>b");

@@ -34,7 +34,7 @@ async def test_max_tensor_mb_limits_what_a_reference_trace_stores(client: Langua
         configure(client, {"maxTensorMB": limit})
         result = await execute(client, "modelTrace.trace", uri)
     finally:
-        configure(client, {"maxTensorMB": 64, "maxTraceMB": 1024})
+        configure(client, {"maxTensorMB": 1024, "maxTraceMB": 8192})
 
     assert result["ok"], result
     trace = read_trace(result["trace"])
@@ -51,6 +51,8 @@ async def test_max_tensor_mb_limits_what_a_reference_trace_stores(client: Langua
         types.HoverParams(text_document=types.TextDocumentIdentifier(uri=uri), position=position)
     )
     assert "| statistics |" in hover.contents.value, hover.contents.value
+    # and says which modules were compared by statistics only, and why
+    assert "not stored in full" in hover.contents.value and "mlp" in hover.contents.value, hover.contents.value
     assert (await execute(client, "modelTrace.clear", uri))["ok"]
 
 
@@ -62,7 +64,7 @@ async def test_max_trace_mb_zero_stores_no_tensor(client: LanguageClient, tmp_pa
         configure(client, {"maxTraceMB": 0})
         result = await execute(client, "modelTrace.trace", uri)
     finally:
-        configure(client, {"maxTensorMB": 64, "maxTraceMB": 1024})
+        configure(client, {"maxTensorMB": 1024, "maxTraceMB": 8192})
 
     assert result["ok"] and result["diff"]["match"] is True
     trace = read_trace(result["trace"])
@@ -75,6 +77,8 @@ async def test_max_trace_mb_zero_stores_no_tensor(client: LanguageClient, tmp_pa
 async def test_limit_settings_parse_and_skip_bad_values() -> None:
     settings = Settings().updated({"maxTensorMB": 0.5, "maxTraceMB": 0})
     assert settings.max_tensor_mb == 0.5 and settings.max_trace_mb == 0
-    assert Settings().max_tensor_mb == 64 and Settings().max_trace_mb == 1024
+    assert Settings().max_tensor_mb == 1024 and Settings().max_trace_mb == 8192
+    assert Settings().updated({"tensorMemoryMB": 256}).tensor_memory_mb == 256
+    assert Settings().tensor_memory_mb == 1024
     for bad in (-1, "lots", None, True, float("nan"), float("inf")):
         assert Settings().updated({"maxTensorMB": bad, "maxTraceMB": bad}) == Settings()

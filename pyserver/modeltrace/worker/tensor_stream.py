@@ -1,0 +1,295 @@
+"""Full tensors streamed to disk while the forward runs: a background writer fed by a bounded queue.
+
+`ModuleCapture(..., stream=TensorStream(...))` hands each tensor to keep to `TensorStream.put` instead of copying
+it: the queue holds the live tensor (no copy), and a writer thread writes its bytes into the safetensors shards
+of the trace's temporary folder (`StreamingSafetensorsWriter`) while the forward goes on; the write releases the
+GIL, so it hides behind torch's compute. Three things keep that correct and bounded:
+
+- Memory: the queue holds at most `memory_budget` bytes of tensors not yet written (tensors the forward would
+  otherwise have freed by then); a `put` that would go past it waits for the writer (back-pressure), so a
+  full-tensor trace's peak memory is the plain forward's plus the budget, whatever the model size. One tensor
+  larger than the whole budget is let in alone, once the queue is empty.
+- Values as captured: a queued tensor that the forward is about to change in place (`x.add_`, `x[...] = `,
+  `relu(inplace=True)`, `out=`) is copied first, once (`_InPlaceGuard`, a `TorchFunctionMode` that looks only at
+  in-place calls, and only while tensors are queued); nothing is copied that is never changed. The tensor's
+  version counter (`_version`) is the safety net for a change the guard cannot see (inside C++ code): a tensor
+  whose version moved before or while it was written is not kept (`stale`, with the reason for its summary).
+- Failure: the first write error (disk full, a folder that cannot be written) stops the writer, drops the
+  queue, and is raised by the next `put` (stopping the forward) or by `finish`, as one `ModelTraceError`
+  naming the folder; the caller discards the temporary folder, so no half-written trace is left.
+
+Device tensors are copied to the CPU when captured (that copy has to happen anyway; the copy cannot change).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from modeltrace.errors import ModelTraceError
+from modeltrace.trace.records import TensorSummary
+from modeltrace.trace.tensors import DTYPE_CODES, StreamingSafetensorsWriter
+from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB  # noqa: F401 - re-exported for the worker
+
+
+# torch dtypes that have a safetensors code beyond the ones `trace/tensors.py` reads as NumPy arrays
+_EXTRA_CODES = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
+def safetensors_code(dtype: torch.dtype) -> str | None:
+    name = str(dtype).removeprefix("torch.")
+    return DTYPE_CODES.get(name) or _EXTRA_CODES.get(name)
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    name: str
+    tensor: torch.Tensor
+    summary: TensorSummary
+    size: int
+    version: int  # at capture; -1: no version counter (an inference tensor), or a private copy
+    storage: int  # the address of its storage, 0 for a private copy (nothing else can change it)
+    written: bool = False
+
+
+def _version(tensor: torch.Tensor) -> int:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors track no version
+        return -1
+
+
+class TensorStream:
+    """The queue and the writer thread of one trace's full tensors (see the module docstring).
+
+    `put` from the capturing thread; `finish` once, after the last `put`, to wait for the writer and complete
+    the files (or raise its error); `abort` to stop it without completing. `stale` lists the summaries of
+    tensors that were changed in place by something the guard cannot see, with the reason; `peak_queued_bytes`
+    is the most the queue held at once (at most the budget, or one larger tensor alone).
+    """
+
+    def __init__(self, folder: Path, memory_budget: int) -> None:
+        self.folder = Path(folder)
+        self.memory_budget = max(0, int(memory_budget))
+        self.files = StreamingSafetensorsWriter(self.folder)
+        self.queued_bytes = 0
+        self.peak_queued_bytes = 0
+        self.waited_seconds = 0.0  # the forward's time spent waiting for the writer (back-pressure)
+        self.copies = 0  # tensors copied before an in-place change
+        self.stale: list[tuple[TensorSummary, str]] = []
+        self.error: BaseException | None = None
+        self._queue: deque[_Entry] = deque()
+        self._by_storage: dict[int, list[_Entry]] = {}
+        self._writing: _Entry | None = None
+        self._closing = False
+        self._condition = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="modeltrace-tensor-writer", daemon=True)
+        self._thread.start()
+        self.guard = _InPlaceGuard(self)
+
+    # -- the capturing thread ------------------------------------------------------------------------------
+
+    def put(self, name: str, tensor: torch.Tensor, summary: TensorSummary) -> bool:
+        """Queue `tensor` to be written under `name`; False (with `summary.not_stored` saying why) for a tensor
+        that cannot be stored. Waits while the queue is over the budget; raises the writer's error."""
+        code = safetensors_code(tensor.dtype)
+        if code is None or tensor.layout is not torch.strided:
+            summary.not_stored = f"{str(tensor.dtype).removeprefix('torch.')} {tensor.layout} tensors are not stored"
+            return False
+        tensor = tensor.detach()
+        size = tensor.numel() * tensor.element_size()
+        version, storage = _version(tensor), 0
+        if tensor.device.type != "cpu":
+            tensor = tensor.to("cpu")  # the copy that has to happen: nothing can change it after
+            version = -1
+        elif size:
+            storage = tensor.untyped_storage().data_ptr()
+        entry = _Entry(name, tensor, summary, size, version, storage)
+        condition = self._condition
+        with condition:
+            if self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
+                waited = time.perf_counter()
+                while self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
+                    condition.wait()
+                self.waited_seconds += time.perf_counter() - waited
+            if self.error is not None:
+                raise self._failure()
+            self.queued_bytes += size
+            self.peak_queued_bytes = max(self.peak_queued_bytes, self.queued_bytes)
+            self._queue.append(entry)
+            if storage:
+                self._by_storage.setdefault(storage, []).append(entry)
+            condition.notify_all()
+        return True
+
+    def protect(self, target: Any) -> None:
+        """Called before an in-place change of `target`: a queued tensor over the same storage is copied first
+        (once), or, when the writer is reading it right now, the change waits until it is written."""
+        if not isinstance(target, torch.Tensor) or not target.is_cpu:
+            return
+        try:
+            storage = target.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no storage (a subclass, a meta tensor)
+            return
+        condition = self._condition
+        with condition:
+            entries = self._by_storage.pop(storage, None)
+            if not entries:
+                return
+            for entry in entries:
+                while self._writing is entry and not entry.written:
+                    condition.wait()
+                if not entry.written:
+                    entry.tensor = entry.tensor.clone(memory_format=torch.contiguous_format)
+                    entry.version, entry.storage = -1, 0
+                    self.copies += 1
+
+    def finish(self) -> None:
+        """Wait for every queued tensor to be written, then complete the files; raises the writer's error."""
+        with self._condition:
+            self._closing = True
+            self._condition.notify_all()
+        self._thread.join()
+        if self.error is not None:
+            self.files.abort()
+            raise self._failure()
+        try:
+            self.files.close()
+        except OSError as error:
+            self.error = error
+            raise self._failure() from None
+
+    def abort(self) -> None:
+        """Stop the writer without completing the files (the caller deletes the folder)."""
+        with self._condition:
+            self._closing = True
+            if self.error is None:
+                self.error = ModelTraceError("the trace was stopped")
+            self._drop_queue()
+            self._condition.notify_all()
+        self._thread.join()
+        self.files.abort()
+
+    def _failure(self) -> ModelTraceError:
+        error = self.error
+        if isinstance(error, ModelTraceError):
+            return error
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        return ModelTraceError(
+            f"{self.folder}: writing the trace's full tensors failed ({type(error).__name__}: {reason}); no trace "
+            "was written. Free some disk space, choose another --out, or lower --max-trace-mb"
+        )
+
+    # -- the writer thread ---------------------------------------------------------------------------------
+
+    def _drop_queue(self) -> None:
+        self._queue.clear()
+        self._by_storage.clear()
+        self.queued_bytes = 0
+
+    def _run(self) -> None:
+        condition = self._condition
+        while True:
+            with condition:
+                while not self._queue and not self._closing:
+                    condition.wait()
+                if not self._queue:
+                    return
+                entry = self._queue.popleft()
+                if entry.version >= 0 and _version(entry.tensor) != entry.version:
+                    self._forget(entry, "changed in place before it was written, by an operation ModelTrace "
+                                        "cannot see; its statistics are from before the change")
+                    continue
+                self._writing = entry
+                tensor = entry.tensor
+            try:
+                self._write(entry.name, tensor)
+            except BaseException as error:  # noqa: BLE001 - handed to the capturing thread, raised there
+                with condition:
+                    self.error = error
+                    self._writing = None
+                    entry.written = True
+                    self._drop_queue()
+                    condition.notify_all()
+                return
+            with condition:
+                if entry.version >= 0 and _version(tensor) != entry.version:
+                    self.stale.append((entry.summary, "changed in place while it was being written, by an "
+                                                      "operation ModelTrace cannot see"))
+                self._writing = None
+                self._forget(entry, None)
+
+    def _forget(self, entry: _Entry, stale_reason: str | None) -> None:
+        """Done with `entry` (the condition's lock held): written, or not to be."""
+        entry.written = True
+        if stale_reason is not None:
+            self.stale.append((entry.summary, stale_reason))
+        if entry.storage:
+            siblings = self._by_storage.get(entry.storage)
+            if siblings is not None:
+                if entry in siblings:
+                    siblings.remove(entry)
+                if not siblings:
+                    del self._by_storage[entry.storage]
+        entry.tensor = _RELEASED
+        self.queued_bytes -= entry.size
+        self._condition.notify_all()
+
+    def _write(self, name: str, tensor: torch.Tensor) -> None:
+        # NOTE: `contiguous` (a copy for a strided view, made here, off the forward's thread) then the bytes as a
+        # flat uint8 view: the write goes from the tensor's own memory, without a copy.
+        flat = tensor.contiguous().reshape(-1)
+        data = flat.view(torch.uint8).numpy() if flat.numel() else memoryview(b"")
+        self.files.write(name, safetensors_code(tensor.dtype) or "", tensor.shape, memoryview(data))
+
+
+_RELEASED = torch.empty(0)
+
+
+# Dunder methods that change their tensor in place (`x += y`, `x[i] = v`); every other in-place torch call ends
+# in one underscore (`add_`, `copy_`, `masked_fill_`), takes `inplace=True`, or writes into `out=`.
+_IN_PLACE_DUNDERS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__",
+    "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__setitem__",
+})
+
+
+def _changes_first_argument(function: Any) -> bool:
+    name = getattr(function, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
+
+
+class _InPlaceGuard(TorchFunctionMode):
+    """Sees every torch call of the forward (a `TorchFunctionMode`), and before one that changes a tensor in
+    place has `TensorStream.protect` copy any queued tensor over the same memory. A dictionary look-up per call
+    when nothing is queued or the call changes nothing."""
+
+    def __init__(self, stream: TensorStream) -> None:
+        super().__init__()
+        self.stream = stream
+        self._in_place: dict[Any, bool] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if self.stream._by_storage:
+            try:
+                in_place = self._in_place.get(func)
+                if in_place is None:
+                    in_place = self._in_place[func] = _changes_first_argument(func)
+            except TypeError:  # an unhashable callable
+                in_place = _changes_first_argument(func)
+            if (in_place or kwargs.get("inplace") is True) and args:
+                self.stream.protect(args[0])
+            out = kwargs.get("out")
+            if out is not None:
+                for target in out if isinstance(out, (tuple, list)) else (out,):
+                    self.stream.protect(target)
+        return func(*args, **kwargs)

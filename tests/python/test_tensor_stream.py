@@ -1,0 +1,306 @@
+"""Full tensors streamed to disk during the forward (`worker/tensor_stream.py`): a slow writer still stores every
+tensor within the memory budget, a tensor changed in place after capture is stored as captured, a failing writer
+(disk full) or a cancelled trace leaves no folder behind, and streamed shards read like any safetensors file.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from transformers import LlamaConfig, LlamaModel
+
+import modeltrace
+from modeltrace.errors import ModelTraceError, TraceFailed
+from modeltrace.trace.records import Trace
+from modeltrace.trace.reference import load_reference
+from modeltrace.trace.tensors import SafetensorsStore, StreamingSafetensorsWriter, shard_paths
+from modeltrace.worker.assemble import discarded_on_error, start_stream, write_captured
+from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.client import WorkerClient
+
+from conftest import EXAMPLE_MODELING_FILE
+
+
+def small_llama() -> tuple[LlamaModel, torch.Tensor]:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager", use_cache=False)
+    return LlamaModel(config).eval(), torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
+
+
+def streamed_trace(model: nn.Module, inputs: torch.Tensor | tuple, out: Path, budget: int) -> tuple[Path, object]:
+    """Capture with full tensors streamed as `worker/job.py` does; returns the folder written and the stream."""
+    stream = start_stream(out, budget)
+    with discarded_on_error(stream), torch.no_grad(), ModuleCapture(model, full_tensors=True, stream=stream) as capture:
+        model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    trace = Trace(model={"class": type(model).__name__}, modules=capture.records)
+    return write_captured(trace, capture, out), stream
+
+
+def copied_tensors(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same capture keeping copies in memory (the path without a stream), to compare with."""
+    with torch.no_grad(), ModuleCapture(model, full_tensors=True) as capture:
+        model(inputs)
+    return capture.tensors
+
+
+@pytest.fixture
+def slow_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer sleeps before each tensor: the forward outruns it."""
+    write = StreamingSafetensorsWriter.write
+
+    def throttled(self: StreamingSafetensorsWriter, *arguments: object) -> None:
+        time.sleep(0.02)
+        write(self, *arguments)
+
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write", throttled)
+
+
+def test_a_slow_writer_stores_every_tensor_within_the_memory_budget(slow_writer: None, tmp_path: Path) -> None:
+    model, inputs = small_llama()
+    expected = copied_tensors(model, inputs)
+    budget = 8 * 1024  # a few of the model's tensors: the forward must wait for the writer
+    folder, stream = streamed_trace(model, inputs, tmp_path / "slow.mtrace", budget)
+    largest = max(tensor.numel() * tensor.element_size() for tensor in expected.values())
+    assert stream.peak_queued_bytes <= max(budget, largest)
+    assert stream.waited_seconds > 0  # back-pressure, not a growing queue
+    assert stream.copies == 0  # nothing was changed in place: nothing was copied
+    with load_reference(folder) as loaded:
+        named = {summary.tensor for record in loaded.trace.modules for summary in (*record.inputs, *record.outputs)
+                 if summary.tensor is not None}
+        assert named == set(expected)
+        for name, tensor in expected.items():
+            assert np.array_equal(loaded.tensors.get(name), tensor.numpy()), name
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["slow.mtrace"]
+
+
+@pytest.fixture
+def held_writer(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The writer writes nothing until the event is set (by the end of the model's forward): every captured
+    tensor is still waiting in the queue when the forward changes it, however loaded the machine is."""
+    write = StreamingSafetensorsWriter.write
+    gate = threading.Event()
+
+    def held(self: StreamingSafetensorsWriter, *arguments: object) -> None:
+        assert gate.wait(timeout=60)
+        write(self, *arguments)
+
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write", held)
+    return gate
+
+
+class InPlaceAfterCapture(nn.Module):
+    """A module output changed in place by its caller after it was captured, three ways."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 6)
+        self.third = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
+        hidden = self.first(x)
+        hidden.add_(100.0)  # the output of `first`, changed after the capture
+        other = self.second(hidden)
+        other[:, 0] = -5.0  # __setitem__
+        last = self.third(other)
+        result = torch.relu_(last.view(-1)).view_as(last)  # through a view
+        done.set()
+        return result
+
+
+def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(held_writer: threading.Event,
+                                                                        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = InPlaceAfterCapture(), torch.randn(3, 6)
+    with torch.no_grad():
+        first = model.first(x)
+        second = model.second(first + 100.0)
+        third = model.third(torch.cat([torch.full((3, 1), -5.0), second[:, 1:]], dim=1))
+    folder, stream = streamed_trace(model, (x, held_writer), tmp_path / "inplace.mtrace", 1 << 20)
+    assert stream.copies == 3  # the three changed tensors, and only those, were copied first
+    with load_reference(folder) as loaded:
+        outputs = {record.path: loaded.tensors.get(record.outputs[0].tensor) for record in loaded.trace.modules}
+    assert np.array_equal(outputs["first"], first.numpy())  # without the +100
+    assert np.array_equal(outputs["second"], second.numpy())  # without the -5 column
+    assert np.array_equal(outputs["third"], third.numpy())  # with its negative values
+    assert (outputs["third"] < 0).any()
+
+
+def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threading.Event,
+                                                              tmp_path: Path) -> None:
+    class Unseen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
+            hidden = self.first(x)
+            with torch._C.DisableTorchFunction():  # as C++ code would: no torch function mode sees it
+                hidden.add_(1.0)
+            done.set()
+            return hidden
+
+    model = Unseen()
+    folder, stream = streamed_trace(model, (torch.randn(2, 4), held_writer), tmp_path / "unseen.mtrace", 1 << 20)
+    with load_reference(folder) as loaded:
+        first = next(record for record in loaded.trace.modules if record.path == "first").outputs[0]
+        assert first.tensor is None and "changed in place" in first.not_stored
+        assert loaded.trace.model["tensors_not_stored"] >= 1
+
+
+def test_a_disk_full_mid_forward_leaves_no_folder_and_one_error(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    model, inputs = small_llama()
+    write = StreamingSafetensorsWriter.write
+    calls = []
+
+    def filling(self: StreamingSafetensorsWriter, *arguments: object) -> None:
+        calls.append(1)
+        if len(calls) > 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, *arguments)
+
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write", filling)
+    out = tmp_path / "full.mtrace"
+    with pytest.raises(ModelTraceError) as failure:
+        with modeltrace.capture(model, out, full_tensors=True), torch.no_grad():
+            model(inputs)
+    assert "No space left on device" in str(failure.value) and str(tmp_path) in str(failure.value)
+    assert list(tmp_path.iterdir()) == []  # neither the trace nor its temporary folder
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write", write)
+    with modeltrace.capture(model, out, full_tensors=True), torch.no_grad():
+        model(inputs)
+    with load_reference(out) as loaded:
+        assert loaded.tensors is not None and len(loaded.tensors.file.names()) > 20
+
+
+def test_an_exception_in_the_forward_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    model, inputs = small_llama()
+    stream = start_stream(tmp_path / "x.mtrace", 1 << 20)
+    with pytest.raises(RuntimeError):
+        with discarded_on_error(stream), torch.no_grad(), ModuleCapture(model, full_tensors=True, stream=stream):
+            model(inputs)
+            raise RuntimeError("the model failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+CANCELLED_RECIPE = '''
+import time
+import torch
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(256, 256)
+
+    def forward(self, hidden_states):
+        for _ in range(50):
+            hidden_states = self.proj(hidden_states)
+        time.sleep(60)
+        return hidden_states
+
+
+def build_model():
+    return Slow()
+
+
+def build_inputs(model):
+    return (torch.randn(64, 256),)
+'''
+
+
+def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp_path: Path) -> None:
+    import sys
+
+    recipe = tmp_path / "recipe_slow.py"
+    recipe.write_text(CANCELLED_RECIPE)
+    out = tmp_path / "traces" / "slow.mtrace"
+    request = {"file": str(recipe), "recipe": str(recipe), "out": str(out), "timeout": 120, "full_tensors": True}
+    with WorkerClient(python=sys.executable) as worker:
+        worker.start()
+        timer = threading.Timer(4.0, worker.cancel)
+        timer.start()
+        try:
+            with pytest.raises(TraceFailed) as failure:
+                worker.trace(request)
+        finally:
+            timer.cancel()
+        assert failure.value.error["type"] == "Cancelled"
+        assert list(out.parent.iterdir()) == []  # the temporary folder the tensors streamed into is gone
+        result = worker.trace({"file": str(EXAMPLE_MODELING_FILE), "out": str(out), "timeout": 120,
+                               "full_tensors": True})
+    assert Path(result["trace"]) == out
+    assert [path.name for path in out.parent.iterdir()] == ["slow.mtrace"]
+    with load_reference(out) as loaded:
+        assert loaded.tensors is not None
+
+
+def test_streamed_shards_read_like_any_safetensors_file(tmp_path: Path) -> None:
+    writer = StreamingSafetensorsWriter(tmp_path, first_header_bytes=512)
+    tensors = {f"{index}/outputs/": torch.randn(index + 1, 3) for index in range(40)}
+    tensors["bf16"] = torch.randn(5).to(torch.bfloat16)
+    tensors["empty"] = torch.zeros(0, 4)
+    for name, tensor in tensors.items():
+        data = tensor.reshape(-1).view(torch.uint8).numpy()
+        code = {torch.float32: "F32", torch.bfloat16: "BF16"}[tensor.dtype]
+        writer.write(name, code, tensor.shape, memoryview(data))
+    writer.close()
+    shards = shard_paths(tmp_path)
+    assert len(shards) > 1 and shards[0].name == "tensors.safetensors"
+    read_back = {}
+    for shard in shards:
+        read_back.update(load_file(str(shard)))  # the safetensors library reads every shard
+    assert set(read_back) == set(tensors)
+    assert all(torch.equal(read_back[name], tensor) for name, tensor in tensors.items())
+    store = SafetensorsStore(*shards)
+    try:
+        assert all(name in store for name in tensors)
+        assert np.array_equal(store.get("39/outputs/"), tensors["39/outputs/"].numpy())
+        assert np.array_equal(store.get("bf16"), tensors["bf16"].float().numpy())
+    finally:
+        store.close()
+
+
+def test_a_folder_that_cannot_be_written_is_one_clear_message(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "x.mtrace"
+    completed = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "trace", str(EXAMPLE_MODELING_FILE), "--full-tensors", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        f"modeltrace: {out}: cannot write a trace there (Not a directory: "
+        + completed.stderr.split("(Not a directory: ")[1].strip()
+    ]
+    assert "Traceback" not in completed.stderr and str(out) in completed.stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["a_file"]
+
+
+def test_where_a_limit_cuts_the_note_names_the_modules_compared_by_statistics(tmp_path: Path) -> None:
+    model, inputs = small_llama()
+    out = tmp_path / "cut.mtrace"
+    with modeltrace.capture(model, out, full_tensors=True, max_trace_mb=0.02), torch.no_grad():
+        model(inputs)
+    with load_reference(out) as loaded:
+        cut = [record.path for record in loaded.trace.modules
+               if any(summary.not_stored for summary in record.outputs)]
+        stored = [record.path for record in loaded.trace.modules if record.outputs and record.outputs[0].tensor]
+        [note] = [note for note in loaded.notes if "not stored in full" in note]
+    assert cut and stored  # the limit cut part way
+    assert "limit per trace" in note and f"the outputs of {len(cut)} module call(s)" in note
+    assert cut[0] in note and "compared by statistics only" in note
