@@ -14,8 +14,6 @@ export const serverCommands = {
     traceBackward: "modelTrace.traceBackward",
     /** Arguments: [documentUri: string]. */
     clear: "modelTrace.clear",
-    /** Arguments: [documentUri: string, path: string] (a `.mtrace` folder): show its hints on the document. */
-    loadTrace: "modelTrace.loadTrace",
     /** Arguments: [documentUri: string, path: string] (a trace folder or transformers debugger output). */
     setReference: "modelTrace.setReference",
     /**
