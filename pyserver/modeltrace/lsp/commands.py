@@ -29,7 +29,7 @@ from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_ref
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.status import ServerState, notify_status
-from modeltrace.lsp.store import LoadedTrace, TraceRequest
+from modeltrace.lsp.store import DocumentTrace, TraceRequest
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
@@ -287,7 +287,7 @@ def _report_failure(
     return _fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}")
 
 
-def install(ls: ModelTraceServer, loaded: LoadedTrace) -> None:
+def install(ls: ModelTraceServer, loaded: DocumentTrace) -> None:
     """Show a loaded trace: its files' hints follow the open documents' current text, then clients redraw."""
     ls.store.install(loaded)
     for path, hints in loaded.files.items():
@@ -361,7 +361,7 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     }
 
 
-def _found_model_file(loaded: LoadedTrace, matches: list[SourceMatch]) -> str | None:
+def _found_model_file(loaded: DocumentTrace, matches: list[SourceMatch]) -> str | None:
     """The traced model's file here (relocated with the records), when it was found."""
     model_file = loaded.trace.model.get("file")
     found = {match.found for match in matches if match.found is not None}
@@ -382,7 +382,7 @@ def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> 
     )
 
 
-def _load_message(trace_path: str, loaded: LoadedTrace, shown: list[SourceMatch]) -> str | None:
+def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatch]) -> str | None:
     """What the user is told after a load when its files were not simply where the trace recorded them."""
     moved = [match for match in shown if match.how != AT_RECORDED_PATH]
     changed = [match for match in shown if match.changed]

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import gc
 
-from modeltrace.lsp.store import LoadedTrace, build_loaded_trace
+from modeltrace.lsp.store import DocumentTrace, build_document_trace
 from modeltrace.trace.relocate import SourceMatch, locate_sources, relocate
 from modeltrace.trace.storage import read_trace
 
 
-def load_trace(owner: str, uri: str, trace_path: str) -> LoadedTrace:
+def load_trace(owner: str, uri: str, trace_path: str) -> DocumentTrace:
     """Read and index a trace for the document `uri` (CPU work: run it off the event loop)."""
     # NOTE: loading creates a million objects and no garbage; the collector would run hundreds of times for
     # nothing (a third of the loading time).
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return build_loaded_trace(owner, uri, trace_path, read_trace(trace_path, inputs=False))
+        return build_document_trace(owner, uri, trace_path, read_trace(trace_path, inputs=False))
     finally:
         if was_enabled:
             gc.enable()
@@ -29,7 +29,7 @@ def load_trace(owner: str, uri: str, trace_path: str) -> LoadedTrace:
 
 def load_trace_here(
     owner: str, uri: str, trace_path: str, roots: list[str], open_texts: dict[str, str]
-) -> tuple[LoadedTrace, list[SourceMatch]]:
+) -> tuple[DocumentTrace, list[SourceMatch]]:
     """`load_trace` for a trace captured elsewhere ("Load Trace…"): its records are pointed at the files found
     here (`trace.relocate`), and it is marked stale when one of them changed since the capture."""
     was_enabled = gc.isenabled()
@@ -38,7 +38,7 @@ def load_trace_here(
         trace = read_trace(trace_path, inputs=False)
         matches = locate_sources(trace, roots, open_texts)
         relocate(trace, matches)
-        loaded = build_loaded_trace(owner, uri, trace_path, trace)
+        loaded = build_document_trace(owner, uri, trace_path, trace)
     finally:
         if was_enabled:
             gc.enable()
@@ -50,7 +50,7 @@ def load_trace_here(
 FREEZE_MIN_CALLS = 10_000
 
 
-def settle_memory(loaded: LoadedTrace) -> None:
+def settle_memory(loaded: DocumentTrace) -> None:
     """After a large trace was installed: collect once, then keep what is alive out of later collections.
 
     A large trace is hundreds of thousands of long-lived objects without reference cycles; every full

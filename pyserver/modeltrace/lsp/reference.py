@@ -32,7 +32,7 @@ from modeltrace.lsp import methods
 from modeltrace.lsp.diagnostics import publish_divergence
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
-from modeltrace.lsp.store import LoadedTrace, read_lines
+from modeltrace.lsp.store import DocumentTrace, read_lines
 from modeltrace.trace.lines import format_number
 
 
@@ -111,7 +111,7 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
         close_result(result)
 
 
-async def update_diff(ls: ModelTraceServer, loaded: LoadedTrace) -> DocumentDiff | None:
+async def update_diff(ls: ModelTraceServer, loaded: DocumentTrace) -> DocumentDiff | None:
     """Diff `loaded` against its document's reference (if any) and show the result; None when nothing ran."""
     reference = ls.references.get(loaded.owner)
     if reference is None:
@@ -153,7 +153,7 @@ def _notify_lines(ls: ModelTraceServer, file: str, lines: list[dict[str, Any]]) 
     ls.protocol.notify(methods.LINE_STATUS, {"uri": _uri(ls, file), "lines": lines})
 
 
-def show_diff(ls: ModelTraceServer, loaded: LoadedTrace, diff: DocumentDiff) -> None:
+def show_diff(ls: ModelTraceServer, loaded: DocumentTrace, diff: DocumentDiff) -> None:
     """Replace what the previous diff of this document showed: gutters, the divergence warning, hovers."""
     previous = ls.diffs.get(loaded.owner)
     ls.diffs[loaded.owner] = diff

@@ -73,7 +73,7 @@ class FileHints:
 
 
 @dataclass(slots=True)
-class LoadedTrace:
+class DocumentTrace:
     """A trace shown in the editor: `owner` is the path of the document it was traced for, `uri` its URI.
 
     `trace` is the display copy from `loading` (module calls without their inputs); `trace_path` is the
@@ -104,7 +104,7 @@ def read_lines(path: str) -> list[str] | None:
         return None
 
 
-def build_loaded_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> LoadedTrace:
+def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> DocumentTrace:
     """Index a trace by file and line (CPU work: run it off the event loop)."""
     files: dict[str, FileHints] = {}
     for path, entries in index_module_calls(trace).items():
@@ -115,7 +115,7 @@ def build_loaded_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> L
         if lines is None:
             lines = [""] * (max(by_trace_line, default=0) + 1)
         files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
-    return LoadedTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)
+    return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +132,14 @@ class TraceRequest:
 class TraceStore:
     """Every loaded trace by owner path, and for each file the hints of the latest trace that touched it."""
 
-    traces: dict[str, LoadedTrace] = field(default_factory=dict)
+    traces: dict[str, DocumentTrace] = field(default_factory=dict)
     files: dict[str, FileHints] = field(default_factory=dict)
     # NOTE: hints name their file by a small key (`FileHints.key`), not its path: serialising a path with
     # each of 1,500 hints costs more than building them.
     by_key: dict[int, FileHints] = field(default_factory=dict)
     _keys: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
 
-    def install(self, loaded: LoadedTrace) -> None:
+    def install(self, loaded: DocumentTrace) -> None:
         self.remove(loaded.owner)
         self.traces[loaded.owner] = loaded
         for path, hints in loaded.files.items():
@@ -150,7 +150,7 @@ class TraceStore:
             self.by_key[hints.key] = hints
             self.files[path] = hints
 
-    def remove(self, owner: str) -> LoadedTrace | None:
+    def remove(self, owner: str) -> DocumentTrace | None:
         loaded = self.traces.pop(owner, None)
         if loaded is not None:
             for path, hints in loaded.files.items():
@@ -159,7 +159,7 @@ class TraceStore:
                     del self.by_key[hints.key]
         return loaded
 
-    def trace_showing(self, path: str) -> LoadedTrace | None:
+    def trace_showing(self, path: str) -> DocumentTrace | None:
         """The trace whose hints a file shows: its own, or the one it was traced as a dependency of."""
         hints = self.files.get(path)
         return self.traces.get(hints.owner) if hints is not None else self.traces.get(path)
