@@ -30,7 +30,8 @@ test-package: $(PY_STAMP) $(VSIX)
 	bash tests/package/run.sh
 
 test-python: $(PY_STAMP)
-	$(VENV)/bin/ruff check pyserver tests bench
+	$(VENV)/bin/ruff check pyserver tests bench extension/bundle_python.py
+	$(VENV)/bin/ruff format --check pyserver tests bench extension/bundle_python.py
 	$(PY) -m pytest -q
 
 test-extension: $(PY_STAMP) $(VSIX)

@@ -38,18 +38,35 @@ class _Builder:
         self.modules: list[ModuleCall] = []
         self.finished = 0
 
-    def call(self, path: str, class_name: str, parent: int, inputs: list[list[int]], outputs: list[list[int]],
-             statistics_of: dict[str, tuple[float, float]], key: str, input_key: str | None = None) -> int:
+    def call(
+        self,
+        path: str,
+        class_name: str,
+        parent: int,
+        inputs: list[list[int]],
+        outputs: list[list[int]],
+        statistics_of: dict[str, tuple[float, float]],
+        key: str,
+        input_key: str | None = None,
+    ) -> int:
         """One call; its outputs' statistics are `key`'s, its inputs' those of `input_key` (the output that
         feeds it: q, k and v, or the fused qkv, all read the norm's output)."""
         index = len(self.modules)
         mean, std = self._moments(statistics_of, key)
         input_mean, input_std = self._moments(statistics_of, input_key or f"{key}.input")
-        self.modules.append(ModuleCall(
-            index, path, class_name, None, None, 0, parent,
-            inputs=[TensorSummary("x", shape, "float32", mean=input_mean, std=input_std) for shape in inputs],
-            outputs=[TensorSummary("", shape, "float32", mean=mean, std=std) for shape in outputs],
-        ))
+        self.modules.append(
+            ModuleCall(
+                index,
+                path,
+                class_name,
+                None,
+                None,
+                0,
+                parent,
+                inputs=[TensorSummary("x", shape, "float32", mean=input_mean, std=input_std) for shape in inputs],
+                outputs=[TensorSummary("", shape, "float32", mean=mean, std=std) for shape in outputs],
+            )
+        )
         return index
 
     @staticmethod
@@ -66,39 +83,105 @@ def build(style: str, statistics_of: dict[str, tuple[float, float]]) -> Trace:
     tokens, hidden = [1, 7], [1, 7, HIDDEN]
     meta = style != "reference"
     root = builder.call("", "Transformer" if meta else "LlamaModel", -1, [tokens], [hidden], statistics_of, "root")
-    embed = builder.call("tok_embeddings" if meta else "embed_tokens", "Embedding", root, [tokens], [hidden],
-                         statistics_of, "embed")
+    embed = builder.call(
+        "tok_embeddings" if meta else "embed_tokens", "Embedding", root, [tokens], [hidden], statistics_of, "embed"
+    )
     builder.finish(embed)
     if not meta:
-        rotary = builder.call("rotary_emb", "LlamaRotaryEmbedding", root, [hidden], [[1, 7, 16], [1, 7, 16]],
-                              statistics_of, "rotary")
+        rotary = builder.call(
+            "rotary_emb", "LlamaRotaryEmbedding", root, [hidden], [[1, 7, 16], [1, 7, 16]], statistics_of, "rotary"
+        )
         builder.finish(rotary)
     for layer in range(LAYERS):
-        def leaf(path: str, class_name: str, parent: int, inputs: list[list[int]], outputs: list[list[int]],
-                 key: str, input_key: str | None = None) -> None:
-            builder.finish(builder.call(path, class_name, parent, inputs, outputs, statistics_of, f"{layer}.{key}",
-                                        input_key and f"{layer}.{input_key}"))
+
+        def leaf(
+            path: str,
+            class_name: str,
+            parent: int,
+            inputs: list[list[int]],
+            outputs: list[list[int]],
+            key: str,
+            input_key: str | None = None,
+        ) -> None:
+            builder.finish(
+                builder.call(
+                    path,
+                    class_name,
+                    parent,
+                    inputs,
+                    outputs,
+                    statistics_of,
+                    f"{layer}.{key}",
+                    input_key and f"{layer}.{input_key}",
+                )
+            )
 
         prefix = f"layers.{layer}"
-        block = builder.call(prefix, "TransformerBlock" if meta else "LlamaDecoderLayer", root, [hidden], [hidden],
-                             statistics_of, f"{layer}.block")
-        leaf(f"{prefix}.attention_norm" if meta else f"{prefix}.input_layernorm", "RMSNorm", block, [hidden],
-             [hidden], "norm1")
-        attention = builder.call(f"{prefix}.attention" if meta else f"{prefix}.self_attn", "Attention", block,
-                                 [hidden], [hidden], statistics_of, f"{layer}.attn")
+        block = builder.call(
+            prefix,
+            "TransformerBlock" if meta else "LlamaDecoderLayer",
+            root,
+            [hidden],
+            [hidden],
+            statistics_of,
+            f"{layer}.block",
+        )
+        leaf(
+            f"{prefix}.attention_norm" if meta else f"{prefix}.input_layernorm",
+            "RMSNorm",
+            block,
+            [hidden],
+            [hidden],
+            "norm1",
+        )
+        attention = builder.call(
+            f"{prefix}.attention" if meta else f"{prefix}.self_attn",
+            "Attention",
+            block,
+            [hidden],
+            [hidden],
+            statistics_of,
+            f"{layer}.attn",
+        )
         if style == "fused":
             leaf(f"{prefix}.attention.wqkv", "Linear", attention, [hidden], [[1, 7, HIDDEN + 2 * KV]], "qkv", "norm1")
         else:
             for name, width in (("q", HIDDEN), ("k", KV), ("v", KV)):
-                leaf(f"{prefix}.attention.w{name}" if meta else f"{prefix}.self_attn.{name}_proj", "Linear",
-                     attention, [hidden], [[1, 7, width]], name, "norm1")
-        leaf(f"{prefix}.attention.wo" if meta else f"{prefix}.self_attn.o_proj", "Linear", attention, [hidden],
-             [hidden], "o")
+                leaf(
+                    f"{prefix}.attention.w{name}" if meta else f"{prefix}.self_attn.{name}_proj",
+                    "Linear",
+                    attention,
+                    [hidden],
+                    [[1, 7, width]],
+                    name,
+                    "norm1",
+                )
+        leaf(
+            f"{prefix}.attention.wo" if meta else f"{prefix}.self_attn.o_proj",
+            "Linear",
+            attention,
+            [hidden],
+            [hidden],
+            "o",
+        )
         builder.finish(attention)
-        leaf(f"{prefix}.ffn_norm" if meta else f"{prefix}.post_attention_layernorm", "RMSNorm", block, [hidden],
-             [hidden], "norm2")
-        mlp = builder.call(f"{prefix}.feed_forward" if meta else f"{prefix}.mlp", "FeedForward" if meta else "LlamaMLP",
-                           block, [hidden], [hidden], statistics_of, f"{layer}.mlp")
+        leaf(
+            f"{prefix}.ffn_norm" if meta else f"{prefix}.post_attention_layernorm",
+            "RMSNorm",
+            block,
+            [hidden],
+            [hidden],
+            "norm2",
+        )
+        mlp = builder.call(
+            f"{prefix}.feed_forward" if meta else f"{prefix}.mlp",
+            "FeedForward" if meta else "LlamaMLP",
+            block,
+            [hidden],
+            [hidden],
+            statistics_of,
+            f"{layer}.mlp",
+        )
         wide = [1, 7, INTERMEDIATE]
         if style == "fused":
             leaf(f"{prefix}.feed_forward.w13", "Linear", mlp, [hidden], [[1, 7, 2 * INTERMEDIATE]], "gate_up", "norm2")
@@ -109,8 +192,9 @@ def build(style: str, statistics_of: dict[str, tuple[float, float]]) -> Trace:
             leaf(f"{prefix}.mlp.gate_proj", "Linear", mlp, [hidden], [wide], "gate", "norm2")
             leaf(f"{prefix}.mlp.act_fn", "SiLUActivation", mlp, [wide], [wide], "act", "gate")
             leaf(f"{prefix}.mlp.up_proj", "Linear", mlp, [hidden], [wide], "up", "norm2")
-        leaf(f"{prefix}.feed_forward.w2" if meta else f"{prefix}.mlp.down_proj", "Linear", mlp, [wide], [hidden],
-             "down")
+        leaf(
+            f"{prefix}.feed_forward.w2" if meta else f"{prefix}.mlp.down_proj", "Linear", mlp, [wide], [hidden], "down"
+        )
         builder.finish(mlp)
         builder.finish(block)
     norm = builder.call("norm", "RMSNorm", root, [hidden], [hidden], statistics_of, "final_norm")
@@ -122,8 +206,10 @@ def build(style: str, statistics_of: dict[str, tuple[float, float]]) -> Trace:
 def _fused_statistics(statistics_of: dict[str, tuple[float, float]]) -> None:
     """The fused projections' statistics as the concatenation of the runs they replace would have."""
     for layer in range(LAYERS):
-        for fused, members in (("qkv", [("q", HIDDEN), ("k", KV), ("v", KV)]),
-                               ("gate_up", [("gate", INTERMEDIATE), ("up", INTERMEDIATE)])):
+        for fused, members in (
+            ("qkv", [("q", HIDDEN), ("k", KV), ("v", KV)]),
+            ("gate_up", [("gate", INTERMEDIATE), ("up", INTERMEDIATE)]),
+        ):
             moments = [(statistics_of[f"{layer}.{name}"], width * 7) for name, width in members]
             total = sum(count for _, count in moments)
             mean = sum(m * count for (m, _), count in moments) / total
@@ -162,18 +248,27 @@ def main() -> None:
                 right += expected == " + ".join(pair.reference)
         countable = sum(1 for record in candidate.modules if _expected(record.path, name) is not None)
         fused = sum(1 for pair in mapping.pairs if pair.fused)
-        print(f"| {name} | {len(candidate.modules)} | {right / countable:.1%} | {fused} | {min(times):.3f} | "
-              f"{statistics.median(times):.3f} |")
+        print(
+            f"| {name} | {len(candidate.modules)} | {right / countable:.1%} | {fused} | {min(times):.3f} | "
+            f"{statistics.median(times):.3f} |"
+        )
 
 
 def _expected(path: str, style: str) -> str | None:
     """The reference path of a candidate path, as built above."""
-    renames = [(".attention_norm", ".input_layernorm"), (".ffn_norm", ".post_attention_layernorm"),
-               (".attention.wq", ".self_attn.q_proj"), (".attention.wk", ".self_attn.k_proj"),
-               (".attention.wv", ".self_attn.v_proj"), (".attention.wo", ".self_attn.o_proj"),
-               (".attention", ".self_attn"), (".feed_forward.w1", ".mlp.gate_proj"),
-               (".feed_forward.w3", ".mlp.up_proj"), (".feed_forward.w2", ".mlp.down_proj"),
-               (".feed_forward", ".mlp")]
+    renames = [
+        (".attention_norm", ".input_layernorm"),
+        (".ffn_norm", ".post_attention_layernorm"),
+        (".attention.wq", ".self_attn.q_proj"),
+        (".attention.wk", ".self_attn.k_proj"),
+        (".attention.wv", ".self_attn.v_proj"),
+        (".attention.wo", ".self_attn.o_proj"),
+        (".attention", ".self_attn"),
+        (".feed_forward.w1", ".mlp.gate_proj"),
+        (".feed_forward.w3", ".mlp.up_proj"),
+        (".feed_forward.w2", ".mlp.down_proj"),
+        (".feed_forward", ".mlp"),
+    ]
     if path == "tok_embeddings":
         return "embed_tokens"
     if path.endswith(".attention.wqkv"):

@@ -70,8 +70,11 @@ def reason_of(error: dict) -> str:
     text = re.sub(r"^(\w+: )/\S+?\.py: ", r"\1", text)
     text = re.sub(r"/\S+", "PATH", text)
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
-    text = re.sub(r"\b[A-Z][A-Za-z0-9]*(?:Model|Config|For[A-Za-z]+|Layer|Attention|Embeddings?|Encoder|Decoder)\w*",
-                  "CLASS", text)
+    text = re.sub(
+        r"\b[A-Z][A-Za-z0-9]*(?:Model|Config|For[A-Za-z]+|Layer|Attention|Embeddings?|Encoder|Decoder)\w*",
+        "CLASS",
+        text,
+    )
     text = re.sub(r"\b\d+(\.\d+)?\b", "N", text)
     text = re.sub(r"torch\.Size\(\[[^\]]*\]\)", "SIZE", text)
     text = re.sub(r"\(PATH:N\)|\(PATH:\?\)", "", text)
@@ -80,12 +83,16 @@ def reason_of(error: dict) -> str:
 
 # Coarse groups for the README: (pattern on "Type: message", group). The first match wins.
 _GROUPS = [
-    (r"torchvision|torchaudio|requires the .* librar|pip install|is not installed|No module named",
-     "needs a library not installed here"),
+    (
+        r"torchvision|torchaudio|requires the .* librar|pip install|is not installed|No module named",
+        "needs a library not installed here",
+    ),
     (r"cannot synthesise", "needs inputs ModelTrace cannot synthesise"),
     (r"timeout|ran past|SIGKILL|out of memory", "out of time or memory at the shrunk size"),
-    (r"cannot build \w+\(\) with its defaults|could not be built from a shrunk|rejects every shrunk",
-     "config cannot be built or shrunk"),
+    (
+        r"cannot build \w+\(\) with its defaults|could not be built from a shrunk|rejects every shrunk",
+        "config cannot be built or shrunk",
+    ),
 ]
 
 
@@ -174,8 +181,14 @@ def run(files: list[Path], jobs: int, timeout: float, extra: dict, log) -> list[
     queue = list(files)
     results: list[dict] = []
     lock = threading.Lock()
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                   "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
     def work() -> None:
         with WorkerClient(environment=environment) as worker, tempfile.TemporaryDirectory() as scratch:
@@ -189,10 +202,15 @@ def run(files: list[Path], jobs: int, timeout: float, extra: dict, log) -> list[
                 with lock:
                     results.append(result)
                     status = "ok  " if result["ok"] else "FAIL"
-                    detail = (f" [{result.get('shrink')}; {result.get('inputs')}]" if result["ok"]
-                              else f" {result['type']}: {result['message'][:150]!r}")
-                    log(f"[{len(results)}/{len(files)}] {status} {file.parent.name}/{file.name} "
-                        f"({result['seconds']:.1f} s){detail}")
+                    detail = (
+                        f" [{result.get('shrink')}; {result.get('inputs')}]"
+                        if result["ok"]
+                        else f" {result['type']}: {result['message'][:150]!r}"
+                    )
+                    log(
+                        f"[{len(results)}/{len(files)}] {status} {file.parent.name}/{file.name} "
+                        f"({result['seconds']:.1f} s){detail}"
+                    )
 
     threads = [threading.Thread(target=work) for _ in range(max(1, jobs))]
     for thread in threads:
@@ -227,7 +245,8 @@ def summarize(results: list[dict]) -> str:
         "",
         "Inputs synthesised for the traced files: "
         + ", ".join(f"{name} {count}" for name, count in sorted(modalities.items(), key=lambda item: -item[1]))
-        + ". Config used: " + ", ".join(f"{name} {count}" for name, count in sorted(levels.items(), key=lambda i: -i[1]))
+        + ". Config used: "
+        + ", ".join(f"{name} {count}" for name, count in sorted(levels.items(), key=lambda i: -i[1]))
         + " (shrink levels, see worker/shrink.py).",
         "",
         "| Failure reason | Files | Models |",
@@ -255,8 +274,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per trace (the CLI's default)")
     parser.add_argument("--json", metavar="FILE", help="write every result here")
-    parser.add_argument("--rerun-failed", metavar="FILE", help="rerun only the failures in this results file "
-                        "and merge the new results into it")
+    parser.add_argument(
+        "--rerun-failed",
+        metavar="FILE",
+        help="rerun only the failures in this results file and merge the new results into it",
+    )
     parser.add_argument("--shape-only", action="store_true", help="trace each default config on the meta device")
     arguments = parser.parse_args()
 
@@ -269,6 +291,7 @@ def main() -> int:
         files = [file for file in files if str(file) in failed]
     extra = {"shape_only": True} if arguments.shape_only else {}
     started = time.perf_counter()
+
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 

@@ -58,8 +58,10 @@ def main() -> None:
                 compare_parameters(build_record, build_record)
 
         compared = _median_seconds(compare)
-        print(f"{size:<8} {plain_build * 1e3:>7.1f}ms {hooked * 1e3:>9.1f}ms {forward * 1e3:>7.1f}ms "
-              f"{recorded * 1e3:>7.1f}ms {compared * 1e3:>7.1f}ms  {len(builds)}")
+        print(
+            f"{size:<8} {plain_build * 1e3:>7.1f}ms {hooked * 1e3:>9.1f}ms {forward * 1e3:>7.1f}ms "
+            f"{recorded * 1e3:>7.1f}ms {compared * 1e3:>7.1f}ms  {len(builds)}"
+        )
 
 
 if __name__ == "__main__":

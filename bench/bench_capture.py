@@ -139,18 +139,27 @@ class _RecordsOnly(ModuleCapture):
         return []
 
 
-def _modeltrace(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors: bool,
-                capture_class: type[ModuleCapture] = ModuleCapture) -> float:
+def _modeltrace(
+    model: LlamaModel,
+    input_ids: torch.Tensor,
+    folder: Path,
+    full_tensors: bool,
+    capture_class: type[ModuleCapture] = ModuleCapture,
+) -> float:
     """Capture and write; returns the seconds spent writing (Trace, msgpack, safetensors, rename) after the
     capture context exited (full tensors: waiting for the stream's writer to finish included)."""
     out = folder / "bench.mtrace"
     stream = start_stream(out, int(DEFAULT_TENSOR_MEMORY_MB * 2**20)) if full_tensors else None
-    with discarded_on_error(stream), torch.no_grad(), capture_class(model, full_tensors=full_tensors,
-                                                                    stream=stream) as capture:
+    with (
+        discarded_on_error(stream),
+        torch.no_grad(),
+        capture_class(model, full_tensors=full_tensors, stream=stream) as capture,
+    ):
         model(input_ids)
     writing = time.perf_counter()
-    trace = Trace(model={"class": type(model).__name__, "options": {"full_tensors": full_tensors}},
-                  modules=capture.records)
+    trace = Trace(
+        model={"class": type(model).__name__, "options": {"full_tensors": full_tensors}}, modules=capture.records
+    )
     if stream is not None:
         # NOTE: durable=False as worker/job.py writes it: the worker flushes to disk after it has answered
         write_captured(trace, capture, out, durable=False)
@@ -173,8 +182,11 @@ def _api(model: LlamaModel, input_ids: torch.Tensor, folder: Path, full_tensors:
 
 
 def _debugger(model: LlamaModel, input_ids: torch.Tensor, folder: Path, use_repr: bool) -> None:
-    with torch.no_grad(), model_addition_debugger_context(
-        model, debug_path=str(folder / "debug"), do_prune_layers=False, use_repr=use_repr
+    with (
+        torch.no_grad(),
+        model_addition_debugger_context(
+            model, debug_path=str(folder / "debug"), do_prune_layers=False, use_repr=use_repr
+        ),
     ):
         model(input_ids)
 
@@ -296,7 +308,9 @@ def peak_rss(size: str, threads: int) -> dict[str, float]:
     for variant in RSS_VARIANTS:
         completed = subprocess.run(
             [sys.executable, __file__, "--rss-child", size, variant, "--threads", str(threads)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         found[variant] = int(completed.stdout.split()[-1]) / 1024
     return found
@@ -324,12 +338,24 @@ def targets(results: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
     for size, rows in (("medium", medium), ("tiny", tiny)):
         if rows and "api capture()" in rows:
             ratio = _paired(rows, "api capture()", "modeltrace stats")
-            checks.append((f"{size}: api capture() ≤ 1.15× the CLI's capture (modeltrace stats)", ratio,
-                           f"{ratio:.2f}×", ratio <= 1.15))
+            checks.append(
+                (
+                    f"{size}: api capture() ≤ 1.15× the CLI's capture (modeltrace stats)",
+                    ratio,
+                    f"{ratio:.2f}×",
+                    ratio <= 1.15,
+                )
+            )
         if rows:
             speedup = _paired(rows, "debugger safetensors", "modeltrace full tensors")
-            checks.append((f"{size}: full tensors ≥ 3× faster than debugger safetensors", speedup,
-                           f"{speedup:.1f}×", speedup >= 3))
+            checks.append(
+                (
+                    f"{size}: full tensors ≥ 3× faster than debugger safetensors",
+                    speedup,
+                    f"{speedup:.1f}×",
+                    speedup >= 3,
+                )
+            )
     if medium:
         ratio = _paired(medium, "modeltrace full tensors", "plain")
         checks.append(("medium: full tensors ≤ 1.5× plain", ratio, f"{ratio:.2f}×", ratio <= 1.5))
@@ -340,8 +366,9 @@ def targets(results: dict[str, dict]) -> list[tuple[str, float, str, bool]]:
         ratio = _paired(large, "modeltrace stats", "plain")
         checks.append(("large: stats ≤ 1.05× plain", ratio, f"{ratio:.2f}×", ratio <= 1.05))
         speedup = _paired(large, "debugger safetensors", "modeltrace full tensors")
-        checks.append(("large: full tensors faster than debugger safetensors", speedup, f"{speedup:.2f}×",
-                       speedup > 1))
+        checks.append(
+            ("large: full tensors faster than debugger safetensors", speedup, f"{speedup:.2f}×", speedup > 1)
+        )
     return checks
 
 
@@ -363,18 +390,25 @@ def markdown(results: dict[str, dict]) -> str:
                 + (f"{row['paired_ratio_to_plain_without_writing']:.2f} |" if writes else "|")
             )
     lines.append("")
-    lines.append(", ".join(
-        f"{size}: {result['rounds']} rounds, {result['variants']['plain'].get('module_calls', '?')} module calls"
-        for size, result in results.items()
-    ))
+    lines.append(
+        ", ".join(
+            f"{size}: {result['rounds']} rounds, {result['variants']['plain'].get('module_calls', '?')} module calls"
+            for size, result in results.items()
+        )
+    )
     rss = {size: result["peak_rss_mb"] for size, result in results.items() if result.get("peak_rss_mb")}
     if rss:
-        lines += ["", "| model | peak RSS during one call, MB (model included) | × plain | over plain, MB |",
-                  "|---|---|---:|---:|"]
+        lines += [
+            "",
+            "| model | peak RSS during one call, MB (model included) | × plain | over plain, MB |",
+            "|---|---|---:|---:|",
+        ]
         for size, found in rss.items():
             for variant, megabytes in found.items():
-                lines.append(f"| {size} | {variant}: {megabytes:,.0f} | {megabytes / found['plain']:.2f} | "
-                             f"{megabytes - found['plain']:+,.0f} |")
+                lines.append(
+                    f"| {size} | {variant}: {megabytes:,.0f} | {megabytes / found['plain']:.2f} | "
+                    f"{megabytes - found['plain']:+,.0f} |"
+                )
     lines += ["", "| target | measured | met |", "|---|---:|:---:|"]
     for label, _, shown, met in targets(results):
         lines.append(f"| {label} | {shown} | {'yes' if met else 'no'} |")
@@ -383,11 +417,13 @@ def markdown(results: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=[size for size in SIZES if size not in OPT_IN_SIZES],
-                        choices=list(SIZES))
+    parser.add_argument(
+        "--sizes", nargs="+", default=[size for size in SIZES if size not in OPT_IN_SIZES], choices=list(SIZES)
+    )
     parser.add_argument("--large", action="store_true", help="also the 1B-like size (minutes, ~8 GB of memory)")
-    parser.add_argument("--rss", action="store_true", help="peak RSS of plain / full tensors / debugger per size "
-                        "(always with --large)")
+    parser.add_argument(
+        "--rss", action="store_true", help="peak RSS of plain / full tensors / debugger per size (always with --large)"
+    )
     parser.add_argument("--rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="a tenth of the rounds")
     parser.add_argument("--rounds", type=int, help="rounds for every size (overrides the defaults)")

@@ -62,9 +62,28 @@ def _time_ms(function, rounds: int) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------- synthetic 5k traces
 
 
-BLOCK = ["", "input_layernorm", "self_attn", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-         "self_attn.o_proj", "post_attention_layernorm", "mlp", "mlp.gate_proj", "mlp.act_fn", "mlp.up_proj",
-         "mlp.down_proj", "adapter", "adapter.down", "adapter.act", "adapter.up", "gate", "gate.proj", "gate.act"]
+BLOCK = [
+    "",
+    "input_layernorm",
+    "self_attn",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "post_attention_layernorm",
+    "mlp",
+    "mlp.gate_proj",
+    "mlp.act_fn",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "adapter",
+    "adapter.down",
+    "adapter.act",
+    "adapter.up",
+    "gate",
+    "gate.proj",
+    "gate.act",
+]
 
 
 def synthetic_traces(modules: int = 5000, seed: int = 0) -> tuple[Trace, Trace]:
@@ -75,10 +94,19 @@ def synthetic_traces(modules: int = 5000, seed: int = 0) -> tuple[Trace, Trace]:
     def summary(key: str, perturb: float = 0.0) -> tuple[TensorSummary, TensorSummary]:
         mean, std = rng.gauss(0, 0.1), rng.uniform(0.5, 2.0)
         low, high = mean - 3 * std, mean + 3 * std
-        ref = TensorSummary(key, [1, 128, 512], "float32", mean=mean, std=std, min=low, max=high,
-                            abs_max=max(abs(low), abs(high)))
-        cand = TensorSummary(key, [1, 128, 512], "float32", mean=mean + perturb, std=std + perturb,
-                             min=low + perturb, max=high + perturb, abs_max=max(abs(low), abs(high)))
+        ref = TensorSummary(
+            key, [1, 128, 512], "float32", mean=mean, std=std, min=low, max=high, abs_max=max(abs(low), abs(high))
+        )
+        cand = TensorSummary(
+            key,
+            [1, 128, 512],
+            "float32",
+            mean=mean + perturb,
+            std=std + perturb,
+            min=low + perturb,
+            max=high + perturb,
+            abs_max=max(abs(low), abs(high)),
+        )
         return ref, cand
 
     def add(path: str, parent: int) -> int:
@@ -129,8 +157,9 @@ def synthetic_traces(modules: int = 5000, seed: int = 0) -> tuple[Trace, Trace]:
         ref_records[index].finish_order = cand_records[index].finish_order = finished
         finished += 1
     ref_records[root].finish_order = cand_records[root].finish_order = finished
-    return Trace(model={"class": "Synthetic"}, modules=ref_records), Trace(model={"class": "Synthetic"},
-                                                                          modules=cand_records)
+    return Trace(model={"class": "Synthetic"}, modules=ref_records), Trace(
+        model={"class": "Synthetic"}, modules=cand_records
+    )
 
 
 def bench_statistics(rounds: int, folder: Path) -> dict[str, float]:
@@ -189,8 +218,15 @@ def _llama_trace(folder: Path, name: str, eps: float) -> Path:
     built = build_from_recipe(recipe, 0)
     with torch.no_grad(), ModuleCapture(built.model, full_tensors=True) as capture:
         built.model(*built.args, **built.kwargs)
-    trace = Trace(model={"class": "LlamaModel", "file": str(recipe), "recipe": str(recipe),
-                         "options": {"seed": 0, "dtype": "float32", "device": "cpu"}}, modules=capture.records)
+    trace = Trace(
+        model={
+            "class": "LlamaModel",
+            "file": str(recipe),
+            "recipe": str(recipe),
+            "options": {"seed": 0, "dtype": "float32", "device": "cpu"},
+        },
+        modules=capture.records,
+    )
     return write_trace(trace, folder / name, lambda target: save_file(capture.tensors, str(target / TENSORS_FILE)))
 
 
@@ -245,7 +281,9 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     reference, candidate = folder / "ref.mtrace", folder / "cand.mtrace"
     recipe = folder / "recipe_cand.py"
 
-    def timed(target: Path, worker: WorkerClient) -> tuple[tuple[float, float], tuple[float, float], float, list[dict]]:
+    def timed(
+        target: Path, worker: WorkerClient
+    ) -> tuple[tuple[float, float], tuple[float, float], float, list[dict]]:
         """(read both tensor sets, load both + diff + replay, the median of their per-round ratio, the replays'
         timings) against candidate `target`: the two are timed back to back in each round, so that the ratio
         of one round compares like with like on a machine whose load changes between rounds."""
@@ -276,15 +314,37 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     with WorkerClient() as worker:
         worker.start()
         # the editor's case: the diff follows the candidate's trace, whose worker child kept the model
-        kept_trace = Path(worker.trace({
-            "file": str(recipe), "recipe": str(recipe), "model": None, "config": None, "full_tensors": True,
-            "seed": 0, "lines": False, "timeout": 600, "out": str(folder / "cand_kept.mtrace"),
-            "keep_for_replay": True})["trace"])
+        kept_trace = Path(
+            worker.trace(
+                {
+                    "file": str(recipe),
+                    "recipe": str(recipe),
+                    "model": None,
+                    "config": None,
+                    "full_tensors": True,
+                    "seed": 0,
+                    "lines": False,
+                    "timeout": 600,
+                    "out": str(folder / "cand_kept.mtrace"),
+                    "keep_for_replay": True,
+                }
+            )["trace"]
+        )
         kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker)
         assert all(timing["kept"] for timing in kept_timings)
         # the CLI's case (`modeltrace diff --replay`): no trace ran in this worker, the candidate is rebuilt
-        worker.trace({"file": str(recipe), "recipe": str(recipe), "model": None, "config": None, "seed": 0,
-                      "lines": False, "timeout": 600, "out": str(folder / "other.mtrace")})
+        worker.trace(
+            {
+                "file": str(recipe),
+                "recipe": str(recipe),
+                "model": None,
+                "config": None,
+                "seed": 0,
+                "lines": False,
+                "timeout": 600,
+                "out": str(folder / "other.mtrace"),
+            }
+        )
         read_both_ms, total_ms, ratio, timings = timed(candidate, worker)
         assert not any(timing["kept"] for timing in timings)
     best = min(timings, key=lambda timing: timing["seconds"])
@@ -318,38 +378,44 @@ def _cell(times: tuple[float, float], baseline: tuple[float, float] | None = Non
 
 
 def markdown(stats: dict, full: dict, replay: dict | None = None) -> str:
-    rows = [] if replay is None else [
-        f"| medium Llama, full tensors, with replay of {replay['replayed_modules']} modules, after the candidate's "
-        f"trace in the same worker (the editor) | load both + diff + replay "
-        f"({replay['kept_direct']} modules called directly, worker {replay['kept_worker_ms']:.0f} ms) | "
-        f"{_cell(replay['kept_diff_replay_ms'])}, reading both {_cell(replay['kept_read_both_ms'])}; paired "
-        f"ratio {replay['kept_ratio']:.2f}× | ≤ 3× |",
-        f"| the same, the candidate rebuilt by the worker (`modeltrace diff --replay`) | "
-        f"load both + diff + replay | {_cell(replay['diff_replay_ms'])}, reading both {_cell(replay['read_both_ms'])}; "
-        f"paired ratio {replay['ratio']:.2f}× | |",
-        f"| | in the worker: rebuild {replay['rebuild_ms']:.0f} ms, whole job {replay['worker_ms']:.0f} ms; the "
-        f"replayed modules' extra calls against their live calls in the same forward | "
-        f"{replay['replayed_calls_ms']:.1f} vs {replay['live_calls_ms']:.1f} — "
-        f"{replay['replayed_calls_ms'] / max(replay['live_calls_ms'], 1e-9):.2f}× | ≤ 1× (+ noise) |",
-    ]
-    return "\n".join([
-        "| benchmark | measure | best (median) ms | target |",
-        "|---|---|---:|---|",
-        f"| stats-only, {stats['modules']} module calls ({stats['leaves']} tensor leaves) each | diff_traces | "
-        f"{_cell(stats['diff_ms'])} | ≤ 100 ms |",
-        f"| | diff_traces + to_json | {_cell(stats['diff_json_ms'])} | |",
-        f"| | load both from disk + diff | {_cell(stats['read_and_diff_ms'])} | |",
-        f"| medium Llama, full tensors ({full['tensors_per_trace']} tensors, "
-        f"{full['bytes_per_trace'] / 2**20:.0f} MiB per trace) | read both tensor sets (safetensors.numpy) | "
-        f"{_cell(full['read_both_ms'])} | baseline |",
-        f"| | load both + diff, candidate diverges at `{full['first_divergence']}` | "
-        f"{_cell(full['diff_ms'], full['read_both_ms'])} | ≤ 2× |",
-        f"| | load both + diff, identical traces | {_cell(full['diff_identical_ms'], full['read_both_ms'])} "
-        "| ≤ 2× |",
-        f"| | diff_traces alone, diverging (tensors paged in during the diff, trace.msgpack reading excluded) | "
-        f"{_cell(full['diff_only_ms'], full['read_both_ms'])} | ≤ 2× |",
-        *rows,
-    ])
+    rows = (
+        []
+        if replay is None
+        else [
+            f"| medium Llama, full tensors, with replay of {replay['replayed_modules']} modules, after the candidate's "
+            f"trace in the same worker (the editor) | load both + diff + replay "
+            f"({replay['kept_direct']} modules called directly, worker {replay['kept_worker_ms']:.0f} ms) | "
+            f"{_cell(replay['kept_diff_replay_ms'])}, reading both {_cell(replay['kept_read_both_ms'])}; paired "
+            f"ratio {replay['kept_ratio']:.2f}× | ≤ 3× |",
+            f"| the same, the candidate rebuilt by the worker (`modeltrace diff --replay`) | "
+            f"load both + diff + replay | {_cell(replay['diff_replay_ms'])}, reading both {_cell(replay['read_both_ms'])}; "
+            f"paired ratio {replay['ratio']:.2f}× | |",
+            f"| | in the worker: rebuild {replay['rebuild_ms']:.0f} ms, whole job {replay['worker_ms']:.0f} ms; the "
+            f"replayed modules' extra calls against their live calls in the same forward | "
+            f"{replay['replayed_calls_ms']:.1f} vs {replay['live_calls_ms']:.1f} — "
+            f"{replay['replayed_calls_ms'] / max(replay['live_calls_ms'], 1e-9):.2f}× | ≤ 1× (+ noise) |",
+        ]
+    )
+    return "\n".join(
+        [
+            "| benchmark | measure | best (median) ms | target |",
+            "|---|---|---:|---|",
+            f"| stats-only, {stats['modules']} module calls ({stats['leaves']} tensor leaves) each | diff_traces | "
+            f"{_cell(stats['diff_ms'])} | ≤ 100 ms |",
+            f"| | diff_traces + to_json | {_cell(stats['diff_json_ms'])} | |",
+            f"| | load both from disk + diff | {_cell(stats['read_and_diff_ms'])} | |",
+            f"| medium Llama, full tensors ({full['tensors_per_trace']} tensors, "
+            f"{full['bytes_per_trace'] / 2**20:.0f} MiB per trace) | read both tensor sets (safetensors.numpy) | "
+            f"{_cell(full['read_both_ms'])} | baseline |",
+            f"| | load both + diff, candidate diverges at `{full['first_divergence']}` | "
+            f"{_cell(full['diff_ms'], full['read_both_ms'])} | ≤ 2× |",
+            f"| | load both + diff, identical traces | {_cell(full['diff_identical_ms'], full['read_both_ms'])} "
+            "| ≤ 2× |",
+            f"| | diff_traces alone, diverging (tensors paged in during the diff, trace.msgpack reading excluded) | "
+            f"{_cell(full['diff_only_ms'], full['read_both_ms'])} | ≤ 2× |",
+            *rows,
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,8 +51,15 @@ DECODE_STEPS = 16
 
 def build() -> tuple[LlamaForCausalLM, torch.Tensor]:
     torch.manual_seed(SEED)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=4, attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        attn_implementation="eager",
+    )
     model = LlamaForCausalLM(config).eval()
     input_ids = torch.randint(0, VOCAB, (1, SEQUENCE), generator=torch.Generator().manual_seed(SEED))
     return model, input_ids
@@ -69,8 +76,15 @@ def _write(capture: ModuleCapture, **extra: object) -> None:
 
 def plain_generate(model: LlamaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model.generate(input_ids, max_new_tokens=DECODE_STEPS + 1, min_new_tokens=DECODE_STEPS + 1,
-                              do_sample=False, num_beams=1, use_cache=True, pad_token_id=0)
+        return model.generate(
+            input_ids,
+            max_new_tokens=DECODE_STEPS + 1,
+            min_new_tokens=DECODE_STEPS + 1,
+            do_sample=False,
+            num_beams=1,
+            use_cache=True,
+            pad_token_id=0,
+        )
 
 
 def traced_generate(model: LlamaForCausalLM, input_ids: torch.Tensor) -> list[list[int]]:
@@ -111,8 +125,10 @@ def _timed(function, model, input_ids) -> float:  # noqa: ANN001
 
 def measure(rounds: int) -> dict[str, dict[str, float]]:
     model, input_ids = build()
-    pairs = {"generate (16 decode steps)": (plain_generate, traced_generate),
-             "forward + backward": (plain_backward, traced_backward)}
+    pairs = {
+        "generate (16 decode steps)": (plain_generate, traced_generate),
+        "forward + backward": (plain_backward, traced_backward),
+    }
     # the traced runs compute what the plain ones do
     plain_ids = plain_generate(model, input_ids)[:, SEQUENCE:].tolist()
     assert traced_generate(model, input_ids) == plain_ids, "tracing changed the generated tokens"
@@ -147,7 +163,9 @@ def markdown(results: dict[str, dict[str, float]], rounds: int) -> str:
     ]
     for label, row in results.items():
         met = "yes" if row["paired_ratio"] <= 1.3 else "no"
-        lines.append(f"| {label} | {row['plain_ms']:.0f} | {row['traced_ms']:.0f} | {row['paired_ratio']:.2f} | {met} |")
+        lines.append(
+            f"| {label} | {row['plain_ms']:.0f} | {row['traced_ms']:.0f} | {row['paired_ratio']:.2f} | {met} |"
+        )
     return "\n".join(lines)
 
 
@@ -155,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
-                        help="wall seconds (default) or this process's CPU seconds (use with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="wall seconds (default) or this process's CPU seconds (use with --threads 1)",
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
     global clock

@@ -34,9 +34,17 @@ def build(size: str, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]
     from transformers import LlamaConfig, LlamaModel
 
     hidden, intermediate, layers, heads, kv_heads, vocabulary, sequence = SIZES[size]
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocabulary,
-                         max_position_embeddings=4096, use_cache=False, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocabulary,
+        max_position_embeddings=4096,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaModel(config).to(dtype).eval()
@@ -59,8 +67,15 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
             model(input_ids)
 
     def full() -> None:
-        with torch.no_grad(), ModuleCapture(model, full_tensors=True, max_tensor_bytes=int(DEFAULT_MAX_TENSOR_MB * 2**20),
-                                            max_trace_bytes=int(DEFAULT_MAX_TRACE_MB * 2**20)):
+        with (
+            torch.no_grad(),
+            ModuleCapture(
+                model,
+                full_tensors=True,
+                max_tensor_bytes=int(DEFAULT_MAX_TENSOR_MB * 2**20),
+                max_trace_bytes=int(DEFAULT_MAX_TRACE_MB * 2**20),
+            ),
+        ):
             model(input_ids)
 
     variants = {"plain": plain, "stats": stats, "full tensors": full}
@@ -71,7 +86,7 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
     names = list(variants)
     for round_index in range(rounds):
         times = {}
-        for name in names[round_index % 3:] + names[:round_index % 3]:
+        for name in names[round_index % 3 :] + names[: round_index % 3]:
             torch.cuda.synchronize()
             started = time.perf_counter()
             variants[name]()
@@ -79,7 +94,9 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
             times[name] = time.perf_counter() - started
         rows.append(times)
     return {
-        "size": size, "dtype": dtype_name, "plain_ms": 1000 * statistics.median(row["plain"] for row in rows),
+        "size": size,
+        "dtype": dtype_name,
+        "plain_ms": 1000 * statistics.median(row["plain"] for row in rows),
         "stats_x": statistics.median(row["stats"] / row["plain"] for row in rows),
         "full_x": statistics.median(row["full tensors"] / row["plain"] for row in rows),
     }
@@ -103,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | dtype | plain ms | stats × plain | full tensors × plain |")
     print("|---|---|---|---|---|")
     for row in results:
-        print(f"| {row['size']} | {row['dtype']} | {row['plain_ms']:.2f} | {row['stats_x']:.2f}× | {row['full_x']:.2f}× |")
+        print(
+            f"| {row['size']} | {row['dtype']} | {row['plain_ms']:.2f} | {row['stats_x']:.2f}× | {row['full_x']:.2f}× |"
+        )
     if arguments.json:
         Path(arguments.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -33,8 +33,14 @@ def build(size: str) -> tuple[LlamaModel, torch.Tensor]:
     hidden, intermediate, layers, heads, kv_heads, sequence, _ = SIZES[size]
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=1024, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, attn_implementation="eager", use_cache=False,
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        attn_implementation="eager",
+        use_cache=False,
     )
     return LlamaModel(config).eval(), torch.randint(0, 1024, (1, sequence))
 
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants[name]()
                 times[name].append(time.perf_counter() - started)
         ratio = {
-            name: statistics.median(t / p for t, p in zip(times[name], times["plain"])) for name in ("modules", "lines")
+            name: statistics.median(t / p for t, p in zip(times[name], times["plain"]))
+            for name in ("modules", "lines")
         }
         median = {name: statistics.median(values) * 1e3 for name, values in times.items()}
         print(

@@ -46,9 +46,17 @@ def save_checkpoint(size: str, folder: Path) -> None:
     from transformers import LlamaConfig, LlamaModel
 
     hidden, intermediate, layers, heads, kv_heads, _, _ = SIZES[size]
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=1024,
-                         max_position_embeddings=512, use_cache=False, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=1024,
+        max_position_embeddings=512,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     LlamaModel(config).save_pretrained(folder)
 
@@ -83,8 +91,9 @@ def rank_job(checkpoint: Path, size: str, rounds: int, out: Path) -> None:
             merged = merge_ranks(gathered, logical)
             folder = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
             try:
-                write_trace(Trace(model={"class": "LlamaModel"}, modules=merged.records), folder / "t.mtrace",
-                            durable=False)
+                write_trace(
+                    Trace(model={"class": "LlamaModel"}, modules=merged.records), folder / "t.mtrace", durable=False
+                )
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -146,11 +155,32 @@ def measure(size: str, rounds: int) -> dict:
             port = probe.getsockname()[1]
         processes = []
         for rank in range(2):
-            environment = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-            processes.append(subprocess.Popen(
-                [sys.executable, __file__, "--rank-job", str(checkpoint), "--size", size, "--rounds", str(rounds),
-                 "--out", str(out)], env=environment))
+            environment = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--rank-job",
+                        str(checkpoint),
+                        "--size",
+                        size,
+                        "--rounds",
+                        str(rounds),
+                        "--out",
+                        str(out),
+                    ],
+                    env=environment,
+                )
+            )
         codes = [process.wait(timeout=1800) for process in processes]
         if any(codes):
             raise SystemExit(f"a rank failed: exit codes {codes}")
@@ -161,10 +191,13 @@ def measure(size: str, rounds: int) -> dict:
     plain = [row["plain"] for row in rows]
     trace = [row["trace"] for row in rows]
     return {
-        "size": size, "rounds": rounds,
-        "plain_ms": 1000 * statistics.median(plain), "trace_ms": 1000 * statistics.median(trace),
+        "size": size,
+        "rounds": rounds,
+        "plain_ms": 1000 * statistics.median(plain),
+        "trace_ms": 1000 * statistics.median(trace),
         "ratio_paired": statistics.median(row["trace"] / row["plain"] for row in rows),
-        "meta_run_ms": 1000 * data["meta_seconds"], "weights_gather_ms": 1000 * data["weights_seconds"],
+        "meta_run_ms": 1000 * data["meta_seconds"],
+        "weights_gather_ms": 1000 * data["weights_seconds"],
         "load_average": os.getloadavg()[0],
     }
 
@@ -184,13 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     rounds = SIZES[arguments.size][6] // (3 if arguments.quick else 1)
     result = measure(arguments.size, rounds)
     passed = result["ratio_paired"] <= TARGET
-    print(f"| 2-rank CPU TP ({arguments.size}) | plain ms | trace ms | × plain (paired) | meta run ms (once) | "
-          "weights gather ms (once) |")
+    print(
+        f"| 2-rank CPU TP ({arguments.size}) | plain ms | trace ms | × plain (paired) | meta run ms (once) | "
+        "weights gather ms (once) |"
+    )
     print("|---|---|---|---|---|---|")
-    print(f"| tp_plan=auto, gloo | {result['plain_ms']:.1f} | {result['trace_ms']:.1f} | "
-          f"{result['ratio_paired']:.2f}× | {result['meta_run_ms']:.0f} | {result['weights_gather_ms']:.0f} |")
-    print(f"\nload average {result['load_average']:.2f}; target trace ≤ {TARGET}× plain (paired): "
-          f"{'PASS' if passed else 'FAIL'}")
+    print(
+        f"| tp_plan=auto, gloo | {result['plain_ms']:.1f} | {result['trace_ms']:.1f} | "
+        f"{result['ratio_paired']:.2f}× | {result['meta_run_ms']:.0f} | {result['weights_gather_ms']:.0f} |"
+    )
+    print(
+        f"\nload average {result['load_average']:.2f}; target trace ≤ {TARGET}× plain (paired): "
+        f"{'PASS' if passed else 'FAIL'}"
+    )
     if arguments.json:
         Path(arguments.json).write_text(json.dumps(result, indent=1))
     return 0 if passed else 1

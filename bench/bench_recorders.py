@@ -91,7 +91,9 @@ def _hooks(wiring: Wiring, key: str, recorder: Recorder) -> set[tuple]:
     for node in wiring.nodes:
         name = ".".join(node.path)
         if recorder.target is not None:
-            if not (node.cls == recorder.target or (node.cls in wiring.classes and wiring.subclass_of(node.cls, target))):
+            if not (
+                node.cls == recorder.target or (node.cls in wiring.classes and wiring.subclass_of(node.cls, target))
+            ):
                 continue
         elif recorder.class_name is None or not name.endswith(recorder.class_name):
             continue
@@ -100,7 +102,8 @@ def _hooks(wiring: Wiring, key: str, recorder: Recorder) -> set[tuple]:
             parts = layer.strip(".").split(".")
             path = list(node.path)
             if not any(
-                all(p == s or (p.isdigit() and s == "*") for p, s in zip(parts, path[i : i + len(parts)])) and i + len(parts) <= len(path)
+                all(p == s or (p.isdigit() and s == "*") for p, s in zip(parts, path[i : i + len(parts)]))
+                and i + len(parts) <= len(path)
                 for i in range(len(path))
             ):
                 continue
@@ -108,7 +111,12 @@ def _hooks(wiring: Wiring, key: str, recorder: Recorder) -> set[tuple]:
         index = recorder.effective_index(key)
         if returns and all(r.kind in ("output", "value") for r in returns):
             index = "whole output"
-        elif index < 0 and returns and all(r.kind == "tuple" for r in returns) and len({len(r.names) for r in returns}) == 1:
+        elif (
+            index < 0
+            and returns
+            and all(r.kind == "tuple" for r in returns)
+            and len({len(r.names) for r in returns}) == 1
+        ):
             index %= len(returns[0].names)
         hooked.add((node.path, index))
     return hooked
@@ -128,7 +136,12 @@ def equivalent(wiring: Wiring, key: str, original: list[Recorder], written: list
 def round_trip(path: Path, analysis_only: bool = False) -> dict:
     source = path.read_text(encoding="utf-8")
     analysis = analyze_source(source, str(path))
-    report = {"file": str(path), "problems": [p.to_json() for p in analysis.problems], "notes": analysis.notes, "cases": []}
+    report = {
+        "file": str(path),
+        "problems": [p.to_json() for p in analysis.problems],
+        "notes": analysis.notes,
+        "cases": [],
+    }
     users: dict[str, list[str]] = {}
     for use in analysis.uses:
         if use.can_record:
@@ -162,7 +175,13 @@ def safe_round_trip(path: Path, analysis_only: bool = False) -> dict:
     try:
         return round_trip(path, analysis_only)
     except Exception as error:  # noqa: BLE001 - a crash is a finding
-        return {"file": str(path), "crash": f"{type(error).__name__}: {error}", "problems": [], "cases": [], "notes": []}
+        return {
+            "file": str(path),
+            "crash": f"{type(error).__name__}: {error}",
+            "problems": [],
+            "cases": [],
+            "notes": [],
+        }
 
 
 def main() -> int:
@@ -171,7 +190,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--only", help="only files whose name contains this")
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--analysis-only", action="store_true", help="take the entry the fix would write without writing it (faster)")
+    parser.add_argument(
+        "--analysis-only", action="store_true", help="take the entry the fix would write without writing it (faster)"
+    )
     arguments = parser.parse_args()
     files = installed_files()
     if arguments.only:

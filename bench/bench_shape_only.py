@@ -36,9 +36,22 @@ def run_once(folder: Path) -> dict:
     modeling = Path(transformers.__file__).parent / "models" / "llama" / "modeling_llama.py"
     out = folder / f"run{time.monotonic_ns()}.mtrace"
     command = [
-        "/usr/bin/time", "-v", sys.executable, "-m", "modeltrace", "trace", str(modeling),
-        "--config", str(folder / "config.json"), "--shape-only", "--dtype", "bfloat16", "--out", str(out),
-        "--format", "json",
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-m",
+        "modeltrace",
+        "trace",
+        str(modeling),
+        "--config",
+        str(folder / "config.json"),
+        "--shape-only",
+        "--dtype",
+        "bfloat16",
+        "--out",
+        str(out),
+        "--format",
+        "json",
     ]
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
@@ -69,8 +82,12 @@ def main() -> int:
         results = [run_once(folder) for _ in range(arguments.runs)]
     print("| Llama-3-70B, --shape-only (bf16) | median | max |")
     print("|---|---:|---:|")
-    for key, label in (("seconds", "wall time, CLI start to exit (s)"), ("build_s", "build on meta (s)"),
-                       ("forward_s", "forward under capture (s)"), ("peak_rss_mb", "peak RSS, largest process (MB)")):
+    for key, label in (
+        ("seconds", "wall time, CLI start to exit (s)"),
+        ("build_s", "build on meta (s)"),
+        ("forward_s", "forward under capture (s)"),
+        ("peak_rss_mb", "peak RSS, largest process (MB)"),
+    ):
         values = [result[key] for result in results]
         print(f"| {label} | {statistics.median(values):.1f} | {max(values):.1f} |")
     print(f"| module calls recorded | {results[0]['modules']} | |")

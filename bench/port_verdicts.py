@@ -28,8 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python")
 from modeltrace.worker.client import WorkerClient
 from ports.harness import Case, Effect, Judged, PortHarness, all_cases, bug_effect, build_recipe, prepare_port
 
-VARIANTS = {"full": "full tensors", "lines": "full tensors + lines",
-            "automatic": "full tensors + lines, no --map (aligned automatically)"}
+VARIANTS = {
+    "full": "full tensors",
+    "lines": "full tensors + lines",
+    "automatic": "full tensors + lines, no --map (aligned automatically)",
+}
 
 
 def _cell(text: str) -> str:
@@ -41,14 +44,18 @@ def effects(cases: list[Case], workdir: Path) -> dict[str, Effect]:
     clean = {case.pair.name: build_recipe(prepare_port(case, workdir).recipe) for case in cases if case.bug is None}
     return {
         case.id: bug_effect(case.bug.module, clean[case.pair.name], build_recipe(prepare_port(case, workdir).recipe))
-        for case in cases if case.bug is not None and case.pair.name in clean
+        for case in cases
+        if case.bug is not None and case.pair.name in clean
     }
 
 
 def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[str, Effect]) -> str:
     variants = list(results)
-    header = ("| pair | bug | truth (module:line) | effect there (max abs, rel) | "
-              + " | ".join(f"verdict, {VARIANTS[v]}" for v in variants) + " |")
+    header = (
+        "| pair | bug | truth (module:line) | effect there (max abs, rel) | "
+        + " | ".join(f"verdict, {VARIANTS[v]}" for v in variants)
+        + " |"
+    )
     rows = [header, "|---|---|---|---|" + "---|" * len(variants)]
     for position, case in enumerate(cases):
         first = results[variants[0]][position]
@@ -64,14 +71,18 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
         size = f"{found.output_max_abs:.2g}, {found.output_relative:.2g}" if found else ""
         rows.append(f"| {case.pair.name} | {bug} | {_cell(first.truth())} | {size} | " + " | ".join(cells) + " |")
     rows.append("")
-    rows.append("Effect: the bug's largest and relative (‖broken − clean‖ / ‖clean‖) change of its module's "
-                "output, whose inputs it leaves unchanged.  ")
+    rows.append(
+        "Effect: the bug's largest and relative (‖broken − clean‖ / ‖clean‖) change of its module's "
+        "output, whose inputs it leaves unchanged.  "
+    )
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
         exact = sum(judged.right and judged.precision in ("line", "construction line") for judged in results[variant])
-        rows.append(f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
-                    f"line ({module_only} more name the module but no line holding the bug)  ")
+        rows.append(
+            f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
+            f"line ({module_only} more name the module but no line holding the bug)  "
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -87,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[Judged]] = {}
     with tempfile.TemporaryDirectory(prefix="port-verdicts-") as folder, WorkerClient() as worker:
         for variant in variants:
-            harness = PortHarness(worker, Path(folder) / variant, lines=variant != "full",
-                                  maps=variant != "automatic")
+            harness = PortHarness(worker, Path(folder) / variant, lines=variant != "full", maps=variant != "automatic")
             results[variant] = []
             for case in cases:
                 results[variant].append(harness.judge(case))
@@ -98,10 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(cases)} cases x {len(variants)} variants in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if arguments.json:
         document = [
-            {"variant": variant, "pair": judged.case.pair.name,
-             "bug": judged.case.bug.name if judged.case.bug else None, "truth": judged.truth(),
-             "verdict": judged.verdict.located(), "right": judged.right, "why": judged.why}
-            for variant, judged_list in results.items() for judged in judged_list
+            {
+                "variant": variant,
+                "pair": judged.case.pair.name,
+                "bug": judged.case.bug.name if judged.case.bug else None,
+                "truth": judged.truth(),
+                "verdict": judged.verdict.located(),
+                "right": judged.right,
+                "why": judged.why,
+            }
+            for variant, judged_list in results.items()
+            for judged in judged_list
         ]
         Path(arguments.json).parent.mkdir(parents=True, exist_ok=True)
         Path(arguments.json).write_text(json.dumps(document, indent=2) + "\n")

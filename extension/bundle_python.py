@@ -51,8 +51,16 @@ def pinned(names: tuple[str, ...], versions: dict[str, str]) -> list[str]:
 
 
 def pip(*arguments: str, environment: dict[str, str] | None = None) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check",
-               *arguments]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-compile",
+        "--disable-pip-version-check",
+        *arguments,
+    ]
     completed = subprocess.run(command, env=environment)
     if completed.returncode != 0:
         raise SystemExit(f"bundling failed: {' '.join(command)} exited with {completed.returncode}")
@@ -65,8 +73,11 @@ def check_bundle() -> None:
         "assert not hasattr(msgpack, '_cmsgpack') and msgpack.Packer.__module__ == 'msgpack.fallback', msgpack.Packer"
     )
     # NOTE: -I -S: no site-packages, no PYTHONPATH, no user site: only the bundle and the standard library.
-    completed = subprocess.run([sys.executable, "-I", "-S", "-c", script, str(BUNDLE / "libs"),
-                                str(BUNDLE / "fallback")], capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, str(BUNDLE / "libs"), str(BUNDLE / "fallback")],
+        capture_output=True,
+        text=True,
+    )
     if completed.returncode != 0:
         raise SystemExit(f"the bundle in {BUNDLE} is incomplete:\n{completed.stderr}")
 
@@ -76,11 +87,31 @@ def main() -> None:
     shutil.rmtree(BUNDLE, ignore_errors=True)
     BUNDLE.mkdir(parents=True)
     shutil.copytree(REPOSITORY / "pyserver" / "modeltrace", BUNDLE / "tool" / "modeltrace", ignore=LEFT_OUT)
-    pip("--target", str(BUNDLE / "libs"), "--only-binary=:all:", "--implementation", "py", "--abi", "none",
-        "--platform", "any", "--python-version", OLDEST_PYTHON, "-c", str(LOCK_FILE),
-        *pinned(SERVER_PACKAGES, versions))
-    pip("--target", str(BUNDLE / "fallback"), "--no-deps", "--no-binary", ",".join(FALLBACK_PACKAGES),
-        *pinned(FALLBACK_PACKAGES, versions), environment={**os.environ, "MSGPACK_PUREPYTHON": "1"})
+    pip(
+        "--target",
+        str(BUNDLE / "libs"),
+        "--only-binary=:all:",
+        "--implementation",
+        "py",
+        "--abi",
+        "none",
+        "--platform",
+        "any",
+        "--python-version",
+        OLDEST_PYTHON,
+        "-c",
+        str(LOCK_FILE),
+        *pinned(SERVER_PACKAGES, versions),
+    )
+    pip(
+        "--target",
+        str(BUNDLE / "fallback"),
+        "--no-deps",
+        "--no-binary",
+        ",".join(FALLBACK_PACKAGES),
+        *pinned(FALLBACK_PACKAGES, versions),
+        environment={**os.environ, "MSGPACK_PUREPYTHON": "1"},
+    )
     for folder in ("libs", "fallback"):
         shutil.rmtree(BUNDLE / folder / "bin", ignore_errors=True)
     check_bundle()

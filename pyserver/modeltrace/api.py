@@ -45,10 +45,17 @@ class CaptureSession:
 
 
 @contextlib.contextmanager
-def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: bool = False,
-            files: list[str | Path] | None = None, max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
-            max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
-            tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB) -> Iterator[CaptureSession]:
+def capture(
+    model: Any,
+    path: str | Path,
+    *,
+    full_tensors: bool = False,
+    lines: bool = False,
+    files: list[str | Path] | None = None,
+    max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
+    max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
+    tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB,
+) -> Iterator[CaptureSession]:
     """Record every module call of `model` run inside the block, then write the trace folder `path`.
 
     `full_tensors` keeps each tensor (within `max_tensor_mb` per tensor and `max_trace_mb` in all, as the CLI),
@@ -67,8 +74,11 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
 
     if not isinstance(model, nn.Module):
         raise ModelTraceError(f"modeltrace.capture: expected a torch.nn.Module, got {type(model).__name__}")
-    for name, value in (("max_tensor_mb", max_tensor_mb), ("max_trace_mb", max_trace_mb),
-                        ("tensor_memory_mb", tensor_memory_mb)):
+    for name, value in (
+        ("max_tensor_mb", max_tensor_mb),
+        ("max_trace_mb", max_trace_mb),
+        ("tensor_memory_mb", tensor_memory_mb),
+    ):
         if not (isinstance(value, (int, float)) and value >= 0):
             raise ModelTraceError(f"modeltrace.capture: {name} must be a number of megabytes >= 0, not {value!r}")
     destination = Path(path).absolute()
@@ -78,23 +88,32 @@ def capture(model: Any, path: str | Path, *, full_tensors: bool = False, lines: 
     source = model_files[0] if model_files else None
     line_files = model_files + [str(Path(item).resolve()) for item in files or []]
     if lines and not line_files:
-        raise ModelTraceError(f"modeltrace.capture: lines=True, but {type(model).__name__} has no source file "
-                              "to record lines of; pass files=[...]")
+        raise ModelTraceError(
+            f"modeltrace.capture: lines=True, but {type(model).__name__} has no source file "
+            "to record lines of; pass files=[...]"
+        )
     session = CaptureSession(destination)
     failure: BaseException | None = None
     # NOTE: full tensors stream into the trace's temporary folder while the block runs (`worker/tensor_stream.py`)
     stream = start_stream(destination, int(tensor_memory_mb * 2**20)) if full_tensors else None
     with contextlib.ExitStack() as stack:
         stack.enter_context(discarded_on_error(stream))
-        module_capture = stack.enter_context(ModuleCapture(
-            model, full_tensors=full_tensors, max_tensor_bytes=int(max_tensor_mb * 2**20),
-            max_trace_bytes=int(max_trace_mb * 2**20), stream=stream,
-        ))
+        module_capture = stack.enter_context(
+            ModuleCapture(
+                model,
+                full_tensors=full_tensors,
+                max_tensor_bytes=int(max_tensor_mb * 2**20),
+                max_trace_bytes=int(max_trace_mb * 2**20),
+                stream=stream,
+            )
+        )
         line_capture = None
         if lines:
-            line_capture = stack.enter_context(LineCapture(
-                line_files, module_capture.summary_cache, module_capture.pending, module_capture.call_stack
-            ))
+            line_capture = stack.enter_context(
+                LineCapture(
+                    line_files, module_capture.summary_cache, module_capture.pending, module_capture.call_stack
+                )
+            )
         try:
             yield session
         except BaseException as error:  # noqa: BLE001 - written down, then raised again unchanged
@@ -171,8 +190,10 @@ class TraceView:
         return self.trace.to_json()
 
     def __repr__(self) -> str:
-        return (f"<modeltrace trace of {self.trace.model.get('class', '?')}: {len(self.trace.modules)} module "
-                f"calls, {len(self.trace.lines)} line records, {self.path}>")
+        return (
+            f"<modeltrace trace of {self.trace.model.get('class', '?')}: {len(self.trace.modules)} module "
+            f"calls, {len(self.trace.lines)} line records, {self.path}>"
+        )
 
     def _repr_html_(self) -> str:
         from modeltrace.trace.html import trace_html
@@ -220,15 +241,25 @@ class DiffView:
         return diff_html(self.document)
 
 
-def diff(reference: str | Path, candidate: str | Path, *, atol: float | None = None, rtol: float | None = None,
-         rel_tol: float | None = None, maps: list[str] | tuple[str, ...] = (), mapping: str | Path | None = None,
-         automatic: bool = True, replay: bool = False) -> DiffView:
+def diff(
+    reference: str | Path,
+    candidate: str | Path,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    rel_tol: float | None = None,
+    maps: list[str] | tuple[str, ...] = (),
+    mapping: str | Path | None = None,
+    automatic: bool = True,
+    replay: bool = False,
+) -> DiffView:
     """`modeltrace diff REFERENCE CANDIDATE` as an object (the same options, the same numbers). A reference
     or candidate may be a trace folder or a transformers debugger output."""
     from modeltrace.diff import close_result, diff_paths, render_text, to_json
 
-    result = diff_paths(reference, candidate, atol, rtol, maps, rel_tol=rel_tol, replay=replay, mapping=mapping,
-                        automatic=automatic)
+    result = diff_paths(
+        reference, candidate, atol, rtol, maps, rel_tol=rel_tol, replay=replay, mapping=mapping, automatic=automatic
+    )
     try:
         return DiffView(to_json(result), render_text(result))
     finally:

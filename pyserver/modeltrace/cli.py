@@ -123,8 +123,10 @@ def _parallel_trace_command(arguments: argparse.Namespace) -> int:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
         for divergence in trace.model.get("parallel", {}).get("rank_divergences", []):
             print(f"# rank divergence: {divergence['message']}", file=sys.stderr)
-        print(f"# trace of {arguments.nproc} ranks written to {result['trace']} ({result['seconds']:.2f} s)",
-              file=sys.stderr)
+        print(
+            f"# trace of {arguments.nproc} ranks written to {result['trace']} ({result['seconds']:.2f} s)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -182,9 +184,17 @@ def _show_command(arguments: argparse.Namespace) -> int:
 def _diff_command(arguments: argparse.Namespace) -> int:
     from modeltrace.diff import close_result, diff_paths
 
-    result = diff_paths(arguments.reference, arguments.candidate, arguments.atol, arguments.rtol, arguments.map,
-                        rel_tol=arguments.rel_tol, replay=arguments.replay, mapping=arguments.mapping,
-                        automatic=not arguments.no_auto_align)
+    result = diff_paths(
+        arguments.reference,
+        arguments.candidate,
+        arguments.atol,
+        arguments.rtol,
+        arguments.map,
+        rel_tol=arguments.rel_tol,
+        replay=arguments.replay,
+        mapping=arguments.mapping,
+        automatic=not arguments.no_auto_align,
+    )
     try:
         return _report_diff(result, arguments.format)
     finally:
@@ -223,18 +233,35 @@ def _align_command(arguments: argparse.Namespace) -> int:
         aligned = [pair for pair in mapping.pairs if any(pair.candidate)]
         if arguments.format == "json":
             document = {
-                "pairs": [{"reference": pair.reference, "candidate": pair.candidate, "confidence": pair.confidence,
-                           "evidence": pair.evidence, "fused": pair.fused} for pair in mapping.pairs],
-                "unaligned": [{"side": item.side, "path": item.path,
-                               "candidates": [{"path": path, "confidence": score, "why": why}
-                                              for path, score, why in item.candidates]}
-                              for item in mapping.leftovers],
+                "pairs": [
+                    {
+                        "reference": pair.reference,
+                        "candidate": pair.candidate,
+                        "confidence": pair.confidence,
+                        "evidence": pair.evidence,
+                        "fused": pair.fused,
+                    }
+                    for pair in mapping.pairs
+                ],
+                "unaligned": [
+                    {
+                        "side": item.side,
+                        "path": item.path,
+                        "candidates": [
+                            {"path": path, "confidence": score, "why": why} for path, score, why in item.candidates
+                        ],
+                    }
+                    for item in mapping.leftovers
+                ],
                 "threshold": mapping.threshold,
             }
             text = json.dumps(document, indent=1) + "\n"
         else:
-            text = render_mapping(mapping, f"{arguments.reference} ({reference.trace.model.get('class', '?')})",
-                                  f"{arguments.candidate} ({candidate.trace.model.get('class', '?')})")
+            text = render_mapping(
+                mapping,
+                f"{arguments.reference} ({reference.trace.model.get('class', '?')})",
+                f"{arguments.candidate} ({candidate.trace.model.get('class', '?')})",
+            )
     if not aligned:
         raise ModelTraceError(
             f"nothing aligns: no module of {arguments.candidate} pairs with one of {arguments.reference} above "
@@ -243,8 +270,11 @@ def _align_command(arguments: argparse.Namespace) -> int:
     if arguments.out:
         Path(arguments.out).write_text(text, encoding="utf-8")
         fused = sum(1 for pair in mapping.pairs if pair.fused)
-        print(f"# {len(mapping.pairs)} module pairs ({fused} fused), {len(mapping.leftovers)} unaligned: "
-              f"written to {arguments.out}", file=sys.stderr)
+        print(
+            f"# {len(mapping.pairs)} module pairs ({fused} fused), {len(mapping.leftovers)} unaligned: "
+            f"written to {arguments.out}",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0
@@ -356,28 +386,55 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
     trace.add_argument("--config", metavar="PATH", help="a config.json (or folder) to use as it is, unshrunk")
-    trace.add_argument("--shape-only", action="store_true",
-                       help="shapes and dtypes only, on the meta device (full size: no shrinking, no weights)")
-    trace.add_argument("--checkpoint", metavar="DIR",
-                       help="a local folder saved with save_pretrained to load the model from (never downloads)")
-    trace.add_argument("--device-map", metavar="auto|JSON",
-                       help="with --checkpoint: spread the model over the devices present with accelerate (auto, "
-                            "or a JSON object / file from module names to cpu, disk, 0, cuda:1...)")
-    trace.add_argument("--nproc", type=_nproc, metavar="N",
-                       help="with --checkpoint: run the model on N ranks with transformers' tensor parallelism "
-                            "(tp_plan=auto; gloo on CPU, NCCL on CUDA) and write one trace of them all")
+    trace.add_argument(
+        "--shape-only",
+        action="store_true",
+        help="shapes and dtypes only, on the meta device (full size: no shrinking, no weights)",
+    )
+    trace.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a local folder saved with save_pretrained to load the model from (never downloads)",
+    )
+    trace.add_argument(
+        "--device-map",
+        metavar="auto|JSON",
+        help="with --checkpoint: spread the model over the devices present with accelerate (auto, "
+        "or a JSON object / file from module names to cpu, disk, 0, cuda:1...)",
+    )
+    trace.add_argument(
+        "--nproc",
+        type=_nproc,
+        metavar="N",
+        help="with --checkpoint: run the model on N ranks with transformers' tensor parallelism "
+        "(tp_plan=auto; gloo on CPU, NCCL on CUDA) and write one trace of them all",
+    )
     trace.add_argument("--lines", action="store_true", help="also capture tensor variables line by line")
     trace.add_argument("--full-tensors", action="store_true", help="also store every captured tensor")
-    trace.add_argument("--max-tensor-mb", type=_megabytes, default=DEFAULT_MAX_TENSOR_MB, metavar="MB",
-                       help="with --full-tensors: larger tensors keep statistics only "
-                            f"(default: {DEFAULT_MAX_TENSOR_MB:g})")
-    trace.add_argument("--max-trace-mb", type=_megabytes, default=DEFAULT_MAX_TRACE_MB, metavar="MB",
-                       help="with --full-tensors: store no more than this in all; later tensors keep statistics "
-                            f"only (default: {DEFAULT_MAX_TRACE_MB:g})")
-    trace.add_argument("--tensor-memory-mb", type=_megabytes, default=DEFAULT_TENSOR_MEMORY_MB, metavar="MB",
-                       help="with --full-tensors: tensors are written to disk during the forward, at most this "
-                            "many MB of them waiting in memory; past it the forward waits for the disk "
-                            f"(default: {DEFAULT_TENSOR_MEMORY_MB:g})")
+    trace.add_argument(
+        "--max-tensor-mb",
+        type=_megabytes,
+        default=DEFAULT_MAX_TENSOR_MB,
+        metavar="MB",
+        help=f"with --full-tensors: larger tensors keep statistics only (default: {DEFAULT_MAX_TENSOR_MB:g})",
+    )
+    trace.add_argument(
+        "--max-trace-mb",
+        type=_megabytes,
+        default=DEFAULT_MAX_TRACE_MB,
+        metavar="MB",
+        help="with --full-tensors: store no more than this in all; later tensors keep statistics "
+        f"only (default: {DEFAULT_MAX_TRACE_MB:g})",
+    )
+    trace.add_argument(
+        "--tensor-memory-mb",
+        type=_megabytes,
+        default=DEFAULT_TENSOR_MEMORY_MB,
+        metavar="MB",
+        help="with --full-tensors: tensors are written to disk during the forward, at most this "
+        "many MB of them waiting in memory; past it the forward waits for the disk "
+        f"(default: {DEFAULT_TENSOR_MEMORY_MB:g})",
+    )
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     trace.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or float64")
     trace.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")
@@ -385,17 +442,28 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--out", metavar="DIR", help="where to write the trace (default: ./FILE_STEM.mtrace)")
     trace.add_argument("--format", choices=("text", "json"), default="text")
     trace.add_argument("--stats", action="store_true", help="add mean and std to each annotation")
-    trace.add_argument("--against", metavar="REFERENCE",
-                       help="then diff the trace against this reference (implies --full-tensors) and print the "
-                            "diff instead, replaying suspects on the model just traced; exit codes of `diff`")
-    trace.add_argument("--generate", type=_decode_steps, default=0, metavar="N",
-                       help="trace greedy generation: the prefill and N decode steps with the model's own cache "
-                            "(default class: the file's …ForCausalLM; a recipe may define generate(model, inputs, "
-                            "steps))")
-    trace.add_argument("--backward", action="store_true",
-                       help="also run a loss and its backward pass: gradients of every module call and parameter "
-                            "(the model's own loss with synthesised labels, a recipe's build_loss(outputs), or "
-                            "0.5 * mean(output ** 2))")
+    trace.add_argument(
+        "--against",
+        metavar="REFERENCE",
+        help="then diff the trace against this reference (implies --full-tensors) and print the "
+        "diff instead, replaying suspects on the model just traced; exit codes of `diff`",
+    )
+    trace.add_argument(
+        "--generate",
+        type=_decode_steps,
+        default=0,
+        metavar="N",
+        help="trace greedy generation: the prefill and N decode steps with the model's own cache "
+        "(default class: the file's …ForCausalLM; a recipe may define generate(model, inputs, "
+        "steps))",
+    )
+    trace.add_argument(
+        "--backward",
+        action="store_true",
+        help="also run a loss and its backward pass: gradients of every module call and parameter "
+        "(the model's own loss with synthesised labels, a recipe's build_loss(outputs), or "
+        "0.5 * mean(output ** 2))",
+    )
     trace.set_defaults(handler=_trace_command)
 
     show = commands.add_parser("show", help="print a trace as an annotated listing or as JSON")
@@ -409,19 +477,38 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("reference", help="a trace folder or a transformers debugger output (folder or JSON)")
     diff.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
     diff.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-3)")
-    diff.add_argument("--rtol", type=float, default=None,
-                      help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)")
-    diff.add_argument("--map", action="append", default=[], metavar="'REGEX=>REPL'",
-                      help="rename module paths to align them (repeatable)")
-    diff.add_argument("--mapping", metavar="FILE",
-                      help="a module mapping file (written by `modeltrace align`, edited or not) to align by")
-    diff.add_argument("--no-auto-align", action="store_true",
-                      help="align by paths and --map only, never by evidence")
-    diff.add_argument("--rel-tol", type=float, default=None, dest="rel_tol",
-                      help="relative error ‖a-b‖/‖ref‖ allowed (default: float32 1e-4, float16 2e-3, bfloat16 2e-2)")
-    diff.add_argument("--replay", action="store_true",
-                      help="re-run the first modules whose outputs differ on the reference's inputs (needs a "
-                           "reference with full tensors; runs the candidate's code in a worker)")
+    diff.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)",
+    )
+    diff.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="'REGEX=>REPL'",
+        help="rename module paths to align them (repeatable)",
+    )
+    diff.add_argument(
+        "--mapping",
+        metavar="FILE",
+        help="a module mapping file (written by `modeltrace align`, edited or not) to align by",
+    )
+    diff.add_argument("--no-auto-align", action="store_true", help="align by paths and --map only, never by evidence")
+    diff.add_argument(
+        "--rel-tol",
+        type=float,
+        default=None,
+        dest="rel_tol",
+        help="relative error ‖a-b‖/‖ref‖ allowed (default: float32 1e-4, float16 2e-3, bfloat16 2e-2)",
+    )
+    diff.add_argument(
+        "--replay",
+        action="store_true",
+        help="re-run the first modules whose outputs differ on the reference's inputs (needs a "
+        "reference with full tensors; runs the candidate's code in a worker)",
+    )
     diff.add_argument("--format", choices=("text", "json"), default="text")
     diff.set_defaults(handler=_diff_command)
 
@@ -429,24 +516,35 @@ def build_parser() -> argparse.ArgumentParser:
     align.add_argument("reference", help="a trace folder or a transformers debugger output (folder or JSON)")
     align.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
     align.add_argument("--out", metavar="FILE", help="write the mapping here (default: standard output)")
-    align.add_argument("--threshold", type=float, default=0.5,
-                       help="pairs below this confidence are left unaligned (default: 0.5)")
+    align.add_argument(
+        "--threshold", type=float, default=0.5, help="pairs below this confidence are left unaligned (default: 0.5)"
+    )
     align.add_argument("--format", choices=("text", "json"), default="text")
     align.set_defaults(handler=_align_command)
 
     export = commands.add_parser("export", help="write a trace in another format")
     export.add_argument("trace", help="a NAME.mtrace folder")
-    export.add_argument("--hf-debugger", required=True, metavar="DIR",
-                        help="write transformers' model_addition_debugger_context files into DIR")
-    export.add_argument("--safetensors", action="store_true",
-                        help="full tensors as one .safetensors file each (use_repr=False) instead of printed values")
+    export.add_argument(
+        "--hf-debugger",
+        required=True,
+        metavar="DIR",
+        help="write transformers' model_addition_debugger_context files into DIR",
+    )
+    export.add_argument(
+        "--safetensors",
+        action="store_true",
+        help="full tensors as one .safetensors file each (use_repr=False) instead of printed values",
+    )
     export.set_defaults(handler=_export_command)
 
     check = commands.add_parser("check", help="check the _can_record_outputs of a modeling file (static)")
     check.add_argument("file", help="the modeling file (modeling_*.py) to check")
     check.add_argument("--fix", action="store_true", help="write the fixes into the file")
-    check.add_argument("--run", action="store_true",
-                       help="also build and run the model (output_hidden_states/attentions) for problems only a run shows")
+    check.add_argument(
+        "--run",
+        action="store_true",
+        help="also build and run the model (output_hidden_states/attentions) for problems only a run shows",
+    )
     check.add_argument("--model", metavar="CLASS", help="with --run: the class to build")
     check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="with --run: stop after this")
     check.add_argument("--format", choices=("text", "json"), default="text")

@@ -38,11 +38,23 @@ def main() -> None:
     assert trace.lines and "query_states" in trace._repr_html_()
     result = modeltrace.diff(output / "api-reference.mtrace", output / "api-port.mtrace")
     assert not result.match and result.first_divergence["path"] == "layers.1.mlp.down_proj", result.text
-    completed = subprocess.run([str(Path(sys.executable).parent / "modeltrace"), "diff", str(output / "api-reference.mtrace"),
-                                str(output / "api-port.mtrace"), "--format", "json"], capture_output=True, text=True)
+    completed = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "modeltrace"),
+            "diff",
+            str(output / "api-reference.mtrace"),
+            str(output / "api-port.mtrace"),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert completed.returncode == 1, completed.stderr
     assert json.loads(completed.stdout)["first_divergence"] == json.loads(json.dumps(result.first_divergence))
-    print(f"[package] API: capture, load and diff agree with the CLI (first divergence {result.first_divergence['path']})")
+    print(
+        f"[package] API: capture, load and diff agree with the CLI (first divergence {result.first_divergence['path']})"
+    )
 
 
 if __name__ == "__main__":

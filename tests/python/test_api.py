@@ -49,8 +49,9 @@ def test_capture_writes_the_trace_the_cli_writes(tmp_path: Path, worker: WorkerC
     assert session.path == (tmp_path / "library.mtrace").absolute()
     library = read_trace(session.path)
     modeling_file = Path(sys.modules[type(model).__module__].__file__)
-    worker.trace({"file": str(modeling_file), "recipe": str(recipe), "out": str(tmp_path / "cli.mtrace"),
-                  "full_tensors": True})
+    worker.trace(
+        {"file": str(modeling_file), "recipe": str(recipe), "out": str(tmp_path / "cli.mtrace"), "full_tensors": True}
+    )
     cli = read_trace(tmp_path / "cli.mtrace")
     assert [(record.path, record.class_name, record.call_index) for record in library.modules] == [
         (record.path, record.class_name, record.call_index) for record in cli.modules
@@ -136,7 +137,8 @@ def test_a_plain_module_defined_in_a_script(tmp_path: Path) -> None:
     """A model written in a script (no modeling file, no transformers), captured there, diffed through the API
     as the CLI diffs it."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys
         import torch
         import modeltrace
@@ -159,14 +161,28 @@ def test_a_plain_module_defined_in_a_script(tmp_path: Path) -> None:
                                                      full_tensors=True):
                 model(inputs)
             model[1].norm.eps = 1e-2 if name == "a" else model[1].norm.eps
-        result = modeltrace.diff({str(tmp_path / 'a.mtrace')!r}, {str(tmp_path / 'b.mtrace')!r})
+        result = modeltrace.diff({str(tmp_path / "a.mtrace")!r}, {str(tmp_path / "b.mtrace")!r})
         print(json.dumps(result.to_json()))
-    """))
+    """)
+    )
     completed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     api_document = json.loads(completed.stdout)
-    cli = subprocess.run([sys.executable, "-m", "modeltrace", "diff", str(tmp_path / "a.mtrace"),
-                          str(tmp_path / "b.mtrace"), "--format", "json"], capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "diff",
+            str(tmp_path / "a.mtrace"),
+            str(tmp_path / "b.mtrace"),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert json.loads(cli.stdout) == api_document
     trace = read_trace(tmp_path / "a.mtrace")
     assert trace.model["file"] == str(script.resolve())
@@ -183,7 +199,7 @@ def test_importable_with_torch_alone(tmp_path: Path) -> None:
         assert "torch" not in sys.modules
         import torch
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-        with modeltrace.capture(model, {str(tmp_path / 'plain.mtrace')!r}) as session:
+        with modeltrace.capture(model, {str(tmp_path / "plain.mtrace")!r}) as session:
             model(torch.ones(3, 4))
         print(len(session.trace.modules), session.trace.model["versions"]["transformers"])
     """)

@@ -43,13 +43,18 @@ TRUTH_RULES = [
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.attention\.wk$", r"layers.\1.self_attn.k_proj"),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.attention\.wv$", r"layers.\1.self_attn.v_proj"),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.attention\.wo$", r"layers.\1.self_attn.o_proj"),
-    (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.attention\.wqkv$",
-     r"layers.\1.self_attn.q_proj + layers.\1.self_attn.k_proj + layers.\1.self_attn.v_proj"),
+    (
+        r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.attention\.wqkv$",
+        r"layers.\1.self_attn.q_proj + layers.\1.self_attn.k_proj + layers.\1.self_attn.v_proj",
+    ),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward$", r"layers.\1.mlp"),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward\.w1$", r"layers.\1.mlp.gate_proj"),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward\.w3$", r"layers.\1.mlp.up_proj"),
     (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward\.w2$", r"layers.\1.mlp.down_proj"),
-    (r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward\.w13$", r"layers.\1.mlp.gate_proj + layers.\1.mlp.up_proj"),
+    (
+        r"^(?:blocks|body\.trunk\.blocks)\.(\d+)\.feed_forward\.w13$",
+        r"layers.\1.mlp.gate_proj + layers.\1.mlp.up_proj",
+    ),
     (r"^body\.trunk$", None),  # the wrapper the reference does not have
 ]
 
@@ -63,12 +68,15 @@ def truth(candidate_path: str) -> str | None:
 
 def _recipe(folder: Path, name: str, body: str) -> Path:
     path = folder / f"recipe_{name}.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         import sys
         import torch
         sys.path.insert(0, {str(PAIRS_DIR)!r})
         from meta_llama import TOKENS, port_model, reference_model
-    """) + textwrap.dedent(body))
+    """)
+        + textwrap.dedent(body)
+    )
     return path
 
 
@@ -76,26 +84,42 @@ def _recipe(folder: Path, name: str, body: str) -> Path:
 def traces(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
     """The reference and each port variant, traced once (statistics; full tensors for the reference)."""
     folder = tmp_path_factory.mktemp("align")
-    recipes = {"reference": _recipe(folder, "reference", """
+    recipes = {
+        "reference": _recipe(
+            folder,
+            "reference",
+            """
         def build_model():
             return reference_model(seed=0)
 
         def build_inputs(model):
             return {"input_ids": torch.tensor(TOKENS), "use_cache": False}
-    """)}
+    """,
+        )
+    }
     for variant in VARIANTS:
-        recipes[variant] = _recipe(folder, variant, f"""
+        recipes[variant] = _recipe(
+            folder,
+            variant,
+            f"""
             def build_model():
                 return port_model({variant!r})
 
             def build_inputs(model):
                 return {{"tokens": torch.tensor(TOKENS)}}
-        """)
+        """,
+        )
     found = {}
     for name, recipe in recipes.items():
         out = folder / f"{name}.mtrace"
-        worker.trace({"file": str(PORT_FILE), "recipe": str(recipe), "out": str(out),
-                      "full_tensors": name in ("reference", "fused")})
+        worker.trace(
+            {
+                "file": str(PORT_FILE),
+                "recipe": str(recipe),
+                "out": str(out),
+                "full_tensors": name in ("reference", "fused"),
+            }
+        )
         found[name] = out
     return found
 
@@ -132,7 +156,9 @@ def test_each_pair_aligns_to_its_truth(traces: dict[str, Path], variant: str) ->
 def test_fused_projections_pair_with_the_runs_they_replace(traces: dict[str, Path]) -> None:
     mapping = align_modules(read_trace(traces["reference"]), read_trace(traces["fused"]))
     fused = {pair.candidate[0]: pair for pair in mapping.pairs if pair.fused}
-    assert set(fused) == {f"blocks.{n}.attention.wqkv" for n in (0, 1)} | {f"blocks.{n}.feed_forward.w13" for n in (0, 1)}
+    assert set(fused) == {f"blocks.{n}.attention.wqkv" for n in (0, 1)} | {
+        f"blocks.{n}.feed_forward.w13" for n in (0, 1)
+    }
     assert fused["blocks.0.attention.wqkv"].reference == [f"layers.0.self_attn.{name}_proj" for name in "qkv"]
     assert "concatenation" in fused["blocks.0.attention.wqkv"].evidence
     assert "combined values equal" in fused["blocks.0.feed_forward.w13"].evidence
@@ -158,7 +184,9 @@ def test_diff_compares_fused_pairs_on_the_concatenation(traces: dict[str, Path])
     document = json.loads(completed.stdout)
     assert document["mapping"]["source"] == "automatic" and document["mapping"]["fused"] == 4
     module = next(item for item in document["modules"] if item["path"] == "blocks.0.attention.wqkv")
-    assert module["reference_path"] == "layers.0.self_attn.q_proj + layers.0.self_attn.k_proj + layers.0.self_attn.v_proj"
+    assert (
+        module["reference_path"] == "layers.0.self_attn.q_proj + layers.0.self_attn.k_proj + layers.0.self_attn.v_proj"
+    )
     assert module["alignment"]["fused"] and module["check"] == "full"
     assert module["status"] == "match", module
 
@@ -189,11 +217,16 @@ def test_mapping_file_round_trip_and_edit(traces: dict[str, Path], tmp_path: Pat
         (pair.reference, pair.candidate) for pair in automatic.pairs
     ]
     # a user's edit is what the diff uses: pair wk with v_proj and wv with k_proj
-    edited = text.replace("layers.0.self_attn.k_proj => blocks.0.attention.wk", "layers.0.self_attn.v_proj => blocks.0.attention.wk", 1)
-    edited = edited.replace("layers.0.self_attn.v_proj => blocks.0.attention.wv", "layers.0.self_attn.k_proj => blocks.0.attention.wv", 1)
+    edited = text.replace(
+        "layers.0.self_attn.k_proj => blocks.0.attention.wk", "layers.0.self_attn.v_proj => blocks.0.attention.wk", 1
+    )
+    edited = edited.replace(
+        "layers.0.self_attn.v_proj => blocks.0.attention.wv", "layers.0.self_attn.k_proj => blocks.0.attention.wv", 1
+    )
     mapping_file.write_text(edited)
-    completed = _cli("diff", str(traces["reference"]), str(traces["renamed"]), "--mapping", str(mapping_file),
-                     "--format", "json")
+    completed = _cli(
+        "diff", str(traces["reference"]), str(traces["renamed"]), "--mapping", str(mapping_file), "--format", "json"
+    )
     document = json.loads(completed.stdout)
     module = next(item for item in document["modules"] if item["path"] == "blocks.0.attention.wk")
     assert module["reference_path"] == "layers.0.self_attn.v_proj"
@@ -205,10 +238,18 @@ def test_mapping_file_round_trip_and_edit(traces: dict[str, Path], tmp_path: Pat
     ("line", "message"),
     [
         pytest.param("embed_tokens -> tok_embeddings", r":6: expected 'REFERENCE => CANDIDATE'", id="no-arrow"),
-        pytest.param("embed_tokns => tok_embeddings", r":6: the reference trace has no module 'embed_tokns' "
-                     r"\(did you mean 'embed_tokens'\?\)", id="unknown-reference-path"),
-        pytest.param("embed_tokens => tok_embeddings\nnorm => tok_embeddings", r":7: candidate module "
-                     r"'tok_embeddings' is already paired on line 6", id="paired-twice"),
+        pytest.param(
+            "embed_tokns => tok_embeddings",
+            r":6: the reference trace has no module 'embed_tokns' "
+            r"\(did you mean 'embed_tokens'\?\)",
+            id="unknown-reference-path",
+        ),
+        pytest.param(
+            "embed_tokens => tok_embeddings\nnorm => tok_embeddings",
+            r":7: candidate module "
+            r"'tok_embeddings' is already paired on line 6",
+            id="paired-twice",
+        ),
         pytest.param("a + b => c + d", r":6: a fused pair has one module on one side", id="runs-on-both-sides"),
     ],
 )
@@ -226,7 +267,8 @@ def test_bad_mapping_files_name_the_line(traces: dict[str, Path], tmp_path: Path
 def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path, worker: WorkerClient) -> None:
     """A convolutional image model against the Llama: `align` and `diff` say nothing aligns, exit 2."""
     recipe = tmp_path / "recipe_cnn.py"
-    recipe.write_text(textwrap.dedent("""
+    recipe.write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
 
@@ -245,7 +287,8 @@ def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path,
 
         def build_inputs(model):
             return (torch.randn(2, 3, 16, 16),)
-    """))
+    """)
+    )
     out = tmp_path / "cnn.mtrace"
     worker.trace({"file": str(recipe), "recipe": str(recipe), "out": str(out)})
     aligned = _cli("align", str(traces["reference"]), str(out))
@@ -255,8 +298,9 @@ def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path,
 
 
 def _cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_vectorised_scores_are_the_scalar_rule(traces: dict[str, Path]) -> None:
@@ -300,7 +344,10 @@ def test_a_split_candidate_against_a_fused_reference(traces: dict[str, Path]) ->
     assert split["blocks.1.feed_forward.w13"].candidate == ["layers.1.mlp.gate_proj", "layers.1.mlp.up_proj"]
     completed = _cli("diff", str(traces["fused"]), str(traces["reference"]), "--format", "json")
     document = json.loads(completed.stdout)
-    group = next(item for item in document["modules"]
-                 if item["path"] == "layers.0.self_attn.q_proj + layers.0.self_attn.k_proj + layers.0.self_attn.v_proj")
+    group = next(
+        item
+        for item in document["modules"]
+        if item["path"] == "layers.0.self_attn.q_proj + layers.0.self_attn.k_proj + layers.0.self_attn.v_proj"
+    )
     assert group["reference_path"] == "blocks.0.attention.wqkv" and group["alignment"]["fused"]
     assert group["status"] == "match", group

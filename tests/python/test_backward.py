@@ -25,29 +25,46 @@ from test_generation import copy_model, trace
 def references(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("backward-references")
     return {
-        "llama": trace(worker, copy_model("llama", root), root / "llama.mtrace", model="LlamaForCausalLM",
-                       backward=True),
-        "gpt2": trace(worker, copy_model("gpt2", root), root / "gpt2.mtrace", model="GPT2LMHeadModel",
-                      backward=True),
+        "llama": trace(
+            worker, copy_model("llama", root), root / "llama.mtrace", model="LlamaForCausalLM", backward=True
+        ),
+        "gpt2": trace(worker, copy_model("gpt2", root), root / "gpt2.mtrace", model="GPT2LMHeadModel", backward=True),
     }
 
 
 MODELS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
 # (model, bug, text replaced, replacement, what the first gradient divergence must name)
 BUGS = [
-    ("llama", "detach in one residual", "        hidden_states = residual + hidden_states\n",
-     "        hidden_states = residual.detach() + hidden_states\n", "model.layers.1"),
-    ("gpt2", "detach in one residual", "hidden_states = attn_output + residual",
-     "hidden_states = attn_output + residual.detach()", "transformer.h.1"),
-    ("llama", "frozen layer", "        self.gradient_checkpointing = False\n\n        # Initialize weights and apply "
-     "final processing\n        self.post_init()\n",
-     "        self.gradient_checkpointing = False\n        self.post_init()\n"
-     "        self.layers[1].mlp.requires_grad_(False)\n",
-     "model.layers.1.mlp.down_proj"),
-    ("llama", "loss scaled by 0.5",
-     "loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)",
-     "loss = 0.5 * self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)",
-     "(loss)"),
+    (
+        "llama",
+        "detach in one residual",
+        "        hidden_states = residual + hidden_states\n",
+        "        hidden_states = residual.detach() + hidden_states\n",
+        "model.layers.1",
+    ),
+    (
+        "gpt2",
+        "detach in one residual",
+        "hidden_states = attn_output + residual",
+        "hidden_states = attn_output + residual.detach()",
+        "transformer.h.1",
+    ),
+    (
+        "llama",
+        "frozen layer",
+        "        self.gradient_checkpointing = False\n\n        # Initialize weights and apply "
+        "final processing\n        self.post_init()\n",
+        "        self.gradient_checkpointing = False\n        self.post_init()\n"
+        "        self.layers[1].mlp.requires_grad_(False)\n",
+        "model.layers.1.mlp.down_proj",
+    ),
+    (
+        "llama",
+        "loss scaled by 0.5",
+        "loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)",
+        "loss = 0.5 * self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)",
+        "(loss)",
+    ),
 ]
 
 
@@ -70,8 +87,9 @@ def test_backward_trace_records_gradients_per_call_and_parameter(references: dic
 
 
 def test_identical_backward_traces_match(references: dict[str, Path], worker: WorkerClient, tmp_path: Path) -> None:
-    again = trace(worker, copy_model("gpt2", tmp_path), tmp_path / "again.mtrace", model="GPT2LMHeadModel",
-                  backward=True)
+    again = trace(
+        worker, copy_model("gpt2", tmp_path), tmp_path / "again.mtrace", model="GPT2LMHeadModel", backward=True
+    )
     result = diff_paths(references["gpt2"], again)
     try:
         assert result.match and result.gradients is not None and result.gradients.match
@@ -81,11 +99,19 @@ def test_identical_backward_traces_match(references: dict[str, Path], worker: Wo
 
 
 @pytest.mark.parametrize(("model", "bug", "old", "new", "expected"), BUGS, ids=[f"{row[0]}: {row[1]}" for row in BUGS])
-def test_training_only_bug_is_found_in_backward_order(model: str, bug: str, old: str, new: str, expected: str,
-                                                       references: dict[str, Path], worker: WorkerClient,
-                                                       tmp_path: Path) -> None:
-    buggy = trace(worker, copy_model(model, tmp_path, old, new), tmp_path / "buggy.mtrace", model=MODELS[model],
-                  backward=True)
+def test_training_only_bug_is_found_in_backward_order(
+    model: str,
+    bug: str,
+    old: str,
+    new: str,
+    expected: str,
+    references: dict[str, Path],
+    worker: WorkerClient,
+    tmp_path: Path,
+) -> None:
+    buggy = trace(
+        worker, copy_model(model, tmp_path, old, new), tmp_path / "buggy.mtrace", model=MODELS[model], backward=True
+    )
     result = diff_paths(references[model], buggy)
     try:
         document = to_json(result)
@@ -104,7 +130,7 @@ def test_training_only_bug_is_found_in_backward_order(model: str, bug: str, old:
         close_result(result)
 
 
-RECIPE = '''
+RECIPE = """
 import torch
 from torch import nn
 
@@ -125,7 +151,7 @@ def build_model() -> nn.Module:
 
 def build_inputs(model: nn.Module) -> dict:
     return {{"x": torch.randn(2, 8)}}
-'''
+"""
 
 
 def recipe(tmp_path: Path, suffix: str = "", extra: str = "") -> Path:
@@ -165,9 +191,21 @@ def test_backward_bad_input_gets_a_clear_message(worker: WorkerClient, tmp_path:
         trace(worker, file, tmp_path / "ints.mtrace", recipe=str(file), backward=True)
     llama = copy_model("llama", tmp_path)
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", str(llama), "--shape-only", "--backward",
-         "--out", str(tmp_path / "meta.mtrace")],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "trace",
+            str(llama),
+            "--shape-only",
+            "--backward",
+            "--out",
+            str(tmp_path / "meta.mtrace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert completed.returncode == 2 and "--backward needs real tensors" in completed.stderr, completed.stderr
     assert "meta device" in completed.stderr

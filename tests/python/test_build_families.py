@@ -39,7 +39,9 @@ FAMILIES = {
     "mixtral (mixture of experts)": ("mixtral/modeling_mixtral.py", "MixtralModel", {"input_ids"}),
     "bart (encoder-decoder)": ("bart/modeling_bart.py", "BartModel", {"input_ids", "decoder_input_ids"}),
     "whisper (audio features)": (
-        "whisper/modeling_whisper.py", "WhisperModel", {"input_features", "decoder_input_ids"}
+        "whisper/modeling_whisper.py",
+        "WhisperModel",
+        {"input_features", "decoder_input_ids"},
     ),
     "wav2vec2 (raw audio)": ("wav2vec2/modeling_wav2vec2.py", "Wav2Vec2Model", {"input_values"}),
     "vit (pixel values)": ("vit/modeling_vit.py", "ViTModel", {"pixel_values"}),
@@ -132,10 +134,15 @@ def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     shutil.copyfile(LLAMA_3_70B_CONFIG, config)
     started = time.perf_counter()
-    built = build_from_request({
-        "file": str(MODELS / "llama" / "modeling_llama.py"), "config": str(config), "shape_only": True,
-        "dtype": "bfloat16", "seed": 0,
-    })
+    built = build_from_request(
+        {
+            "file": str(MODELS / "llama" / "modeling_llama.py"),
+            "config": str(config),
+            "shape_only": True,
+            "dtype": "bfloat16",
+            "seed": 0,
+        }
+    )
     with torch.no_grad(), built.forward_context(), ModuleCapture(built.model) as capture:
         built.model(**built.kwargs)
     seconds = time.perf_counter() - started
@@ -152,10 +159,16 @@ def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> 
     """The request key `shape_only` (CLI `--shape-only`): the model stays on the meta device, the header says so."""
     config = tmp_path / "config.json"
     shutil.copyfile(LLAMA_3_70B_CONFIG, config)
-    result = worker.trace({
-        "file": str(MODELS / "llama" / "modeling_llama.py"), "config": str(config), "shape_only": True,
-        "dtype": "bfloat16", "out": str(tmp_path / "70b.mtrace"), "timeout": 120,
-    })
+    result = worker.trace(
+        {
+            "file": str(MODELS / "llama" / "modeling_llama.py"),
+            "config": str(config),
+            "shape_only": True,
+            "dtype": "bfloat16",
+            "out": str(tmp_path / "70b.mtrace"),
+            "timeout": 120,
+        }
+    )
     trace = read_trace(result["trace"])
     assert trace.model["options"]["shape_only"] is True
     assert trace.model["build"]["shape_only"] is True and not trace.model["build"]["approximations"]
@@ -166,10 +179,14 @@ def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> 
 
 def test_hub_id_through_the_worker_is_one_clear_line(worker: WorkerClient, tmp_path: Path) -> None:
     with pytest.raises(TraceFailed) as caught:
-        worker.trace({
-            "file": str(MODELS / "llama" / "modeling_llama.py"), "checkpoint": "meta-llama/Meta-Llama-3-8B",
-            "out": str(tmp_path / "hub.mtrace"), "timeout": 60,
-        })
+        worker.trace(
+            {
+                "file": str(MODELS / "llama" / "modeling_llama.py"),
+                "checkpoint": "meta-llama/Meta-Llama-3-8B",
+                "out": str(tmp_path / "hub.mtrace"),
+                "timeout": 60,
+            }
+        )
     assert caught.value.error["type"] == "ModelTraceError"
     assert "never downloads" in str(caught.value) and "\n" not in str(caught.value)
 
@@ -373,7 +390,8 @@ def test_an_unaided_build_that_never_ran_says_what_to_provide(tmp_path: Path) ->
     modeling = tmp_path / "broken" / "modeling_broken.py"
     modeling.parent.mkdir()
     (modeling.parent / "__init__.py").write_text("")
-    modeling.write_text(textwrap.dedent("""
+    modeling.write_text(
+        textwrap.dedent("""
         import torch
         from transformers import LlamaConfig, PreTrainedModel
 
@@ -388,7 +406,8 @@ def test_an_unaided_build_that_never_ran_says_what_to_provide(tmp_path: Path) ->
 
             def forward(self, input_ids):
                 return self.proj(input_ids.float())
-    """))
+    """)
+    )
     request = {"file": str(modeling), "out": str(tmp_path / "broken.mtrace"), "timeout": 60, "seed": 0}
     with WorkerClient() as worker, pytest.raises(TraceFailed) as caught:
         worker.trace(request)

@@ -89,15 +89,20 @@ def test_trace_json_output_and_recipe_with_local_checkpoint(tmp_path: Path) -> N
     checkpoint = tmp_path / "checkpoint"
     package = EXAMPLE_MODELING_FILE.parent
     subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys; sys.path.insert(0, {str(package.parent)!r})
             from tiny_llama import TinyLlamaConfig, TinyLlamaForCausalLM
             TinyLlamaForCausalLM(TinyLlamaConfig(num_hidden_layers=3)).save_pretrained({str(checkpoint)!r})
-        """)],
+        """),
+        ],
         check=True,
     )
     recipe = tmp_path / "recipe.py"
-    recipe.write_text(textwrap.dedent(f"""
+    recipe.write_text(
+        textwrap.dedent(f"""
         import sys
         import torch
         sys.path.insert(0, {str(package.parent)!r})
@@ -108,9 +113,17 @@ def test_trace_json_output_and_recipe_with_local_checkpoint(tmp_path: Path) -> N
 
         def build_inputs(model):
             return {{"input_ids": torch.tensor([[1, 5, 9, 3]])}}
-    """))
+    """)
+    )
     completed = run_cli(
-        "trace", str(EXAMPLE_MODELING_FILE), "--recipe", str(recipe), "--out", str(tmp_path / "r.mtrace"), "--format", "json"
+        "trace",
+        str(EXAMPLE_MODELING_FILE),
+        "--recipe",
+        str(recipe),
+        "--out",
+        str(tmp_path / "r.mtrace"),
+        "--format",
+        "json",
     )
     assert completed.returncode == 0, completed.stderr
     document = json.loads(completed.stdout)
@@ -149,19 +162,24 @@ def test_bad_inputs_give_one_line_and_leave_nothing(tmp_path: Path, example_copy
 
     _assert_one_line_failure(
         run_cli("trace", str(EXAMPLE_MODELING_FILE), "--config", str(tmp_path / "nowhere"), *out),
-        "nowhere", "no such config",
+        "nowhere",
+        "no such config",
     )
     _assert_one_line_failure(
         run_cli("trace", str(EXAMPLE_MODELING_FILE), "--model", "NoSuchModel", *out), "NoSuchModel", "TinyLlamaMLP"
     )
 
-    example_copy.write_text(example_copy.read_text().replace(
-        "        hidden_states = self.norm(hidden_states)\n",
-        "        hidden_states = self.norm(hidden_states)\n        raise RuntimeError('norm exploded')\n",
-    ))
+    example_copy.write_text(
+        example_copy.read_text().replace(
+            "        hidden_states = self.norm(hidden_states)\n",
+            "        hidden_states = self.norm(hidden_states)\n        raise RuntimeError('norm exploded')\n",
+        )
+    )
     _assert_one_line_failure(
         run_cli("trace", str(example_copy), *out),
-        "TinyLlamaModel", "RuntimeError: norm exploded", f"{example_copy.resolve()}:{line_of(example_copy, 'norm exploded')}",
+        "TinyLlamaModel",
+        "RuntimeError: norm exploded",
+        f"{example_copy.resolve()}:{line_of(example_copy, 'norm exploded')}",
     )
 
     recipe = tmp_path / "recipe_incomplete.py"

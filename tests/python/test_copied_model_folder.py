@@ -32,7 +32,11 @@ def copy_model_folder(name: str, destination: Path, as_name: str | None = None) 
 def run_trace(modeling_file: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "modeltrace", "trace", str(modeling_file), "--format", "json", *options],
-        capture_output=True, text=True, timeout=600, check=False, cwd=modeling_file.parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=modeling_file.parent.parent,
     )
 
 
@@ -65,9 +69,9 @@ def test_a_copied_folder_that_is_not_a_python_name_gets_told_what_to_change(tmp_
 def test_imports_climbing_higher_than_transformers_goes_get_told_what_to_change(tmp_path: Path) -> None:
     folder = copy_model_folder("qwen3", tmp_path / "deeper")
     modeling_file = folder / "modeling_qwen3.py"
-    modeling_file.write_text(modeling_file.read_text().replace(
-        "from ...modeling_utils import", "from ....modeling_utils import", 1
-    ))
+    modeling_file.write_text(
+        modeling_file.read_text().replace("from ...modeling_utils import", "from ....modeling_utils import", 1)
+    )
     completed = run_trace(modeling_file)
     assert completed.returncode != 0
     line = line_of(modeling_file, "from ....modeling_utils import")

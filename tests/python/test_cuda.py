@@ -22,8 +22,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def _tiny_llama(dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, torch.Tensor]:
     from transformers import LlamaConfig, LlamaModel
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, use_cache=False, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = LlamaModel(config).eval().to(device=device, dtype=dtype)
     input_ids = torch.arange(7, device=device).reshape(1, 7)
@@ -69,16 +77,22 @@ def test_statistics_of_a_forward_are_fetched_in_one_batch(monkeypatch: pytest.Mo
         model(input_ids)
         monkeypatch.undo()
     assert calls["item"] == 0
-    assert all(summary.mean is not None for record in capture.records for summary in record.outputs
-               if summary.dtype.startswith(("float", "bfloat")))
+    assert all(
+        summary.mean is not None
+        for record in capture.records
+        for summary in record.outputs
+        if summary.dtype.startswith(("float", "bfloat"))
+    )
 
 
 def test_full_tensors_are_copied_off_the_device_within_the_limits() -> None:
     from modeltrace.worker.capture import ModuleCapture
 
     model, input_ids = _tiny_llama(torch.float32, "cuda")
-    with torch.no_grad(), ModuleCapture(model, full_tensors=True, max_tensor_bytes=1024 * 1024,
-                                        max_trace_bytes=40 * 1024) as capture:
+    with (
+        torch.no_grad(),
+        ModuleCapture(model, full_tensors=True, max_tensor_bytes=1024 * 1024, max_trace_bytes=40 * 1024) as capture,
+    ):
         model(input_ids)
     assert capture.tensors and all(tensor.device.type == "cpu" for tensor in capture.tensors.values())
     assert capture.stored_bytes <= 40 * 1024 and capture.skipped > 0
@@ -92,9 +106,24 @@ def test_device_map_auto_runs_on_the_gpu_and_says_so(tmp_path: Path) -> None:
     model.save_pretrained(checkpoint)
     out = tmp_path / "gpu.mtrace"
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", str(_llama_file()), "--checkpoint",
-         str(checkpoint), "--device-map", "auto", "--out", str(out), "--format", "json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "trace",
+            str(_llama_file()),
+            "--checkpoint",
+            str(checkpoint),
+            "--device-map",
+            "auto",
+            "--out",
+            str(out),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr
     document = json.loads(completed.stdout)

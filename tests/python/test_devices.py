@@ -19,7 +19,7 @@ import pytest
 from conftest import EXAMPLE_PACKAGE
 
 
-TP_PLAN = textwrap.dedent('''
+TP_PLAN = textwrap.dedent("""
     base_model_tp_plan = {
         "layers.*.self_attn.q_proj": "colwise",
         "layers.*.self_attn.k_proj": "colwise",
@@ -29,13 +29,14 @@ TP_PLAN = textwrap.dedent('''
         "layers.*.mlp.up_proj": "colwise",
         "layers.*.mlp.down_proj": "rowwise",
     }
-''')
+""")
 QUERY_LINE = "        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
 
 
 def run_cli(*arguments: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _package(root: Path, name: str, query_replacement: str | None = None) -> Path:
@@ -51,7 +52,9 @@ def _package(root: Path, name: str, query_replacement: str | None = None) -> Pat
     if query_replacement is not None:
         source = modeling.read_text()
         assert QUERY_LINE in source
-        modeling.write_text(source.replace(QUERY_LINE, textwrap.indent(textwrap.dedent(query_replacement), " " * 8), 1))
+        modeling.write_text(
+            source.replace(QUERY_LINE, textwrap.indent(textwrap.dedent(query_replacement), " " * 8), 1)
+        )
     return modeling
 
 
@@ -60,14 +63,23 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("devices")
     modeling = _package(root, "tiny_llama_tp")
     checkpoint = root / "checkpoint"
-    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(root)!r})
         from tiny_llama_tp.modeling_tiny_llama import TinyLlamaModel
         from tiny_llama_tp.configuration_tiny_llama import TinyLlamaConfig
         torch.manual_seed(0)
         TinyLlamaModel(TinyLlamaConfig()).save_pretrained({str(checkpoint)!r})
-    """)], check=True, capture_output=True, timeout=300)
+    """),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     device_map = {"embed_tokens": "cpu", "rotary_emb": "cpu", "layers.0": "cpu", "layers.1": "disk", "norm": "cpu"}
     (root / "device_map.json").write_text(json.dumps(device_map))
     return {"root": root, "modeling": modeling, "checkpoint": checkpoint, "device_map": root / "device_map.json"}
@@ -77,8 +89,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def traces(setup: dict[str, Path]) -> dict[str, Path]:
     root, modeling, checkpoint = setup["root"], str(setup["modeling"]), str(setup["checkpoint"])
     out = {name: root / f"{name}.mtrace" for name in ("plain", "mapped", "parallel")}
-    for name, extra in (("plain", ["--full-tensors"]), ("mapped", ["--device-map", str(setup["device_map"])]),
-                        ("parallel", ["--nproc", "2", "--full-tensors", "--timeout", "300"])):
+    for name, extra in (
+        ("plain", ["--full-tensors"]),
+        ("mapped", ["--device-map", str(setup["device_map"])]),
+        ("parallel", ["--nproc", "2", "--full-tensors", "--timeout", "300"]),
+    ):
         completed = run_cli("trace", modeling, "--checkpoint", checkpoint, "--out", str(out[name]), *extra)
         assert completed.returncode == 0, completed.stderr
     return out
@@ -136,8 +151,10 @@ def test_parallel_trace_describes_whole_tensors_with_each_rank_shard(traces: dic
     assert query.get("tensor")
 
 
-@pytest.mark.parametrize(("reference", "candidate"),
-                         [("plain", "mapped"), ("plain", "parallel"), ("mapped", "parallel"), ("parallel", "plain")])
+@pytest.mark.parametrize(
+    ("reference", "candidate"),
+    [("plain", "mapped"), ("plain", "parallel"), ("mapped", "parallel"), ("parallel", "plain")],
+)
 def test_the_three_traces_diff_as_a_match(traces: dict[str, Path], reference: str, candidate: str) -> None:
     result = _diff(traces[reference], traces[candidate])
     assert result["match"] is True, result["first_divergence"]
@@ -146,15 +163,29 @@ def test_the_three_traces_diff_as_a_match(traces: dict[str, Path], reference: st
 
 
 def test_a_bug_on_rank_one_is_found_and_named(setup: dict[str, Path], traces: dict[str, Path]) -> None:
-    buggy = _package(setup["root"], "tiny_llama_rank_bug", '''
+    buggy = _package(
+        setup["root"],
+        "tiny_llama_rank_bug",
+        """
         query_states = self.q_proj(hidden_states)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
             query_states = query_states * 1.5  # the bug: rank 1's shard of the queries scaled
         query_states = query_states.view(hidden_shape).transpose(1, 2)
-    ''')
+    """,
+    )
     out = setup["root"] / "rank_bug.mtrace"
-    completed = run_cli("trace", str(buggy), "--checkpoint", str(setup["checkpoint"]), "--nproc", "2",
-                        "--out", str(out), "--timeout", "300")
+    completed = run_cli(
+        "trace",
+        str(buggy),
+        "--checkpoint",
+        str(setup["checkpoint"]),
+        "--nproc",
+        "2",
+        "--out",
+        str(out),
+        "--timeout",
+        "300",
+    )
     assert completed.returncode == 0, completed.stderr
     result = _diff(traces["plain"], out)
     assert result["match"] is False
@@ -170,8 +201,9 @@ def test_a_bug_on_rank_one_is_found_and_named(setup: dict[str, Path], traces: di
     assert [finding["ranks"] for finding in between["ranks"] if finding["kind"] == "shard"][0] == [1]
 
 
-def test_a_replicated_tensor_differing_on_one_rank_is_a_divergence_of_its_own(setup: dict[str, Path],
-                                                                              traces: dict[str, Path]) -> None:
+def test_a_replicated_tensor_differing_on_one_rank_is_a_divergence_of_its_own(
+    setup: dict[str, Path], traces: dict[str, Path]
+) -> None:
     from modeltrace.diff import close_result, diff_paths
     from modeltrace.trace.storage import read_trace, write_trace
 
@@ -228,35 +260,67 @@ def test_bad_device_inputs_give_one_line(setup: dict[str, Path], tmp_path: Path)
     modeling, checkpoint = str(setup["modeling"]), str(setup["checkpoint"])
     out = tmp_path / "bad.mtrace"
     missing_gpu = json.dumps({"embed_tokens": "cuda:3", "rotary_emb": "cpu", "layers": "cpu", "norm": "cpu"})
-    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", missing_gpu,
-                             "--out", str(out)), "cuda:3", "embed_tokens")
+    _assert_one_line(
+        run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", missing_gpu, "--out", str(out)),
+        "cuda:3",
+        "embed_tokens",
+    )
     past_the_last_layer = json.dumps({"embed_tokens": "cpu", "layers.0": "cpu", "layers.7": "disk"})
-    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", past_the_last_layer,
-                             "--out", str(out)), "--device-map", "'layers.7'")
-    _assert_one_line(run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", '{"layers": "gpu7"}',
-                             "--out", str(out)), "--device-map", "'gpu7'")
+    _assert_one_line(
+        run_cli("trace", modeling, "--checkpoint", checkpoint, "--device-map", past_the_last_layer, "--out", str(out)),
+        "--device-map",
+        "'layers.7'",
+    )
+    _assert_one_line(
+        run_cli(
+            "trace", modeling, "--checkpoint", checkpoint, "--device-map", '{"layers": "gpu7"}', "--out", str(out)
+        ),
+        "--device-map",
+        "'gpu7'",
+    )
     _assert_one_line(run_cli("trace", modeling, "--device-map", "auto", "--out", str(out)), "--checkpoint")
     _assert_one_line(run_cli("trace", modeling, "--nproc", "2", "--out", str(out)), "--checkpoint")
-    _assert_one_line(run_cli("trace", modeling, "--checkpoint", "meta-llama/Llama-3.1-8B", "--nproc", "2",
-                             "--out", str(out)), "rank ", "never downloads")
+    _assert_one_line(
+        run_cli("trace", modeling, "--checkpoint", "meta-llama/Llama-3.1-8B", "--nproc", "2", "--out", str(out)),
+        "rank ",
+        "never downloads",
+    )
     assert not out.exists() and not list(tmp_path.iterdir())
     _no_rank_left(str(tmp_path))
 
 
-@pytest.mark.parametrize(("behaviour", "words"), [
-    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ("rank 1 died", "SIGKILL", "every rank")),
-    ("import time; time.sleep(3600)", ("--timeout", "rank", "every rank")),
-])
-def test_a_rank_that_dies_or_hangs_ends_the_whole_group(setup: dict[str, Path], tmp_path: Path,
-                                                        behaviour: str, words: tuple[str, ...]) -> None:
-    broken = _package(tmp_path, "tiny_llama_rank_fault", f'''
+@pytest.mark.parametrize(
+    ("behaviour", "words"),
+    [
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ("rank 1 died", "SIGKILL", "every rank")),
+        ("import time; time.sleep(3600)", ("--timeout", "rank", "every rank")),
+    ],
+)
+def test_a_rank_that_dies_or_hangs_ends_the_whole_group(
+    setup: dict[str, Path], tmp_path: Path, behaviour: str, words: tuple[str, ...]
+) -> None:
+    broken = _package(
+        tmp_path,
+        "tiny_llama_rank_fault",
+        f"""
         if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
             {behaviour}
         query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    ''')
+    """,
+    )
     out = tmp_path / "fault.mtrace"
-    completed = run_cli("trace", str(broken), "--checkpoint", str(setup["checkpoint"]), "--nproc", "2",
-                        "--out", str(out), "--timeout", "90")
+    completed = run_cli(
+        "trace",
+        str(broken),
+        "--checkpoint",
+        str(setup["checkpoint"]),
+        "--nproc",
+        "2",
+        "--out",
+        str(out),
+        "--timeout",
+        "90",
+    )
     _assert_one_line(completed, *words)
     assert not out.exists()
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".fault.mtrace")]

@@ -233,12 +233,16 @@ def test_transformers_debugger_output_matches_our_trace(use_repr: bool, prune: b
     ours = tmp_path / "ours.mtrace"
     with torch.no_grad(), ModuleCapture(built.model, full_tensors=True) as recorder:
         built.model(**inputs)
-    write_trace(Trace(model={"class": built.model_class}, modules=recorder.records), ours,
-                lambda folder: save_file(recorder.tensors, str(folder / TENSORS_FILE)))
+    write_trace(
+        Trace(model={"class": built.model_class}, modules=recorder.records),
+        ours,
+        lambda folder: save_file(recorder.tensors, str(folder / TENSORS_FILE)),
+    )
     folder = tmp_path / "debugger"
     try:
-        with model_addition_debugger_context(built.model, debug_path=str(folder), do_prune_layers=prune,
-                                             use_repr=use_repr):
+        with model_addition_debugger_context(
+            built.model, debug_path=str(folder), do_prune_layers=prune, use_repr=use_repr
+        ):
             built.model(**inputs)
     finally:
         torch.set_printoptions(profile="default", sci_mode=None)
@@ -260,16 +264,21 @@ def test_transformers_debugger_output_matches_our_trace(use_repr: bool, prune: b
     different = tmp_path / "other.mtrace"
     with torch.no_grad(), ModuleCapture(other, full_tensors=True) as recorder:
         other(**inputs)
-    write_trace(Trace(model={"class": built.model_class}, modules=recorder.records), different,
-                lambda folder: save_file(recorder.tensors, str(folder / TENSORS_FILE)))
+    write_trace(
+        Trace(model={"class": built.model_class}, modules=recorder.records),
+        different,
+        lambda folder: save_file(recorder.tensors, str(folder / TENSORS_FILE)),
+    )
     assert diff(folder, different).first_divergence.module.candidate.path == "embed_tokens"
 
 
 def test_map_aligns_renamed_modules(original: Path, tmp_path: Path) -> None:
-    renamed = buggy_copy(tmp_path, "renamed", "self.mlp = TinyLlamaMLP(config)",
-                         "self.feed_forward = TinyLlamaMLP(config)")
-    source = renamed.read_text().replace("hidden_states = self.mlp(hidden_states)",
-                                         "hidden_states = self.feed_forward(hidden_states)")
+    renamed = buggy_copy(
+        tmp_path, "renamed", "self.mlp = TinyLlamaMLP(config)", "self.feed_forward = TinyLlamaMLP(config)"
+    )
+    source = renamed.read_text().replace(
+        "hidden_states = self.mlp(hidden_states)", "hidden_states = self.feed_forward(hidden_states)"
+    )
     renamed.write_text(source)
     candidate = capture(renamed, tmp_path / "renamed.mtrace")
     plain = diff(original, candidate)
@@ -288,8 +297,9 @@ def record_path(result, index: int) -> str:
 
 
 def run_cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "modeltrace", *arguments], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_diff_exit_codes_and_json(original: Path, tmp_path: Path) -> None:
@@ -342,9 +352,11 @@ def _garbage_msgpack(tmp_path: Path, original: Path) -> Path:
 def _unrelated(tmp_path: Path, original: Path) -> Path:
     from modeltrace.trace.records import ModuleCall, TensorSummary
 
-    records = [ModuleCall(0, "", "Other", None, None, 0, -1, 2),
-               ModuleCall(1, "encoder", "Encoder", None, None, 0, 0, 1),
-               ModuleCall(2, "encoder.block", "Block", None, None, 0, 1, 0)]
+    records = [
+        ModuleCall(0, "", "Other", None, None, 0, -1, 2),
+        ModuleCall(1, "encoder", "Encoder", None, None, 0, 0, 1),
+        ModuleCall(2, "encoder.block", "Block", None, None, 0, 1, 0),
+    ]
     for record in records:
         record.outputs = [TensorSummary("", [2, 3], "float32", mean=0.0, std=1.0, min=-1.0, max=1.0)]
     return write_trace(Trace(model={"class": "Other"}, modules=records), tmp_path / "other.mtrace")
@@ -380,8 +392,12 @@ def test_cli_bad_map_and_tolerance_are_exit_2(original: Path) -> None:
 
 
 def test_mismatched_shapes_are_reported_not_crashed(original: Path, tmp_path: Path) -> None:
-    transposed = buggy_copy(tmp_path, "shapes", "return attn_output, attn_weights\n\n\nclass TinyLlamaDecoderLayer",
-                            "return attn_output, attn_weights.transpose(1, 2)\n\n\nclass TinyLlamaDecoderLayer")
+    transposed = buggy_copy(
+        tmp_path,
+        "shapes",
+        "return attn_output, attn_weights\n\n\nclass TinyLlamaDecoderLayer",
+        "return attn_output, attn_weights.transpose(1, 2)\n\n\nclass TinyLlamaDecoderLayer",
+    )
     candidate = capture(transposed, tmp_path / "shapes.mtrace")
     result = diff(original, candidate)
     assert not result.match
@@ -409,8 +425,10 @@ def capture_in(file: Path, out: Path, dtype: torch.dtype) -> Path:
     getattr(source_map, "_location_cache", {}).clear()
     built = build_from_file(file, None, None, 0)
     built.model.to(dtype)
-    kwargs = {name: value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
-              for name, value in built.kwargs.items()}
+    kwargs = {
+        name: value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
+        for name, value in built.kwargs.items()
+    }
     with torch.no_grad(), ModuleCapture(built.model, full_tensors=True) as recorder:
         built.model(*built.args, **kwargs)
     trace = Trace(model={"class": built.model_class, "file": str(file)}, modules=recorder.records)
@@ -491,9 +509,18 @@ def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: P
     replay that rebuilds."""
     from modeltrace.diff import run_replay
 
-    request = {"file": str(_two_bugs(tmp_path)), "model": None, "recipe": None, "config": None,
-               "full_tensors": True, "seed": 0, "lines": False, "timeout": 120,
-               "out": str(tmp_path / "kept.mtrace"), "keep_for_replay": True}
+    request = {
+        "file": str(_two_bugs(tmp_path)),
+        "model": None,
+        "recipe": None,
+        "config": None,
+        "full_tensors": True,
+        "seed": 0,
+        "lines": False,
+        "timeout": 120,
+        "out": str(tmp_path / "kept.mtrace"),
+        "keep_for_replay": True,
+    }
     traced = worker.trace(request)
     assert traced["kept_for_replay"]
     candidate = Path(traced["trace"])
@@ -505,8 +532,11 @@ def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: P
             result = diff_traces(ref, cand)
             run_replay(result, worker, limit=40)
             assert result.replayed and bool(result.replay_timing["kept"]) is kept
-            verdicts[kept] = {module.candidate.path: (module.replay.status, module.replay.max_abs_diff)
-                              for module in result.modules if module.replay is not None}
+            verdicts[kept] = {
+                module.candidate.path: (module.replay.status, module.replay.max_abs_diff)
+                for module in result.modules
+                if module.replay is not None
+            }
             assert set(result.replay_timing["direct"]) == (set(result.replay_timing["modules"]) if kept else set())
             assert result.first_divergence.module.candidate.path == "layers.0.self_attn.q_proj"
     assert len(verdicts[True]) >= 20 and verdicts[True].keys() == verdicts[False].keys()
@@ -529,8 +559,9 @@ def test_a_kept_argument_changed_in_place_is_not_replayed_on() -> None:
     assert not _kept_arguments_unchanged(module, call, {"missing": [0.0, 1.0]})
 
 
-def test_replay_of_a_module_that_raises_falls_back_to_the_plain_verdict(original: Path, tmp_path: Path,
-                                                                        worker) -> None:
+def test_replay_of_a_module_that_raises_falls_back_to_the_plain_verdict(
+    original: Path, tmp_path: Path, worker
+) -> None:
     from modeltrace.diff import run_replay
 
     old, new, path, *_ = BUGS["activation"]
@@ -542,12 +573,18 @@ def test_replay_of_a_module_that_raises_falls_back_to_the_plain_verdict(original
     start = "        if (input_ids is None) ^ (inputs_embeds is not None):\n"
     assert source.count(start) == 1, "the example model's forward changed"
     source = source.replace(start, "        for layer in self.layers:\n            layer.mlp.calls = 0\n" + start)
-    file.write_text(source.replace(forward, (
-        "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n"
-        "        self.calls = getattr(self, 'calls', 0) + 1\n"
-        "        if self.calls > 1:\n"
-        "            raise RuntimeError('this MLP runs once per forward')\n"
-        "        gate = ")))
+    file.write_text(
+        source.replace(
+            forward,
+            (
+                "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:\n"
+                "        self.calls = getattr(self, 'calls', 0) + 1\n"
+                "        if self.calls > 1:\n"
+                "            raise RuntimeError('this MLP runs once per forward')\n"
+                "        gate = "
+            ),
+        )
+    )
     candidate = capture(file, tmp_path / "stateful.mtrace")
     with load_reference(original) as ref, load_reference(candidate) as cand:
         result = diff_traces(ref, cand)
@@ -632,8 +669,9 @@ def test_cli_trace_against_a_reference_replays_on_the_model_just_traced(tmp_path
     """`modeltrace trace FILE --against REF`: the editor's flow from a terminal: full tensors, the diff, and the
     replay on the traced model kept in the worker; `diff`'s report and exit codes."""
     out = tmp_path / "port.mtrace"
-    completed = run_cli("trace", str(PORT_FILE), "--against", str(REFERENCE_TRACE), "--out", str(out),
-                        "--format", "json")
+    completed = run_cli(
+        "trace", str(PORT_FILE), "--against", str(REFERENCE_TRACE), "--out", str(out), "--format", "json"
+    )
     assert completed.returncode == 1, completed.stderr
     document = json.loads(completed.stdout)
     first = document["first_divergence"]

@@ -149,17 +149,33 @@ def test_compare_arrays_handles_large_tensors_in_blocks() -> None:
 # ------------------------------------------------------------------------------------- synthetic traces
 
 
-def _record(index: int, path: str, parent: int, finish: int, line: int | None = None,
-            outputs: list[TensorSummary] | None = None, inputs: list[TensorSummary] | None = None) -> ModuleCall:
-    record = ModuleCall(index, path, "M", SourceLocation("/model.py", 1),
-                        SourceLocation("/model.py", line) if line else None, 0, parent, finish)
+def _record(
+    index: int,
+    path: str,
+    parent: int,
+    finish: int,
+    line: int | None = None,
+    outputs: list[TensorSummary] | None = None,
+    inputs: list[TensorSummary] | None = None,
+) -> ModuleCall:
+    record = ModuleCall(
+        index,
+        path,
+        "M",
+        SourceLocation("/model.py", 1),
+        SourceLocation("/model.py", line) if line else None,
+        0,
+        parent,
+        finish,
+    )
     record.inputs = inputs or []
     record.outputs = outputs or []
     return record
 
 
-def _summary(key: str = "", mean: float = 0.0, dtype: str = "float32", tensor: str | None = None,
-             shape: list[int] | None = None) -> TensorSummary:
+def _summary(
+    key: str = "", mean: float = 0.0, dtype: str = "float32", tensor: str | None = None, shape: list[int] | None = None
+) -> TensorSummary:
     return TensorSummary(key, shape or [2, 3], dtype, mean=mean, std=1.0, min=mean - 2, max=mean + 2, tensor=tensor)
 
 
@@ -172,8 +188,17 @@ def _chain(means: list[float], prefix: str = "") -> list[ModuleCall]:
     records = [_record(0, "", -1, len(means), outputs=[_summary(mean=means[-1])])]
     previous = 0.0
     for position, mean in enumerate(means):
-        records.append(_record(position + 1, f"{prefix}layers.{position}", 0, position, line=10 + position,
-                               inputs=[_summary("hidden_states", previous)], outputs=[_summary(mean=mean)]))
+        records.append(
+            _record(
+                position + 1,
+                f"{prefix}layers.{position}",
+                0,
+                position,
+                line=10 + position,
+                inputs=[_summary("hidden_states", previous)],
+                outputs=[_summary(mean=mean)],
+            )
+        )
         previous = mean
     return records
 
@@ -247,11 +272,19 @@ def test_half_precision_tolerance_follows_the_dtype(tmp_path: Path) -> None:
         dtype = str(tensor.dtype).removeprefix("torch.")
         summary = TensorSummary("", [2, 32], dtype, mean=0.0, std=1.0, min=-4.0, max=4.0, tensor="0/outputs/")
         record = _record(0, "", -1, 0, outputs=[summary])
-        child = _record(1, "proj", 0, 0, outputs=[TensorSummary("", [2, 32], dtype, mean=0.0, std=1.0, min=-4.0,
-                                                                 max=4.0, tensor="0/outputs/")])
+        child = _record(
+            1,
+            "proj",
+            0,
+            0,
+            outputs=[TensorSummary("", [2, 32], dtype, mean=0.0, std=1.0, min=-4.0, max=4.0, tensor="0/outputs/")],
+        )
         record.finish_order = 1
-        return write_trace(Trace(model={"class": "M"}, modules=[record, child]), tmp_path / name,
-                           lambda folder: save_file({"0/outputs/": tensor}, str(folder / TENSORS_FILE)))
+        return write_trace(
+            Trace(model={"class": "M"}, modules=[record, child]),
+            tmp_path / name,
+            lambda folder: save_file({"0/outputs/": tensor}, str(folder / TENSORS_FILE)),
+        )
 
     one_ulp = values.to(torch.bfloat16) + (values.to(torch.bfloat16).abs() * 2**-7).to(torch.bfloat16)
     with load_reference(trace("a", values.to(torch.bfloat16))) as a, load_reference(trace("b", one_ulp)) as b:
@@ -265,41 +298,75 @@ def test_half_precision_tolerance_follows_the_dtype(tmp_path: Path) -> None:
 
 
 def _full_trace(tmp_path: Path, name: str, records: list[ModuleCall], tensors: dict[str, torch.Tensor]) -> Path:
-    return write_trace(Trace(model={"class": "M"}, modules=records), tmp_path / name,
-                       lambda folder: save_file(tensors, str(folder / TENSORS_FILE)))
+    return write_trace(
+        Trace(model={"class": "M"}, modules=records),
+        tmp_path / name,
+        lambda folder: save_file(tensors, str(folder / TENSORS_FILE)),
+    )
 
 
 def _leaf(key: str, tensor: torch.Tensor, name: str | None = None) -> TensorSummary:
     values = tensor.double()
-    return TensorSummary(key, list(tensor.shape), str(tensor.dtype).removeprefix("torch."),
-                         mean=float(values.mean()), std=float(values.std()) if tensor.numel() > 1 else 0.0,
-                         min=float(values.min()), max=float(values.max()), tensor=name)
+    return TensorSummary(
+        key,
+        list(tensor.shape),
+        str(tensor.dtype).removeprefix("torch."),
+        mean=float(values.mean()),
+        std=float(values.std()) if tensor.numel() > 1 else 0.0,
+        min=float(values.min()),
+        max=float(values.max()),
+        tensor=name,
+    )
 
 
 def test_extra_inputs_and_outputs_neither_block_nor_decide() -> None:
     """transformers' attention takes hidden states, a mask and position ids and returns (output, weights); the
     port's takes x and returns one tensor: the hidden states are compared, the rest is left out with why, and
     the attention (inputs match, outputs differ) is the first divergence."""
-    hidden, mask, ids = _summary("hidden_states", 0.0, shape=[1, 7, 64]), _summary("attention_mask", -1e9,
-                                                                                     shape=[1, 1, 7, 7]), None
+    hidden, mask, ids = (
+        _summary("hidden_states", 0.0, shape=[1, 7, 64]),
+        _summary("attention_mask", -1e9, shape=[1, 1, 7, 7]),
+        None,
+    )
     ids = TensorSummary("position_ids", [1, 7], "int64", mean=3.0, std=2.0, min=0.0, max=6.0)
     weights = _summary("1", 0.14, shape=[1, 4, 7, 7])
-    reference = [_record(0, "", -1, 1, outputs=[_summary(mean=1.0, shape=[1, 7, 64])]),
-                 _record(1, "attn", 0, 0, line=10, inputs=[hidden, mask, ids],
-                         outputs=[_summary("0", 1.0, shape=[1, 7, 64]), weights])]
-    candidate = [_record(0, "", -1, 1, outputs=[_summary(mean=1.5, shape=[1, 7, 64])]),
-                 _record(1, "attn", 0, 0, line=10, inputs=[_summary("x", 0.0, shape=[1, 7, 64])],
-                         outputs=[_summary("", 1.5, shape=[1, 7, 64])])]
+    reference = [
+        _record(0, "", -1, 1, outputs=[_summary(mean=1.0, shape=[1, 7, 64])]),
+        _record(
+            1,
+            "attn",
+            0,
+            0,
+            line=10,
+            inputs=[hidden, mask, ids],
+            outputs=[_summary("0", 1.0, shape=[1, 7, 64]), weights],
+        ),
+    ]
+    candidate = [
+        _record(0, "", -1, 1, outputs=[_summary(mean=1.5, shape=[1, 7, 64])]),
+        _record(
+            1,
+            "attn",
+            0,
+            0,
+            line=10,
+            inputs=[_summary("x", 0.0, shape=[1, 7, 64])],
+            outputs=[_summary("", 1.5, shape=[1, 7, 64])],
+        ),
+    ]
     result = diff_traces(_loaded(reference), _loaded(candidate))
     attention = result.modules[1]
     assert attention.inputs == MATCH and attention.outputs == MISMATCH
     assert result.first_divergence.module is attention and result.first_divergence.inputs_match
     compared = to_json(result)["modules"][1]["compared"]
-    assert compared["inputs"] == [{"reference": "hidden_states", "candidate": "x", "how": "same shape",
-                                   "relation": "same"}]
+    assert compared["inputs"] == [
+        {"reference": "hidden_states", "candidate": "x", "how": "same shape", "relation": "same"}
+    ]
     assert [(leaf["side"], leaf["in"], leaf["key"]) for leaf in compared["left_out"]] == [
-        ("inputs", "reference", "attention_mask"), ("inputs", "reference", "position_ids"),
-        ("outputs", "reference", "1")]
+        ("inputs", "reference", "attention_mask"),
+        ("inputs", "reference", "position_ids"),
+        ("outputs", "reference", "1"),
+    ]
     assert all(leaf["reason"] for leaf in compared["left_out"])
 
 
@@ -308,14 +375,19 @@ def test_pairing_prefers_close_statistics_over_position() -> None:
     cos = TensorSummary("position_embeddings.0", [1, 7, 16], "float32", mean=0.8, std=0.3, min=-1, max=1)
     sin = TensorSummary("position_embeddings.1", [1, 7, 16], "float32", mean=0.1, std=0.5, min=-1, max=1)
     hidden = _summary("hidden_states", 0.0, shape=[1, 7, 64])
-    cand = [_summary("x", 0.0, shape=[1, 7, 64]),
-            TensorSummary("sin", [1, 7, 16], "float32", mean=0.1, std=0.5, min=-1, max=1),
-            TensorSummary("cos", [1, 7, 16], "float32", mean=0.8, std=0.3, min=-1, max=1)]
+    cand = [
+        _summary("x", 0.0, shape=[1, 7, 64]),
+        TensorSummary("sin", [1, 7, 16], "float32", mean=0.1, std=0.5, min=-1, max=1),
+        TensorSummary("cos", [1, 7, 16], "float32", mean=0.8, std=0.3, min=-1, max=1),
+    ]
     from modeltrace.diff.pairing import pair_leaves
 
     pairing = pair_leaves([hidden, cos, sin], cand)
     assert {(pair.reference.key, pair.candidate.key) for pair in pairing.pairs} == {
-        ("hidden_states", "x"), ("position_embeddings.0", "cos"), ("position_embeddings.1", "sin")}
+        ("hidden_states", "x"),
+        ("position_embeddings.0", "cos"),
+        ("position_embeddings.1", "sin"),
+    }
     assert not pairing.left_out
 
 
@@ -323,8 +395,10 @@ def test_broadcast_equivalent_shapes_compare_as_equal_and_real_differences_stay(
     values = torch.randn(7, 64)
     reference = [_record(0, "", -1, 0, outputs=[_leaf("", values.unsqueeze(0), "r")])]
     same = [_record(0, "", -1, 0, outputs=[_leaf("", values, "c")])]
-    with load_reference(_full_trace(tmp_path, "r", reference, {"r": values.unsqueeze(0)})) as ref, \
-            load_reference(_full_trace(tmp_path, "c", same, {"c": values.clone()})) as cand:
+    with (
+        load_reference(_full_trace(tmp_path, "r", reference, {"r": values.unsqueeze(0)})) as ref,
+        load_reference(_full_trace(tmp_path, "c", same, {"c": values.clone()})) as cand,
+    ):
         result = diff_traces(ref, cand)
         assert result.match and result.modules[0].check == "full"
         assert to_json(result)["modules"][0]["compared"]["outputs"][0]["relation"] == "broadcast"
@@ -363,7 +437,10 @@ def test_relative_error_flags_small_values_and_forgives_large_ones(tmp_path: Pat
     small = torch.randn(4, 64, 64, generator=generator) * 0.02
     # up to 3e-4 off on values of std 0.02: under atol 1e-3, ~1% relative error
     shifted = small + 3e-4 * (2 * torch.rand(small.shape, generator=generator) - 1)
-    with load_reference(_one_output(tmp_path, "a", small)) as a, load_reference(_one_output(tmp_path, "b", shifted)) as b:
+    with (
+        load_reference(_one_output(tmp_path, "a", small)) as a,
+        load_reference(_one_output(tmp_path, "b", shifted)) as b,
+    ):
         result = diff_traces(a, b)
         module = result.modules[0]
         assert not result.match and module.max_abs_diff < 1e-3 and module.rel_err > 5e-3
@@ -380,13 +457,18 @@ def test_relative_error_flags_small_values_and_forgives_large_ones(tmp_path: Pat
     # logits of magnitude 1e3 in bfloat16, 0.5 apart: within bfloat16's rounding at that scale
     logits = (torch.randn(1, 7, 256, generator=generator) * 1e3).to(torch.bfloat16)
     moved = (logits.float() + 0.5 * torch.sign(torch.randn(logits.shape, generator=generator))).to(torch.bfloat16)
-    with load_reference(_one_output(tmp_path, "c", logits)) as c, load_reference(_one_output(tmp_path, "d", moved)) as d:
+    with (
+        load_reference(_one_output(tmp_path, "c", logits)) as c,
+        load_reference(_one_output(tmp_path, "d", moved)) as d,
+    ):
         assert diff_traces(c, d).match
     # float32 logits of magnitude 1e3 with float32 rounding noise: atol is per unit of scale by default
     wide = torch.randn(1, 7, 256, generator=generator).double() * 1e3
     noisy = wide * (1 + 1e-6 * torch.randn(wide.shape, generator=generator, dtype=torch.float64))
-    with load_reference(_one_output(tmp_path, "e", wide.float())) as e, \
-            load_reference(_one_output(tmp_path, "f", noisy.float())) as f:
+    with (
+        load_reference(_one_output(tmp_path, "e", wide.float())) as e,
+        load_reference(_one_output(tmp_path, "f", noisy.float())) as f,
+    ):
         assert diff_traces(e, f).match
         assert not diff_traces(e, f, DiffOptions(atol=1e-4)).match  # a given atol is absolute
 
@@ -399,8 +481,9 @@ def test_maps_apply_after_the_prefix_and_unused_maps_are_reported() -> None:
     reference.append(_record(len(reference), "model.embed_tokens", 1, 98, outputs=[_summary(mean=0.5)]))
     candidate = _chain([0.0, 1.0, 2.0])
     candidate.append(_record(len(candidate), "tok_emb", 0, 97, outputs=[_summary(mean=0.5)]))
-    options = DiffOptions(maps=tuple(parse_maps([r"^embed_tokens$=>tok_emb", r"^nowhere\.(\d+)=>x.\1",
-                                                 r"^layers\.2$=>blocks.2"])))
+    options = DiffOptions(
+        maps=tuple(parse_maps([r"^embed_tokens$=>tok_emb", r"^nowhere\.(\d+)=>x.\1", r"^layers\.2$=>blocks.2"]))
+    )
     result = diff_traces(_loaded(reference), _loaded(candidate), options)
     assert result.alignment.prefix == "model."
     embedding = next(module for module in result.modules if module.candidate.path == "tok_emb")

@@ -38,8 +38,9 @@ EPS_LINE = "self.post_attention_layernorm = TinyLlamaRMSNorm(config.hidden_size,
 
 
 def _gpt2(layer_norm_epsilon: float = 1e-5) -> tuple[GPT2LMHeadModel, dict]:
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
-                        layer_norm_epsilon=layer_norm_epsilon)
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, layer_norm_epsilon=layer_norm_epsilon
+    )
     torch.manual_seed(0)
     with ConstructionRecorder() as constructions:
         model = GPT2LMHeadModel(config).eval()
@@ -73,15 +74,22 @@ def test_gpt2_builds_record_settings_construction_lines_and_fingerprints() -> No
 
 
 def test_llama_rmsnorm_settings_from_attributes_and_extra_repr() -> None:
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-6)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        rms_norm_eps=1e-6,
+    )
     with ConstructionRecorder() as constructions:
         model = LlamaModel(config)
     builds = {build.path: build for build in record_builds(model, constructions)}
     norm = builds["layers.0.input_layernorm"]
     assert norm.settings["variance_epsilon"] == 1e-6 and norm.settings["eps"] == 1e-6
     assert "self.input_layernorm =" in _source_line(norm.built_at)
-    assert builds["layers.0.self_attn"].settings["scaling"] == pytest.approx(8 ** -0.5)
+    assert builds["layers.0.self_attn"].settings["scaling"] == pytest.approx(8**-0.5)
     assert split_fields("(32,), eps=1e-06, name='a,b'") == ["(32,)", "eps=1e-06", "name='a,b'"]
 
 
@@ -102,8 +110,15 @@ def test_rmsnorm_variance_epsilon_pairs_with_layernorm_eps_across_classes() -> N
             self.epsilon = epsilon
             self.scale = nn.Parameter(torch.ones(width))
 
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-6)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        rms_norm_eps=1e-6,
+    )
     reference = {build.path: build for build in record_builds(LlamaModel(config))}["layers.0.input_layernorm"]
     candidate = record_builds(ResearchRMSNorm(32, 1e-5))[0]
     differences = compare_settings(reference, candidate)
@@ -172,8 +187,11 @@ def _edited_copy(tmp_path: Path, old: str, new: str) -> Path:
 
 
 def test_eps_in_one_layer_is_named_with_its_construction_line(worker, original: Path, tmp_path: Path) -> None:
-    edited = _edited_copy(tmp_path, EPS_LINE, EPS_LINE.replace("eps=config.rms_norm_eps",
-                                                               "eps=config.rms_norm_eps if layer_idx != 1 else 1e-2"))
+    edited = _edited_copy(
+        tmp_path,
+        EPS_LINE,
+        EPS_LINE.replace("eps=config.rms_norm_eps", "eps=config.rms_norm_eps if layer_idx != 1 else 1e-2"),
+    )
     candidate = _trace(worker, edited, tmp_path / "b.mtrace")
     with load_reference(original) as ref, load_reference(candidate) as cand:
         result = diff_traces(ref, cand, DiffOptions())
@@ -207,8 +225,10 @@ def test_port_in_another_file_names_its_first_differing_line(worker, original: P
         # rotate_half is a helper: the attention's forward line that leads to it is named and marked too
         caller = line_of(PORT_FILE, "query_states, key_states = apply_rotary_pos_emb(")
         assert line.called_from == (str(PORT_FILE.resolve()), caller)
-        assert to_json(result)["first_divergence"]["line"]["called_from"] == {"file": str(PORT_FILE.resolve()),
-                                                                              "line": caller}
+        assert to_json(result)["first_divergence"]["line"]["called_from"] == {
+            "file": str(PORT_FILE.resolve()),
+            "line": caller,
+        }
         assert line_statuses(result)[(str(PORT_FILE.resolve()), caller)] == "divergence"
         # the port builds its modules the same way: nothing reported as built differently
         assert not any(module.settings or module.parameters for module in result.modules)
@@ -243,7 +263,7 @@ def test_builds_are_recorded_once_per_module_not_per_call(original: Path) -> Non
     assert {record.path for record in trace.modules} <= set(paths)
 
 
-RECIPE = '''
+RECIPE = """
 import torch
 from transformers import LlamaConfig, LlamaModel
 
@@ -262,7 +282,7 @@ def build_model():
 
 def build_inputs(model):
     return {"input_ids": torch.arange(7).unsqueeze(0), "use_cache": False}
-'''
+"""
 
 
 def test_a_transposed_weight_is_named_from_full_tensors(worker, tmp_path: Path) -> None:
@@ -270,8 +290,17 @@ def test_a_transposed_weight_is_named_from_full_tensors(worker, tmp_path: Path) 
     for name, transpose in (("reference", False), ("candidate", True)):
         recipe = tmp_path / f"recipe_{name}.py"
         recipe.write_text(f"TRANSPOSE = {transpose}\n" + RECIPE)
-        traces[name] = Path(worker.trace({"file": str(recipe), "recipe": str(recipe), "full_tensors": True,
-                                          "out": str(tmp_path / f"{name}.mtrace"), "seed": 0})["trace"])
+        traces[name] = Path(
+            worker.trace(
+                {
+                    "file": str(recipe),
+                    "recipe": str(recipe),
+                    "full_tensors": True,
+                    "out": str(tmp_path / f"{name}.mtrace"),
+                    "seed": 0,
+                }
+            )["trace"]
+        )
     candidate = read_trace(traces["candidate"])
     stored = {parameter.summary.tensor for build in candidate.builds for parameter in build.parameters}
     assert "parameters/layers.1.self_attn.o_proj.weight" in stored
@@ -283,4 +312,5 @@ def test_a_transposed_weight_is_named_from_full_tensors(worker, tmp_path: Path) 
         assert "full tensors" in divergence.parameters[0].note
         # nothing else was built differently
         assert {module.candidate.path for module in result.modules if module.parameters} == {
-            "layers.1.self_attn.o_proj"}
+            "layers.1.self_attn.o_proj"
+        }

@@ -65,35 +65,55 @@ PROMPT_MASK = (
     "    attn_weights = attn_weights.masked_fill(~prompt_causal, torch.finfo(attn_weights.dtype).min)\n"
 )
 BUGS = [
-    ("llama", "rotary offset ignoring the cache length",
-     "position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)",
-     "position_embeddings = self.rotary_emb(hidden_states, position_ids=torch.arange("
-     "hidden_states.shape[1], device=hidden_states.device).unsqueeze(0))",
-     "model"),
-    ("llama", "cache update off by one",
-     "key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n",
-     "key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n"
-     f"{INDENT_LLAMA}if query_states.shape[2] == 1:  # the new entry written one slot early\n"
-     f"{INDENT_LLAMA}    key_states[:, :, -1] = key_states[:, :, -2]\n"
-     f"{INDENT_LLAMA}    value_states[:, :, -1] = value_states[:, :, -2]\n",
-     "model.layers.0.self_attn"),
-    ("llama", "mask not extended for decode steps",
-     "        attn_weights = attn_weights + attention_mask\n", PROMPT_MASK,
-     "model.layers.0.self_attn"),
-    ("gpt2", "positions ignoring the cache length",
-     "position_embeds = self.wpe(position_ids)",
-     "position_embeds = self.wpe(torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0))",
-     "transformer"),
-    ("gpt2", "mask not extended for decode steps",
-     "        attn_weights = attn_weights + attention_mask\n", PROMPT_MASK,
-     "transformer.h.0.attn"),
-    ("bart", "cache update off by one",
-     "key_states, value_states = curr_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n",
-     "key_states, value_states = curr_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n"
-     f"{INDENT_BART}if not is_cross_attention and hidden_states.shape[1] == 1:  # written one slot early\n"
-     f"{INDENT_BART}    key_states[:, :, -1] = key_states[:, :, -2]\n"
-     f"{INDENT_BART}    value_states[:, :, -1] = value_states[:, :, -2]\n",
-     "model.decoder.layers.0.self_attn"),
+    (
+        "llama",
+        "rotary offset ignoring the cache length",
+        "position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)",
+        "position_embeddings = self.rotary_emb(hidden_states, position_ids=torch.arange("
+        "hidden_states.shape[1], device=hidden_states.device).unsqueeze(0))",
+        "model",
+    ),
+    (
+        "llama",
+        "cache update off by one",
+        "key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n",
+        "key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n"
+        f"{INDENT_LLAMA}if query_states.shape[2] == 1:  # the new entry written one slot early\n"
+        f"{INDENT_LLAMA}    key_states[:, :, -1] = key_states[:, :, -2]\n"
+        f"{INDENT_LLAMA}    value_states[:, :, -1] = value_states[:, :, -2]\n",
+        "model.layers.0.self_attn",
+    ),
+    (
+        "llama",
+        "mask not extended for decode steps",
+        "        attn_weights = attn_weights + attention_mask\n",
+        PROMPT_MASK,
+        "model.layers.0.self_attn",
+    ),
+    (
+        "gpt2",
+        "positions ignoring the cache length",
+        "position_embeds = self.wpe(position_ids)",
+        "position_embeds = self.wpe(torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0))",
+        "transformer",
+    ),
+    (
+        "gpt2",
+        "mask not extended for decode steps",
+        "        attn_weights = attn_weights + attention_mask\n",
+        PROMPT_MASK,
+        "transformer.h.0.attn",
+    ),
+    (
+        "bart",
+        "cache update off by one",
+        "key_states, value_states = curr_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n",
+        "key_states, value_states = curr_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)\n"
+        f"{INDENT_BART}if not is_cross_attention and hidden_states.shape[1] == 1:  # written one slot early\n"
+        f"{INDENT_BART}    key_states[:, :, -1] = key_states[:, :, -2]\n"
+        f"{INDENT_BART}    value_states[:, :, -1] = value_states[:, :, -2]\n",
+        "model.decoder.layers.0.self_attn",
+    ),
 ]
 
 
@@ -139,16 +159,26 @@ def test_identical_generations_match(references: dict[str, Path], worker: Worker
 
 
 @pytest.mark.parametrize(("model", "bug", "old", "new", "module"), BUGS, ids=[f"{row[0]}: {row[1]}" for row in BUGS])
-def test_decode_only_bug_is_found_at_its_step_and_module(model: str, bug: str, old: str, new: str, module: str,
-                                                          references: dict[str, Path], worker: WorkerClient,
-                                                          tmp_path: Path) -> None:
+def test_decode_only_bug_is_found_at_its_step_and_module(
+    model: str,
+    bug: str,
+    old: str,
+    new: str,
+    module: str,
+    references: dict[str, Path],
+    worker: WorkerClient,
+    tmp_path: Path,
+) -> None:
     buggy = trace(worker, copy_model(model, tmp_path, old, new), tmp_path / "buggy.mtrace", generate=STEPS)
     result = diff_paths(references[model], buggy)
     try:
         document = to_json(result)
         step_of = result.candidate.trace.step_of
-        prefill = [entry for entry, record in zip(document["modules"], result.modules)
-                   if step_of(record.candidate.index) == 0 and entry["status"] != "not_compared"]
+        prefill = [
+            entry
+            for entry, record in zip(document["modules"], result.modules)
+            if step_of(record.candidate.index) == 0 and entry["status"] != "not_compared"
+        ]
         assert prefill and all(entry["status"] == "match" for entry in prefill), bug
         assert not result.match
         assert document["generation"]["first_diverging_step"] == 1
@@ -172,16 +202,33 @@ def test_a_single_forward_reference_is_compared_with_the_prefill(references: dic
 def test_cli_generate_json_and_step_diff_text(references: dict[str, Path], tmp_path: Path) -> None:
     buggy_file = copy_model("gpt2", tmp_path, BUGS[4][2], BUGS[4][3])
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", str(buggy_file), "--generate", "2", "--format", "json",
-         "--out", str(tmp_path / "cli.mtrace")],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "trace",
+            str(buggy_file),
+            "--generate",
+            "2",
+            "--format",
+            "json",
+            "--out",
+            str(tmp_path / "cli.mtrace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     document = json.loads(completed.stdout)
     assert document["generation"]["steps"] == 3 and {module["step"] for module in document["modules"]} == {0, 1, 2}
     diffed = subprocess.run(
         [sys.executable, "-m", "modeltrace", "diff", str(references["gpt2"]), str(tmp_path / "cli.mtrace")],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert diffed.returncode == 1, diffed.stderr
     assert "FIRST DIVERGING STEP: 1 (a decode step; the prefill matches)" in diffed.stdout
@@ -191,17 +238,45 @@ def test_cli_generate_json_and_step_diff_text(references: dict[str, Path], tmp_p
 def test_generate_on_a_model_that_cannot_generate_names_what_to_use(tmp_path: Path) -> None:
     file = copy_model("llama", tmp_path)
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", str(file), "--model", "LlamaModel", "--generate", "2",
-         "--out", str(tmp_path / "x.mtrace")],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "trace",
+            str(file),
+            "--model",
+            "LlamaModel",
+            "--generate",
+            "2",
+            "--out",
+            str(tmp_path / "x.mtrace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert completed.returncode == 2
     assert "LlamaModel cannot generate" in completed.stderr and "--model LlamaForCausalLM" in completed.stderr
     bert = copy_model("bert", tmp_path)
     completed = subprocess.run(
-        [sys.executable, "-m", "modeltrace", "trace", str(bert), "--model", "BertModel", "--generate", "2",
-         "--out", str(tmp_path / "y.mtrace")],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "trace",
+            str(bert),
+            "--model",
+            "BertModel",
+            "--generate",
+            "2",
+            "--out",
+            str(tmp_path / "y.mtrace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert completed.returncode == 2 and "BertModel cannot generate" in completed.stderr, completed.stderr
 

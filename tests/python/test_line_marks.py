@@ -27,8 +27,12 @@ REFERENCE = REPO_ROOT / "examples" / "reference" / "tiny_llama.mtrace"
 @pytest.fixture(scope="module")
 def port_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("port") / "port.mtrace"
-    subprocess.run([sys.executable, "-m", "modeltrace", "trace", str(PORT), "--full-tensors", "--out", str(out)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "modeltrace", "trace", str(PORT), "--full-tensors", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return out
 
 
@@ -63,8 +67,9 @@ def test_the_line_the_diff_drilled_down_to_gets_the_divergence_mark(port_trace: 
         result.first_divergence.line = LineDivergence(file, edited, "attn_output", 0.0107, "values differ")
         mark = marks_at(result, file, edited)
         assert mark is not None and mark.status == DIVERGENCE
-        assert mark.message == ("First line that differs inside layers.0.self_attn: `attn_output`, max abs diff "
-                                "0.0107 (values differ)")
+        assert mark.message == (
+            "First line that differs inside layers.0.self_attn: `attn_output`, max abs diff 0.0107 (values differ)"
+        )
         # The call site keeps its own mark.
         assert marks_at(result, file, line_of(PORT, "hidden_states, _ = self.self_attn(")).status == DIVERGENCE
     finally:

@@ -44,7 +44,10 @@ def _run(file: Path) -> tuple[object, Trace]:
     built = build_from_file(file, None, None, seed=0)
     with torch.no_grad():
         plain = built.model(**built.kwargs)[0]
-        with ModuleCapture(built.model) as capture, LineCapture([str(file)], capture.summary_cache, capture.pending) as lines:
+        with (
+            ModuleCapture(built.model) as capture,
+            LineCapture([str(file)], capture.summary_cache, capture.pending) as lines,
+        ):
             captured = built.model(**built.kwargs)[0]
     assert torch.equal(plain, captured), "line capture changed the result"
     return built, Trace(model={}, modules=capture.records, lines=lines.records)
@@ -73,11 +76,16 @@ def test_example_lines_show_the_assigned_shapes() -> None:
         assert records[0].tensor.shape == shape, (snippet, name)
         assert records[0].tensor.dtype == "float32"
     # A line that runs once per layer aggregates into one entry with a count.
-    assert len(_records(trace, EXAMPLE_MODELING_FILE, "query_states = self.q_proj(hidden_states)", "query_states")) == 2
+    assert (
+        len(_records(trace, EXAMPLE_MODELING_FILE, "query_states = self.q_proj(hidden_states)", "query_states")) == 2
+    )
     entries = index_module_calls(trace)[str(EXAMPLE_MODELING_FILE.resolve())]
     two_names = entries[line_of(EXAMPLE_MODELING_FILE, "query_states, key_states = apply_rotary_pos_emb(")]
     assert line_label(two_names) == "query_states: [1, 4, 7, 16] float32 ×2  key_states: [1, 2, 7, 16] float32 ×2"
-    assert line_label(entries[line_of(EXAMPLE_MODELING_FILE, "variance = hidden_states.pow(2)")], HintDetail.SHAPE) == "[1, 7, 1] ×5"
+    assert (
+        line_label(entries[line_of(EXAMPLE_MODELING_FILE, "variance = hidden_states.pow(2)")], HintDetail.SHAPE)
+        == "[1, 7, 1] ×5"
+    )
 
 
 def test_example_statistics_match_a_direct_computation() -> None:
@@ -86,11 +94,18 @@ def test_example_statistics_match_a_direct_computation() -> None:
     with torch.no_grad():
         embeddings = model.embed_tokens(built.kwargs["input_ids"])
         variance = embeddings.pow(2).mean(-1, keepdim=True)
-        query = model.layers[0].self_attn.q_proj(model.layers[0].input_layernorm(embeddings)).view(1, 7, -1, 16).transpose(1, 2)
+        query = (
+            model.layers[0]
+            .self_attn.q_proj(model.layers[0].input_layernorm(embeddings))
+            .view(1, 7, -1, 16)
+            .transpose(1, 2)
+        )
     first_variance = _records(trace, EXAMPLE_MODELING_FILE, "variance = hidden_states.pow(2)", "variance")[0].tensor
     assert first_variance.mean == pytest.approx(variance.double().mean().item(), rel=1e-5)
     assert first_variance.max == pytest.approx(variance.max().item(), rel=1e-6)
-    first_query = _records(trace, EXAMPLE_MODELING_FILE, "query_states = self.q_proj(hidden_states)", "query_states")[0].tensor
+    first_query = _records(trace, EXAMPLE_MODELING_FILE, "query_states = self.q_proj(hidden_states)", "query_states")[
+        0
+    ].tensor
     assert first_query.std == pytest.approx(query.double().std().item(), rel=1e-4)
     assert first_query.min == pytest.approx(query.min().item(), abs=1e-6)
 
@@ -101,7 +116,9 @@ def test_full_tensors_are_kept_for_module_outputs_that_lines_summarised_first() 
     built = build_from_file(EXAMPLE_MODELING_FILE, None, None, seed=0)
     model = built.model
     outputs: dict[str, torch.Tensor] = {}
-    handle = model.layers[0].mlp.register_forward_hook(lambda module, args, output: outputs.setdefault("mlp", output.clone()))
+    handle = model.layers[0].mlp.register_forward_hook(
+        lambda module, args, output: outputs.setdefault("mlp", output.clone())
+    )
     try:
         with torch.no_grad(), ModuleCapture(model, full_tensors=True) as capture:
             with LineCapture([str(EXAMPLE_MODELING_FILE)], capture.summary_cache, capture.pending):
@@ -120,15 +137,23 @@ def test_transformers_llama_and_bert_lines() -> None:
     _, llama = _run(LLAMA_FILE)
     query = _records(llama, LLAMA_FILE, "query_states = self.q_proj(hidden_states).view(hidden_shape)", "query_states")
     assert [record.tensor.shape for record in query] == [[1, 4, 7, 16]] * 2
-    softmax = _records(llama, LLAMA_FILE, "attn_weights = nn.functional.softmax(attn_weights", "attn_weights")[0].tensor
+    softmax = _records(llama, LLAMA_FILE, "attn_weights = nn.functional.softmax(attn_weights", "attn_weights")[
+        0
+    ].tensor
     assert softmax.shape == [1, 4, 7, 7] and softmax.mean == pytest.approx(1 / 7, rel=1e-5)
-    parameters = [record for record in llama.lines if record.line == line_of(LLAMA_FILE, "def forward(self, x, position_ids):")]
+    parameters = [
+        record for record in llama.lines if record.line == line_of(LLAMA_FILE, "def forward(self, x, position_ids):")
+    ]
     assert {record.name for record in parameters} == {"x", "position_ids"}
 
     _, bert = _run(BERT_FILE)
-    scores = _records(bert, BERT_FILE, "attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling", "attn_weights")
+    scores = _records(
+        bert, BERT_FILE, "attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling", "attn_weights"
+    )
     assert scores[0].tensor.shape == [1, 4, 7, 7]
-    intermediate = _records(bert, BERT_FILE, "hidden_states = self.intermediate_act_fn(hidden_states)", "hidden_states")
+    intermediate = _records(
+        bert, BERT_FILE, "hidden_states = self.intermediate_act_fn(hidden_states)", "hidden_states"
+    )
     assert intermediate[0].tensor.shape == [1, 7, 128]
     assert intermediate[0].tensor.positive_fraction is not None
 
@@ -184,7 +209,10 @@ def test_statement_forms_attribute_to_the_right_line(stop_early: bool) -> None:
         assert by_line[_toy_line("doubled")] == {"doubled": [2, 12]}
         assert by_line[_toy_line("final return")] == {"return": [2, 12]}
     lines_seen = set(by_line)
-    assert lines_seen <= {_toy_line(marker) for marker in ("def", "comprehension", "unpacking", "multi-line", "early return", "doubled", "final return")}
+    assert lines_seen <= {
+        _toy_line(marker)
+        for marker in ("def", "comprehension", "unpacking", "multi-line", "early return", "doubled", "final return")
+    }
 
 
 # --- the instrumented code itself: a module written to a temporary file, its lines marked `# line: NAME` ---
@@ -407,11 +435,22 @@ def test_a_file_edited_after_import_keeps_its_code_and_lines(tmp_path: Path) -> 
         assert torch.equal(plain, captured)
         by_line = _by_line(capture.records)
         for marker, names in {
-            "buffer": {"buffer"}, "setitem": {"buffer"}, "in-place": {"buffer"}, "clone": {"clipped"},
-            "function in-place": {"clipped"}, "copy into an attribute": set(), "for": {"row"}, "total": {"total"},
-            "walrus": {"projected"}, "closure": {"scaled"}, "fresh closure": {"doubled"},
-            "instance closure": {"halved"}, "return": {"return"},
-            "scale def": {"x"}, "scaled": {"scaled"}, "scale return": {"return"},
+            "buffer": {"buffer"},
+            "setitem": {"buffer"},
+            "in-place": {"buffer"},
+            "clone": {"clipped"},
+            "function in-place": {"clipped"},
+            "copy into an attribute": set(),
+            "for": {"row"},
+            "total": {"total"},
+            "walrus": {"projected"},
+            "closure": {"scaled"},
+            "fresh closure": {"doubled"},
+            "instance closure": {"halved"},
+            "return": {"return"},
+            "scale def": {"x"},
+            "scaled": {"scaled"},
+            "scale return": {"return"},
         }.items():
             assert set(_shapes(by_line, marker)) == names, marker
 

@@ -63,15 +63,20 @@ CELLS = [
 
 
 def _html(cell: nbformat.NotebookNode) -> str:
-    return "".join(output.get("data", {}).get("text/html", "") for output in cell.outputs
-                   if output.output_type == "execute_result")
+    return "".join(
+        output.get("data", {}).get("text/html", "")
+        for output in cell.outputs
+        if output.output_type == "execute_result"
+    )
 
 
 def test_a_notebook_displays_a_trace_and_a_diff(tmp_path: Path) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(textwrap.dedent(source).strip()) for source in CELLS]
     # NOTE: raises CellExecutionError, with the cell's traceback, when any cell fails
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     assert not [output for cell in notebook.cells for output in cell.outputs if output.output_type == "error"]
 
     diff_page = _html(notebook.cells[1])

@@ -99,10 +99,14 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert judge(case, port, Verdict(1, path=bug.module, line=(here, 47)))[0]
     assert judge(case, port, Verdict(1, path=bug.module, built_at=(here, 47)))[0]
     assert judge(case, port, Verdict(1, path=bug.module, lines=(here, 48, 50))) == (
-        False, "right module, but no range, line or construction line names line 47")
+        False,
+        "right module, but no range, line or construction line names line 47",
+    )
     assert not judge(case, port, Verdict(1, path=bug.module, lines=(elsewhere, 40, 50)))[0]
     assert judge(case, port, Verdict(1, path="blocks.0", lines=(here, 40, 50))) == (
-        False, "blames 'blocks.0', not 'blocks.0.attn'")
+        False,
+        "blames 'blocks.0', not 'blocks.0.attn'",
+    )
     assert judge(case, port, Verdict(0)) == (False, "diff says match")
     assert judge(Case(PAIRS[0]), port, Verdict(0)) == (True, "")
     assert not judge(Case(PAIRS[0]), port, Verdict(1, path=""))[0]
@@ -110,7 +114,8 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 47))) == "line"
     assert precision(case, port, Verdict(1, path=bug.module, built_at=(here, 47))) == "construction line"
     assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 41))) == (
-        "range of 11 lines; line 41 is not the bug's")
+        "range of 11 lines; line 41 is not the bug's"
+    )
 
 
 def test_a_patch_whose_text_is_not_unique_is_refused() -> None:
@@ -176,8 +181,9 @@ def _builds(modules: dict[str, torch.nn.Module], path: str, line: int) -> bool:
     return first <= line < first + len(source) and f"self.{attribute} = " in source[line - first]
 
 
-@pytest.mark.parametrize(("case", "variant"), [_verdict_param(case, variant) for variant in VARIANTS
-                                               for case in all_cases()])
+@pytest.mark.parametrize(
+    ("case", "variant"), [_verdict_param(case, variant) for variant in VARIANTS for case in all_cases()]
+)
 def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, variant: str) -> None:
     judged = port_harnesses[variant].judge(case)
     assert judged.right, f"{case.id}: truth {judged.truth()}, diff says {judged.verdict.located()}: {judged.why}"

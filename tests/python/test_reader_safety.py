@@ -72,7 +72,6 @@ def test_a_pickled_checkpoint_that_would_run_code_is_refused(tmp_path: Path) -> 
     assert not sentinel.exists()
 
 
-
 # --- sizes checked before allocating ---------------------------------------------------------------------------
 
 
@@ -126,8 +125,12 @@ def test_a_safetensors_entry_claiming_more_than_the_file_holds_is_refused(tmp_pa
 
 
 def test_a_debugger_shape_far_larger_than_its_values_is_kept_as_numbers(tmp_path: Path) -> None:
-    huge = {"shape": "torch.Size([100000000000, 100000000000])", "dtype": "torch.float32",
-            "value": ["tensor([[1.0]])"], "mean": "tensor(1.)"}
+    huge = {
+        "shape": "torch.Size([100000000000, 100000000000])",
+        "dtype": "torch.float32",
+        "value": ["tensor([[1.0]])"],
+        "mean": "tensor(1.)",
+    }
     file = tmp_path / "Model_SUMMARY.json"
     file.write_text(json.dumps({"module_path": "Model (top-level)", "outputs": huge, "children": []}))
     loaded = read_debugger_output(file)

@@ -46,7 +46,7 @@ def test_transformers_round_trip(family):
         assert case["agree"], case
 
 
-LLAMA_LIKE = '''
+LLAMA_LIKE = """
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
@@ -86,7 +86,7 @@ class ToyModel(ToyPreTrainedModel):
     @capture_outputs
     def forward(self, input_ids) -> BaseModelOutputWithPast:
         return BaseModelOutputWithPast(last_hidden_state=input_ids)
-'''
+"""
 
 
 def codes(source):
@@ -109,11 +109,14 @@ def test_missing_attentions_is_reported_and_fixed_keeping_format():
 
 
 def test_no_recorders_at_all():
-    broken = LLAMA_LIKE.replace('''    _can_record_outputs = {
+    broken = LLAMA_LIKE.replace(
+        """    _can_record_outputs = {
         "hidden_states": ToyLayer,
         "attentions": ToyAttention,
     }
-''', "")
+""",
+        "",
+    )
     [problem] = analyze_source(broken).problems
     assert problem.code == "no-recorders"
     fixed, _ = apply_fixes(broken)
@@ -122,7 +125,9 @@ def test_no_recorders_at_all():
 
 
 def test_layer_name_matching_no_module_is_fixed_with_output_recorder_import():
-    broken = LLAMA_LIKE.replace('"attentions": ToyAttention,', '"attentions": OutputRecorder(ToyAttention, index=1, layer_name="attn"),')
+    broken = LLAMA_LIKE.replace(
+        '"attentions": ToyAttention,', '"attentions": OutputRecorder(ToyAttention, index=1, layer_name="attn"),'
+    )
     broken = broken.replace("import capture_outputs", "import OutputRecorder, capture_outputs")
     [problem] = analyze_source(broken).problems
     assert problem.code == "unknown-layer-name"
@@ -159,9 +164,9 @@ def test_unknown_class():
         "class Broken(:\n    pass\n",
         "x = 1\n",
         "",
-        LLAMA_LIKE.replace('_can_record_outputs = {', '_can_record_outputs = make_recorders() or {'),
+        LLAMA_LIKE.replace("_can_record_outputs = {", "_can_record_outputs = make_recorders() or {"),
         LLAMA_LIKE.replace('"attentions": ToyAttention,', '"attentions": pick(ToyAttention),'),
-        LLAMA_LIKE.replace('"attentions": ToyAttention,', '**OTHER,'),
+        LLAMA_LIKE.replace('"attentions": ToyAttention,', "**OTHER,"),
     ],
 )
 def test_bad_input_no_false_alarm_no_crash(source):
@@ -245,7 +250,9 @@ def _example_copy(tmp_path, edit):
     import shutil
 
     package = tmp_path / "tiny_llama"
-    shutil.copytree(ROOT / "examples" / "tiny_llama", package, ignore=shutil.ignore_patterns("*.mtrace", "__pycache__"))
+    shutil.copytree(
+        ROOT / "examples" / "tiny_llama", package, ignore=shutil.ignore_patterns("*.mtrace", "__pycache__")
+    )
     modeling = package / "modeling_tiny_llama.py"
     modeling.write_text(edit(modeling.read_text()))
     return modeling
@@ -272,16 +279,18 @@ def test_check_run_on_example_and_injected_problems(tmp_path, capsys):
 
     indexed = _example_copy(
         tmp_path / "indexed",
-        lambda s: s.replace('"attentions": TinyLlamaAttention,', '"attentions": OutputRecorder(TinyLlamaAttention, index=0),').replace(
-            "import capture_outputs", "import OutputRecorder, capture_outputs"
-        ),
+        lambda s: s.replace(
+            '"attentions": TinyLlamaAttention,', '"attentions": OutputRecorder(TinyLlamaAttention, index=0),'
+        ).replace("import capture_outputs", "import OutputRecorder, capture_outputs"),
     )
     assert main(["check", str(indexed), "--run", "--format", "json"]) == 1
     found = {p["code"] for p in json.loads(capsys.readouterr().out)["problems"]}
     assert "index-not-tensor" in found
 
 
-def _toy(attention_forward: str, extra: str = "", layers: str = "nn.ModuleList([ToyLayer(config) for _ in range(2)])") -> str:
+def _toy(
+    attention_forward: str, extra: str = "", layers: str = "nn.ModuleList([ToyLayer(config) for _ in range(2)])"
+) -> str:
     source = LLAMA_LIKE.replace(
         "    def forward(self, hidden_states):\n        attn_weights = hidden_states.softmax(-1)\n        return hidden_states, attn_weights\n",
         textwrap.indent(textwrap.dedent(attention_forward), "    "),
@@ -315,7 +324,7 @@ def test_attention_returning_none_weights_needs_no_recorder():
 def test_layers_from_a_lookup_table_and_a_builder_method():
     source = LLAMA_LIKE.replace(
         "class ToyPreTrainedModel(PreTrainedModel):",
-        "class ToyOtherLayer(ToyLayer):\n    pass\n\n\nLAYER_TYPES = {\"a\": ToyLayer, \"b\": ToyOtherLayer}\n\n\nclass ToyPreTrainedModel(PreTrainedModel):",
+        'class ToyOtherLayer(ToyLayer):\n    pass\n\n\nLAYER_TYPES = {"a": ToyLayer, "b": ToyOtherLayer}\n\n\nclass ToyPreTrainedModel(PreTrainedModel):',
     ).replace(
         "        self.layers = nn.ModuleList([ToyLayer(config) for _ in range(2)])\n",
         "        self.layers = self.build()\n\n    def build(self):\n        layers = []\n        for kind in self.config.kinds:\n"
@@ -325,10 +334,13 @@ def test_layers_from_a_lookup_table_and_a_builder_method():
     broken = source.replace('        "hidden_states": ToyLayer,\n', "")
     [problem] = analyze_source(broken).problems
     # ToyOtherLayer is a ToyLayer: the base class records both
-    assert problem.code == "missing-recorder" and problem.fix_json()["entry"] in ("ToyLayer", "[ToyLayer, ToyOtherLayer]")
+    assert problem.code == "missing-recorder" and problem.fix_json()["entry"] in (
+        "ToyLayer",
+        "[ToyLayer, ToyOtherLayer]",
+    )
 
 
-T5_LIKE = '''
+T5_LIKE = """
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
@@ -389,7 +401,7 @@ class ToyStack(ToyPreTrainedModel):
     @capture_outputs
     def forward(self, input_ids, encoder_hidden_states=None) -> BaseModelOutputWithPastAndCrossAttentions:
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=input_ids)
-'''
+"""
 
 
 @pytest.mark.parametrize("key", ["attentions", "cross_attentions"])

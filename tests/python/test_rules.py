@@ -34,6 +34,7 @@ def test_task_heads_are_for_and_a_capitalised_task() -> None:
     assert is_task_head("LlamaForCausalLM") and is_task_head("BertForSequenceClassification")
     assert not is_task_head("MaskFormerModel") and not is_task_head("PPFormulaNetModel")
     assert pick_base_model(["MaskFormerDetrDecoder", "MaskFormerModel", "MaskFormerForInstanceSegmentation"]) == (
-        "MaskFormerModel")
+        "MaskFormerModel"
+    )
     assert pick_base_model(["LlamaForCausalLM"]) == "LlamaForCausalLM"
     assert pick_base_model([]) is None

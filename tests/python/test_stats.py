@@ -103,8 +103,10 @@ def _sum_bounds(values: torch.Tensor, float32_sums: bool) -> tuple[float, float]
     abs_sum, square_sum = exact.abs().sum().item(), torch.dot(exact, exact).item()
     if float32_sums:
         across = _gamma(count / KERNEL_BLOCK + KERNEL_THREADS, FLOAT64_UNIT)
-        return ((_gamma(KERNEL_BLOCK - 1, FLOAT32_UNIT) + across) * abs_sum,
-                (_gamma(KERNEL_BLOCK, FLOAT32_UNIT) + across) * square_sum)
+        return (
+            (_gamma(KERNEL_BLOCK - 1, FLOAT32_UNIT) + across) * abs_sum,
+            (_gamma(KERNEL_BLOCK, FLOAT32_UNIT) + across) * square_sum,
+        )
     return _gamma(count, FLOAT64_UNIT) * abs_sum, _gamma(count + 1, FLOAT64_UNIT) * square_sum
 
 
@@ -157,7 +159,12 @@ def test_float32_matches_torch(size: int, with_pending: bool, kernel: str) -> No
     tensor = torch.randn(size, generator=generator) * 3 + 0.5
     tensor = tensor.reshape(1, size, 1)
     summary = _summarize(tensor, with_pending, key="hidden_states")
-    assert (summary.key, summary.shape, summary.dtype, summary.device) == ("hidden_states", [1, size, 1], "float32", "cpu")
+    assert (summary.key, summary.shape, summary.dtype, summary.device) == (
+        "hidden_states",
+        [1, size, 1],
+        "float32",
+        "cpu",
+    )
     assert summary.tensor is None
     _assert_matches(summary, tensor, _float32_sums(kernel, tensor.dtype))
     # cross-check the reference itself against torch's float32 reductions
@@ -279,7 +286,9 @@ def test_additive_attention_mask_does_not_overflow(sequence: int, with_pending: 
         pytest.param(1e3, 1.0, id="variance-loses-digits"),  # positive, but a few percent off
     ],
 )
-def test_large_mean_small_variance_uses_exact_fallback(location: float, scale: float, size: int, with_pending: bool) -> None:
+def test_large_mean_small_variance_uses_exact_fallback(
+    location: float, scale: float, size: int, with_pending: bool
+) -> None:
     generator = torch.Generator().manual_seed(6)
     tensor = (location + torch.randn(size, generator=generator, dtype=torch.float64) * scale).float()
     expected = _expected(tensor)
@@ -348,7 +357,9 @@ def test_requires_grad_and_inference_tensors(kernel: str) -> None:
         pytest.param(lambda n: -torch.rand(n) - 0.5, id="all-negative"),
         pytest.param(lambda n: torch.rand(n) + 0.5, id="all-positive"),
         pytest.param(lambda n: torch.randn(n), id="mixed"),
-        pytest.param(lambda n: torch.where(torch.rand(n) < 0.5, torch.tensor(-0.0), torch.tensor(0.0)), id="signed-zeros"),
+        pytest.param(
+            lambda n: torch.where(torch.rand(n) < 0.5, torch.tensor(-0.0), torch.tensor(0.0)), id="signed-zeros"
+        ),
         pytest.param(lambda n: torch.relu(torch.randn(n)) * 1e-40, id="relu-subnormal"),
     ],
 )
@@ -427,7 +438,9 @@ def test_views(make_view, kernel: str) -> None:
         pytest.param(lambda x: x.reshape(-1)[:1].expand(50_000), id="one-value"),
     ],
 )
-def test_strided_views_are_read_in_place(make_view, threads: int, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+def test_strided_views_are_read_in_place(
+    make_view, threads: int, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
     """Float32 views that are not contiguous (slices, steps, expands, transposes) are summarised by the strided
     kernel in place, with no copy: exact min, max and positive count and the same moments as the view's own
     elements, for every thread count (large views are split across torch's threads by runs)."""
@@ -536,7 +549,9 @@ def test_parallel_kernel_shares_torchs_openmp_runtime(kernel: str) -> None:
     assert stats.native.kernels() is not None, stats.native.load_error
     assert stats.native.parallel
     maps = Path("/proc/self/maps").read_text()
-    runtimes = {line.split(None, 5)[5] for line in maps.splitlines() if "libgomp" in line and len(line.split(None, 5)) == 6}
+    runtimes = {
+        line.split(None, 5)[5] for line in maps.splitlines() if "libgomp" in line and len(line.split(None, 5)) == 6
+    }
     assert len(runtimes) == 1, runtimes
 
 
@@ -549,7 +564,13 @@ def test_cpu_flags_the_compiler_rejects_fall_back_to_the_baseline_build(
         pytest.skip("checks the kernel as this CPU builds it")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(stats.native, "_cpu_flags", lambda: ["-mno-such-flag-modeltrace"])
-    for name, value in (("_loaded", False), ("_kernels", None), ("load_error", None), ("form", None), ("parallel", False)):
+    for name, value in (
+        ("_loaded", False),
+        ("_kernels", None),
+        ("load_error", None),
+        ("form", None),
+        ("parallel", False),
+    ):
         monkeypatch.setattr(stats.native, name, value)
     kernels = stats.native.kernels()
     assert kernels is not None, stats.native.load_error
@@ -573,7 +594,9 @@ def test_baseline_build_is_a_build_of_its_own(kernel: str) -> None:
         "print(kernels is not None and kernels['f32'].__self__.__file__ == native.baseline_kernels()['f32'].__self__.__file__)"
     )
     environment = {**os.environ, "MODELTRACE_NATIVE": "baseline"}
-    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300
+    )
     assert result.stdout.strip() == "True", result.stderr
 
 
@@ -600,6 +623,7 @@ def test_prebuilt_kernel_serves_machines_without_a_compiler(kernel: str, tmp_pat
     environment = {key: value for key, value in os.environ.items() if key != "CC"}
     environment["PATH"] = str(tmp_path)  # no cc, gcc or clang
     environment["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300
+    )
     assert result.stdout.split() == ["prebuilt", "None", "4.5"], result.stderr

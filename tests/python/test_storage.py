@@ -17,8 +17,15 @@ from modeltrace.trace.storage import TRACE_FILE, read_trace, write_trace
 def _trace(name: str = "Model") -> Trace:
     summary = TensorSummary(key="", shape=[1, 7, 64], dtype="float32", mean=0.1, std=1.0, min=-2.0, max=2.0)
     record = ModuleCall(
-        index=0, path="", class_name=name, defined_at=SourceLocation("/m.py", 3), called_at=None,
-        call_index=0, parent=-1, finish_order=0, outputs=[summary],
+        index=0,
+        path="",
+        class_name=name,
+        defined_at=SourceLocation("/m.py", 3),
+        called_at=None,
+        call_index=0,
+        parent=-1,
+        finish_order=0,
+        outputs=[summary],
     )
     return Trace(model={"class": name, "file": "/m.py"}, modules=[record])
 
@@ -80,23 +87,77 @@ def test_bad_files_raise_a_clear_error(tmp_path: Path, content: bytes | None, me
 def _rich_trace() -> Trace:
     """Every field the table layout stores: shared summaries, missing and NaN statistics, off-CPU devices,
     NaN/Inf counts, stored and unstored tensors, locations with and without a column, line records."""
-    hidden = TensorSummary(key="", shape=[1, 7, 64], dtype="float32", mean=0.1, std=1.0, min=-2.0, max=2.0,
-                           abs_max=2.0, positive_fraction=0.5)
+    hidden = TensorSummary(
+        key="",
+        shape=[1, 7, 64],
+        dtype="float32",
+        mean=0.1,
+        std=1.0,
+        min=-2.0,
+        max=2.0,
+        abs_max=2.0,
+        positive_fraction=0.5,
+    )
     meta = TensorSummary(key="attention_mask", shape=[1, 1, 7, 7], dtype="bool", device="meta")
-    odd = TensorSummary(key="0", shape=[3], dtype="float16", device="cuda:0", mean=float("nan"), std=None, min=-1.0,
-                        max=float("inf"), nan_count=2, inf_count=1, tensor="1/outputs/0", not_stored=None)
-    skipped = TensorSummary(key="1", shape=[], dtype="int64", mean=3.0, std=None, min=3.0, max=3.0, abs_max=3.0,
-                            positive_fraction=1.0, not_stored="over the limit")
+    odd = TensorSummary(
+        key="0",
+        shape=[3],
+        dtype="float16",
+        device="cuda:0",
+        mean=float("nan"),
+        std=None,
+        min=-1.0,
+        max=float("inf"),
+        nan_count=2,
+        inf_count=1,
+        tensor="1/outputs/0",
+        not_stored=None,
+    )
+    skipped = TensorSummary(
+        key="1",
+        shape=[],
+        dtype="int64",
+        mean=3.0,
+        std=None,
+        min=3.0,
+        max=3.0,
+        abs_max=3.0,
+        positive_fraction=1.0,
+        not_stored="over the limit",
+    )
     location = SourceLocation("/m.py", 40, 8)
     records = [
-        ModuleCall(index=0, path="", class_name="Model", defined_at=SourceLocation("/m.py", 3), called_at=None,
-                   call_index=0, parent=-1, finish_order=1, call_site=None, inputs=[meta], outputs=[hidden]),
-        ModuleCall(index=1, path="layer", class_name="Layer", defined_at=SourceLocation("/m.py", 20),
-                   called_at=location, call_index=0, parent=0, finish_order=0, call_site=14,
-                   inputs=[hidden, meta], outputs=[odd, skipped]),
+        ModuleCall(
+            index=0,
+            path="",
+            class_name="Model",
+            defined_at=SourceLocation("/m.py", 3),
+            called_at=None,
+            call_index=0,
+            parent=-1,
+            finish_order=1,
+            call_site=None,
+            inputs=[meta],
+            outputs=[hidden],
+        ),
+        ModuleCall(
+            index=1,
+            path="layer",
+            class_name="Layer",
+            defined_at=SourceLocation("/m.py", 20),
+            called_at=location,
+            call_index=0,
+            parent=0,
+            finish_order=0,
+            call_site=14,
+            inputs=[hidden, meta],
+            outputs=[odd, skipped],
+        ),
     ]
-    lines = [LineRecord(file="/m.py", line=41, name="x", call_index=0, tensor=hidden),
-             LineRecord(file="/m.py", line=42, name="y", call_index=1, tensor=odd)]
+    lines = [
+        LineRecord(file="/m.py", line=41, name="x", call_index=0, tensor=hidden),
+        LineRecord(file="/m.py", line=42, name="y", call_index=1, tensor=odd),
+    ]
     return Trace(model={"class": "Model", "file": "/m.py", "options": {"lines": True}}, modules=records, lines=lines)
 
 
@@ -105,7 +166,11 @@ def _same(read: object, written: object) -> bool:
     if isinstance(written, float) and math.isnan(written):
         return isinstance(read, float) and math.isnan(read)
     if isinstance(written, dict):
-        return isinstance(read, dict) and read.keys() == written.keys() and all(_same(read[k], written[k]) for k in written)
+        return (
+            isinstance(read, dict)
+            and read.keys() == written.keys()
+            and all(_same(read[k], written[k]) for k in written)
+        )
     if isinstance(written, list):
         return isinstance(read, list) and len(read) == len(written) and all(map(_same, read, written))
     return read == written and type(read) is type(written)

@@ -31,15 +31,27 @@ from conftest import EXAMPLE_MODELING_FILE
 
 def small_llama() -> tuple[LlamaModel, torch.Tensor]:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="eager",
+        use_cache=False,
+    )
     return LlamaModel(config).eval(), torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
 
 
 def streamed_trace(model: nn.Module, inputs: torch.Tensor | tuple, out: Path, budget: int) -> tuple[Path, object]:
     """Capture with full tensors streamed as `worker/job.py` does; returns the folder written and the stream."""
     stream = start_stream(out, budget)
-    with discarded_on_error(stream), torch.no_grad(), ModuleCapture(model, full_tensors=True, stream=stream) as capture:
+    with (
+        discarded_on_error(stream),
+        torch.no_grad(),
+        ModuleCapture(model, full_tensors=True, stream=stream) as capture,
+    ):
         model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     trace = Trace(model={"class": type(model).__name__}, modules=capture.records)
     return write_captured(trace, capture, out), stream
@@ -74,8 +86,12 @@ def test_a_slow_writer_stores_every_tensor_within_the_memory_budget(slow_writer:
     assert stream.waited_seconds > 0  # back-pressure, not a growing queue
     assert stream.copies == 0  # nothing was changed in place: nothing was copied
     with load_reference(folder) as loaded:
-        named = {summary.tensor for record in loaded.trace.modules for summary in (*record.inputs, *record.outputs)
-                 if summary.tensor is not None}
+        named = {
+            summary.tensor
+            for record in loaded.trace.modules
+            for summary in (*record.inputs, *record.outputs)
+            if summary.tensor is not None
+        }
         assert named == set(expected)
         for name, tensor in expected.items():
             assert np.array_equal(loaded.tensors.get(name), tensor.numpy()), name
@@ -117,8 +133,9 @@ class InPlaceAfterCapture(nn.Module):
         return result
 
 
-def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(held_writer: threading.Event,
-                                                                        tmp_path: Path) -> None:
+def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(
+    held_writer: threading.Event, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     model, x = InPlaceAfterCapture(), torch.randn(3, 6)
     with torch.no_grad():
@@ -135,8 +152,7 @@ def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(held_writ
     assert (outputs["third"] < 0).any()
 
 
-def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threading.Event,
-                                                              tmp_path: Path) -> None:
+def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threading.Event, tmp_path: Path) -> None:
     class Unseen(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -157,8 +173,9 @@ def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threa
         assert loaded.trace.model["tensors_not_stored"] >= 1
 
 
-def test_a_disk_full_mid_forward_leaves_no_folder_and_one_error(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
+def test_a_disk_full_mid_forward_leaves_no_folder_and_one_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     model, inputs = small_llama()
     write = StreamingSafetensorsWriter.write
     calls = []
@@ -193,7 +210,7 @@ def test_an_exception_in_the_forward_leaves_no_temporary_folder(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
-CANCELLED_RECIPE = '''
+CANCELLED_RECIPE = """
 import time
 import torch
 from torch import nn
@@ -217,7 +234,7 @@ def build_model():
 
 def build_inputs(model):
     return (torch.randn(64, 256),)
-'''
+"""
 
 
 def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp_path: Path) -> None:
@@ -238,8 +255,9 @@ def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp
             timer.cancel()
         assert failure.value.error["type"] == "Cancelled"
         assert list(out.parent.iterdir()) == []  # the temporary folder the tensors streamed into is gone
-        result = worker.trace({"file": str(EXAMPLE_MODELING_FILE), "out": str(out), "timeout": 120,
-                               "full_tensors": True})
+        result = worker.trace(
+            {"file": str(EXAMPLE_MODELING_FILE), "out": str(out), "timeout": 120, "full_tensors": True}
+        )
     assert Path(result["trace"]) == out
     assert [path.name for path in out.parent.iterdir()] == ["slow.mtrace"]
     with load_reference(out) as loaded:
@@ -280,7 +298,9 @@ def test_a_folder_that_cannot_be_written_is_one_clear_message(tmp_path: Path) ->
     out = tmp_path / "a_file" / "x.mtrace"
     completed = subprocess.run(
         [sys.executable, "-m", "modeltrace", "trace", str(EXAMPLE_MODELING_FILE), "--full-tensors", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [
@@ -297,8 +317,7 @@ def test_where_a_limit_cuts_the_note_names_the_modules_compared_by_statistics(tm
     with modeltrace.capture(model, out, full_tensors=True, max_trace_mb=0.02), torch.no_grad():
         model(inputs)
     with load_reference(out) as loaded:
-        cut = [record.path for record in loaded.trace.modules
-               if any(summary.not_stored for summary in record.outputs)]
+        cut = [record.path for record in loaded.trace.modules if any(summary.not_stored for summary in record.outputs)]
         stored = [record.path for record in loaded.trace.modules if record.outputs and record.outputs[0].tensor]
         [note] = [note for note in loaded.notes if "not stored in full" in note]
     assert cut and stored  # the limit cut part way

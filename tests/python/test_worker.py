@@ -23,7 +23,7 @@ def _request(file: Path, out: Path, **extra: object) -> dict:
     return {"file": str(file), "out": str(out), "timeout": 60, **extra}
 
 
-RECIPE_TEMPLATE = '''
+RECIPE_TEMPLATE = """
 import torch
 from torch import nn
 
@@ -45,7 +45,7 @@ def build_model():
 
 def build_inputs(model):
     return (torch.randn(1, 4),)
-'''
+"""
 
 
 def _recipe(tmp_path: Path, fault: str) -> Path:
@@ -73,18 +73,26 @@ def test_trace_of_the_example_and_warm_retrace(worker: WorkerClient, tmp_path: P
 def test_each_trace_imports_the_files_afresh(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:
     first = read_trace(worker.trace(_request(example_copy, tmp_path / "first.mtrace"))["trace"])
     source = example_copy.read_text()
-    example_copy.write_text(source.replace("hidden_states = self.norm(hidden_states)", "hidden_states = self.norm(self.norm(hidden_states))"))
+    example_copy.write_text(
+        source.replace(
+            "hidden_states = self.norm(hidden_states)", "hidden_states = self.norm(self.norm(hidden_states))"
+        )
+    )
     second = read_trace(worker.trace(_request(example_copy, tmp_path / "second.mtrace"))["trace"])
     assert [record.path for record in first.modules].count("norm") == 1
     assert [record.path for record in second.modules].count("norm") == 2
 
 
-def test_exception_in_forward_is_located_in_the_model_code(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:
+def test_exception_in_forward_is_located_in_the_model_code(
+    worker: WorkerClient, example_copy: Path, tmp_path: Path
+) -> None:
     source = example_copy.read_text()
-    example_copy.write_text(source.replace(
-        "        gate = self.activation(self.gate_proj(hidden_states))",
-        "        raise ValueError('boom in the MLP')\n        gate = self.activation(self.gate_proj(hidden_states))",
-    ))
+    example_copy.write_text(
+        source.replace(
+            "        gate = self.activation(self.gate_proj(hidden_states))",
+            "        raise ValueError('boom in the MLP')\n        gate = self.activation(self.gate_proj(hidden_states))",
+        )
+    )
     out = tmp_path / "failed.mtrace"
     with pytest.raises(TraceFailed) as failure:
         worker.trace(_request(example_copy, out))
@@ -153,7 +161,11 @@ def test_worker_killed_from_outside_mid_trace(tmp_path: Path) -> None:
             client.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
         assert failure.value.error["type"] == "WorkerCrashed"
         time.sleep(0.5)
-        strays = [process for process in psutil.process_iter(["cmdline"]) if "recipe_faulty" in " ".join(process.info["cmdline"] or []) or process.ppid() == zygote.pid]
+        strays = [
+            process
+            for process in psutil.process_iter(["cmdline"])
+            if "recipe_faulty" in " ".join(process.info["cmdline"] or []) or process.ppid() == zygote.pid
+        ]
         assert not strays, [(process.pid, process.info["cmdline"], process.status()) for process in strays]
         # An idle worker that died is replaced on the next trace.
         assert client.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "y.mtrace"))["modules"] > 0
@@ -165,7 +177,7 @@ def test_print_in_model_code_does_not_corrupt_the_frames(worker: WorkerClient, t
     assert result["model_class"] == "Faulty"
 
 
-FAKE_WORKER = '''
+FAKE_WORKER = """
 import os, sys
 sys.path.insert(0, {package!r})
 from modeltrace.worker.protocol import read_frame, write_frame
@@ -176,7 +188,7 @@ if {malformed!r}:
 else:
     write_frame(1, {{"type": "traceTree", "nodes": []}})
 read_frame(0)
-'''
+"""
 
 
 @pytest.mark.parametrize("malformed", [True, False], ids=["malformed", "unknown type"])

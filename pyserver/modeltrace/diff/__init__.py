@@ -43,10 +43,19 @@ from modeltrace.trace.reference import load_reference
 from modeltrace.trace.tensors import LoadedTrace
 
 
-def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None = None, rtol: float | None = None,
-               maps: list[str] | tuple[str, ...] = (), rel_tol: float | None = None, replay: bool = False,
-               client: Any = None, replay_limit: int = DEFAULT_REPLAY_LIMIT, mapping: Path | str | None = None,
-               automatic: bool = True) -> DiffResult:
+def diff_paths(
+    reference: Path | str,
+    candidate: Path | str,
+    atol: float | None = None,
+    rtol: float | None = None,
+    maps: list[str] | tuple[str, ...] = (),
+    rel_tol: float | None = None,
+    replay: bool = False,
+    client: Any = None,
+    replay_limit: int = DEFAULT_REPLAY_LIMIT,
+    mapping: Path | str | None = None,
+    automatic: bool = True,
+) -> DiffResult:
     """Load both (any accepted format) and diff them, with the replay when asked (falling back, with a note,
     where it cannot run); the tensors stay open on the result's `LoadedTrace`s until `close_result(result)`.
     `mapping`: a mapping file (`modeltrace align`) that replaces alignment by names; `automatic`: align by
@@ -59,10 +68,12 @@ def diff_paths(reference: Path | str, candidate: Path | str, atol: float | None 
         loaded_reference.close()
         raise
     try:
-        module_mapping = (read_mapping(mapping, loaded_reference.trace, loaded_candidate.trace)
-                          if mapping is not None else None)
-        options = DiffOptions(atol=atol, rtol=rtol, maps=parsed_maps, rel_tol=rel_tol, mapping=module_mapping,
-                              automatic=automatic)
+        module_mapping = (
+            read_mapping(mapping, loaded_reference.trace, loaded_candidate.trace) if mapping is not None else None
+        )
+        options = DiffOptions(
+            atol=atol, rtol=rtol, maps=parsed_maps, rel_tol=rel_tol, mapping=module_mapping, automatic=automatic
+        )
         result = diff_traces(loaded_reference, loaded_candidate, options)
         if replay:
             run_replay(result, client, replay_limit)

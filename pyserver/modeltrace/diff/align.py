@@ -89,14 +89,22 @@ class Alignment:
         return sum(1 for index in self.reference_for if index >= 0)
 
 
-def align_traces(reference: Trace, candidate: Trace, maps: list[RenameMap] | None = None,
-                 mapping: ModuleMapping | None = None, automatic: bool = True) -> Alignment:
+def align_traces(
+    reference: Trace,
+    candidate: Trace,
+    maps: list[RenameMap] | None = None,
+    mapping: ModuleMapping | None = None,
+    automatic: bool = True,
+) -> Alignment:
     if mapping is not None:
         return _finish(_from_mapping(reference, candidate, mapping, "mapping"), reference, candidate)
     alignment = _align_by_names(reference, candidate, maps or [])
     non_root = sum(1 for record in candidate.modules if record.path)
-    aligned = sum(1 for position, record in enumerate(candidate.modules)
-                  if record.path and alignment.reference_for[position] >= 0)
+    aligned = sum(
+        1
+        for position, record in enumerate(candidate.modules)
+        if record.path and alignment.reference_for[position] >= 0
+    )
     if automatic and non_root and aligned < non_root / 2 and reference.modules:
         try:
             found = align_modules(reference, candidate)
@@ -123,17 +131,23 @@ def _from_mapping(reference: Trace, candidate: Trace, mapping: ModuleMapping, ho
 def _finish(alignment: Alignment, reference: Trace, candidate: Trace) -> Alignment:
     """Pruned layers and the lists of what is left unaligned on each side."""
     used = set(alignment.reference_for)
-    grouped = {path for pair in (alignment.mapping.pairs if alignment.mapping else []) if pair.fused
-               for path in (pair.reference if len(pair.reference) > 1 else pair.candidate)}
+    grouped = {
+        path
+        for pair in (alignment.mapping.pairs if alignment.mapping else [])
+        if pair.fused
+        for path in (pair.reference if len(pair.reference) > 1 else pair.candidate)
+    }
     if any(found < 0 for found in alignment.reference_for):
         _mark_pruned(alignment, candidate.modules)
     # NOTE: members of a fused run are compared through their group record, not unaligned
     alignment.unaligned_reference = [
-        position for position, record in enumerate(reference.modules)
+        position
+        for position, record in enumerate(reference.modules)
         if position not in used and record.path not in grouped and " + " not in record.path
     ]
     alignment.unaligned_candidate = [
-        position for position, found in enumerate(alignment.reference_for)
+        position
+        for position, found in enumerate(alignment.reference_for)
         if found < 0 and position not in alignment.pruned and candidate.modules[position].path not in grouped
     ]
     return alignment
@@ -174,11 +188,16 @@ def _spellings(path: str, prefix: str | None, prefixed: bool) -> list[str]:
     stem = prefix[:-1]
     if path == stem:
         return [path, ""]
-    return [path, path[len(prefix):]] if path.startswith(prefix) else [path]
+    return [path, path[len(prefix) :]] if path.startswith(prefix) else [path]
 
 
-def _align_by_maps(alignment: Alignment, ref_records: list[ModuleCall], cand_records: list[ModuleCall],
-                   used: list[bool], maps: list[RenameMap]) -> None:
+def _align_by_maps(
+    alignment: Alignment,
+    ref_records: list[ModuleCall],
+    cand_records: list[ModuleCall],
+    used: list[bool],
+    maps: list[RenameMap],
+) -> None:
     """Rename maps on whatever is still unaligned, both ways, on both spellings of each name (see the module
     docstring); counts per map what its regex matched and what it aligned."""
     prefix = alignment.prefix
@@ -212,7 +231,9 @@ def _align_by_maps(alignment: Alignment, ref_records: list[ModuleCall], cand_rec
                 out.append((current, changed_by))
         return out
 
-    def lookup_table(records: list[ModuleCall], prefixed: bool, free: Callable[[int], bool]) -> dict[tuple[str, int], int]:
+    def lookup_table(
+        records: list[ModuleCall], prefixed: bool, free: Callable[[int], bool]
+    ) -> dict[tuple[str, int], int]:
         table: dict[tuple[str, int], int] = {}
         for position, record in enumerate(records):
             if free(position):
@@ -253,11 +274,15 @@ def map_notes(alignment: Alignment) -> list[str]:
     notes = []
     for rename, matched, aligned in alignment.map_usage:
         if not matched:
-            notes.append(f"warning: --map {rename.text!r} matches no module path of either trace (paths are tried "
-                         "as recorded and without the automatic prefix)")
+            notes.append(
+                f"warning: --map {rename.text!r} matches no module path of either trace (paths are tried "
+                "as recorded and without the automatic prefix)"
+            )
         elif not aligned:
-            notes.append(f"warning: --map {rename.text!r} matches {matched} module paths but aligns no module call "
-                         "(no rewritten name exists on the other side, or those modules were aligned already)")
+            notes.append(
+                f"warning: --map {rename.text!r} matches {matched} module paths but aligns no module call "
+                "(no rewritten name exists on the other side, or those modules were aligned already)"
+            )
     return notes
 
 
@@ -280,8 +305,9 @@ def _best_prefix(longer: list[ModuleCall], shorter: list[ModuleCall]) -> tuple[s
     return (prefix, count) if count >= max(1, len(short_paths) / 2) else None
 
 
-def _align_by_prefix(alignment: Alignment, ref_records: list[ModuleCall], cand_records: list[ModuleCall],
-                     used: list[bool]) -> None:
+def _align_by_prefix(
+    alignment: Alignment, ref_records: list[ModuleCall], cand_records: list[ModuleCall], used: list[bool]
+) -> None:
     options = []
     found = _best_prefix(ref_records, cand_records)
     if found:

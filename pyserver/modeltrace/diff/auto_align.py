@@ -122,9 +122,11 @@ def _weight_fingerprints(trace: Trace) -> dict[str, tuple[tuple, tuple]]:
     found = {}
     for build in getattr(trace, "builds", None) or []:
         # NOTE: a constant parameter (a norm's initial ones, a zero bias) identifies nothing: every norm has one
-        parameters = [parameter for parameter in build.parameters
-                      if parameter.kind == "parameter" and parameter.shared_with is None
-                      and len(set(parameter.sample)) > 1]
+        parameters = [
+            parameter
+            for parameter in build.parameters
+            if parameter.kind == "parameter" and parameter.shared_with is None and len(set(parameter.sample)) > 1
+        ]
         if not parameters:
             continue
         direct = tuple(sorted(tuple(parameter.sample) for parameter in parameters))
@@ -144,18 +146,20 @@ def features(trace: Trace) -> list[CallFeatures]:
     for record in records:
         first_out = record.outputs[0] if record.outputs else None
         first_in = record.inputs[0] if record.inputs else None
-        found.append(CallFeatures(
-            kind=kind_of(record, not has_children[record.index]),
-            output_shape=_normalised(first_out.shape) if first_out else None,
-            input_shape=_normalised(first_in.shape) if first_in else None,
-            mean=first_out.mean if first_out else None,
-            std=first_out.std if first_out else None,
-            layer=tuple(int(number) for number in _INTEGER.findall(record.path)),
-            input_mean=first_in.mean if first_in else None,
-            input_std=first_in.std if first_in else None,
-            weights=weights[record.path][0] if record.path in weights else None,
-            weights_transposed=weights[record.path][1] if record.path in weights else None,
-        ))
+        found.append(
+            CallFeatures(
+                kind=kind_of(record, not has_children[record.index]),
+                output_shape=_normalised(first_out.shape) if first_out else None,
+                input_shape=_normalised(first_in.shape) if first_in else None,
+                mean=first_out.mean if first_out else None,
+                std=first_out.std if first_out else None,
+                layer=tuple(int(number) for number in _INTEGER.findall(record.path)),
+                input_mean=first_in.mean if first_in else None,
+                input_std=first_in.std if first_in else None,
+                weights=weights[record.path][0] if record.path in weights else None,
+                weights_transposed=weights[record.path][1] if record.path in weights else None,
+            )
+        )
     return found
 
 
@@ -193,8 +197,9 @@ def _same_inputs(ref: CallFeatures, cand: CallFeatures) -> float:
     return 1.0 if score is not None and score >= 0.99 else 0.0
 
 
-def _moments_score(ref_mean: float | None, ref_std: float | None, cand_mean: float | None,
-                   cand_std: float | None) -> float | None:
+def _moments_score(
+    ref_mean: float | None, ref_std: float | None, cand_mean: float | None, cand_std: float | None
+) -> float | None:
     if ref_mean is None or cand_mean is None or ref_std is None or cand_std is None:
         return None
     spread = max(abs(ref_std), abs(cand_std), 1e-12)
@@ -230,8 +235,11 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
         score *= _KIND_MISMATCH
         kind_text = f"kinds differ ({ref.kind}/{cand.kind})"
     evidence = [kind_text]
-    evidence.append("output " + _shape_text(cand.output_shape) + ("" if parts["output"] == 1 else
-                    f" vs {_shape_text(ref.output_shape)}"))
+    evidence.append(
+        "output "
+        + _shape_text(cand.output_shape)
+        + ("" if parts["output"] == 1 else f" vs {_shape_text(ref.output_shape)}")
+    )
     if values is not None:
         evidence.append("values equal" if values == 1 else f"values {values:.2f}")
     if weights:
@@ -272,23 +280,35 @@ class _Codes:
                 "kind": np.array([code(kinds, item.kind) for item in side], dtype=np.int32),
                 "out": np.array([code(shapes, item.output_shape) for item in side], dtype=np.int32),
                 "in": np.array([code(shapes, item.input_shape) for item in side], dtype=np.int32),
-                "out_last": np.array([code(lasts, (len(item.output_shape), item.output_shape[-1])
-                                           if item.output_shape else None) for item in side], dtype=np.int32),
-                "in_last": np.array([code(lasts, (len(item.input_shape), item.input_shape[-1])
-                                          if item.input_shape else None) for item in side], dtype=np.int32),
+                "out_last": np.array(
+                    [
+                        code(lasts, (len(item.output_shape), item.output_shape[-1]) if item.output_shape else None)
+                        for item in side
+                    ],
+                    dtype=np.int32,
+                ),
+                "in_last": np.array(
+                    [
+                        code(lasts, (len(item.input_shape), item.input_shape[-1]) if item.input_shape else None)
+                        for item in side
+                    ],
+                    dtype=np.int32,
+                ),
                 "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
                 "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
                 "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
-                "spread": np.array([1e-12 if item.std is None else max(abs(item.std), 1e-12) for item in side],
-                                   dtype=np.float32),
+                "spread": np.array(
+                    [1e-12 if item.std is None else max(abs(item.std), 1e-12) for item in side], dtype=np.float32
+                ),
             }
 
         self.ref = encode(ref)
         self.cand = encode(cand)
 
 
-def _score_rows(codes: _Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None),
-                paired: bool = False) -> np.ndarray:
+def _score_rows(
+    codes: _Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None), paired: bool = False
+) -> np.ndarray:
     """Scores of candidate calls `rows` (axis 0) against reference calls `columns` (axis 1), or with `paired`
     of `rows[k]` against `columns[k]` (one axis), as `pair_score` gives them (NumPy form of the same rule, in
     float32 and whole-array operations: it runs on millions of pairs)."""
@@ -307,23 +327,38 @@ def _score_rows(codes: _Codes, rows: slice | np.ndarray, columns: slice | np.nda
         return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
 
     output = shape("out", "out_last")
-    layer = np.where(cand["layer"] == ref["layer"], one,
-                     np.where((cand["layer"] == 0) | (ref["layer"] == 0), half, zero))
-    structure = (np.float32(_WEIGHTS["output"]) * output + np.float32(_WEIGHTS["input"]) * shape("in", "in_last")
-                 + np.float32(_WEIGHTS["layer"]) * layer)
+    layer = np.where(
+        cand["layer"] == ref["layer"], one, np.where((cand["layer"] == 0) | (ref["layer"] == 0), half, zero)
+    )
+    structure = (
+        np.float32(_WEIGHTS["output"]) * output
+        + np.float32(_WEIGHTS["input"]) * shape("in", "in_last")
+        + np.float32(_WEIGHTS["layer"]) * layer
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / np.maximum(
-            cand["spread"], ref["spread"])
+            cand["spread"], ref["spread"]
+        )
         values = np.log10(np.maximum(distance, np.float32(1e-3)))  # NaN where a side has no statistics
     values = np.clip(values * np.float32(-1 / 3), zero, one)  # 1 - log10(distance / 1e-3) / 3
     has_values = ~np.isnan(values)
-    weights_equal = (cand["weights"] != 0) & (ref["weights"] != 0) & (
-        (cand["weights"] == ref["weights"]) | (cand["weights_t"] == ref["weights"]) | (cand["weights"] == ref["weights_t"]))
+    weights_equal = (
+        (cand["weights"] != 0)
+        & (ref["weights"] != 0)
+        & (
+            (cand["weights"] == ref["weights"])
+            | (cand["weights_t"] == ref["weights"])
+            | (cand["weights"] == ref["weights_t"])
+        )
+    )
     base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
     total = structure + np.float32(_WEIGHTS["values"]) * np.where(has_values, values, zero)
     total += np.float32(_WEIGHTS["weights"]) * weights_equal
-    weight = (np.float32(base) + np.float32(_WEIGHTS["values"]) * has_values
-              + np.float32(_WEIGHTS["weights"]) * weights_equal)
+    weight = (
+        np.float32(base)
+        + np.float32(_WEIGHTS["values"]) * has_values
+        + np.float32(_WEIGHTS["weights"]) * weights_equal
+    )
     score = total / weight
     kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
     kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
@@ -333,6 +368,7 @@ def _score_rows(codes: _Codes, rows: slice | np.ndarray, columns: slice | np.nda
 def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
     """(candidate, reference) calls that are the only ones of their kind, output and input shapes and layer index
     on each side, scoring at least the threshold, and keeping their order (the longest increasing run of them)."""
+
     def keys(side: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
         return list(zip(side["kind"].tolist(), side["out"].tolist(), side["in"].tolist(), side["layer"].tolist()))
 
@@ -346,8 +382,9 @@ def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
     candidates = sorted((index, ref_unique[key]) for key, index in cand_unique.items() if key in ref_unique)
     if not candidates:
         return []
-    scores = _score_rows(codes, np.array([c for c, _ in candidates]), np.array([r for _, r in candidates]),
-                         paired=True).tolist()
+    scores = _score_rows(
+        codes, np.array([c for c, _ in candidates]), np.array([r for _, r in candidates]), paired=True
+    ).tolist()
     kept = [(cand, ref, score) for (cand, ref), score in zip(candidates, scores) if score >= DEFAULT_THRESHOLD]
     return _increasing_run(kept)
 
@@ -392,7 +429,7 @@ def _small_alignments(codes: _Codes, segments: list[tuple[int, int, int, int]]) 
     offset = 0
     for cand_start, cand_stop, ref_start, ref_stop in segments:
         height, width = cand_stop - cand_start, ref_stop - ref_start
-        scores = [flat[offset + row * width: offset + (row + 1) * width] for row in range(height)]
+        scores = [flat[offset + row * width : offset + (row + 1) * width] for row in range(height)]
         offset += height * width
         table = [[0.0] * (width + 1) for _ in range(height + 1)]
         for row in range(1, height + 1):
@@ -428,9 +465,11 @@ def _sequence_alignment(codes: _Codes, cand_range: slice, ref_range: slice) -> l
     right of it, the band's last value or D[i-1][j]."""
     count_cand, count_ref = cand_range.stop - cand_range.start, ref_range.stop - ref_range.start
     if count_cand * count_ref > _MAX_CELLS:
-        raise ValueError(f"automatic alignment handles stretches of up to {_MAX_CELLS:,} call pairs between calls "
-                         f"it can pair for sure; these traces have one of {count_cand:,} × {count_ref:,}: give a "
-                         "mapping file (--mapping) or --map rules")
+        raise ValueError(
+            f"automatic alignment handles stretches of up to {_MAX_CELLS:,} call pairs between calls "
+            f"it can pair for sure; these traces have one of {count_cand:,} × {count_ref:,}: give a "
+            "mapping file (--mapping) or --map rules"
+        )
     table = np.zeros((count_cand + 1, count_ref + 1), dtype=np.float32)
     scores = np.full((count_cand, count_ref), -np.inf, dtype=np.float32)
     half_width = max(_BAND_MIN, int(_BAND * max(count_ref, count_cand)))
@@ -440,8 +479,11 @@ def _sequence_alignment(codes: _Codes, cand_range: slice, ref_range: slice) -> l
         stop = min(start + chunk, count_cand)
         low = max(0, int(start * count_ref / count_cand) - half_width)
         high = min(count_ref, int(stop * count_ref / count_cand) + half_width + 1)
-        block = _score_rows(codes, slice(cand_range.start + start, cand_range.start + stop),
-                            slice(ref_range.start + low, ref_range.start + high))
+        block = _score_rows(
+            codes,
+            slice(cand_range.start + start, cand_range.start + stop),
+            slice(ref_range.start + low, ref_range.start + high),
+        )
         scores[start:stop, low:high] = np.where(block >= _FLOOR, block, -np.inf)
         bands.extend([(low, high)] * (stop - start))
     for row in range(1, count_cand + 1):
@@ -461,16 +503,18 @@ def _sequence_alignment(codes: _Codes, cand_range: slice, ref_range: slice) -> l
         elif value == table[row, column - 1]:
             column -= 1
         else:
-            pairs.append((cand_range.start + row - 1, ref_range.start + column - 1,
-                          float(scores[row - 1, column - 1])))
+            pairs.append(
+                (cand_range.start + row - 1, ref_range.start + column - 1, float(scores[row - 1, column - 1]))
+            )
             row -= 1
             column -= 1
     pairs.reverse()
     return pairs
 
 
-def align_calls(reference: Trace, candidate: Trace) -> tuple[dict[int, tuple[int, float]], list[CallFeatures],
-                                                             list[CallFeatures], _Codes]:
+def align_calls(
+    reference: Trace, candidate: Trace
+) -> tuple[dict[int, tuple[int, float]], list[CallFeatures], list[CallFeatures], _Codes]:
     """Candidate call index -> (reference call index, score), from the sequence alignment and the order-free
     pass over children of aligned parents; with both sides' features and their codes."""
     ref_features, cand_features = features(reference), features(candidate)
@@ -513,8 +557,13 @@ def _children(trace: Trace) -> dict[int, list[int]]:
     return found
 
 
-def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: list[CallFeatures],
-                            cand_features: list[CallFeatures], matched: dict[int, tuple[int, float]]) -> None:
+def _pair_leftover_children(
+    reference: Trace,
+    candidate: Trace,
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+    matched: dict[int, tuple[int, float]],
+) -> None:
     """Children of each aligned parent pair, paired again regardless of order where that scores better: the
     ordered pass keeps call order, but two codebases may call siblings in another order (the position and
     segment embeddings, q/k/v) or leave some over. Children whose partner lies elsewhere (under a wrapper) are
@@ -571,9 +620,14 @@ def _pair_leftover_children(reference: Trace, candidate: Trace, ref_features: li
             partner_of.update({ref_index: cand_index for cand_index, (ref_index, _) in chosen.items()})
 
 
-def _module_pairs(reference: Trace, candidate: Trace, matched: dict[int, tuple[int, float]],
-                  ref_features: list[CallFeatures], cand_features: list[CallFeatures],
-                  threshold: float) -> tuple[list[ModulePair], set[str], set[str]]:
+def _module_pairs(
+    reference: Trace,
+    candidate: Trace,
+    matched: dict[int, tuple[int, float]],
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+    threshold: float,
+) -> tuple[list[ModulePair], set[str], set[str]]:
     """Calls aligned into module pairs by majority (each path on one side pairs with the path its calls aligned
     with most often), with the mean score of those calls as the confidence."""
     votes: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -598,8 +652,9 @@ def _module_pairs(reference: Trace, candidate: Trace, matched: dict[int, tuple[i
     return pairs, taken_ref, taken_cand
 
 
-def _fused_pairs(reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_ref: set[str],
-                 taken_cand: set[str]) -> list[ModulePair]:
+def _fused_pairs(
+    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_ref: set[str], taken_cand: set[str]
+) -> list[ModulePair]:
     """A fused module on one side against a run of sibling modules on the other, under aligned parents: the
     same input, output widths adding up, and the run's combined output statistics equal to the fused one's
     when both have values."""
@@ -618,8 +673,11 @@ def _fused_pairs(reference: Trace, candidate: Trace, pairs: list[ModulePair], ta
             counterpart = counterpart_of.get(fused_trace.modules[record.parent].path)
             if counterpart is None or counterpart not in first_call:
                 continue
-            siblings = [run_trace.modules[index] for index in run_children.get(first_call[counterpart], [])
-                        if run_trace.modules[index].path not in taken_run]
+            siblings = [
+                run_trace.modules[index]
+                for index in run_children.get(first_call[counterpart], [])
+                if run_trace.modules[index].path not in taken_run
+            ]
             run = _matching_run(record, siblings, _weight_moments(fused_trace), _weight_moments(run_trace))
             if run is None:
                 continue
@@ -627,8 +685,11 @@ def _fused_pairs(reference: Trace, candidate: Trace, pairs: list[ModulePair], ta
             taken_run.update(item.path for item in members)
             taken_fused.add(record.path)
             paths = [item.path for item in members]
-            found.append(ModulePair(paths, [record.path], confidence, evidence) if fused_is_candidate
-                         else ModulePair([record.path], paths, confidence, evidence))
+            found.append(
+                ModulePair(paths, [record.path], confidence, evidence)
+                if fused_is_candidate
+                else ModulePair([record.path], paths, confidence, evidence)
+            )
     return found
 
 
@@ -647,9 +708,13 @@ def _weight_moments(trace: Trace) -> dict[str, tuple[int, float, float]]:
     fused weight from the concatenation of the weights it replaces."""
     found = {}
     for build in getattr(trace, "builds", None) or []:
-        summaries = [parameter.summary for parameter in build.parameters
-                     if parameter.kind == "parameter" and parameter.summary.mean is not None
-                     and parameter.summary.std is not None]
+        summaries = [
+            parameter.summary
+            for parameter in build.parameters
+            if parameter.kind == "parameter"
+            and parameter.summary.mean is not None
+            and parameter.summary.std is not None
+        ]
         if summaries:
             largest = max(summaries, key=lambda summary: math.prod(summary.shape))
             found[build.path] = (math.prod(largest.shape), largest.mean, largest.std)
@@ -664,8 +729,12 @@ def pooled_moments(moments: list[tuple[int, float, float]]) -> tuple[float, floa
     return mean, math.sqrt(max((squares - total * mean * mean) / max(total - 1, 1), 0.0))
 
 
-def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: dict[str, tuple[int, float, float]],
-                  run_weights: dict[str, tuple[int, float, float]]) -> tuple[float, str, list[ModuleCall]] | None:
+def _matching_run(
+    fused: ModuleCall,
+    siblings: list[ModuleCall],
+    fused_weights: dict[str, tuple[int, float, float]],
+    run_weights: dict[str, tuple[int, float, float]],
+) -> tuple[float, str, list[ModuleCall]] | None:
     """The siblings, in call order, that take the fused call's input and whose outputs, concatenated on the last
     dimension, have its shape: (confidence, evidence, members), or None. Siblings taking another input (an
     activation between `gate` and `up`, `down` after them) are passed over."""
@@ -673,9 +742,14 @@ def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: 
         return None
     target = fused.outputs[0].shape
     eligible = [
-        item for item in siblings
-        if item.outputs and item.inputs and item.call_index == 0 and len(item.outputs[0].shape) == len(target)
-        and item.outputs[0].shape[:-1] == target[:-1] and item.outputs[0].shape[-1] < target[-1]
+        item
+        for item in siblings
+        if item.outputs
+        and item.inputs
+        and item.call_index == 0
+        and len(item.outputs[0].shape) == len(target)
+        and item.outputs[0].shape[:-1] == target[:-1]
+        and item.outputs[0].shape[-1] < target[-1]
         and _same_input(item, fused)
     ]
     for start in range(len(eligible)):
@@ -687,8 +761,9 @@ def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: 
                 break
         if len(members) < 2 or width != target[-1]:
             continue
-        evidence = (f"fused: {fused.path} {_shape_text(tuple(target))} is the concatenation of "
-                    + " + ".join(f"{item.path} [{item.outputs[0].shape[-1]}]" for item in members))
+        evidence = f"fused: {fused.path} {_shape_text(tuple(target))} is the concatenation of " + " + ".join(
+            f"{item.path} [{item.outputs[0].shape[-1]}]" for item in members
+        )
         combined = _combined_moments(members)
         confidence = 0.75
         if combined is not None and fused.outputs[0].mean is not None and fused.outputs[0].std is not None:
@@ -705,7 +780,9 @@ def _matching_run(fused: ModuleCall, siblings: list[ModuleCall], fused_weights: 
             count, mean, std = fused_weights[fused.path]
             parts = [run_weights[item.path] for item in members]
             pooled_mean, pooled_std = pooled_moments(parts)
-            if count == sum(part[0] for part in parts) and abs(pooled_mean - mean) + abs(pooled_std - std) <= 1e-5 * max(std, 1e-12):
+            if count == sum(part[0] for part in parts) and abs(pooled_mean - mean) + abs(
+                pooled_std - std
+            ) <= 1e-5 * max(std, 1e-12):
                 confidence = max(confidence, 0.95)
                 evidence += ", weights concatenated"
         return confidence, evidence, members
@@ -723,12 +800,21 @@ def _combined_moments(members: list[ModuleCall]) -> tuple[float, float] | None:
     return pooled_moments(moments)
 
 
-def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_features: list[CallFeatures],
-               cand_features: list[CallFeatures], codes: _Codes, threshold: float) -> list[Leftover]:
+def _leftovers(
+    reference: Trace,
+    candidate: Trace,
+    pairs: list[ModulePair],
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+    codes: _Codes,
+    threshold: float,
+) -> list[Leftover]:
     """Modules of either side in no pair, each with its best three candidates on the other side and why they
     were refused (scored all at once with NumPy; the evidence text only for the three)."""
-    paired = {"reference": {path for pair in pairs for path in pair.reference},
-              "candidate": {path for pair in pairs for path in pair.candidate}}
+    paired = {
+        "reference": {path for pair in pairs for path in pair.reference},
+        "candidate": {path for pair in pairs for path in pair.candidate},
+    }
     first = {"reference": _first_calls(reference), "candidate": _first_calls(candidate)}
     features_of = {"reference": ref_features, "candidate": cand_features}
     found = []
@@ -741,8 +827,11 @@ def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_
         own_indices = np.array([index for _, index in own])
         target_indices = np.array([index for _, index in targets])
         # NOTE: `_score_rows` scores candidate rows against reference columns
-        scores = (_score_rows(codes, own_indices, target_indices) if side == "candidate"
-                  else _score_rows(codes, target_indices, own_indices).T)
+        scores = (
+            _score_rows(codes, own_indices, target_indices)
+            if side == "candidate"
+            else _score_rows(codes, target_indices, own_indices).T
+        )
         count = min(3, scores.shape[1])
         best = np.argpartition(-scores, count - 1, axis=1)[:, :count]
         best = np.take_along_axis(best, np.argsort(-np.take_along_axis(scores, best, axis=1), axis=1), axis=1)
@@ -754,9 +843,13 @@ def _leftovers(reference: Trace, candidate: Trace, pairs: list[ModulePair], ref_
                     score, evidence = pair_score(features_of[side][index], features_of[other][other_index])
                 else:
                     score, evidence = pair_score(features_of[other][other_index], features_of[side][index])
-                why = (f"below the threshold {threshold}" if score < threshold else
-                       "its counterpart is paired with another module" if other_path in paired[other] else
-                       "the calls aligned elsewhere")
+                why = (
+                    f"below the threshold {threshold}"
+                    if score < threshold
+                    else "its counterpart is paired with another module"
+                    if other_path in paired[other]
+                    else "the calls aligned elsewhere"
+                )
                 options.append((other_path, round(score, 3), f"{evidence}; {why}"))
             found.append(Leftover(side, path, options))
     return found
@@ -772,8 +865,7 @@ def _first_calls(trace: Trace) -> dict[str, int]:
 def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT_THRESHOLD) -> ModuleMapping:
     """The module mapping between two traces, found without names."""
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
-    pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features,
-                                                 threshold)
+    pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))

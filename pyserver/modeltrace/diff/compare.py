@@ -224,7 +224,7 @@ class DiffResult:
 
     @property
     def verdict(self) -> str:
-        """"match", "divergence", or "not_comparable" (no module differs, but too little was compared to say
+        """ "match", "divergence", or "not_comparable" (no module differs, but too little was compared to say
         match)."""
         if not self.match:
             return "divergence"
@@ -248,8 +248,9 @@ def _tolerance(ref_dtype: str, cand_dtype: str, options: DiffOptions, cache: dic
     return _tolerances(ref_dtype, cand_dtype, options, cache)[:2]
 
 
-def _tolerances(ref_dtype: str, cand_dtype: str, options: DiffOptions,
-                cache: dict) -> tuple[float, float, float, bool]:
+def _tolerances(
+    ref_dtype: str, cand_dtype: str, options: DiffOptions, cache: dict
+) -> tuple[float, float, float, bool]:
     """(atol, rtol, rel_tol, atol scales with the tensor) for a pair of dtypes."""
     key = (ref_dtype, cand_dtype)
     found = cache.get(key)
@@ -257,8 +258,9 @@ def _tolerances(ref_dtype: str, cand_dtype: str, options: DiffOptions,
         lower = min((ref_dtype, cand_dtype), key=lambda name: _PRECISION_RANK.get(name, 2))
         atol = options.atol if options.atol is not None else DEFAULT_ATOL
         rtol = options.rtol if options.rtol is not None else HALF_PRECISION_RTOL.get(lower, DEFAULT_RTOL)
-        rel_tol = options.rel_tol if options.rel_tol is not None else DEFAULT_REL_TOL.get(lower,
-                                                                                          DEFAULT_REL_TOL["float32"])
+        rel_tol = (
+            options.rel_tol if options.rel_tol is not None else DEFAULT_REL_TOL.get(lower, DEFAULT_REL_TOL["float32"])
+        )
         if options.atol is None and options.rtol is None:
             # NOTE: the default atol is per unit of the tensor's scale, and a half-precision dtype cannot do
             # better than its rounding at that scale (bfloat16's 2^-7 of max|ref|): elements near zero carry the
@@ -302,16 +304,29 @@ class ArrayComparison:
     limit: float
 
 
-def compare_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float,
-                   slack_abs: float = 0.0, slack_rel: float = 0.0) -> tuple[bool, float, float, str | None]:
+def compare_arrays(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    atol: float,
+    rtol: float,
+    slack_abs: float = 0.0,
+    slack_rel: float = 0.0,
+) -> tuple[bool, float, float, str | None]:
     """(allclose, max abs diff, max rel diff, reason) of two arrays of one shape; NaN and ±Inf must sit at the
     same places. Runs block by block in cache-sized scratch buffers."""
     found = measure_arrays(reference, candidate, atol, rtol, slack_abs, slack_rel)
     return found.close, found.max_abs, found.max_rel, found.reason
 
 
-def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float,
-                   slack_abs: float = 0.0, slack_rel: float = 0.0, scaled_atol: bool = False) -> ArrayComparison:
+def measure_arrays(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    atol: float,
+    rtol: float,
+    slack_abs: float = 0.0,
+    slack_rel: float = 0.0,
+    scaled_atol: bool = False,
+) -> ArrayComparison:
     """The elementwise check (atol per unit of max|reference| when `scaled_atol`) and the scale-aware measures
     (relative error, cosine similarity) of two arrays of one shape, in one pass of blocks."""
     a = reference.reshape(-1)
@@ -325,8 +340,15 @@ def measure_arrays(reference: np.ndarray, candidate: np.ndarray, atol: float, rt
         max_rel = float((difference[nonzero] / np.abs(a[nonzero].astype(np.float64))).max()) if nonzero.any() else 0.0
         norm = math.sqrt(float(np.dot(a.astype(np.float64), a.astype(np.float64))))
         rel_err = math.sqrt(float(np.dot(difference, difference))) / max(norm, atol * math.sqrt(a.size), 1e-300)
-        return ArrayComparison(max_abs <= atol + slack_abs, max_abs, max_rel, None, rel_err,
-                               1.0 if max_abs == 0 else math.nan, atol + slack_abs)
+        return ArrayComparison(
+            max_abs <= atol + slack_abs,
+            max_abs,
+            max_rel,
+            None,
+            rel_err,
+            1.0 if max_abs == 0 else math.nan,
+            atol + slack_abs,
+        )
     work = np.dtype(np.float64) if np.float64 in (a.dtype, b.dtype) else np.dtype(np.float32)
     first, second = _scratch(work)
     relative = rtol + slack_rel
@@ -435,8 +457,14 @@ def _compare_nonfinite(x: np.ndarray, y: np.ndarray, limit: float, relative: flo
     close &= excess <= limit
     nonzero = magnitude > 0
     max_rel = float((d[nonzero] / magnitude[nonzero]).max()) if nonzero.any() else 0.0
-    sums = (float(np.dot(signed, signed)), float(np.dot(xs, xs)), float(np.dot(ys, ys)), float(np.dot(xs, ys)),
-            excess, float(magnitude.max()))
+    sums = (
+        float(np.dot(signed, signed)),
+        float(np.dot(xs, xs)),
+        float(np.dot(ys, ys)),
+        float(np.dot(xs, ys)),
+        excess,
+        float(magnitude.max()),
+    )
     return close, float(d.max()), max_rel, reason, sums
 
 
@@ -465,10 +493,14 @@ def permuted_weight_modules(reference: Trace, candidate: Trace, alignment: Align
         cand_build = cand_builds.get(candidate.modules[position].path)
         if ref_build is None or cand_build is None:
             continue
-        ref_parameters = sorted((parameter for parameter in ref_build.parameters if parameter.kind == "parameter"),
-                                key=lambda parameter: parameter.summary.shape)
-        cand_parameters = sorted((parameter for parameter in cand_build.parameters if parameter.kind == "parameter"),
-                                 key=lambda parameter: parameter.summary.shape)
+        ref_parameters = sorted(
+            (parameter for parameter in ref_build.parameters if parameter.kind == "parameter"),
+            key=lambda parameter: parameter.summary.shape,
+        )
+        cand_parameters = sorted(
+            (parameter for parameter in cand_build.parameters if parameter.kind == "parameter"),
+            key=lambda parameter: parameter.summary.shape,
+        )
         if not ref_parameters or len(ref_parameters) != len(cand_parameters):
             continue
         reordered = False
@@ -477,9 +509,12 @@ def permuted_weight_modules(reference: Trace, candidate: Trace, alignment: Align
             if ref_summary.shape != cand_summary.shape or None in (ref_summary.mean, cand_summary.mean):
                 break
             scale = max(abs(ref_summary.std or 0.0), 1e-12)
-            if abs(ref_summary.mean - cand_summary.mean) > 1e-6 * scale or \
-                    abs((ref_summary.std or 0) - (cand_summary.std or 0)) > 1e-6 * scale or \
-                    ref_summary.min != cand_summary.min or ref_summary.max != cand_summary.max:
+            if (
+                abs(ref_summary.mean - cand_summary.mean) > 1e-6 * scale
+                or abs((ref_summary.std or 0) - (cand_summary.std or 0)) > 1e-6 * scale
+                or ref_summary.min != cand_summary.min
+                or ref_summary.max != cand_summary.max
+            ):
                 break
             reordered = reordered or ref_parameter.sample != cand_parameter.sample
         else:
@@ -507,10 +542,16 @@ def _features_permuted(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     return reordered.reshape(a.shape).astype(b.dtype)
 
 
-def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: DiffOptions, cache: dict,
-                        ref_precision: tuple[float, float] = (0.0, 0.0),
-                        cand_precision: tuple[float, float] = (0.0, 0.0),
-                        allow_permutation: bool = False) -> LeafResult:
+def compare_pair_arrays(
+    a: np.ndarray,
+    b: np.ndarray,
+    pair: LeafPair,
+    options: DiffOptions,
+    cache: dict,
+    ref_precision: tuple[float, float] = (0.0, 0.0),
+    cand_precision: tuple[float, float] = (0.0, 0.0),
+    allow_permutation: bool = False,
+) -> LeafResult:
     """The full-tensor verdict on one pair of tensors (reference `a`, candidate `b`) by the rule of the module
     docstring, after bringing broadcast-equivalent shapes together and cutting overlapping ones to the
     positions both hold. `allow_permutation`: the module's weights hold the reference's values in another
@@ -530,11 +571,17 @@ def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: D
         b = b.reshape(a.shape)
         note = pair.describe()
     if a.shape != b.shape:
-        return LeafResult(cand.key, MISMATCH, "shape", reason=f"stored shape {list(a.shape)} vs {list(b.shape)}",
-                          reference_key=ref.key)
+        return LeafResult(
+            cand.key,
+            MISMATCH,
+            "shape",
+            reason=f"stored shape {list(a.shape)} vs {list(b.shape)}",
+            reference_key=ref.key,
+        )
     if dtype_kind(ref.dtype) != dtype_kind(cand.dtype):
-        return LeafResult(cand.key, MISMATCH, "full", reason=f"dtype {ref.dtype} vs {cand.dtype}",
-                          reference_key=ref.key)
+        return LeafResult(
+            cand.key, MISMATCH, "full", reason=f"dtype {ref.dtype} vs {cand.dtype}", reference_key=ref.key
+        )
     if ref.dtype != cand.dtype:
         note = f"{note + '; ' if note else ''}dtype {ref.dtype} vs {cand.dtype}"
     atol, rtol, rel_tol, scaled = _tolerances(ref.dtype, cand.dtype, options, cache)
@@ -548,21 +595,50 @@ def compare_pair_arrays(a: np.ndarray, b: np.ndarray, pair: LeafPair, options: D
         if permuted is not None:
             again = measure_arrays(a, permuted, atol, rtol, ref_abs + cand_abs, ref_rel + cand_rel, scaled)
             if again.close and not again.rel_err > rel_limit:
-                note = (f"{note + '; ' if note else ''}equal once the last dimension's features are reordered, "
-                        "as the module's weights are the reference's in another order: the same numbers in another "
-                        "layout (the permuted q/k rows of an interleaved rotary)")
-                return LeafResult(cand.key, MATCH, "full", again.max_abs, again.max_rel, None, atol, rtol,
-                                  again.rel_err, again.cosine, ref.key, note)
+                note = (
+                    f"{note + '; ' if note else ''}equal once the last dimension's features are reordered, "
+                    "as the module's weights are the reference's in another order: the same numbers in another "
+                    "layout (the permuted q/k rows of an interleaved rotary)"
+                )
+                return LeafResult(
+                    cand.key,
+                    MATCH,
+                    "full",
+                    again.max_abs,
+                    again.max_rel,
+                    None,
+                    atol,
+                    rtol,
+                    again.rel_err,
+                    again.cosine,
+                    ref.key,
+                    note,
+                )
     reason = found.reason
     if not close and reason is None:
         if not found.close:
-            reason = (f"max abs diff {found.max_abs:.3g} over atol {found.limit:.3g}"
-                      + (f" + rtol {rtol:g}·|ref|" if rtol else ""))
+            reason = f"max abs diff {found.max_abs:.3g} over atol {found.limit:.3g}" + (
+                f" + rtol {rtol:g}·|ref|" if rtol else ""
+            )
         else:
-            reason = (f"relative error {found.rel_err:.3g} over {rel_tol:g} (‖a-b‖/‖ref‖; max abs diff "
-                      f"{found.max_abs:.3g}, cosine {found.cosine:.6f})")
-    return LeafResult(cand.key, MATCH if close else MISMATCH, "full", found.max_abs, found.max_rel, reason, atol,
-                      rtol, found.rel_err, found.cosine, ref.key, note)
+            reason = (
+                f"relative error {found.rel_err:.3g} over {rel_tol:g} (‖a-b‖/‖ref‖; max abs diff "
+                f"{found.max_abs:.3g}, cosine {found.cosine:.6f})"
+            )
+    return LeafResult(
+        cand.key,
+        MATCH if close else MISMATCH,
+        "full",
+        found.max_abs,
+        found.max_rel,
+        reason,
+        atol,
+        rtol,
+        found.rel_err,
+        found.cosine,
+        ref.key,
+        note,
+    )
 
 
 class _Comparer:
@@ -615,8 +691,10 @@ class _Comparer:
             ref, cand, relation = pair.reference, pair.candidate, pair.relation
             if relation == DIFFERENT:
                 self.special.setdefault(side, []).append(
-                    LeafResult(cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}",
-                               reference_key=ref.key))
+                    LeafResult(
+                        cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}", reference_key=ref.key
+                    )
+                )
                 continue
             if self.full and ref.tensor is not None and cand.tensor is not None:
                 cache_key = (ref.tensor, cand.tensor)
@@ -627,16 +705,33 @@ class _Comparer:
                     cached = self.full_cache[cache_key] = self._full(pair, allow)
                 if cached is not None:
                     if cached.key != cand.key or cached.reference_key != ref.key:
-                        cached = LeafResult(cand.key, cached.status, cached.check, cached.max_abs_diff,
-                                            cached.max_rel_diff, cached.reason, cached.atol, cached.rtol,
-                                            cached.rel_err, cached.cosine, ref.key, cached.note)
+                        cached = LeafResult(
+                            cand.key,
+                            cached.status,
+                            cached.check,
+                            cached.max_abs_diff,
+                            cached.max_rel_diff,
+                            cached.reason,
+                            cached.atol,
+                            cached.rtol,
+                            cached.rel_err,
+                            cached.cosine,
+                            ref.key,
+                            cached.note,
+                        )
                     self.special.setdefault(side, []).append(cached)
                     continue
             if relation == OVERLAP:  # the statistics of a subset of positions say nothing about the whole
                 self.special.setdefault(side, []).append(
-                    LeafResult(cand.key, NOT_COMPARED, None, reference_key=ref.key, note=pair.describe(),
-                               reason="the two hold different positions and only statistics are stored: not "
-                                      "comparable"))
+                    LeafResult(
+                        cand.key,
+                        NOT_COMPARED,
+                        None,
+                        reference_key=ref.key,
+                        note=pair.describe(),
+                        reason="the two hold different positions and only statistics are stored: not comparable",
+                    )
+                )
                 continue
             self.stat_refs.append(ref)
             self.stat_cands.append(cand)
@@ -653,9 +748,16 @@ class _Comparer:
         b = self.cand_store.get(pair.candidate.tensor)
         if a is None or b is None:
             return None
-        return compare_pair_arrays(a, b, pair, self.options, self.tolerances,
-                                   self.ref_store.precision(pair.reference.tensor),
-                                   self.cand_store.precision(pair.candidate.tensor), allow_permutation)
+        return compare_pair_arrays(
+            a,
+            b,
+            pair,
+            self.options,
+            self.tolerances,
+            self.ref_store.precision(pair.reference.tensor),
+            self.cand_store.precision(pair.candidate.tensor),
+            allow_permutation,
+        )
 
     @staticmethod
     def _table(summaries: list[TensorSummary]) -> np.ndarray:
@@ -681,8 +783,9 @@ class _Comparer:
             for row in rows.tolist():
                 ref_dtypes[row] = lower_precision(refs[row].dtype, cands[row].dtype)
         dtype_names = sorted(set(ref_dtypes))
-        tolerance_table = np.array([_tolerances(name, name, self.options, self.tolerances) for name in dtype_names],
-                                   dtype=np.float64).reshape(len(dtype_names), 4)
+        tolerance_table = np.array(
+            [_tolerances(name, name, self.options, self.tolerances) for name in dtype_names], dtype=np.float64
+        ).reshape(len(dtype_names), 4)
         if len(dtype_names) == 1:
             tolerances = np.broadcast_to(tolerance_table, (count, 4))
         else:
@@ -705,8 +808,10 @@ class _Comparer:
             scale = np.fmax(np.abs(ref_stats[:, 2]), np.abs(ref_stats[:, 3]))
             scale[np.isnan(scale)] = 0.0
             # elementwise allowance: atol (per unit of the scale when atol is the default) + rtol·scale
-            elementwise = tolerances[:, 0] * np.where(tolerances[:, 3] > 0, np.maximum(scale, 1.0), 1.0) \
+            elementwise = (
+                tolerances[:, 0] * np.where(tolerances[:, 3] > 0, np.maximum(scale, 1.0), 1.0)
                 + tolerances[:, 1] * scale
+            )
             slack = (ref_abs + cand_abs) + (ref_rel + cand_rel) * magnitude
             limit = elementwise[:, None] + slack
             limit[:, 0] += _STAT_NUMERIC_SLACK * scale
@@ -740,12 +845,24 @@ class _Comparer:
             ref, cand = refs[row], cands[row]
             special = self.special.setdefault(int(side_of_row[row]), [])
             if ref.shape != cand.shape and dtype_kind(ref.dtype) == dtype_kind(cand.dtype):
-                special.append(LeafResult(cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}",
-                                          reference_key=ref.key))
+                special.append(
+                    LeafResult(
+                        cand.key, MISMATCH, "shape", reason=f"shape {ref.shape} vs {cand.shape}", reference_key=ref.key
+                    )
+                )
             else:
                 atol, rtol = _tolerance(ref.dtype, cand.dtype, self.options, self.tolerances)
-                special.append(LeafResult(cand.key, MISMATCH, "statistics", atol=atol, rtol=rtol,
-                                          reason=f"dtype {ref.dtype} vs {cand.dtype}", reference_key=ref.key))
+                special.append(
+                    LeafResult(
+                        cand.key,
+                        MISMATCH,
+                        "statistics",
+                        atol=atol,
+                        rtol=rtol,
+                        reason=f"dtype {ref.dtype} vs {cand.dtype}",
+                        reference_key=ref.key,
+                    )
+                )
         # Every differing row counts; the first of each output side is described (it gives the module's reason;
         # inputs are only counted).
         bad_rows = np.flatnonzero(bad & (side_of_row % 2 == 1))
@@ -772,8 +889,9 @@ class _Comparer:
             value = largest_values[position]
             atol, rtol = first_tolerances[position]
             self.special.setdefault(side, []).append(
-                LeafResult(cand.key, MISMATCH, "statistics", value if value != -math.inf else None, None, reason,
-                           atol, rtol)
+                LeafResult(
+                    cand.key, MISMATCH, "statistics", value if value != -math.inf else None, None, reason, atol, rtol
+                )
             )
 
     def side_status(self, side: int, label: str) -> tuple[str, str | None]:
@@ -812,8 +930,11 @@ class _Comparer:
         if stat_max is not None:
             values.append(stat_max)
         relatives = [leaf.max_rel_diff for leaf in special if leaf.max_rel_diff is not None]
-        return (min(checks, key=_CHECK_RANK.__getitem__) if checks else None, max(values) if values else None,
-                max(relatives) if relatives else None)
+        return (
+            min(checks, key=_CHECK_RANK.__getitem__) if checks else None,
+            max(values) if values else None,
+            max(relatives) if relatives else None,
+        )
 
 
 def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
@@ -845,8 +966,11 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         ref_position = reference_for[position]
         if ref_position < 0:
             result = ModuleResult(record, None)
-            result.reason = ("pruned from the reference (do_prune_layers)" if position in pruned
-                             else "no counterpart in the reference")
+            result.reason = (
+                "pruned from the reference (do_prune_layers)"
+                if position in pruned
+                else "no counterpart in the reference"
+            )
             results.append(result)
             continue
         ref = ref_records[ref_position]
@@ -858,11 +982,13 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         elif ref.outputs or record.outputs:
             if ref_lacks_outputs if not ref.outputs else cand_lacks_outputs:
                 side_name = "reference" if not ref.outputs else "candidate"
-                missing_outputs[position] = (f"the {side_name} (a debugger output) records no outputs for modules "
-                                             "with submodules")
+                missing_outputs[position] = (
+                    f"the {side_name} (a debugger output) records no outputs for modules with submodules"
+                )
             else:
-                comparer.structure[2 * position + 1] = ("the candidate returns no tensors" if not record.outputs
-                                                        else "the reference returns no tensors")
+                comparer.structure[2 * position + 1] = (
+                    "the candidate returns no tensors" if not record.outputs else "the reference returns no tensors"
+                )
         else:
             missing_outputs[position] = ""
 
@@ -910,8 +1036,9 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
                 result.max_abs_diff = maximum if maximum != -math.inf else None
         ref_outputs, cand_outputs = result.reference.outputs, result.candidate.outputs
         if ref_outputs and cand_outputs:
-            result.atol, result.rtol, result.rel_tol, _ = _tolerances(ref_outputs[0].dtype, cand_outputs[0].dtype,
-                                                                      options, tolerances)
+            result.atol, result.rtol, result.rel_tol, _ = _tolerances(
+                ref_outputs[0].dtype, cand_outputs[0].dtype, options, tolerances
+            )
         _scale_measures(result)
         if result.outputs == MISMATCH:
             result.status, result.reason = MISMATCH, reason
@@ -922,8 +1049,9 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
 
     notes = [*reference.notes, *candidate.notes]
     if alignment.prefix:
-        notes.append(f"aligned by stripping the prefix {alignment.prefix!r} from the {alignment.prefix_side}'s "
-                     "module paths")
+        notes.append(
+            f"aligned by stripping the prefix {alignment.prefix!r} from the {alignment.prefix_side}'s module paths"
+        )
     notes.extend(map_notes(alignment))
     notes.extend(step_notes)
     result = DiffResult(reference, candidate, options, alignment, results, None, notes)
@@ -981,9 +1109,11 @@ def _coverage_problem(result: DiffResult) -> str | None:
     smaller = min(len(cand_calls) - pruned, len(ref_calls))
     compared = sum(1 for module in result.modules if module.status == MATCH)
     if smaller and aligned < MIN_ALIGNED_FRACTION * smaller:
-        return (f"only {aligned} of {smaller} module calls aligned ({100 * aligned / smaller:.0f}%, under "
-                f"{100 * MIN_ALIGNED_FRACTION:.0f}%): too little to call the traces a match; map names with "
-                "--map 'REGEX=>REPLACEMENT'")
+        return (
+            f"only {aligned} of {smaller} module calls aligned ({100 * aligned / smaller:.0f}%, under "
+            f"{100 * MIN_ALIGNED_FRACTION:.0f}%): too little to call the traces a match; map names with "
+            "--map 'REGEX=>REPLACEMENT'"
+        )
     if not compared and (cand_calls or ref_calls):
         return "no module's outputs could be compared: nothing supports a match"
     return None
@@ -1059,9 +1189,14 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
         tree = None
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.ClassDef):
-            forward = next((item for item in node.body
-                            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward"),
-                           None)
+            forward = next(
+                (
+                    item
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward"
+                ),
+                None,
+            )
             if forward is not None:
                 span = (forward.lineno, forward.end_lineno or forward.lineno)
                 for line in [node.lineno, *(decorator.lineno for decorator in node.decorator_list)]:

@@ -36,8 +36,11 @@ def explain(result: DiffResult) -> None:
         if inner is not None:
             divergence.module.status = MISMATCH
             inner.status = DIVERGENCE
-            kids = [kid for kid in result.modules if kid.candidate.parent == inner.candidate.index
-                    and kid.reference is not None]
+            kids = [
+                kid
+                for kid in result.modules
+                if kid.candidate.parent == inner.candidate.index and kid.reference is not None
+            ]
             divergence = _bounded(Divergence(inner, inputs_match=True), kids)
             divergence.lines = source_range(divergence)
             result.first_divergence = divergence

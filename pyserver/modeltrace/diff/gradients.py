@@ -36,13 +36,24 @@ class GradientResult:
 
     @property
     def status(self) -> str:
-        return MISMATCH if MISMATCH in (self.outputs, self.inputs, self.parameters) else (
-            MATCH if MATCH in (self.outputs, self.inputs, self.parameters) else NONE)
+        return (
+            MISMATCH
+            if MISMATCH in (self.outputs, self.inputs, self.parameters)
+            else (MATCH if MATCH in (self.outputs, self.inputs, self.parameters) else NONE)
+        )
 
     def to_json(self, step: int | None = None) -> dict[str, Any]:
-        data = {"path": self.record.path, "call_index": self.record.call_index, "index": self.record.index,
-                "backward_order": self.backward_order, "status": self.status, "outputs": self.outputs,
-                "inputs": self.inputs, "parameters": self.parameters, "reasons": self.reasons}
+        data = {
+            "path": self.record.path,
+            "call_index": self.record.call_index,
+            "index": self.record.index,
+            "backward_order": self.backward_order,
+            "status": self.status,
+            "outputs": self.outputs,
+            "inputs": self.inputs,
+            "parameters": self.parameters,
+            "reasons": self.reasons,
+        }
         if step is not None:
             data["step"] = step
         return data
@@ -64,11 +75,16 @@ class GradientDivergence:
         def location(value: Any) -> dict[str, Any] | None:
             return value.to_json() if value is not None else None
 
-        return {"kind": self.kind, "reason": self.reason, "outputs_match": self.outputs_match,
-                "path": record.path if record else None, "class": record.class_name if record else None,
-                "call_index": record.call_index if record else None,
-                "called_at": location(record.called_at) if record else None,
-                "defined_at": location(record.defined_at) if record else None}
+        return {
+            "kind": self.kind,
+            "reason": self.reason,
+            "outputs_match": self.outputs_match,
+            "path": record.path if record else None,
+            "class": record.class_name if record else None,
+            "call_index": record.call_index if record else None,
+            "called_at": location(record.called_at) if record else None,
+            "defined_at": location(record.defined_at) if record else None,
+        }
 
 
 @dataclass
@@ -84,10 +100,14 @@ class GradientDiff:
         return self.first_divergence is None
 
     def to_json(self) -> dict[str, Any]:
-        return {"match": self.match, "loss": self.loss, "loss_reason": self.loss_reason,
-                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
-                "modules": [module.to_json() for module in self.modules if module.status != NONE],
-                "parameters": self.parameters}
+        return {
+            "match": self.match,
+            "loss": self.loss,
+            "loss_reason": self.loss_reason,
+            "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
+            "modules": [module.to_json() for module in self.modules if module.status != NONE],
+            "parameters": self.parameters,
+        }
 
 
 def _tolerance(summaries: list[TensorSummary]) -> float:
@@ -95,8 +115,9 @@ def _tolerance(summaries: list[TensorSummary]) -> float:
     return max((GRADIENT_RELATIVE_TOLERANCE.get(dtype, 1e-3) for dtype in dtypes), default=1e-3)
 
 
-def _compare_leaves(reference: list[TensorSummary], candidate: list[TensorSummary], side: str,
-                    reasons: list[str]) -> str:
+def _compare_leaves(
+    reference: list[TensorSummary], candidate: list[TensorSummary], side: str, reasons: list[str]
+) -> str:
     if not reference and not candidate:
         return NONE
     if not reference or not candidate:
@@ -110,9 +131,11 @@ def _compare_leaves(reference: list[TensorSummary], candidate: list[TensorSummar
         if other is None:
             continue
         if not summaries_close(other, summary, _tolerance([other, summary])):
-            reasons.append(f"{side} {summary.key or 'gradient'}: abs-max {_number(other.abs_max)} in the reference, "
-                           f"{_number(summary.abs_max)} in the candidate (mean {_number(other.mean)} vs "
-                           f"{_number(summary.mean)})")
+            reasons.append(
+                f"{side} {summary.key or 'gradient'}: abs-max {_number(other.abs_max)} in the reference, "
+                f"{_number(summary.abs_max)} in the candidate (mean {_number(other.mean)} vs "
+                f"{_number(summary.mean)})"
+            )
             status = MISMATCH
     return status
 
@@ -125,15 +148,16 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _parameters(reference: list[ParameterGradient], candidate: list[ParameterGradient],
-                path_map: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+def _parameters(
+    reference: list[ParameterGradient], candidate: list[ParameterGradient], path_map: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """Per candidate parameter: status and reason; and the mismatching parameters' reasons by owning module."""
     by_name = {parameter.name: parameter for parameter in reference}
     rows, by_owner = [], {}
     for parameter in candidate:
         owner = _owner(parameter.name)
         reference_owner = path_map.get(owner, owner)
-        local = parameter.name[len(owner) + 1:] if owner else parameter.name
+        local = parameter.name[len(owner) + 1 :] if owner else parameter.name
         other = by_name.get(f"{reference_owner}.{local}" if reference_owner else local)
         if other is None:
             continue
@@ -142,10 +166,15 @@ def _parameters(reference: list[ParameterGradient], candidate: list[ParameterGra
             side, missing = ("candidate", parameter) if parameter.summary is None else ("reference", other)
             why = "requires_grad is False: frozen" if not missing.requires_grad else "not used by the loss"
             reason = f"{parameter.name}: no gradient in the {side} ({why})"
-        elif parameter.summary is not None and other.summary is not None and not summaries_close(
-                other.summary, parameter.summary, _tolerance([other.summary, parameter.summary])):
-            reason = (f"{parameter.name}: gradient abs-max {_number(other.summary.abs_max)} in the reference, "
-                      f"{_number(parameter.summary.abs_max)} in the candidate")
+        elif (
+            parameter.summary is not None
+            and other.summary is not None
+            and not summaries_close(other.summary, parameter.summary, _tolerance([other.summary, parameter.summary]))
+        ):
+            reason = (
+                f"{parameter.name}: gradient abs-max {_number(other.summary.abs_max)} in the reference, "
+                f"{_number(parameter.summary.abs_max)} in the candidate"
+            )
         status = NONE if parameter.summary is None and other.summary is None else (MISMATCH if reason else MATCH)
         rows.append({"name": parameter.name, "reference_name": other.name, "status": status, "reason": reason})
         if reason:
@@ -175,29 +204,40 @@ def gradient_diff(result: Any) -> GradientDiff | None:
     for record, other in pairs:
         mine = candidate_calls.get(record.index)
         theirs = reference_calls.get(other.index) if other is not None else None
-        order = mine.backward_order if mine is not None and mine.backward_order >= 0 else (
-            theirs.backward_order if theirs is not None else -1)
+        order = (
+            mine.backward_order
+            if mine is not None and mine.backward_order >= 0
+            else (theirs.backward_order if theirs is not None else -1)
+        )
         gradient = GradientResult(record, other, order)
         if other is not None:
             empty = GradientCall(-1, -1)
-            gradient.outputs = _compare_leaves((theirs or empty).outputs, (mine or empty).outputs, "output",
-                                               gradient.reasons)
-            gradient.inputs = _compare_leaves((theirs or empty).inputs, (mine or empty).inputs, "input",
-                                              gradient.reasons)
+            gradient.outputs = _compare_leaves(
+                (theirs or empty).outputs, (mine or empty).outputs, "output", gradient.reasons
+            )
+            gradient.inputs = _compare_leaves(
+                (theirs or empty).inputs, (mine or empty).inputs, "input", gradient.reasons
+            )
             if record.call_index == 0 and record.path in parameter_reasons:
                 gradient.parameters = MISMATCH
                 gradient.reasons.extend(parameter_reasons[record.path])
-            elif record.call_index == 0 and any(_owner(row["name"]) == record.path and row["status"] == MATCH
-                                                for row in parameter_rows):
+            elif record.call_index == 0 and any(
+                _owner(row["name"]) == record.path and row["status"] == MATCH for row in parameter_rows
+            ):
                 gradient.parameters = MATCH
         modules.append(gradient)
     loss_status, loss_reason = MATCH, None
     if not summaries_close(reference.loss, candidate.loss, _tolerance([reference.loss, candidate.loss])):
         loss_status = MISMATCH
-        losses = (f"both {candidate.loss_description}" if reference.loss_description == candidate.loss_description
-                  else f"{reference.loss_description} vs {candidate.loss_description}")
-        loss_reason = (f"the loss is {_number(reference.loss.mean)} in the reference, {_number(candidate.loss.mean)} "
-                       f"in the candidate ({losses})")
+        losses = (
+            f"both {candidate.loss_description}"
+            if reference.loss_description == candidate.loss_description
+            else f"{reference.loss_description} vs {candidate.loss_description}"
+        )
+        loss_reason = (
+            f"the loss is {_number(reference.loss.mean)} in the reference, {_number(candidate.loss.mean)} "
+            f"in the candidate ({losses})"
+        )
     divergence = _first_divergence(modules, loss_reason)
     if divergence is not None and divergence.kind == "loss" and candidate.loss_source == "model":
         # NOTE: the model's own loss is computed in its forward: the root's call is where to look
@@ -208,8 +248,10 @@ def gradient_diff(result: Any) -> GradientDiff | None:
 def _first_divergence(modules: list[GradientResult], loss_reason: str | None) -> GradientDivergence | None:
     if loss_reason is not None:
         return GradientDivergence("loss", loss_reason)
-    ordered = sorted((module for module in modules if module.reference is not None and module.backward_order >= 0),
-                     key=lambda module: module.backward_order)
+    ordered = sorted(
+        (module for module in modules if module.reference is not None and module.backward_order >= 0),
+        key=lambda module: module.backward_order,
+    )
     for module in ordered:
         if module.outputs in (MATCH, NONE) and MISMATCH in (module.inputs, module.parameters):
             return GradientDivergence("module", "; ".join(module.reasons[:3]), module)

@@ -52,10 +52,16 @@ class LineDivergence:
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
-        return {"file": self.file, "line": self.line, "name": self.name,
-                "max_abs_diff": value if value is None or math.isfinite(value) else None, "reason": self.reason,
-                "called_from": None if self.called_from is None else {"file": self.called_from[0],
-                                                                      "line": self.called_from[1]}}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "name": self.name,
+            "max_abs_diff": value if value is None or math.isfinite(value) else None,
+            "reason": self.reason,
+            "called_from": None
+            if self.called_from is None
+            else {"file": self.called_from[0], "line": self.called_from[1]},
+        }
 
 
 # Relative tolerance of a statistic per dtype (the lower precision of the two sides decides), before widening
@@ -101,17 +107,34 @@ def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: 
     span = _function_span(definition.file, definition.line)
     if span is None or (found.file == definition.file and span[0] <= found.line <= span[1]):
         return found
-    start = next((position for position, record in enumerate(cand_body)
-                  if (record.file, record.line, record.name) == (found.file, found.line, found.name)), None)
+    start = next(
+        (
+            position
+            for position, record in enumerate(cand_body)
+            if (record.file, record.line, record.name) == (found.file, found.line, found.name)
+        ),
+        None,
+    )
     if start is None:
         return found
-    caller = next((record for record in cand_body[start:]
-                   if record.file == definition.file and span[0] <= record.line <= span[1]), None)
+    caller = next(
+        (
+            record
+            for record in cand_body[start:]
+            if record.file == definition.file and span[0] <= record.line <= span[1]
+        ),
+        None,
+    )
     if caller is None:
         return found
-    return LineDivergence(found.file, found.line, found.name, found.max_abs_diff,
-                          f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
-                          called_from=(caller.file, caller.line))
+    return LineDivergence(
+        found.file,
+        found.line,
+        found.name,
+        found.max_abs_diff,
+        f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
+        called_from=(caller.file, caller.line),
+    )
 
 
 def _function_span(file: str, def_line: int) -> tuple[int, int] | None:
@@ -125,7 +148,8 @@ def _function_span(file: str, def_line: int) -> tuple[int, int] | None:
         return None
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= def_line <= (
-                node.body[0].lineno if node.body else node.lineno):
+            node.body[0].lineno if node.body else node.lineno
+        ):
             return node.lineno, node.end_lineno or node.lineno
     return None
 
@@ -138,8 +162,12 @@ def _split_prologue(records: list[LineRecord]) -> tuple[list[LineRecord], list[L
     return (body, prologue) if body else (records, [])
 
 
-def _tolerance(ref_lines: list[LineRecord], cand_lines: list[LineRecord], ref_inputs: list[LineRecord],
-               cand_inputs: list[LineRecord]) -> float:
+def _tolerance(
+    ref_lines: list[LineRecord],
+    cand_lines: list[LineRecord],
+    ref_inputs: list[LineRecord],
+    cand_inputs: list[LineRecord],
+) -> float:
     dtypes = {record.tensor.dtype for record in (*ref_lines[:1], *cand_lines[:1])}
     relative = max((_RELATIVE.get(dtype, _RELATIVE_DEFAULT) for dtype in dtypes), default=_RELATIVE_DEFAULT)
     ref_by_name = {record.name: record for record in ref_inputs}
@@ -173,8 +201,9 @@ def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str
         yield (record.line, record.name, occurrence), record
 
 
-def _by_order(ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord],
-              tolerance: float) -> LineDivergence | None:
+def _by_order(
+    ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float
+) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
     for cand_record in cand_body:
@@ -184,19 +213,32 @@ def _by_order(ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body
         if any(_same_values(ref_record.tensor, cand_record.tensor, tolerance) for ref_record in ref_lines):
             # progress: the first such value at or after the current position (the same tensor is often
             # recorded on several lines: the q of a projection, then the `query` parameter of a helper)
-            explained = next((index for index in range(position, len(ref_body))
-                              if _same_values(ref_body[index].tensor, cand_record.tensor, tolerance)), None)
+            explained = next(
+                (
+                    index
+                    for index in range(position, len(ref_body))
+                    if _same_values(ref_body[index].tensor, cand_record.tensor, tolerance)
+                ),
+                None,
+            )
             if explained is not None:
                 position = explained + 1
             continue
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
         later = [record for index, record in enumerate(ref_body[position:], position) if fresh[index]]
-        counterpart = next((record for record in later if record.name == cand_record.name
-                            and _comparable(record.tensor, cand_record.tensor)), None)
+        counterpart = next(
+            (
+                record
+                for record in later
+                if record.name == cand_record.name and _comparable(record.tensor, cand_record.tensor)
+            ),
+            None,
+        )
         if counterpart is None:
-            counterpart = next((record for record in later[:_NEARBY] if _comparable(record.tensor, cand_record.tensor)),
-                               None)
+            counterpart = next(
+                (record for record in later[:_NEARBY] if _comparable(record.tensor, cand_record.tensor)), None
+            )
         if counterpart is None:
             continue  # an intermediate the reference does not have
         found = _differs(counterpart, cand_record, tolerance)
@@ -227,16 +269,25 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
     ref, cand = ref_record.tensor, cand_record.tensor
     where = f"{ref_record.name} at {_short(ref_record.file)}:{ref_record.line}"
     if not _comparable(ref, cand):
-        return LineDivergence(cand_record.file, cand_record.line, cand_record.name, None,
-                              f"shape {cand.shape} vs {ref.shape} ({where} in the reference)")
+        return LineDivergence(
+            cand_record.file,
+            cand_record.line,
+            cand_record.name,
+            None,
+            f"shape {cand.shape} vs {ref.shape} ({where} in the reference)",
+        )
     if _within(ref, cand, tolerance):
         return None
     gap, _ = _gap(ref, cand)
     statistic = max(_STATISTICS, key=lambda name: _difference(getattr(ref, name), getattr(cand, name)))
     return LineDivergence(
-        cand_record.file, cand_record.line, cand_record.name, gap,
+        cand_record.file,
+        cand_record.line,
+        cand_record.name,
+        gap,
         f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
-        f"({where} in the reference)")
+        f"({where} in the reference)",
+    )
 
 
 def _core(shape: list[int]) -> tuple[int, ...]:
@@ -256,8 +307,11 @@ def _comparable(ref: TensorSummary, cand: TensorSummary) -> bool:
 
 
 def _scale(summary: TensorSummary) -> float:
-    values = [abs(value) for value in (summary.min, summary.max, summary.std)
-              if value is not None and value == value and abs(value) < _MASKED]
+    values = [
+        abs(value)
+        for value in (summary.min, summary.max, summary.std)
+        if value is not None and value == value and abs(value) < _MASKED
+    ]
     return max(values, default=0.0)
 
 

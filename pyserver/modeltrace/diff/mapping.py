@@ -40,8 +40,13 @@ _CONFIDENCE = re.compile(r"^\s*([0-9.]+)\s*(?::\s*(.*))?$")
 
 def render_mapping(mapping: ModuleMapping, reference_label: str, candidate_label: str) -> str:
     """The mapping file's text."""
-    lines = [HEADER, f"# reference: {reference_label}", f"# candidate: {candidate_label}",
-             f"# pairs below confidence {mapping.threshold} were left unaligned (listed at the end)", ""]
+    lines = [
+        HEADER,
+        f"# reference: {reference_label}",
+        f"# candidate: {candidate_label}",
+        f"# pairs below confidence {mapping.threshold} were left unaligned (listed at the end)",
+        "",
+    ]
     for pair in mapping.pairs:
         left = " + ".join(_path_text(path) for path in pair.reference)
         right = " + ".join(_path_text(path) for path in pair.candidate)
@@ -81,24 +86,31 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
         left, arrow, right = body.partition("=>")
         where = f"{path}:{number}"
         if not arrow or "=>" in right:
-            raise ModelTraceError(f"{where}: expected 'REFERENCE => CANDIDATE' (paths joined by ' + ' for a fused "
-                                  f"run), got {raw.strip()!r}")
+            raise ModelTraceError(
+                f"{where}: expected 'REFERENCE => CANDIDATE' (paths joined by ' + ' for a fused "
+                f"run), got {raw.strip()!r}"
+            )
         reference_paths = [_path_value(item.strip()) for item in left.split("+")]
         candidate_paths = [_path_value(item.strip()) for item in right.split("+")]
         if any(not item.strip() for item in left.split("+") + right.split("+")):
             raise ModelTraceError(f"{where}: an empty module path in {raw.strip()!r}")
         if len(reference_paths) > 1 and len(candidate_paths) > 1:
             raise ModelTraceError(f"{where}: a fused pair has one module on one side, not runs on both")
-        for side, paths, known, seen in (("reference", reference_paths, ref_paths, seen_ref),
-                                         ("candidate", candidate_paths, cand_paths, seen_cand)):
+        for side, paths, known, seen in (
+            ("reference", reference_paths, ref_paths, seen_ref),
+            ("candidate", candidate_paths, cand_paths, seen_cand),
+        ):
             for item in paths:
                 if item not in known:
                     close = _closest(item, known)
-                    raise ModelTraceError(f"{where}: the {side} trace has no module {_path_text(item)!r}"
-                                          + (f" (did you mean {close!r}?)" if close else ""))
+                    raise ModelTraceError(
+                        f"{where}: the {side} trace has no module {_path_text(item)!r}"
+                        + (f" (did you mean {close!r}?)" if close else "")
+                    )
                 if item in seen:
-                    raise ModelTraceError(f"{where}: {side} module {_path_text(item)!r} is already paired on line "
-                                          f"{seen[item]}")
+                    raise ModelTraceError(
+                        f"{where}: {side} module {_path_text(item)!r} is already paired on line {seen[item]}"
+                    )
                 seen[item] = number
         confidence, evidence = 1.0, "given in the mapping file"
         match = _CONFIDENCE.match(comment) if comment.strip() else None
@@ -123,8 +135,7 @@ def _closest(path: str, known: set[str]) -> str | None:
     return found[0] if found else None
 
 
-def pair_calls(reference: Trace, candidate: Trace, mapping: ModuleMapping
-               ) -> list[tuple[int, int, ModulePair]]:
+def pair_calls(reference: Trace, candidate: Trace, mapping: ModuleMapping) -> list[tuple[int, int, ModulePair]]:
     """(candidate position, reference position, pair) for every call pair the mapping makes, adding a group
     record to the run's trace for each fused pair."""
     ref_calls = _calls_by_path(reference)
@@ -200,8 +211,9 @@ def _concatenated(members: list[ModuleCall]) -> TensorSummary:
     combined.nan_count = sum(summary.nan_count for summary in summaries)
     combined.inf_count = sum(summary.inf_count for summary in summaries)
     if all(summary.positive_fraction is not None for summary in summaries):
-        combined.positive_fraction = sum(count * summary.positive_fraction
-                                         for count, summary in zip(counts, summaries)) / sum(counts)
+        combined.positive_fraction = sum(
+            count * summary.positive_fraction for count, summary in zip(counts, summaries)
+        ) / sum(counts)
     if all(summary.tensor is not None for summary in summaries):
         combined.tensor = _CONCAT_PREFIX + _SEPARATOR.join(summary.tensor for summary in summaries)
     return combined
@@ -214,7 +226,7 @@ class ConcatenatedTensors(TensorStore):
         self.inner = inner
 
     def _members(self, name: str) -> list[str] | None:
-        return name[len(_CONCAT_PREFIX):].split(_SEPARATOR) if name.startswith(_CONCAT_PREFIX) else None
+        return name[len(_CONCAT_PREFIX) :].split(_SEPARATOR) if name.startswith(_CONCAT_PREFIX) else None
 
     def get(self, name: str) -> np.ndarray | None:
         members = self._members(name)

@@ -55,9 +55,13 @@ class LeafPair:
         if self.relation == OVERLAP:
             rank = max(len(self.reference.shape), len(self.candidate.shape))
             dimension = self.dimension or 0
-            larger = max(_padded(self.reference.shape, rank)[dimension], _padded(self.candidate.shape, rank)[dimension])
-            return (f"overlap: the last {self.count} of {larger} positions of dimension {self.dimension} "
-                    f"({self.reference.shape} vs {self.candidate.shape})")
+            larger = max(
+                _padded(self.reference.shape, rank)[dimension], _padded(self.candidate.shape, rank)[dimension]
+            )
+            return (
+                f"overlap: the last {self.count} of {larger} positions of dimension {self.dimension} "
+                f"({self.reference.shape} vs {self.candidate.shape})"
+            )
         return f"shape {self.reference.shape} vs {self.candidate.shape}"
 
 
@@ -136,8 +140,9 @@ def in_order(refs: list[TensorSummary], cands: list[TensorSummary]) -> bool:
         return refs[0].shape == cands[0].shape and refs[0].dtype == cands[0].dtype
     if list(map(_SHAPE_DTYPE, refs)) != list(map(_SHAPE_DTYPE, cands)):
         return False
-    return list(map(_KEY, refs)) == list(map(_KEY, cands)) or \
-        len({(tuple(ref.shape), ref.dtype) for ref in refs}) == len(refs)
+    return list(map(_KEY, refs)) == list(map(_KEY, cands)) or len(
+        {(tuple(ref.shape), ref.dtype) for ref in refs}
+    ) == len(refs)
 
 
 def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairing:
@@ -189,18 +194,29 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
         cand_taken.add(cand_position)
         pairs.append((cand_position, LeafPair(refs[ref_position], cands[cand_position], DIFFERENT)))
     pairs.sort(key=lambda item: item[0])
-    left_out = [LeftOut("reference", ref.key, ref.shape, _why_left_out(ref, cands, "candidate"))
-                for position, ref in enumerate(refs) if position not in ref_taken]
-    left_out += [LeftOut("candidate", cand.key, cand.shape, _why_left_out(cand, refs, "reference"))
-                 for position, cand in enumerate(cands) if position not in cand_taken]
+    left_out = [
+        LeftOut("reference", ref.key, ref.shape, _why_left_out(ref, cands, "candidate"))
+        for position, ref in enumerate(refs)
+        if position not in ref_taken
+    ]
+    left_out += [
+        LeftOut("candidate", cand.key, cand.shape, _why_left_out(cand, refs, "reference"))
+        for position, cand in enumerate(cands)
+        if position not in cand_taken
+    ]
     return Pairing([pair for _, pair in pairs], left_out)
 
 
 def _why_left_out(leaf: TensorSummary, others: list[TensorSummary], other_side: str) -> str:
     kind = dtype_kind(leaf.dtype)
-    fitting = [other for other in others if dtype_kind(other.dtype) == kind
-               and shape_relation(leaf.shape, other.shape)[0] != DIFFERENT]
+    fitting = [
+        other
+        for other in others
+        if dtype_kind(other.dtype) == kind and shape_relation(leaf.shape, other.shape)[0] != DIFFERENT
+    ]
     if fitting:
-        return (f"the {other_side}'s tensors of a fitting shape ({', '.join(repr(other.key) for other in fitting[:3])}) "
-                "pair better with others")
+        return (
+            f"the {other_side}'s tensors of a fitting shape ({', '.join(repr(other.key) for other in fitting[:3])}) "
+            "pair better with others"
+        )
     return f"no {leaf.dtype} tensor of a fitting shape in the {other_side}"

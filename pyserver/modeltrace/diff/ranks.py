@@ -31,11 +31,18 @@ def rank_findings(result: Any) -> list[dict[str, Any]]:
     for side_name, loaded in (("reference", result.reference), ("candidate", result.candidate)):
         parallel = loaded.trace.model.get("parallel") or {}
         for item in parallel.get("rank_divergences") or []:
-            findings.append({
-                "kind": "rank_divergence", "trace": side_name, "rank": int(item["rank"]),
-                "reference_rank": int(item.get("reference_rank", 0)), "path": item.get("path"),
-                "side": item.get("side"), "key": item.get("key"), "message": f"{side_name}: {item['message']}",
-            })
+            findings.append(
+                {
+                    "kind": "rank_divergence",
+                    "trace": side_name,
+                    "rank": int(item["rank"]),
+                    "reference_rank": int(item.get("reference_rank", 0)),
+                    "path": item.get("path"),
+                    "side": item.get("side"),
+                    "key": item.get("key"),
+                    "message": f"{side_name}: {item['message']}",
+                }
+            )
     divergence = result.first_divergence
     if divergence is None or divergence.module.reference is None:
         return findings
@@ -61,8 +68,9 @@ def rank_findings(result: Any) -> list[dict[str, Any]]:
     return findings
 
 
-def _shard_finding(path: str, reference: TensorSummary, candidate: TensorSummary, result: Any,
-                   side: str = "outputs") -> dict[str, Any] | None:
+def _shard_finding(
+    path: str, reference: TensorSummary, candidate: TensorSummary, result: Any, side: str = "outputs"
+) -> dict[str, Any] | None:
     if _is_shard(candidate):
         sharded, other, other_loaded, sharded_side = candidate, reference, result.reference, "candidate"
     elif _is_shard(reference):
@@ -75,35 +83,62 @@ def _shard_finding(path: str, reference: TensorSummary, candidate: TensorSummary
     where = f"{path or '(model)'} {side[:-1]}{f' `{sharded.key}`' if sharded.key else ''}"
     if counterparts is None:
         return {
-            "kind": "shard", "path": path, "key": sharded.key, "dim": dim, "ranks": [], "agreeing_ranks": [],
-            "message": (f"{where} is sharded on dimension {dim} over {len(ranks)} ranks in the {sharded_side}; the "
-                        "other trace has statistics only, which cannot be split per rank (trace it with "
-                        "--full-tensors to have the diff name the rank)"),
+            "kind": "shard",
+            "path": path,
+            "key": sharded.key,
+            "dim": dim,
+            "ranks": [],
+            "agreeing_ranks": [],
+            "message": (
+                f"{where} is sharded on dimension {dim} over {len(ranks)} ranks in the {sharded_side}; the "
+                "other trace has statistics only, which cannot be split per rank (trace it with "
+                "--full-tensors to have the diff name the rank)"
+            ),
         }
     differing = [rank for rank, (mine, theirs) in enumerate(zip(ranks, counterparts)) if not _agree(mine, theirs)]
     agreeing = [rank for rank in range(len(ranks)) if rank not in differing]
     if differing:
         named = ", ".join(f"rank {rank} {_shape_text(local_shapes[rank])}" for rank in differing)
-        tail = (f"; {'rank' if len(agreeing) == 1 else 'ranks'} {', '.join(map(str, agreeing))} "
-                f"{'agrees' if len(agreeing) == 1 else 'agree'}") if agreeing else ""
-        message = (f"{where} is sharded on dimension {dim}: the shard of {named} differs from the same part of the "
-                   f"{'reference' if sharded_side == 'candidate' else 'candidate'}{tail}")
+        tail = (
+            (
+                f"; {'rank' if len(agreeing) == 1 else 'ranks'} {', '.join(map(str, agreeing))} "
+                f"{'agrees' if len(agreeing) == 1 else 'agree'}"
+            )
+            if agreeing
+            else ""
+        )
+        message = (
+            f"{where} is sharded on dimension {dim}: the shard of {named} differs from the same part of the "
+            f"{'reference' if sharded_side == 'candidate' else 'candidate'}{tail}"
+        )
     else:
         message = f"{where} is sharded on dimension {dim}: every rank's shard agrees with the same part of the other"
-    return {"kind": "shard", "path": path, "key": sharded.key, "dim": dim, "ranks": differing,
-            "agreeing_ranks": agreeing, "message": message}
+    return {
+        "kind": "shard",
+        "path": path,
+        "key": sharded.key,
+        "dim": dim,
+        "ranks": differing,
+        "agreeing_ranks": agreeing,
+        "message": message,
+    }
 
 
 def _is_shard(summary: TensorSummary) -> bool:
     return bool(summary.placement) and summary.placement.get("kind") == "shard"
 
 
-def _counterpart_statistics(other: TensorSummary, loaded: Any, dim: int,
-                            local_shapes: list[list[int]]) -> list[dict[str, float]] | None:
+def _counterpart_statistics(
+    other: TensorSummary, loaded: Any, dim: int, local_shapes: list[list[int]]
+) -> list[dict[str, float]] | None:
     """Statistics of the parts of `other` that match each rank's shard: its own shards, or slices of its full
     tensor; None when it has neither."""
     placement = other.placement or {}
-    if placement.get("kind") == "shard" and placement.get("dim") == dim and placement.get("local_shapes") == local_shapes:
+    if (
+        placement.get("kind") == "shard"
+        and placement.get("dim") == dim
+        and placement.get("local_shapes") == local_shapes
+    ):
         return list(placement["ranks"])
     if other.tensor is None or loaded.tensors is None or other.tensor not in loaded.tensors:
         return None
@@ -118,8 +153,14 @@ def _counterpart_statistics(other: TensorSummary, loaded: Any, dim: int,
         if finite.size == 0:
             parts.append({name: None for name in _STATISTICS})
             continue
-        parts.append({"mean": float(finite.mean()), "std": float(finite.std(ddof=1)) if finite.size > 1 else 0.0,
-                      "min": float(finite.min()), "max": float(finite.max())})
+        parts.append(
+            {
+                "mean": float(finite.mean()),
+                "std": float(finite.std(ddof=1)) if finite.size > 1 else 0.0,
+                "min": float(finite.min()),
+                "max": float(finite.max()),
+            }
+        )
     return parts
 
 

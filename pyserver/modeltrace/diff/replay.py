@@ -48,8 +48,17 @@ REPLAY_TIMEOUT_SECONDS = 300.0
 # by thread-scheduling rounding only.
 _LIVE_TOLERANCE = 1e-3
 
-_NUMPY_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32",
-                "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+_NUMPY_CODES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
 def replay_unavailable(result: DiffResult) -> str | None:
@@ -95,8 +104,9 @@ def suspects(result: DiffResult, limit: int) -> list[ModuleResult]:
     return found
 
 
-def _input_tensors(result: DiffResult, module: ModuleResult) -> tuple[dict[str, tuple[str, list[int], bytes]],
-                                                                    list[str], str | None]:
+def _input_tensors(
+    result: DiffResult, module: ModuleResult
+) -> tuple[dict[str, tuple[str, list[int], bytes]], list[str], str | None]:
     """({candidate input key: (dtype code, shape, bytes)} of the reference's paired inputs, keys replaced,
     why the module cannot be replayed or None)."""
     store = result.reference.tensors
@@ -108,9 +118,17 @@ def _input_tensors(result: DiffResult, module: ModuleResult) -> tuple[dict[str, 
     for pair in pairs:
         ref, cand = pair.reference, pair.candidate
         if pair.relation == "different":
-            return {}, [], f"the reference's input {ref.key!r} {ref.shape} does not fit its input {cand.key!r} {cand.shape}"
+            return (
+                {},
+                [],
+                f"the reference's input {ref.key!r} {ref.shape} does not fit its input {cand.key!r} {cand.shape}",
+            )
         if ref.tensor is None or ref.tensor not in store:
-            return {}, [], f"the reference's input {ref.key!r} was not stored in full ({ref.not_stored or 'statistics only'})"
+            return (
+                {},
+                [],
+                f"the reference's input {ref.key!r} was not stored in full ({ref.not_stored or 'statistics only'})",
+            )
         if pair.relation == OVERLAP:
             array = store.get(ref.tensor)
             rank = max(len(ref.shape), len(cand.shape))
@@ -118,16 +136,20 @@ def _input_tensors(result: DiffResult, module: ModuleResult) -> tuple[dict[str, 
             dimension = pair.dimension or 0
             if padded_cand[dimension] > padded_ref[dimension]:
                 continue  # the candidate computes more positions: it keeps its own input here
-            index = tuple(slice(-padded_cand[dimension], None) if axis == dimension else slice(None)
-                          for axis in range(rank))
+            index = tuple(
+                slice(-padded_cand[dimension], None) if axis == dimension else slice(None) for axis in range(rank)
+            )
             array = np.ascontiguousarray(array.reshape(padded_ref)[index])
             tensors[cand.key] = (_NUMPY_CODES[str(array.dtype)], list(cand.shape), array.tobytes())
         else:
             raw = store.raw(ref.tensor)
             if raw is None:
                 array = np.ascontiguousarray(store.get(ref.tensor))
-                raw = (_NUMPY_CODES.get(str(array.dtype)) or DTYPE_CODES[str(array.dtype)], array.shape,
-                       array.tobytes())
+                raw = (
+                    _NUMPY_CODES.get(str(array.dtype)) or DTYPE_CODES[str(array.dtype)],
+                    array.shape,
+                    array.tobytes(),
+                )
             code, _, data = raw
             tensors[cand.key] = (code, list(cand.shape), bytes(data))
         replaced.append(cand.key if cand.key == ref.key else f"{cand.key} (from {ref.key or 'output'})")
@@ -153,8 +175,9 @@ def build_request(result: DiffResult, timeout: float) -> dict[str, Any]:
     }
 
 
-def run_replay(result: DiffResult, client: Any = None, limit: int = DEFAULT_REPLAY_LIMIT,
-               timeout: float = REPLAY_TIMEOUT_SECONDS) -> None:
+def run_replay(
+    result: DiffResult, client: Any = None, limit: int = DEFAULT_REPLAY_LIMIT, timeout: float = REPLAY_TIMEOUT_SECONDS
+) -> None:
     """Replay the suspects of `result` (see the module docstring) and decide again; never raises for bad
     input, says why in `result.notes` and in each module's `replay` instead. `client`: a `WorkerClient` to use
     (the language server's); None starts one for this replay."""
@@ -188,24 +211,39 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
             name = f"m{number}"
             names[name] = module
             module.replay = ReplayResult(NOT_COMPARED, "not replayed", replaced=replaced)
-            targets.append({"name": name, "path": module.candidate.path, "call_index": module.candidate.call_index,
-                            "inputs": {key: f"{name}/{key}" for key in tensors},
-                            "expect": _kept_input_statistics(module, set(tensors))})
+            targets.append(
+                {
+                    "name": name,
+                    "path": module.candidate.path,
+                    "call_index": module.candidate.call_index,
+                    "inputs": {key: f"{name}/{key}" for key in tensors},
+                    "expect": _kept_input_statistics(module, set(tensors)),
+                }
+            )
             inputs.update({f"{name}/{key}": value for key, value in tensors.items()})
         if not targets:
             return
         inputs_file = Path(folder) / "replay_inputs.safetensors"
         write_safetensors(inputs_file, inputs)
         request = build_request(result, timeout)
-        request["replay"] = {"inputs_file": str(inputs_file), "targets": targets, "out": str(Path(folder) / "out"),
-                             "candidate_trace": str(result.candidate.path)}
+        request["replay"] = {
+            "inputs_file": str(inputs_file),
+            "targets": targets,
+            "out": str(Path(folder) / "out"),
+            "candidate_trace": str(result.candidate.path),
+        }
         answer = _ask_worker(request, client)
         result.replay_timing = {key: answer.get(key) for key in ("seconds", "build_seconds", "kept")}
         result.replay_timing["modules"] = {
             names[name].candidate.path: (reply.get("replay_seconds"), reply.get("live_seconds"))
-            for name, reply in answer["replay"].items() if name in names}
-        result.replay_timing["direct"] = [names[name].candidate.path for name, reply in answer["replay"].items()
-                                          if name in names and reply.get("direct")]
+            for name, reply in answer["replay"].items()
+            if name in names
+        }
+        result.replay_timing["direct"] = [
+            names[name].candidate.path
+            for name, reply in answer["replay"].items()
+            if name in names and reply.get("direct")
+        ]
         with SafetensorsFile(answer["outputs"]) as outputs:
             problem = _rebuilt_differs(answer["replay"], names)
             for name, module in names.items():
@@ -213,8 +251,11 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
                 if problem is not None:
                     module.replay = ReplayResult(NOT_COMPARED, problem, replaced=module.replay.replaced)
                 elif reply.get("error") or not reply.get("ran"):
-                    module.replay = ReplayResult(NOT_COMPARED, f"the module could not be replayed: "
-                                                 f"{reply.get('error') or 'not run'}", replaced=module.replay.replaced)
+                    module.replay = ReplayResult(
+                        NOT_COMPARED,
+                        f"the module could not be replayed: {reply.get('error') or 'not run'}",
+                        replaced=module.replay.replaced,
+                    )
                 else:
                     module.replay = _judge(result, module, name, outputs, module.replay.replaced)
         if problem is not None:
@@ -224,9 +265,16 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
 def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str, list[float]]:
     """{input key: [mean, std]} of the candidate's own floating inputs that the replay keeps: a worker that
     still holds the call's arguments checks them against these before calling the module on them again."""
-    return {summary.key: [summary.mean, summary.std] for summary in module.candidate.inputs
-            if summary.key not in replaced and summary.mean is not None and summary.std is not None
-            and "float" in summary.dtype and math.isfinite(summary.mean) and math.isfinite(summary.std)}
+    return {
+        summary.key: [summary.mean, summary.std]
+        for summary in module.candidate.inputs
+        if summary.key not in replaced
+        and summary.mean is not None
+        and summary.std is not None
+        and "float" in summary.dtype
+        and math.isfinite(summary.mean)
+        and math.isfinite(summary.std)
+    }
 
 
 def _ask_worker(request: dict[str, Any], client: Any) -> dict[str, Any]:
@@ -252,16 +300,19 @@ def _rebuilt_differs(replies: dict[str, Any], names: dict[str, ModuleResult]) ->
             if values is None or summary.mean is None or summary.std is None:
                 continue
             mean, std = values
-            scale = math.sqrt(summary.mean ** 2 + summary.std ** 2) + 1e-6
+            scale = math.sqrt(summary.mean**2 + summary.std**2) + 1e-6
             if abs(mean - summary.mean) > _LIVE_TOLERANCE * scale or abs(std - summary.std) > _LIVE_TOLERANCE * scale:
-                return (f"the rebuilt candidate does not reproduce its trace ({module.candidate.path or '(root)'} "
-                        f"output {summary.key or '(tensor)'}: mean {mean:.6g} vs {summary.mean:.6g} in the trace): "
-                        "the replay needs the same build, seed and inputs")
+                return (
+                    f"the rebuilt candidate does not reproduce its trace ({module.candidate.path or '(root)'} "
+                    f"output {summary.key or '(tensor)'}: mean {mean:.6g} vs {summary.mean:.6g} in the trace): "
+                    "the replay needs the same build, seed and inputs"
+                )
     return None
 
 
-def _judge(result: DiffResult, module: ModuleResult, name: str, outputs: SafetensorsFile,
-           replaced: list[str]) -> ReplayResult:
+def _judge(
+    result: DiffResult, module: ModuleResult, name: str, outputs: SafetensorsFile, replaced: list[str]
+) -> ReplayResult:
     """The replayed outputs of one module against the reference's outputs of that call."""
     store = result.reference.tensors
     pairs = _pairs(module.output_pairing, module.reference.outputs, module.candidate.outputs)

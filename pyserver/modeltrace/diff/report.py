@@ -94,12 +94,22 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
         data["reference_path"] = module.reference.path
     pair = module.pair
     if pair is not None:
-        data["alignment"] = {"how": module.aligned_by, "confidence": pair.confidence, "evidence": pair.evidence,
-                             "fused": pair.fused, **({"mapping_line": pair.line} if pair.line else {})}
+        data["alignment"] = {
+            "how": module.aligned_by,
+            "confidence": pair.confidence,
+            "evidence": pair.evidence,
+            "fused": pair.fused,
+            **({"mapping_line": pair.line} if pair.line else {}),
+        }
     if module.status in (MISMATCH, DIVERGENCE):
         data["differing"] = [
-            {"side": side, "key": leaf.key, "check": leaf.check, "reason": leaf.reason,
-             "max_abs_diff": _number(leaf.max_abs_diff)}
+            {
+                "side": side,
+                "key": leaf.key,
+                "check": leaf.check,
+                "reason": leaf.reason,
+                "max_abs_diff": _number(leaf.max_abs_diff),
+            }
             for side, leaves in (("inputs", module.input_leaves), ("outputs", module.output_leaves))
             for leaf in leaves
             if leaf.status == MISMATCH
@@ -118,15 +128,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _side_pairs(pairing: Pairing | None, refs: list[TensorSummary],
-                cands: list[TensorSummary]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _side_pairs(
+    pairing: Pairing | None, refs: list[TensorSummary], cands: list[TensorSummary]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if pairing is None:
-        return [{"reference": ref.key, "candidate": cand.key, "how": "same shape"}
-                for ref, cand in zip(refs, cands)], []
-    pairs = [{"reference": pair.reference.key, "candidate": pair.candidate.key, "how": pair.describe(),
-              "relation": pair.relation} for pair in pairing.pairs]
-    left = [{"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason}
-            for leaf in pairing.left_out]
+        return [
+            {"reference": ref.key, "candidate": cand.key, "how": "same shape"} for ref, cand in zip(refs, cands)
+        ], []
+    pairs = [
+        {
+            "reference": pair.reference.key,
+            "candidate": pair.candidate.key,
+            "how": pair.describe(),
+            "relation": pair.relation,
+        }
+        for pair in pairing.pairs
+    ]
+    left = [
+        {"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason} for leaf in pairing.left_out
+    ]
     return pairs, left
 
 
@@ -138,16 +158,23 @@ def compared_json(module: ModuleResult) -> dict[str, Any]:
         outputs, left_outputs = _side_pairs(module.output_pairing, reference.outputs, candidate.outputs)
     else:
         outputs, left_outputs = [], []
-    left_out = [{"side": "inputs", **leaf} for leaf in left_inputs] + [{"side": "outputs", **leaf}
-                                                                       for leaf in left_outputs]
+    left_out = [{"side": "inputs", **leaf} for leaf in left_inputs] + [
+        {"side": "outputs", **leaf} for leaf in left_outputs
+    ]
     return {"inputs": inputs, "outputs": outputs, "left_out": left_out}
 
 
 def replay_json(replay: ReplayResult | None) -> dict[str, Any] | None:
     if replay is None:
         return None
-    return {"status": replay.status, "reason": replay.reason, "max_abs_diff": _number(replay.max_abs_diff),
-            "rel_err": _number(replay.rel_err), "cosine": _number(replay.cosine), "replaced": replay.replaced}
+    return {
+        "status": replay.status,
+        "reason": replay.reason,
+        "max_abs_diff": _number(replay.max_abs_diff),
+        "rel_err": _number(replay.rel_err),
+        "cosine": _number(replay.cosine),
+        "replaced": replay.replaced,
+    }
 
 
 def _range(lines: SourceRange | None) -> dict[str, Any] | None:
@@ -157,8 +184,11 @@ def _range(lines: SourceRange | None) -> dict[str, Any] | None:
 def _brief(module: ModuleResult | None) -> dict[str, Any] | None:
     if module is None:
         return None
-    return {"path": module.candidate.path, "call_index": module.candidate.call_index,
-            "called_at": _location(module.candidate.called_at)}
+    return {
+        "path": module.candidate.path,
+        "call_index": module.candidate.call_index,
+        "called_at": _location(module.candidate.called_at),
+    }
 
 
 def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
@@ -227,7 +257,9 @@ def to_json(result: DiffResult) -> dict[str, Any]:
             "candidate": [_label(cand_records[index]) for index in alignment.unaligned_candidate],
         },
         "pruned": [_label(cand_records[index]) for index in sorted(alignment.pruned)],
-        "mapping": None if alignment.mapping is None else {
+        "mapping": None
+        if alignment.mapping is None
+        else {
             "source": alignment.mapping.source,
             "pairs": len(alignment.mapping.pairs),
             "fused": sum(1 for pair in alignment.mapping.pairs if pair.fused),
@@ -260,31 +292,45 @@ def steps_and_gradients_text(result: DiffResult) -> list[str]:
     lines: list[str] = []
     steps = result.steps
     if steps is not None:
-        lines.append(f"steps      {steps.compared_steps} compared (reference {steps.reference_steps}, candidate "
-                     f"{steps.candidate_steps}; step 0 is the prefill)")
+        lines.append(
+            f"steps      {steps.compared_steps} compared (reference {steps.reference_steps}, candidate "
+            f"{steps.candidate_steps}; step 0 is the prefill)"
+        )
         if steps.first_diverging_step is None:
             lines.append("           every compared step agrees")
         else:
-            lines.append(f"FIRST DIVERGING STEP: {steps.first_diverging_step}"
-                         + (" (the prefill)" if steps.first_diverging_step == 0 else " (a decode step; the prefill "
-                            "matches)" if steps.first_diverging_step > 0 else ""))
+            lines.append(
+                f"FIRST DIVERGING STEP: {steps.first_diverging_step}"
+                + (
+                    " (the prefill)"
+                    if steps.first_diverging_step == 0
+                    else " (a decode step; the prefill matches)"
+                    if steps.first_diverging_step > 0
+                    else ""
+                )
+            )
         token = steps.first_differing_token
         if token is not None:
-            lines.append(f"           first differing generated token: #{token['position']} (row {token['row']}, "
-                         f"chosen at step {token['step']}): {token['reference']} in the reference, "
-                         f"{token['candidate']} in the candidate")
+            lines.append(
+                f"           first differing generated token: #{token['position']} (row {token['row']}, "
+                f"chosen at step {token['step']}): {token['reference']} in the reference, "
+                f"{token['candidate']} in the candidate"
+            )
         elif result.reference.trace.generation is not None and result.candidate.trace.generation is not None:
             lines.append("           the generated tokens are the same")
         cache = steps.first_differing_cache
         if cache is not None:
-            lines.append(f"           first differing cache entry: step {cache['step']}, layer {cache['layer']} "
-                         f"({cache['kind']}-attention {cache['tensor']}, shapes {cache['reference_shape']} / "
-                         f"{cache['candidate_shape']})")
+            lines.append(
+                f"           first differing cache entry: step {cache['step']}, layer {cache['layer']} "
+                f"({cache['kind']}-attention {cache['tensor']}, shapes {cache['reference_shape']} / "
+                f"{cache['candidate_shape']})"
+            )
     gradients = result.gradients
     if gradients is not None:
         divergence = gradients.first_divergence
         forward_agrees = result.first_divergence is None and not any(
-            module.status == MISMATCH for module in result.modules)
+            module.status == MISMATCH for module in result.modules
+        )
         if divergence is None:
             lines.append("gradients  every compared gradient agrees (loss, module calls, parameters)")
         elif forward_agrees:
@@ -292,12 +338,17 @@ def steps_and_gradients_text(result: DiffResult) -> list[str]:
         if divergence is not None and divergence.kind == "loss":
             lines.append(f"FIRST GRADIENT DIVERGENCE: the loss: {divergence.reason}")
             if divergence.result is not None:
-                lines.append(f"  computed in {divergence.result.record.class_name}.forward, defined at "
-                             f"{_where(divergence.result.record.defined_at)}")
+                lines.append(
+                    f"  computed in {divergence.result.record.class_name}.forward, defined at "
+                    f"{_where(divergence.result.record.defined_at)}"
+                )
         elif divergence is not None:
             record = divergence.result.record
-            title = ("FIRST GRADIENT DIVERGENCE" if divergence.outputs_match
-                     else "GRADIENT DIVERGENCE (output gradients already differ)")
+            title = (
+                "FIRST GRADIENT DIVERGENCE"
+                if divergence.outputs_match
+                else "GRADIENT DIVERGENCE (output gradients already differ)"
+            )
             lines.append(f"{title}: {record.path or '(root)'} ({record.class_name}), in backward order")
             lines.append(f"  called at   {_where(record.called_at)}")
             lines.append(f"  {divergence.reason}")
@@ -382,8 +433,11 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
                 f"at {_short(drilled.file)}:{drilled.line}, max abs diff {_format_number(drilled.max_abs_diff)}",
             )
     if divergence is not None and divergence.built_at is not None and (divergence.settings or divergence.parameters):
-        built = "; ".join([*(_setting(item) for item in divergence.settings),
-                           *(_parameter(item) for item in divergence.parameters)][:3])
+        built = "; ".join(
+            [*(_setting(item) for item in divergence.settings), *(_parameter(item) for item in divergence.parameters)][
+                :3
+            ]
+        )
         marks[(divergence.built_at.file, divergence.built_at.line)] = LineMark(
             DIVERGENCE, f"{_call_name(divergence.module)} was built differently here: {built}"
         )
@@ -419,19 +473,20 @@ def plot_data(result: DiffResult) -> dict[str, Any]:
         x = len(points)
         if module.status == DIVERGENCE:
             divergence_x = x
-        points.append({
-            "x": x,
-            "path": record.path,
-            "call_index": record.call_index,
-            "max_abs_diff": _number(module.max_abs_diff),
-            "status": module.status,
-            "check": module.check,
-            "called_at": _location(record.called_at),
-        })
+        points.append(
+            {
+                "x": x,
+                "path": record.path,
+                "call_index": record.call_index,
+                "max_abs_diff": _number(module.max_abs_diff),
+                "status": module.status,
+                "check": module.check,
+                "called_at": _location(record.called_at),
+            }
+        )
         match = _LAYER.match(record.path)
         if match and module.max_abs_diff is not None:
-            layer = layers.setdefault(match.group(1), {"layer": match.group(1), "max_abs_diff": 0.0,
-                                                       "status": MATCH})
+            layer = layers.setdefault(match.group(1), {"layer": match.group(1), "max_abs_diff": 0.0, "status": MATCH})
             layer["max_abs_diff"] = max(layer["max_abs_diff"], _number(module.max_abs_diff) or 0.0)
             if STATUS_RANK[module.status] > STATUS_RANK[layer["status"]]:
                 layer["status"] = module.status
@@ -482,8 +537,10 @@ def _mapping_source(alignment: Alignment) -> str:
     lowest = min((pair.confidence for pair in mapping.pairs), default=1.0)
     counts = f"{len(mapping.pairs)} module pairs" + (f", {fused} fused (compared concatenated)" if fused else "")
     if mapping.source == "automatic":
-        return (f"evidence, not names (no shared module paths): {counts}, confidence ≥ {lowest:.2f}; "
-                "`modeltrace align` writes the mapping to read or fix, `--mapping FILE` uses it")
+        return (
+            f"evidence, not names (no shared module paths): {counts}, confidence ≥ {lowest:.2f}; "
+            "`modeltrace align` writes the mapping to read or fix, `--mapping FILE` uses it"
+        )
     return f"the mapping file {mapping.source}: {counts}"
 
 
@@ -496,11 +553,14 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
     atol = "1e-3" if options.atol is None else f"{options.atol:g}"
     rtol = "0 (dtype-aware for half precision)" if options.rtol is None else f"{options.rtol:g}"
     alignment = result.alignment
-    rel_tol = ("per dtype (float32 1e-4, float16 2e-3, bfloat16 2e-2)" if options.rel_tol is None
-               else f"{options.rel_tol:g}")
-    add(f"aligned    {alignment.aligned_count} of {len(result.modules)} candidate module calls; "
+    rel_tol = (
+        "per dtype (float32 1e-4, float16 2e-3, bfloat16 2e-2)" if options.rel_tol is None else f"{options.rel_tol:g}"
+    )
+    add(
+        f"aligned    {alignment.aligned_count} of {len(result.modules)} candidate module calls; "
         f"atol {atol}{' per unit of scale' if options.atol is None else ''}, rtol {rtol}, "
-        f"relative error (‖a-b‖/‖ref‖) {rel_tol}")
+        f"relative error (‖a-b‖/‖ref‖) {rel_tol}"
+    )
     if alignment.mapping is not None:
         add(f"aligned by {_mapping_source(alignment)}")
     if result.replayed:
@@ -520,13 +580,17 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add(f"NOT COMPARABLE: {result.not_comparable}")
     elif result.match:
         checks = [module.check for module in result.modules if module.status == MATCH]
-        weaker = [f"{checks.count(name)} on {what}" for name, what in
-                  (("statistics", "statistics only, a weaker check"), ("shape", "shapes and dtypes only"))
-                  if checks.count(name)]
+        weaker = [
+            f"{checks.count(name)} on {what}"
+            for name, what in (("statistics", "statistics only, a weaker check"), ("shape", "shapes and dtypes only"))
+            if checks.count(name)
+        ]
         add("MATCH: every compared module agrees within tolerance" + (f" ({'; '.join(weaker)})." if weaker else "."))
     elif divergence is None and result.ranks:
-        add("RANK DIVERGENCE: ranks of a tensor-parallel trace disagree where they should hold the same tensor "
-            "(see RANK above)")
+        add(
+            "RANK DIVERGENCE: ranks of a tensor-parallel trace disagree where they should hold the same tensor "
+            "(see RANK above)"
+        )
     elif divergence is not None:
         module = divergence.module
         record = module.candidate
@@ -539,16 +603,25 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add(f"  called at   {_where(record.called_at)}")
         add(f"  defined at  {_where(record.defined_at)}")
         if divergence.inferred:
-            add("  inputs match; its outputs are not in the reference, but a module it calls receives differing "
-                "inputs")
+            add(
+                "  inputs match; its outputs are not in the reference, but a module it calls receives differing inputs"
+            )
         else:
             inputs = "inputs match" if divergence.inputs_match else "inputs differ"
-            check = {"full": "full tensors", "statistics": "statistics only, a weaker check",
-                     "shape": "shapes only"}.get(module.check or "", "")
-            scale = (f", relative error {_format_number(module.rel_err)}, cosine {module.cosine:.6f}"
-                     if module.rel_err is not None and module.cosine is not None else "")
-            add(f"  {inputs}, outputs differ: max abs diff {_format_number(module.max_abs_diff)}, "
-                f"max rel diff {_format_number(module.max_rel_diff)}{scale}" + (f" ({check})" if check else ""))
+            check = {
+                "full": "full tensors",
+                "statistics": "statistics only, a weaker check",
+                "shape": "shapes only",
+            }.get(module.check or "", "")
+            scale = (
+                f", relative error {_format_number(module.rel_err)}, cosine {module.cosine:.6f}"
+                if module.rel_err is not None and module.cosine is not None
+                else ""
+            )
+            add(
+                f"  {inputs}, outputs differ: max abs diff {_format_number(module.max_abs_diff)}, "
+                f"max rel diff {_format_number(module.max_rel_diff)}{scale}" + (f" ({check})" if check else "")
+            )
             if module.reason:
                 add(f"  {module.reason}")
         replay = module.replay
@@ -586,14 +659,20 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
             record = module.candidate
             label = (record.path or "(root)") + (f" #{record.call_index}" if record.call_index else "")
             status = module.status.upper() if module.status == DIVERGENCE else module.status
-            add(f"  {status:<11} {module.check or '-':<10} {_format_number(module.max_abs_diff):>9}  "
-                f"{label:<44} {_where(record.called_at)}")
+            add(
+                f"  {status:<11} {module.check or '-':<10} {_format_number(module.max_abs_diff):>9}  "
+                f"{label:<44} {_where(record.called_at)}"
+            )
     counts: dict[str, int] = {}
     for module in result.modules:
         counts[module.status] = counts.get(module.status, 0) + 1
     add("")
-    add(", ".join(f"{counts.get(status, 0)} {status.replace('_', ' ')}"
-                  for status in (MATCH, DIVERGENCE, MISMATCH, NOT_COMPARED)))
+    add(
+        ", ".join(
+            f"{counts.get(status, 0)} {status.replace('_', ' ')}"
+            for status in (MATCH, DIVERGENCE, MISMATCH, NOT_COMPARED)
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -642,12 +721,16 @@ def _parameter(difference: ParameterDifference) -> str:
 
 def _replay_text(replay: ReplayResult) -> str:
     if replay.status == MATCH:
-        return ("replayed on the reference's inputs: its output matches the reference's "
-                f"(relative error {_format_number(replay.rel_err)})")
+        return (
+            "replayed on the reference's inputs: its output matches the reference's "
+            f"(relative error {_format_number(replay.rel_err)})"
+        )
     if replay.status == MISMATCH:
-        return ("replayed on the reference's inputs: its output still differs (max abs diff "
-                f"{_format_number(replay.max_abs_diff)}, relative error {_format_number(replay.rel_err)}): the "
-                "difference arises in this module")
+        return (
+            "replayed on the reference's inputs: its output still differs (max abs diff "
+            f"{_format_number(replay.max_abs_diff)}, relative error {_format_number(replay.rel_err)}): the "
+            "difference arises in this module"
+        )
     return f"replay not used: {replay.reason}"
 
 
@@ -661,14 +744,16 @@ def _compared_text(module: ModuleResult) -> list[str]:
         pairs = data[side]
         if pairs:
             described = ", ".join(
-                (pair["candidate"] or "(tensor)") + ("" if pair["reference"] == pair["candidate"]
-                                                     else f" ~ {pair['reference'] or '(tensor)'}")
+                (pair["candidate"] or "(tensor)")
+                + ("" if pair["reference"] == pair["candidate"] else f" ~ {pair['reference'] or '(tensor)'}")
                 + ("" if pair["how"] == "same shape" else f" ({pair['how']})")
-                for pair in pairs)
+                for pair in pairs
+            )
             lines.append(f"compared {side}: {described}")
     for leaf in data["left_out"][:8]:
-        lines.append(f"left out: {leaf['in']} {leaf['side'][:-1]} {leaf['key'] or '(tensor)'} {leaf['shape']}: "
-                     f"{leaf['reason']}")
+        lines.append(
+            f"left out: {leaf['in']} {leaf['side'][:-1]} {leaf['key'] or '(tensor)'} {leaf['shape']}: {leaf['reason']}"
+        )
     return lines
 
 

@@ -41,8 +41,12 @@ class SettingDifference:
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = {"name": self.name, "reference": _jsonable(self.reference), "candidate": _jsonable(self.candidate),
-                "path": self.path}
+        data = {
+            "name": self.name,
+            "reference": _jsonable(self.reference),
+            "candidate": _jsonable(self.candidate),
+            "path": self.path,
+        }
         if self.note:
             data["note"] = self.note
         return data
@@ -60,10 +64,15 @@ class ParameterDifference:
     path: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status,
-                "max_abs_diff": self.max_abs_diff if self.max_abs_diff is None or math.isfinite(self.max_abs_diff)
-                else None,
-                "note": self.note, "path": self.path}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "max_abs_diff": self.max_abs_diff
+            if self.max_abs_diff is None or math.isfinite(self.max_abs_diff)
+            else None,
+            "note": self.note,
+            "path": self.path,
+        }
 
 
 DIFFERENT = "different"
@@ -84,24 +93,56 @@ class Synonym:
 
 
 SYNONYMS = (
-    Synonym("eps", ("eps", "epsilon", "variance_epsilon", "layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps",
-                    "norm_eps", "ln_eps"),
-            "the number added to the variance in LayerNorm / RMSNorm: torch calls it eps, transformers' RMSNorm "
-            "variance_epsilon, configs layer_norm_eps / rms_norm_eps / layer_norm_epsilon"),
-    Synonym("scaling", ("scaling", "scale", "softmax_scale", "attn_scale", "sm_scale", "attention_scale"),
-            "the factor attention scores are multiplied by (1/sqrt(head_dim) unless the model says otherwise)"),
-    Synonym("in_features", ("in_features", "nx", "in_dim", "input_dim", "d_in"),
-            "a projection's input width: transformers' Conv1D(nf, nx) calls it nx"),
-    Synonym("out_features", ("out_features", "nf", "out_dim", "output_dim", "d_out"),
-            "a projection's output width: Conv1D's nf"),
-    Synonym("num_heads", ("num_heads", "n_head", "n_heads", "num_attention_heads", "n_heads_q"),
-            "attention heads: GPT-2 style code says n_head, Llama style num_heads"),
-    Synonym("num_key_value_heads", ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head"),
-            "key/value heads of grouped-query attention"),
-    Synonym("head_dim", ("head_dim", "head_size", "d_head", "dim_head", "attention_head_size"),
-            "width of one attention head"),
-    Synonym("hidden_size", ("hidden_size", "embed_dim", "n_embd", "d_model", "all_head_size"),
-            "the model width, named after each code base's config"),
+    Synonym(
+        "eps",
+        (
+            "eps",
+            "epsilon",
+            "variance_epsilon",
+            "layer_norm_eps",
+            "layer_norm_epsilon",
+            "rms_norm_eps",
+            "norm_eps",
+            "ln_eps",
+        ),
+        "the number added to the variance in LayerNorm / RMSNorm: torch calls it eps, transformers' RMSNorm "
+        "variance_epsilon, configs layer_norm_eps / rms_norm_eps / layer_norm_epsilon",
+    ),
+    Synonym(
+        "scaling",
+        ("scaling", "scale", "softmax_scale", "attn_scale", "sm_scale", "attention_scale"),
+        "the factor attention scores are multiplied by (1/sqrt(head_dim) unless the model says otherwise)",
+    ),
+    Synonym(
+        "in_features",
+        ("in_features", "nx", "in_dim", "input_dim", "d_in"),
+        "a projection's input width: transformers' Conv1D(nf, nx) calls it nx",
+    ),
+    Synonym(
+        "out_features",
+        ("out_features", "nf", "out_dim", "output_dim", "d_out"),
+        "a projection's output width: Conv1D's nf",
+    ),
+    Synonym(
+        "num_heads",
+        ("num_heads", "n_head", "n_heads", "num_attention_heads", "n_heads_q"),
+        "attention heads: GPT-2 style code says n_head, Llama style num_heads",
+    ),
+    Synonym(
+        "num_key_value_heads",
+        ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head"),
+        "key/value heads of grouped-query attention",
+    ),
+    Synonym(
+        "head_dim",
+        ("head_dim", "head_size", "d_head", "dim_head", "attention_head_size"),
+        "width of one attention head",
+    ),
+    Synonym(
+        "hidden_size",
+        ("hidden_size", "embed_dim", "n_embd", "d_model", "all_head_size"),
+        "the model width, named after each code base's config",
+    ),
     Synonym("is_causal", ("is_causal", "causal"), "whether attention masks future positions"),
     Synonym("rope_theta", ("rope_theta", "theta", "rotary_base", "base"), "the base of rotary frequencies"),
     Synonym("num_embeddings", ("num_embeddings", "vocab_size", "n_vocab"), "rows of an embedding table"),
@@ -130,7 +171,7 @@ IGNORED_SETTINGS: dict[str, str] = {
     "loss_type": "the loss, not the forward pass",
     "is_cross_attention": "the kind of attention is given by the module's inputs",
     "padding_idx": "an embedding's padding row only changes its gradient and initialisation; the forward pass "
-                   "reads the table as it is (a different row is a parameter difference)",
+    "reads the table as it is (a different row is a parameter difference)",
 }
 
 # How a class stores a projection's weight: transformers' Conv1D computes `x @ weight` and stores
@@ -154,8 +195,12 @@ ACTIVATIONS = (
     ActivationRow("gelu_tanh", ("GELU",), ("approximate", "tanh"), "torch's GELU(approximate='tanh')"),
     ActivationRow("gelu", ("GELU",), ("approximate", "none"), "torch's exact GELU"),
     ActivationRow("gelu", ("GELUActivation",), None, "transformers' 'gelu' (erf form)"),
-    ActivationRow("gelu_tanh", ("NewGELUActivation", "PytorchGELUTanh", "GELUTanh", "GELUPytorchTanh"), None,
-                  "transformers' 'gelu_new' / 'gelu_pytorch_tanh' (the tanh form GPT-2 uses)"),
+    ActivationRow(
+        "gelu_tanh",
+        ("NewGELUActivation", "PytorchGELUTanh", "GELUTanh", "GELUPytorchTanh"),
+        None,
+        "transformers' 'gelu_new' / 'gelu_pytorch_tanh' (the tanh form GPT-2 uses)",
+    ),
     ActivationRow("gelu_fast", ("FastGELUActivation",), None, "transformers' 'gelu_fast'"),
     ActivationRow("gelu_quick", ("QuickGELUActivation",), None, "x * sigmoid(1.702 x)"),
     ActivationRow("silu", ("SiLU", "SiLUActivation"), None, "x * sigmoid(x), Llama's MLP"),
@@ -166,8 +211,13 @@ ACTIVATIONS = (
     ActivationRow("mish", ("Mish", "MishActivation"), None, "x * tanh(softplus(x))"),
 )
 _FUNCTION_NAMES = {
-    "torch.nn.functional.gelu": "gelu", "torch._C._nn.gelu": "gelu", "torch.nn.functional.silu": "silu",
-    "torch.nn.functional.relu": "relu", "torch.relu": "relu", "torch.tanh": "tanh", "torch.sigmoid": "sigmoid",
+    "torch.nn.functional.gelu": "gelu",
+    "torch._C._nn.gelu": "gelu",
+    "torch.nn.functional.silu": "silu",
+    "torch.nn.functional.relu": "relu",
+    "torch.relu": "relu",
+    "torch.tanh": "tanh",
+    "torch.sigmoid": "sigmoid",
 }
 
 _CANONICAL = {alias: synonym.name for synonym in SYNONYMS for alias in synonym.aliases}
@@ -199,9 +249,14 @@ def compare_settings(reference: ModuleBuild, candidate: ModuleBuild) -> list[Set
     differences: list[SettingDifference] = []
     ref_activation, cand_activation = activation_of(reference), activation_of(candidate)
     if ref_activation and cand_activation and ref_activation != cand_activation:
-        differences.append(SettingDifference(
-            "activation", f"{ref_activation} ({reference.class_name})", f"{cand_activation} ({candidate.class_name})",
-            candidate.path))
+        differences.append(
+            SettingDifference(
+                "activation",
+                f"{ref_activation} ({reference.class_name})",
+                f"{cand_activation} ({candidate.class_name})",
+                candidate.path,
+            )
+        )
     same_class = reference.class_name == candidate.class_name
     ref_fields = _normalised(reference.settings, same_class)
     cand_fields = _normalised(candidate.settings, same_class)
@@ -263,18 +318,31 @@ def compare_parameters(
         cand_parameter = cand_by_name.get(ref_parameter.name)
         if cand_parameter is None:
             # a parameter named differently (`scale` for `weight`): the next unpaired one of the same kind and size
-            cand_parameter = next((parameter for parameter in leftovers if parameter.kind == ref_parameter.kind
-                                   and parameter.name not in _names(reference)
-                                   and _numel(parameter) == _numel(ref_parameter)), None)
+            cand_parameter = next(
+                (
+                    parameter
+                    for parameter in leftovers
+                    if parameter.kind == ref_parameter.kind
+                    and parameter.name not in _names(reference)
+                    and _numel(parameter) == _numel(ref_parameter)
+                ),
+                None,
+            )
         if cand_parameter is not None and cand_parameter in leftovers:
             leftovers.remove(cand_parameter)
         pairs.append((ref_parameter, cand_parameter))
     for ref_parameter, cand_parameter in pairs:
         if cand_parameter is None:
             if ref_parameter.kind == "parameter":
-                differences.append(ParameterDifference(ref_parameter.name, MISSING, None,
-                                                       f"the candidate's {candidate.class_name} has no such parameter",
-                                                       candidate.path))
+                differences.append(
+                    ParameterDifference(
+                        ref_parameter.name,
+                        MISSING,
+                        None,
+                        f"the candidate's {candidate.class_name} has no such parameter",
+                        candidate.path,
+                    )
+                )
             continue
         difference = _compare_parameter(reference, candidate, ref_parameter, cand_parameter, ref_store, cand_store)
         if difference is not None:
@@ -324,15 +392,27 @@ def _tolerance(dtype: str) -> tuple[float, float]:
 
 
 def _compare_parameter(
-    reference: ModuleBuild, candidate: ModuleBuild, ref_parameter: ParameterRecord, cand_parameter: ParameterRecord,
-    ref_store: Any, cand_store: Any,
+    reference: ModuleBuild,
+    candidate: ModuleBuild,
+    ref_parameter: ParameterRecord,
+    cand_parameter: ParameterRecord,
+    ref_store: Any,
+    cand_store: Any,
 ) -> ParameterDifference | None:
     ref = _oriented(reference, ref_parameter, ref_store)
     cand = _oriented(candidate, cand_parameter, cand_store)
-    atol, rtol = _tolerance(min(ref_parameter.summary.dtype, cand_parameter.summary.dtype,
-                                key=lambda name: {"bfloat16": 0, "float16": 1}.get(name, 2)))
-    name = cand_parameter.name if cand_parameter.name == ref_parameter.name else \
-        f"{ref_parameter.name} (candidate {cand_parameter.name})"
+    atol, rtol = _tolerance(
+        min(
+            ref_parameter.summary.dtype,
+            cand_parameter.summary.dtype,
+            key=lambda name: {"bfloat16": 0, "float16": 1}.get(name, 2),
+        )
+    )
+    name = (
+        cand_parameter.name
+        if cand_parameter.name == ref_parameter.name
+        else f"{ref_parameter.name} (candidate {cand_parameter.name})"
+    )
     if ref.array is not None and cand.array is not None:
         return _compare_full(name, ref.array, cand.array, atol, rtol, candidate.path)
     if math.prod(ref.shape) != math.prod(cand.shape):
@@ -346,44 +426,64 @@ def _compare_parameter(
         # NOTE: strided statistics (large weights) are comparable only over the same elements: same stride,
         # same storage layout
         comparable = ref_parameter.statistics_stride == cand_parameter.statistics_stride and (
-            ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape)
+            ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape
+        )
         statistics = _statistics_gap(ref_parameter, cand_parameter) if comparable else None
         if statistics is None or statistics <= atol + rtol * _scale(ref_parameter) + 1e-6 * _scale(ref_parameter):
             return None
         return ParameterDifference(name, DIFFERENT, statistics, "statistics differ (sample agrees)", candidate.path)
-    if ref.sample_transposed is not None and _close(ref.sample_transposed, cand.sample, atol, rtol) \
-            and cand.shape == ref.shape[::-1]:
-        return ParameterDifference(name, TRANSPOSED, _sample_gap(ref.sample, cand.sample),
-                                   f"the candidate holds the reference's {ref.shape} weight transposed "
-                                   "(a copy that missed or added a .T)", candidate.path)
+    if (
+        ref.sample_transposed is not None
+        and _close(ref.sample_transposed, cand.sample, atol, rtol)
+        and cand.shape == ref.shape[::-1]
+    ):
+        return ParameterDifference(
+            name,
+            TRANSPOSED,
+            _sample_gap(ref.sample, cand.sample),
+            f"the candidate holds the reference's {ref.shape} weight transposed (a copy that missed or added a .T)",
+            candidate.path,
+        )
     gap = _sample_gap(ref.sample, cand.sample)
     if ref.shape != cand.shape:
         return ParameterDifference(name, DIFFERENT, None, f"shape {ref.shape} vs {cand.shape}", candidate.path)
-    return ParameterDifference(name, DIFFERENT, max(gap, _statistics_gap(ref_parameter, cand_parameter) or 0.0),
-                               f"values differ (a {len(ref.sample)}-value sample and statistics; a lower bound)",
-                               candidate.path)
+    return ParameterDifference(
+        name,
+        DIFFERENT,
+        max(gap, _statistics_gap(ref_parameter, cand_parameter) or 0.0),
+        f"values differ (a {len(ref.sample)}-value sample and statistics; a lower bound)",
+        candidate.path,
+    )
 
 
-def _compare_full(name: str, ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float,
-                  path: str) -> ParameterDifference | None:
+def _compare_full(
+    name: str, ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float, path: str
+) -> ParameterDifference | None:
     ref64, cand64 = np.asarray(ref, np.float64), np.asarray(cand, np.float64)
     if ref64.shape == cand64.shape:
         gap = float(np.max(np.abs(ref64 - cand64))) if ref64.size else 0.0
         if np.allclose(cand64, ref64, rtol=rtol, atol=atol, equal_nan=True):
             return None
         if ref64.ndim == 2 and ref64.shape[0] == ref64.shape[1] and np.allclose(cand64, ref64.T, rtol=rtol, atol=atol):
-            return ParameterDifference(name, TRANSPOSED, gap, "the candidate holds the reference's weight "
-                                       "transposed (full tensors)", path)
+            return ParameterDifference(
+                name, TRANSPOSED, gap, "the candidate holds the reference's weight transposed (full tensors)", path
+            )
         return ParameterDifference(name, DIFFERENT, gap, "full tensors", path)
     if ref64.ndim == 2 and cand64.shape == ref64.shape[::-1] and np.allclose(cand64, ref64.T, rtol=rtol, atol=atol):
-        return ParameterDifference(name, TRANSPOSED, None, f"the candidate holds the reference's {list(ref64.shape)} "
-                                   "weight transposed (full tensors)", path)
+        return ParameterDifference(
+            name,
+            TRANSPOSED,
+            None,
+            f"the candidate holds the reference's {list(ref64.shape)} weight transposed (full tensors)",
+            path,
+        )
     return ParameterDifference(name, DIFFERENT, None, f"shape {list(ref64.shape)} vs {list(cand64.shape)}", path)
 
 
 def _close(first: list[float], second: list[float], atol: float, rtol: float) -> bool:
     return len(first) == len(second) and all(
-        abs(a - b) <= atol + rtol * abs(a) or (a != a and b != b) for a, b in zip(first, second))
+        abs(a - b) <= atol + rtol * abs(a) or (a != a and b != b) for a, b in zip(first, second)
+    )
 
 
 def _sample_gap(first: list[float], second: list[float]) -> float:
@@ -397,9 +497,16 @@ def _scale(parameter: ParameterRecord) -> float:
 
 
 def _statistics_gap(ref: ParameterRecord, cand: ParameterRecord) -> float | None:
-    gaps = [abs(a - b) for a, b in ((ref.summary.mean, cand.summary.mean), (ref.summary.std, cand.summary.std),
-                                    (ref.summary.min, cand.summary.min), (ref.summary.max, cand.summary.max))
-            if a is not None and b is not None and a == a and b == b]
+    gaps = [
+        abs(a - b)
+        for a, b in (
+            (ref.summary.mean, cand.summary.mean),
+            (ref.summary.std, cand.summary.std),
+            (ref.summary.min, cand.summary.min),
+            (ref.summary.max, cand.summary.max),
+        )
+        if a is not None and b is not None and a == a and b == b
+    ]
     return max(gaps) if gaps else None
 
 
@@ -441,8 +548,10 @@ def module_evidence(result: DiffResult) -> dict[str, ModuleEvidence]:
             if ref_build is None or cand_build is None:
                 continue
             found = evidence[path] = ModuleEvidence(
-                path, cand_build.built_at, compare_settings(ref_build, cand_build),
-                compare_parameters(ref_build, cand_build, ref_store, cand_store))
+                path,
+                cand_build.built_at,
+                compare_settings(ref_build, cand_build),
+                compare_parameters(ref_build, cand_build, ref_store, cand_store),
+            )
         module.settings, module.parameters = found.settings, found.parameters
     return evidence
-

@@ -69,11 +69,16 @@ def restrict_to_common_steps(reference: LoadedTrace, candidate: LoadedTrace) -> 
     for side, loaded, steps in (("reference", reference, reference_steps), ("candidate", candidate, candidate_steps)):
         if steps > common:
             _truncate(loaded.trace, common)
-            other = "a single forward pass" if common == 1 and (
-                (reference if side == "candidate" else candidate).trace.generation is None) else f"{common} steps"
-            notes.append(f"the {'reference' if side == 'candidate' else 'candidate'} is {other}: compared with the "
-                         f"{side}'s {'prefill (step 0)' if common == 1 else f'first {common} steps'}; "
-                         f"{steps - common} of its steps not compared")
+            other = (
+                "a single forward pass"
+                if common == 1 and ((reference if side == "candidate" else candidate).trace.generation is None)
+                else f"{common} steps"
+            )
+            notes.append(
+                f"the {'reference' if side == 'candidate' else 'candidate'} is {other}: compared with the "
+                f"{side}'s {'prefill (step 0)' if common == 1 else f'first {common} steps'}; "
+                f"{steps - common} of its steps not compared"
+            )
     return notes
 
 
@@ -100,8 +105,13 @@ def _first_token(reference: GenerationRecord, candidate: GenerationRecord) -> di
         for position, (reference_id, candidate_id) in enumerate(zip(reference_ids, candidate_ids)):
             if reference_id != candidate_id:
                 # NOTE: new token `position` is the one step `position` chose (the prefill chooses the first)
-                return {"row": row, "position": position, "step": position, "reference": reference_id,
-                        "candidate": candidate_id}
+                return {
+                    "row": row,
+                    "position": position,
+                    "step": position,
+                    "reference": reference_id,
+                    "candidate": candidate_id,
+                }
     return None
 
 
@@ -117,8 +127,14 @@ def _first_cache(reference: GenerationRecord, candidate: GenerationRecord, steps
             continue
         for name in ("key", "value"):
             if not summaries_close(getattr(other, name), getattr(entry, name), CACHE_RELATIVE_TOLERANCE):
-                return {"step": entry.step, "layer": entry.layer, "kind": entry.kind, "tensor": name,
-                        "reference_shape": getattr(other, name).shape, "candidate_shape": getattr(entry, name).shape}
+                return {
+                    "step": entry.step,
+                    "layer": entry.layer,
+                    "kind": entry.kind,
+                    "tensor": name,
+                    "reference_shape": getattr(other, name).shape,
+                    "candidate_shape": getattr(entry, name).shape,
+                }
     return None
 
 
@@ -127,17 +143,16 @@ def step_report(result: Any) -> StepReport | None:
     reference, candidate = result.reference.trace, result.candidate.trace
     if reference.generation is None and candidate.generation is None:
         return None
-    report = StepReport(_steps(reference), _steps(candidate),
-                        min(_steps(reference), _steps(candidate)))
+    report = StepReport(_steps(reference), _steps(candidate), min(_steps(reference), _steps(candidate)))
     step_of = candidate.step_of
-    differing = [step_of(module.candidate.index) for module in result.modules
-                 if module.status in ("mismatch", "divergence")]
+    differing = [
+        step_of(module.candidate.index) for module in result.modules if module.status in ("mismatch", "divergence")
+    ]
     differing = [step for step in differing if step is not None]
     report.first_diverging_step = min(differing) if differing else None
     if result.first_divergence is not None:
         report.divergence_step = step_of(result.first_divergence.module.candidate.index)
     if reference.generation is not None and candidate.generation is not None:
         report.first_differing_token = _first_token(reference.generation, candidate.generation)
-        report.first_differing_cache = _first_cache(reference.generation, candidate.generation,
-                                                    report.compared_steps)
+        report.first_differing_cache = _first_cache(reference.generation, candidate.generation, report.compared_steps)
     return report

@@ -99,8 +99,10 @@ def find_module_classes(source: str) -> list[ModuleClass]:
     known: dict[str, ModuleClass] = {}
     for definition in sorted(_class_definitions(tree.body), key=lambda node: node.lineno):
         is_module = is_model = generates = False
-        has_forward = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward"
-                          for node in definition.body)
+        has_forward = any(
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "forward"
+            for node in definition.body
+        )
         for base in definition.bases:
             dotted = _dotted_name(base)
             if dotted is None:
@@ -124,8 +126,9 @@ def find_module_classes(source: str) -> list[ModuleClass]:
 
 def base_model_name(classes: list[ModuleClass]) -> str | None:
     """The class a plain trace builds, by the worker's rule (`rules.pick_base_model`)."""
-    return pick_base_model([cls.name for cls in classes
-                            if cls.is_model and not cls.is_abstract_model and cls.has_forward])
+    return pick_base_model(
+        [cls.name for cls in classes if cls.is_model and not cls.is_abstract_model and cls.has_forward]
+    )
 
 
 def trace_arguments(uri: str, target: ModuleClass, classes: list[ModuleClass]) -> list[str]:

@@ -15,8 +15,6 @@ from modeltrace.lsp.classes import ModuleClass, find_module_classes, trace_argum
 from modeltrace.lsp.server import ModelTraceServer
 
 
-
-
 def document_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass]:
     """The module classes of an open document, parsed once per version."""
     document = ls.workspace.get_text_document(uri)
@@ -58,10 +56,22 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
             continue
         where = _line_range(cls.line, cls.column, len(cls.name))
         if cls.generates:
-            lenses.append(types.CodeLens(range=where, command=types.Command(
-                title="▶ Trace generate", command=methods.TRACE_GENERATE, arguments=[uri, cls.name])))
-        lenses.append(types.CodeLens(range=where, command=types.Command(
-            title="▶ Trace forward + backward", command=methods.TRACE_BACKWARD, arguments=[uri, cls.name])))
+            lenses.append(
+                types.CodeLens(
+                    range=where,
+                    command=types.Command(
+                        title="▶ Trace generate", command=methods.TRACE_GENERATE, arguments=[uri, cls.name]
+                    ),
+                )
+            )
+        lenses.append(
+            types.CodeLens(
+                range=where,
+                command=types.Command(
+                    title="▶ Trace forward + backward", command=methods.TRACE_BACKWARD, arguments=[uri, cls.name]
+                ),
+            )
+        )
     loaded = ls.store.trace_showing(path)
     if loaded is not None:
         # NOTE: next to the lens of the class that was traced, when it is in this document; else at the top.

@@ -101,8 +101,9 @@ async def _trace_command(ls: ModelTraceServer, mode: str, *arguments: Any) -> di
     return await run_trace(ls, str(uri), path, model, mode)
 
 
-async def run_trace(ls: ModelTraceServer, uri: str, path: str, model: str | None,
-                    mode: str = "forward") -> dict[str, Any]:
+async def run_trace(
+    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
+) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
     "generate" or "backward"."""
     ls.last_requests[path] = TraceRequest(uri=uri, model=model, mode=mode)
@@ -192,8 +193,9 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
     return base_model_name(document_classes(ls, uri)) or Path(path).name
 
 
-async def _trace_now(ls: ModelTraceServer, uri: str, path: str, model: str | None,
-                     mode: str = "forward") -> dict[str, Any]:
+async def _trace_now(
+    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
+) -> dict[str, Any]:
     name = _model_to_build(ls, uri, path, model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"
@@ -350,8 +352,9 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     message = _load_message(trace_path, loaded, shown)
     if message is not None:
         ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
-    notify_status(ls, ServerState.STALE if loaded.stale else ServerState.IDLE,
-                  f"{loaded.model_class}: loaded {trace_path}", uri)
+    notify_status(
+        ls, ServerState.STALE if loaded.stale else ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri
+    )
     return {
         "ok": True,
         "modelClass": loaded.model_class,
@@ -375,8 +378,10 @@ def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> 
     recorded = "" if match.recorded == match.found else f" (recorded as {match.recorded})"
     return uri, types.Diagnostic(
         range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
-        message=(f"This file changed since {Path(trace_path).name} was captured{recorded}: its hints sit on the "
-                 "lines the trace recorded, which edits may have moved. Trace it again for exact hints."),
+        message=(
+            f"This file changed since {Path(trace_path).name} was captured{recorded}: its hints sit on the "
+            "lines the trace recorded, which edits may have moved. Trace it again for exact hints."
+        ),
         severity=types.DiagnosticSeverity.Information,
         source=DIAGNOSTIC_SOURCE,
     )
@@ -392,8 +397,10 @@ def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatc
     if moved:
         parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
     if changed:
-        parts.append(f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
-                     "hints may be off by the lines edited since (marked stale)")
+        parts.append(
+            f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
+            "hints may be off by the lines edited since (marked stale)"
+        )
     return "; ".join(parts)
 
 
@@ -409,8 +416,11 @@ async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     Reading a reference runs no code, so this works in untrusted workspaces too. A bad path changes nothing.
     """
     if len(arguments) != 2 or not all(isinstance(argument, str) and argument for argument in arguments):
-        return _refuse(ls, "ModelTrace: modelTrace.setReference needs a document URI and the path of a reference "
-                           "trace (a .mtrace folder or a transformers debugger output)")
+        return _refuse(
+            ls,
+            "ModelTrace: modelTrace.setReference needs a document URI and the path of a reference "
+            "trace (a .mtrace folder or a transformers debugger output)",
+        )
     uri, text = arguments
     path = ls.uri_to_path(uri)
     if path is None:

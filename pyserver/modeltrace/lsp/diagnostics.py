@@ -81,8 +81,6 @@ def _publish(ls: ModelTraceServer, uri: str) -> None:
     # NOTE: a publish replaces all of a URI's diagnostics, and several traced files can fail in one shared file.
     notes = [item for items in ls.source_notes.values() for item in items]
     diagnostics = [
-        diagnostic
-        for where, diagnostic in (*ls.failures.values(), *ls.divergences.values(), *notes)
-        if where == uri
+        diagnostic for where, diagnostic in (*ls.failures.values(), *ls.divergences.values(), *notes) if where == uri
     ]
     ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics))

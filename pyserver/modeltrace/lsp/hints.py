@@ -139,8 +139,13 @@ def placed_labels(
             elif len(placed) >= MAX_NAMED_HINTS:
                 hidden += 1
             else:
-                placed.append(PlacedLabel(column, prefix + compact_values(runs, detail, model_dtype, budget) + suffix,
-                                          padding_left=is_return))
+                placed.append(
+                    PlacedLabel(
+                        column,
+                        prefix + compact_values(runs, detail, model_dtype, budget) + suffix,
+                        padding_left=is_return,
+                    )
+                )
         if hidden:
             placed.append(PlacedLabel(placed[-1].column, f" +{hidden} more (hover)", padding_left=True))
     elif entry.calls:
@@ -160,8 +165,9 @@ def placed_labels(
                 runs = [[record.outputs[position]] for record in entry.calls]
                 column = name_end(text, name, split)
                 if column is not None:
-                    placed.append(PlacedLabel(column, NAME_PREFIX + compact_values(runs, detail, model_dtype, budget)
-                                              + suffix))
+                    placed.append(
+                        PlacedLabel(column, NAME_PREFIX + compact_values(runs, detail, model_dtype, budget) + suffix)
+                    )
         else:
             budget = HINT_MAX_LENGTH - len(HINT_PREFIX) - len(suffix)
             unplaced.append(compact_calls(entry, detail, model_dtype, budget))
@@ -177,8 +183,15 @@ def _units(ls: ModelTraceServer, text: str) -> int:
     return len(text) if text.isascii() else ls.workspace.position_codec.client_num_units(text)
 
 
-def _line_hints(ls: ModelTraceServer, hints: FileHints, line: int, traced: TracedLine, detail: HintDetail,
-                stale: bool, model_dtype: str | None) -> list[types.InlayHint]:
+def _line_hints(
+    ls: ModelTraceServer,
+    hints: FileHints,
+    line: int,
+    traced: TracedLine,
+    detail: HintDetail,
+    stale: bool,
+    model_dtype: str | None,
+) -> list[types.InlayHint]:
     text = hints.lines[line] if line < len(hints.lines) else ""
     data = f"{hints.key}:{traced.entry.line}"
     if ls.settings.hint_placement == HintPlacement.END_OF_LINE:
@@ -198,8 +211,9 @@ def _line_hints(ls: ModelTraceServer, hints: FileHints, line: int, traced: Trace
     ]
 
 
-def _step_and_gradient_labels(ls: ModelTraceServer, hints: FileHints, traced: TracedLine, text: str,
-                              model_dtype: str | None) -> list[PlacedLabel]:
+def _step_and_gradient_labels(
+    ls: ModelTraceServer, hints: FileHints, traced: TracedLine, text: str, model_dtype: str | None
+) -> list[PlacedLabel]:
     """The step label of a generation trace's line and, on `modelTrace.gradientHints`, the gradient row of a
     backward trace's line (`lsp/steps.py`), at the line's end."""
     loaded = ls.store.traces.get(hints.owner)

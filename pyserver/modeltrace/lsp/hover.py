@@ -51,8 +51,9 @@ def _ranks(summary: TensorSummary) -> str:
     if not placement:
         return ""
     if placement.get("kind") == "shard":
-        shards = ", ".join(f"rank {rank} {compact_shape(shape)}" for rank, shape in
-                           enumerate(placement.get("local_shapes") or []))
+        shards = ", ".join(
+            f"rank {rank} {compact_shape(shape)}" for rank, shape in enumerate(placement.get("local_shapes") or [])
+        )
         return _cell(f" · sharded on dim {placement.get('dim')}: {shards}")
     return _cell(f" · whole on each of {placement.get('ranks')} ranks")
 
@@ -71,8 +72,14 @@ def calls_table(records: list[ModuleCall]) -> str:
             continue
         name = f"{call}[{_cell(summary.key)}]" if summary.key else call
         ran_on = f" on {_cell(record.device)}" if record.device else ""  # a model spread over devices
-        rows.append([f"{name} {_cell(record.class_name)}{ran_on}", compact_shape(summary.shape) + _ranks(summary),
-                     summary.dtype, *_statistics(summary, bad_values)])
+        rows.append(
+            [
+                f"{name} {_cell(record.class_name)}{ran_on}",
+                compact_shape(summary.shape) + _ranks(summary),
+                summary.dtype,
+                *_statistics(summary, bad_values),
+            ]
+        )
     return _table(header, rows, len(outputs) - len(shown), "outputs")
 
 
@@ -84,8 +91,13 @@ def variables_table(variables: list[LineRecord]) -> str:
     bad_values = _has_bad_values([record.tensor for record in shown])
     header = ["assigned", "run", "shape", "dtype", "mean", "std", "min", "max"] + (["NaN/Inf"] if bad_values else [])
     rows = [
-        [f"`{_cell(record.name)}`", str(record.call_index), compact_shape(record.tensor.shape), record.tensor.dtype,
-         *_statistics(record.tensor, bad_values)]
+        [
+            f"`{_cell(record.name)}`",
+            str(record.call_index),
+            compact_shape(record.tensor.shape),
+            record.tensor.dtype,
+            *_statistics(record.tensor, bad_values),
+        ]
         for record in shown
     ]
     return _table(header, rows, len(variables) - len(shown), "values")
@@ -97,8 +109,10 @@ def line_markdown(entry: LineEntry, stale: bool) -> str:
     title = "**ModelTrace**"
     if runs > 1:
         # NOTE: the inline hints leave the count out (it costs room every line would repeat); it is said here.
-        title += (f" · ×{runs}: this line ran {runs} times in the traced forward (once per call of its function, "
-                  "for example once per layer); each run is a row below")
+        title += (
+            f" · ×{runs}: this line ran {runs} times in the traced forward (once per call of its function, "
+            "for example once per layer); each run is a row below"
+        )
     parts = [title]
     if stale:
         parts.append("_The file changed since this trace: trace again to refresh it._")

@@ -57,14 +57,18 @@ def _diagnostic(source: str, problem: Problem) -> types.Diagnostic:
     return types.Diagnostic(
         range=_line_range(source, problem.line),
         message=problem.message,
-        severity=types.DiagnosticSeverity.Information if problem.severity == "hint" else types.DiagnosticSeverity.Warning,
+        severity=types.DiagnosticSeverity.Information
+        if problem.severity == "hint"
+        else types.DiagnosticSeverity.Warning,
         code=problem.code,
         source=SOURCE,
         data={"key": problem.key, "code": problem.code, "line": problem.line},
     )
 
 
-def document_diagnostics(ls: ModelTraceServer, params: types.DocumentDiagnosticParams) -> types.FullDocumentDiagnosticReport:
+def document_diagnostics(
+    ls: ModelTraceServer, params: types.DocumentDiagnosticParams
+) -> types.FullDocumentDiagnosticReport:
     found = _analysis(ls, params.text_document.uri)
     items = [] if found is None else [_diagnostic(found[0], p) for p in found[1].problems]
     return types.FullDocumentDiagnosticReport(items=items)
@@ -115,7 +119,9 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
             continue
         fix = problem.fix_json() or {}
         title = (
-            f"Record {fix['key']!r} with {fix['entry']}" if "entry" in fix else f"Add _can_record_outputs to {fix.get('class')}"
+            f"Record {fix['key']!r} with {fix['entry']}"
+            if "entry" in fix
+            else f"Add _can_record_outputs to {fix.get('class')}"
         )
         diagnostic = _diagnostic(source, problem)
         actions.append(

@@ -73,9 +73,16 @@ def load_checked_reference(path: str) -> None:
     load_reference(path).close()
 
 
-def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float | None,
-                 maps: tuple[str, ...], replay: bool = False, worker: Any = None,
-                 mapping: str | None = None) -> DocumentDiff:
+def compute_diff(
+    reference: str,
+    candidate: str,
+    atol: float | None,
+    rtol: float | None,
+    maps: tuple[str, ...],
+    replay: bool = False,
+    worker: Any = None,
+    mapping: str | None = None,
+) -> DocumentDiff:
     """Diff the candidate trace folder against the reference (CPU and file work: run it in a thread). With
     `replay` and a reference holding full tensors, the first modules whose outputs differ are re-run on the
     reference's inputs in `worker` (the server's trace worker, the candidate's environment; the caller holds
@@ -90,8 +97,12 @@ def compute_diff(reference: str, candidate: str, atol: float | None, rtol: float
     try:
         calls = {
             (module.candidate.path, module.candidate.call_index): CallDiff(
-                module.status, module.check, module.max_abs_diff, module.max_rel_diff,
-                module.reference.path if module.reference is not None and module.reference.path != module.candidate.path
+                module.status,
+                module.check,
+                module.max_abs_diff,
+                module.max_rel_diff,
+                module.reference.path
+                if module.reference is not None and module.reference.path != module.candidate.path
                 else None,
                 _alignment_text(module),
             )
@@ -119,8 +130,14 @@ async def update_diff(ls: ModelTraceServer, loaded: DocumentTrace) -> DocumentDi
     settings = ls.settings
     try:
         diff = await asyncio.to_thread(
-            compute_diff, reference, loaded.trace_path, settings.diff_atol, settings.diff_rtol, settings.diff_maps,
-            settings.diff_replay, ls.worker() if settings.diff_replay else None,
+            compute_diff,
+            reference,
+            loaded.trace_path,
+            settings.diff_atol,
+            settings.diff_rtol,
+            settings.diff_maps,
+            settings.diff_replay,
+            ls.worker() if settings.diff_replay else None,
             workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
         )
     except ModelTraceError as error:
@@ -128,8 +145,9 @@ async def update_diff(ls: ModelTraceServer, loaded: DocumentTrace) -> DocumentDi
         return None
     except Exception as error:  # noqa: BLE001 - a broken diff never takes the trace down with it
         logger.exception("diff of %s against %s failed", loaded.trace_path, reference)
-        ls.show_message(f"ModelTrace: internal error while comparing with the reference ({error})",
-                        types.MessageType.Error)
+        ls.show_message(
+            f"ModelTrace: internal error while comparing with the reference ({error})", types.MessageType.Error
+        )
         return None
     show_diff(ls, loaded, diff)
     return diff
@@ -181,7 +199,8 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
     if divergence is not None:
         drilled = divergence.get("line") or {}
         location = (
-            {"file": drilled["file"], "line": drilled["line"]} if drilled.get("file") and drilled.get("line")
+            {"file": drilled["file"], "line": drilled["line"]}
+            if drilled.get("file") and drilled.get("line")
             else divergence.get("called_at")
         )
         if location and location.get("file"):
@@ -192,7 +211,9 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
         "uri": uri,
         "reference": diff.reference,
         "match": diff.matched,
-        "divergence": None if divergence is None else {
+        "divergence": None
+        if divergence is None
+        else {
             "path": divergence.get("path") or "",
             "className": divergence.get("class") or "",
             "maxAbsDiff": divergence.get("max_abs_diff"),
@@ -230,8 +251,7 @@ def divergence_diagnostic(
     message = (
         f"First divergence from the reference: {divergence['path']} ({divergence['class']}): "
         f"max abs diff {format_number(divergence.get('max_abs_diff'))}, "
-        f"max rel diff {format_number(divergence.get('max_rel_diff'))}"
-        + (f" ({check} check)" if check else "")
+        f"max rel diff {format_number(divergence.get('max_rel_diff'))}" + (f" ({check} check)" if check else "")
     )
     span = divergence.get("lines")
     if span and span["start"] != span["end"] and not (divergence.get("after") and divergence.get("before")):
@@ -259,8 +279,10 @@ def _evidence_message(divergence: dict[str, Any]) -> str:
     line = divergence.get("line")
     if line:
         parts.append(f"first differing line: {line['reason']}")
-    differences = [f"{item['name']} {item['reference']!r} (reference) vs {item['candidate']!r} (candidate)"
-                   for item in divergence.get("settings") or []]
+    differences = [
+        f"{item['name']} {item['reference']!r} (reference) vs {item['candidate']!r} (candidate)"
+        for item in divergence.get("settings") or []
+    ]
     differences += [f"{item['name']} {item['status']}" for item in divergence.get("parameters") or []]
     if differences:
         built_at = divergence.get("built_at")
@@ -315,11 +337,13 @@ def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> st
         )
     if not rows:
         return None
-    header = ("| call | reference | status | max abs diff | max rel diff | check |\n"
-              "|:--|:--|:--|--:|--:|:--|")
+    header = "| call | reference | status | max abs diff | max rel diff | check |\n|:--|:--|:--|--:|--:|:--|"
     # NOTE: a call compared by statistics says why: the notes name the modules whose tensors were not stored
-    why = [f"\n\n_{note}_" for note in diff.notes if "not stored in full" in note] if any(
-        "| statistics |" in row for row in rows) else []
+    why = (
+        [f"\n\n_{note}_" for note in diff.notes if "not stored in full" in note]
+        if any("| statistics |" in row for row in rows)
+        else []
+    )
     return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows) + "".join(why)
 
 

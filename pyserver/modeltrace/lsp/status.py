@@ -12,8 +12,6 @@ from modeltrace.lsp import methods
 from modeltrace.lsp.server import ModelTraceServer
 
 
-
-
 class ServerState(str, Enum):
     IDLE = "idle"
     TRACING = "tracing"

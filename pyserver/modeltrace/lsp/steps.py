@@ -58,11 +58,17 @@ def gradient_calls(trace: Trace) -> dict[int, GradientCall]:
 def gradient_label(trace: Trace, entry: LineEntry) -> str | None:
     """`∇ [1,7,64] max|g| 0.41` (the line's last call's output gradient), flagged when NaN/Inf/all zero."""
     calls = gradient_calls(trace)
-    gradients = [calls[record.index] for record in entry.calls if record.index in calls and calls[record.index].outputs]
+    gradients = [
+        calls[record.index] for record in entry.calls if record.index in calls and calls[record.index].outputs
+    ]
     if not gradients:
         return None
-    flags = {problem for call in gradients for summary in (*call.outputs, *call.inputs)
-             if (problem := _problem(summary)) is not None}
+    flags = {
+        problem
+        for call in gradients
+        for summary in (*call.outputs, *call.inputs)
+        if (problem := _problem(summary)) is not None
+    }
     first = gradients[-1].outputs[0]
     label = f"{GRADIENT_PREFIX}{compact_shape(first.shape)} max|g| {format_number(first.abs_max)}"
     return label + (" " + " ".join(sorted(flags)) if flags else "")
@@ -71,9 +77,11 @@ def gradient_label(trace: Trace, entry: LineEntry) -> str | None:
 def _summary_cells(summaries: list[TensorSummary]) -> str:
     if not summaries:
         return "—"
-    return "<br>".join(f"{summary.key or 'out'} {compact_shape(summary.shape)} max {format_number(summary.abs_max)} "
-                       f"mean {format_number(summary.mean)}" + (f" {problem}" if (problem := _problem(summary)) else "")
-                       for summary in summaries[:3])
+    return "<br>".join(
+        f"{summary.key or 'out'} {compact_shape(summary.shape)} max {format_number(summary.abs_max)} "
+        f"mean {format_number(summary.mean)}" + (f" {problem}" if (problem := _problem(summary)) else "")
+        for summary in summaries[:3]
+    )
 
 
 def _parameter_cells(parameters: list[ParameterGradient]) -> str:
@@ -99,8 +107,10 @@ def hover_markdown(trace: Trace, entry: LineEntry, show_gradients: bool) -> str 
             name = "prefill" if step == 0 else f"decode {step}"
             shape = compact_shape(record.outputs[0].shape) if record.outputs else "(no tensor)"
             rows.append(f"| {name} | `{layer_label(record)}` | {shape} |")
-        parts.append(f"**Generation steps** ({trace.generation.steps} steps: the prefill and "
-                     f"{trace.generation.steps - 1} decode steps)\n\n" + "\n".join(rows))
+        parts.append(
+            f"**Generation steps** ({trace.generation.steps} steps: the prefill and "
+            f"{trace.generation.steps - 1} decode steps)\n\n" + "\n".join(rows)
+        )
     calls = gradient_calls(trace)
     if show_gradients and trace.gradients is not None and records:
         by_owner: dict[str, list[ParameterGradient]] = {}
@@ -109,9 +119,13 @@ def hover_markdown(trace: Trace, entry: LineEntry, show_gradients: bool) -> str 
         rows = ["| call | ∇ outputs | ∇ inputs | ∇ parameters |", "|---|---|---|---|"]
         for record in records[:MAX_ROWS]:
             call = calls.get(record.index)
-            rows.append(f"| `{layer_label(record)}` | {_summary_cells(call.outputs if call else [])} | "
-                        f"{_summary_cells(call.inputs if call else [])} | "
-                        f"{_parameter_cells(by_owner.get(record.path, []))} |")
-        parts.append(f"**Gradients** (loss {format_number(trace.gradients.loss.mean)}: "
-                     f"{trace.gradients.loss_description})\n\n" + "\n".join(rows))
+            rows.append(
+                f"| `{layer_label(record)}` | {_summary_cells(call.outputs if call else [])} | "
+                f"{_summary_cells(call.inputs if call else [])} | "
+                f"{_parameter_cells(by_owner.get(record.path, []))} |"
+            )
+        parts.append(
+            f"**Gradients** (loss {format_number(trace.gradients.loss.mean)}: "
+            f"{trace.gradients.loss_description})\n\n" + "\n".join(rows)
+        )
     return "\n\n".join(parts) or None

@@ -45,8 +45,16 @@ MAX_JSON_BYTES = int(os.environ.get("MODELTRACE_MAX_TRACE_BYTES", 2 * 1024**3))
 _MAX_NESTING = 16
 _FLOAT_DTYPES = {"float16", "float32", "bfloat16", "float64"}
 _NUMPY_DTYPES = {
-    "float64": np.float64, "float32": np.float32, "float16": np.float32, "bfloat16": np.float32,
-    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+    "float64": np.float64,
+    "float32": np.float32,
+    "float16": np.float32,
+    "bfloat16": np.float32,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
 }
 _SIZE_RE = re.compile(r"^torch\.Size\(\[([0-9,\s]*)\]\)$")
 _NUMBER_RE = re.compile(r"[-+]?(?:inf|nan|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)|True|False")
@@ -312,12 +320,16 @@ class _Reader:
         found: list[TensorSummary] = []
         if isinstance(value, dict):
             for name, item in value.items():
-                found.extend(self._leaves(item, f"{key}.{name}" if key else str(name), index, side, module_path,
-                                          depth + 1))
+                found.extend(
+                    self._leaves(item, f"{key}.{name}" if key else str(name), index, side, module_path, depth + 1)
+                )
         elif isinstance(value, list):
             for position, item in enumerate(value):
-                found.extend(self._leaves(item, f"{key}.{position}" if key else str(position), index, side,
-                                          module_path, depth + 1))
+                found.extend(
+                    self._leaves(
+                        item, f"{key}.{position}" if key else str(position), index, side, module_path, depth + 1
+                    )
+                )
         return found
 
     def _summary(self, entry: dict, key: str, index: int, side: str, module_path: str) -> TensorSummary:
@@ -422,9 +434,11 @@ def format_tensor_repr(array: np.ndarray, dtype: str) -> list[str]:
         shown = shown.astype(np.float64)
         element = _float_formatter(shown)
     elif dtype == "bool":
+
         def element(value: Any) -> str:
             return "True" if value else "False"
     else:
+
         def element(value: Any) -> str:
             return str(int(value))
 
@@ -450,6 +464,7 @@ def _float_formatter(values: np.ndarray):
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
         return f"{value:.0f}." if integral else f"{value:.4e}"
+
     return element
 
 
@@ -473,8 +488,10 @@ def _format_block(array: np.ndarray, summarise: bool, element, width: int, inden
         rows = [", ".join(items[start : start + per_line]) for start in range(0, len(items), per_line)]
         return "[" + (",\n" + " " * (indent + 1)).join(rows) + "]"
     separator = "," + "\n" * (array.ndim - 1) + " " * (indent + 1)
-    parts = ["..." if position is None else _format_block(array[position], summarise, element, width, indent + 1)
-             for position in positions]
+    parts = [
+        "..." if position is None else _format_block(array[position], summarise, element, width, indent + 1)
+        for position in positions
+    ]
     return "[" + separator.join(parts) + "]"
 
 

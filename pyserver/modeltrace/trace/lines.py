@@ -207,8 +207,9 @@ def _leaf_texts(tensors: list[TensorSummary], detail: HintDetail, model_dtype: s
     return [_compact_tensor(tensor, detail, model_dtype, level) for tensor in tensors]
 
 
-def compact_values(runs: list[list[TensorSummary]], detail: HintDetail, model_dtype: str | None,
-                   budget: int = HINT_MAX_LENGTH) -> str:
+def compact_values(
+    runs: list[list[TensorSummary]], detail: HintDetail, model_dtype: str | None, budget: int = HINT_MAX_LENGTH
+) -> str:
     """The compact text of one value over the runs of its line: `[1,7,64]`; the leaves of a tuple comma-joined
     (`[1,7,16], [1,7,16]`); distinct shapes of different runs joined by ` | `. Never over `budget`: statistics
     and dtype are dropped first, then trailing leaves and runs (replaced by `…`), never part of a shape."""
@@ -246,8 +247,7 @@ def compact_variables(variables: list[LineRecord]) -> dict[str, list[list[Tensor
     return {name: list(runs.values()) for name, runs in by_variable.items()}
 
 
-def compact_calls(entry: LineEntry, detail: HintDetail, model_dtype: str | None,
-                  budget: int = HINT_MAX_LENGTH) -> str:
+def compact_calls(entry: LineEntry, detail: HintDetail, model_dtype: str | None, budget: int = HINT_MAX_LENGTH) -> str:
     """The compact text of what the line's (outermost) module calls returned, over all their calls."""
     runs = [list(record.outputs) for record in entry.calls]
     return compact_values(runs, detail, model_dtype, budget) if any(runs) else "(no tensor)"

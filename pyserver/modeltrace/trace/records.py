@@ -388,13 +388,23 @@ class CacheEntry:
     value: TensorSummary
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "layer": self.layer, "kind": self.kind, "key": self.key.to_json(),
-                "value": self.value.to_json()}
+        return {
+            "step": self.step,
+            "layer": self.layer,
+            "kind": self.kind,
+            "key": self.key.to_json(),
+            "value": self.value.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CacheEntry:
-        return cls(step=int(data["step"]), layer=int(data["layer"]), kind=str(data.get("kind", "self")),
-                   key=TensorSummary.from_json(data["key"]), value=TensorSummary.from_json(data["value"]))
+        return cls(
+            step=int(data["step"]),
+            layer=int(data["layer"]),
+            kind=str(data.get("kind", "self")),
+            key=TensorSummary.from_json(data["key"]),
+            value=TensorSummary.from_json(data["value"]),
+        )
 
 
 @dataclass(slots=True)
@@ -461,15 +471,21 @@ class GradientCall:
     inputs: list[TensorSummary] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"module_call": self.module_call, "backward_order": self.backward_order,
-                "outputs": [summary.to_json() for summary in self.outputs],
-                "inputs": [summary.to_json() for summary in self.inputs]}
+        return {
+            "module_call": self.module_call,
+            "backward_order": self.backward_order,
+            "outputs": [summary.to_json() for summary in self.outputs],
+            "inputs": [summary.to_json() for summary in self.inputs],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GradientCall:
-        return cls(module_call=int(data["module_call"]), backward_order=int(data.get("backward_order", -1)),
-                   outputs=[TensorSummary.from_json(item) for item in data.get("outputs") or []],
-                   inputs=[TensorSummary.from_json(item) for item in data.get("inputs") or []])
+        return cls(
+            module_call=int(data["module_call"]),
+            backward_order=int(data.get("backward_order", -1)),
+            outputs=[TensorSummary.from_json(item) for item in data.get("outputs") or []],
+            inputs=[TensorSummary.from_json(item) for item in data.get("inputs") or []],
+        )
 
 
 @dataclass(slots=True)
@@ -485,17 +501,24 @@ class ParameterGradient:
     statistics_stride: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "requires_grad": self.requires_grad,
-                "summary": self.summary.to_json() if self.summary is not None else None,
-                "backward_order": self.backward_order, "statistics_stride": self.statistics_stride}
+        return {
+            "name": self.name,
+            "requires_grad": self.requires_grad,
+            "summary": self.summary.to_json() if self.summary is not None else None,
+            "backward_order": self.backward_order,
+            "statistics_stride": self.statistics_stride,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ParameterGradient:
         summary = data.get("summary")
-        return cls(name=str(data["name"]), requires_grad=bool(data.get("requires_grad", True)),
-                   summary=TensorSummary.from_json(summary) if summary is not None else None,
-                   backward_order=int(data.get("backward_order", -1)),
-                   statistics_stride=int(data.get("statistics_stride", 1)))
+        return cls(
+            name=str(data["name"]),
+            requires_grad=bool(data.get("requires_grad", True)),
+            summary=TensorSummary.from_json(summary) if summary is not None else None,
+            backward_order=int(data.get("backward_order", -1)),
+            statistics_stride=int(data.get("statistics_stride", 1)),
+        )
 
 
 @dataclass(slots=True)
@@ -510,13 +533,23 @@ class GradientFlag:
     module_call: int = -1
 
     def to_json(self) -> dict[str, Any]:
-        return {"problem": self.problem, "where": self.where, "name": self.name, "key": self.key,
-                "module_call": self.module_call}
+        return {
+            "problem": self.problem,
+            "where": self.where,
+            "name": self.name,
+            "key": self.key,
+            "module_call": self.module_call,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GradientFlag:
-        return cls(problem=str(data["problem"]), where=str(data["where"]), name=str(data.get("name", "")),
-                   key=str(data.get("key", "")), module_call=int(data.get("module_call", -1)))
+        return cls(
+            problem=str(data["problem"]),
+            where=str(data["where"]),
+            name=str(data.get("name", "")),
+            key=str(data.get("key", "")),
+            module_call=int(data.get("module_call", -1)),
+        )
 
 
 @dataclass(slots=True)
@@ -535,18 +568,24 @@ class BackwardRecord:
     flags: list[GradientFlag] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"loss": self.loss.to_json(), "loss_source": self.loss_source,
-                "loss_description": self.loss_description,
-                "calls": [call.to_json() for call in self.calls],
-                "parameters": [parameter.to_json() for parameter in self.parameters],
-                "flags": [flag.to_json() for flag in self.flags]}
+        return {
+            "loss": self.loss.to_json(),
+            "loss_source": self.loss_source,
+            "loss_description": self.loss_description,
+            "calls": [call.to_json() for call in self.calls],
+            "parameters": [parameter.to_json() for parameter in self.parameters],
+            "flags": [flag.to_json() for flag in self.flags],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> BackwardRecord | None:
         if data is None:
             return None
-        return cls(loss=TensorSummary.from_json(data["loss"]), loss_source=str(data.get("loss_source", "default")),
-                   loss_description=str(data.get("loss_description", "")),
-                   calls=[GradientCall.from_json(item) for item in data.get("calls") or []],
-                   parameters=[ParameterGradient.from_json(item) for item in data.get("parameters") or []],
-                   flags=[GradientFlag.from_json(item) for item in data.get("flags") or []])
+        return cls(
+            loss=TensorSummary.from_json(data["loss"]),
+            loss_source=str(data.get("loss_source", "default")),
+            loss_description=str(data.get("loss_description", "")),
+            calls=[GradientCall.from_json(item) for item in data.get("calls") or []],
+            parameters=[ParameterGradient.from_json(item) for item in data.get("parameters") or []],
+            flags=[GradientFlag.from_json(item) for item in data.get("flags") or []],
+        )

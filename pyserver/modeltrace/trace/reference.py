@@ -39,10 +39,16 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
             )
     notes = []
     if store is None and any(summary.tensor for record in trace.modules for summary in record.outputs):
-        notes.append(f"{folder.name}: its records name full tensors but the folder holds no {TENSORS_FILE}; "
-                     "comparing statistics only")
-    not_stored = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)
-                  if summary.not_stored is not None]
+        notes.append(
+            f"{folder.name}: its records name full tensors but the folder holds no {TENSORS_FILE}; "
+            "comparing statistics only"
+        )
+    not_stored = [
+        summary
+        for record in trace.modules
+        for summary in (*record.inputs, *record.outputs)
+        if summary.not_stored is not None
+    ]
     if not_stored:
         notes.append(_not_stored_note(folder, trace, not_stored))
     return LoadedTrace(trace=trace, tensors=store, path=folder, kind="modeltrace", notes=notes)
@@ -57,12 +63,18 @@ def _not_stored_note(folder: Path, trace: Trace, not_stored: list[TensorSummary]
     unseen), so are compared by statistics only, and why (the first reason)."""
     calls = [record for record in trace.modules if any(summary.not_stored for summary in record.outputs)]
     names = [(record.path or "(root)") + (f"#{record.call_index}" if record.call_index else "") for record in calls]
-    shown = ", ".join(names[:NOTE_MODULES_SHOWN]) + (f" and {len(names) - NOTE_MODULES_SHOWN} more"
-                                                     if len(names) > NOTE_MODULES_SHOWN else "")
-    modules = f"; the outputs of {len(names)} module call(s) are compared by statistics only: {shown}" if names else (
-        "; they are compared by statistics only")
-    return (f"{folder.name}: {len(not_stored)} tensor(s) were not stored in full (first: {not_stored[0].not_stored})"
-            + modules)
+    shown = ", ".join(names[:NOTE_MODULES_SHOWN]) + (
+        f" and {len(names) - NOTE_MODULES_SHOWN} more" if len(names) > NOTE_MODULES_SHOWN else ""
+    )
+    modules = (
+        f"; the outputs of {len(names)} module call(s) are compared by statistics only: {shown}"
+        if names
+        else ("; they are compared by statistics only")
+    )
+    return (
+        f"{folder.name}: {len(not_stored)} tensor(s) were not stored in full (first: {not_stored[0].not_stored})"
+        + modules
+    )
 
 
 def load_reference(path: Path | str) -> LoadedTrace:

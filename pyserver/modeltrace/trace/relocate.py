@@ -91,7 +91,9 @@ def locate_sources(trace: Trace, roots: Iterable[str | Path], open_texts: Mappin
     recorded_files = sorted(trace.files())
     open_by_hash = {text_sha256(text): path for path, text in open_texts.items()}
     hashes_here = {file: file_sha256(file) for file in recorded_files}
-    pending = {Path(file).name for file in recorded_files if hashes.get(file) is None or hashes_here[file] != hashes[file]}
+    pending = {
+        Path(file).name for file in recorded_files if hashes.get(file) is None or hashes_here[file] != hashes[file]
+    }
     by_name = _files_named([Path(root) for root in roots], pending) if pending else {}
     matches = []
     for file in recorded_files:
@@ -119,7 +121,9 @@ def locate_sources(trace: Trace, roots: Iterable[str | Path], open_texts: Mappin
 
 def relocate(trace: Trace, matches: Iterable[SourceMatch]) -> None:
     """Point the trace's records at the files found here (in place: the server's display copy of a trace)."""
-    moved = {match.recorded: match.found for match in matches if match.found is not None and match.found != match.recorded}
+    moved = {
+        match.recorded: match.found for match in matches if match.found is not None and match.found != match.recorded
+    }
     if not moved:
         return
     # NOTE: records share their SourceLocation objects (`read_trace` interns them): each is rewritten once.

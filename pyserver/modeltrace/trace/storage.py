@@ -93,7 +93,10 @@ def remove_abandoned(destination: Path, pid: int) -> list[Path]:
 
 
 def write_trace(
-    trace: Trace, destination: Path, write_extra: Callable[[Path], None] | None = None, durable: bool = True,
+    trace: Trace,
+    destination: Path,
+    write_extra: Callable[[Path], None] | None = None,
+    durable: bool = True,
     temporary: Path | None = None,
 ) -> Path:
     """Write `trace` to the folder `destination` atomically; `write_extra(tmp_folder)` adds files (tensors).
@@ -171,27 +174,39 @@ def _table(trace: Trace) -> dict[str, Any]:
         shapes.append(summary.shape)
         dtypes.append(summary.dtype)
         mean, std, minimum, maximum, abs_max, positive = (
-            summary.mean, summary.std, summary.min, summary.max, summary.abs_max, summary.positive_fraction
+            summary.mean,
+            summary.std,
+            summary.min,
+            summary.max,
+            summary.abs_max,
+            summary.positive_fraction,
         )
-        numbers.extend((
-            none if mean is None else mean,
-            none if std is None else std,
-            none if minimum is None else minimum,
-            none if maximum is None else maximum,
-            none if abs_max is None else abs_max,
-            none if positive is None else positive,
-        ))
+        numbers.extend(
+            (
+                none if mean is None else mean,
+                none if std is None else std,
+                none if minimum is None else minimum,
+                none if maximum is None else maximum,
+                none if abs_max is None else abs_max,
+                none if positive is None else positive,
+            )
+        )
         if (
-            summary.device != "cpu" or summary.nan_count or summary.inf_count
-            or summary.tensor is not None or summary.not_stored is not None
+            summary.device != "cpu"
+            or summary.nan_count
+            or summary.inf_count
+            or summary.tensor is not None
+            or summary.not_stored is not None
         ):
-            extra.append([index, summary.device, summary.nan_count, summary.inf_count, summary.tensor,
-                          summary.not_stored])
+            extra.append(
+                [index, summary.device, summary.nan_count, summary.inf_count, summary.tensor, summary.not_stored]
+            )
         if summary.placement is not None:
             # NOTE: tensor-parallel traces only: a seventh field, after a row of its own or a new one
             if not extra or extra[-1][0] != index:
-                extra.append([index, summary.device, summary.nan_count, summary.inf_count, summary.tensor,
-                              summary.not_stored])
+                extra.append(
+                    [index, summary.device, summary.nan_count, summary.inf_count, summary.tensor, summary.not_stored]
+                )
             extra[-1].append(summary.placement)
         return index
 
@@ -207,17 +222,32 @@ def _table(trace: Trace) -> dict[str, Any]:
                     index = location_index[id(location)] = len(locations)
                     locations.append([location.file, location.line, location.column])
             row_locations.append(index)
-        modules.append([
-            record.index, record.path, record.class_name, row_locations[0], row_locations[1], record.call_index,
-            record.parent, record.finish_order, record.call_site,
-            [index if (index := get(id(summary))) is not None else add(summary) for summary in record.inputs],
-            [index if (index := get(id(summary))) is not None else add(summary) for summary in record.outputs],
-        ])
+        modules.append(
+            [
+                record.index,
+                record.path,
+                record.class_name,
+                row_locations[0],
+                row_locations[1],
+                record.call_index,
+                record.parent,
+                record.finish_order,
+                record.call_site,
+                [index if (index := get(id(summary))) is not None else add(summary) for summary in record.inputs],
+                [index if (index := get(id(summary))) is not None else add(summary) for summary in record.outputs],
+            ]
+        )
         if record.device is not None:  # NOTE: spread over devices (`--device-map`): a twelfth field
             modules[-1].append(record.device)
     lines = [
-        [record.file, record.line, record.name, record.call_index,
-         index if (index := get(id(record.tensor))) is not None else add(record.tensor), record.module_call]
+        [
+            record.file,
+            record.line,
+            record.name,
+            record.call_index,
+            index if (index := get(id(record.tensor))) is not None else add(record.tensor),
+            record.module_call,
+        ]
         for record in trace.lines
     ]
     # NOTE: the tables come before the records that point into them: the reader decodes in one pass.
@@ -227,7 +257,10 @@ def _table(trace: Trace) -> dict[str, Any]:
         "model": trace.model,
         "locations": locations,
         "summaries": {
-            "keys": keys, "shapes": shapes, "dtypes": dtypes, "extra": extra,
+            "keys": keys,
+            "shapes": shapes,
+            "dtypes": dtypes,
+            "extra": extra,
             "statistics": _little_endian(array.array("d", numbers)).tobytes(),
         },
         "modules": modules,
@@ -238,6 +271,8 @@ def _table(trace: Trace) -> dict[str, Any]:
         **({"generation": trace.generation.to_json()} if trace.generation is not None else {}),
         **({"gradients": trace.gradients.to_json()} if trace.gradients is not None else {}),
     }
+
+
 def sync_trace(folder: Path) -> None:
     """Flush a written trace folder's files and its directory entry to the disk (best effort: a trace that was
     replaced or deleted meanwhile has nothing left to flush)."""
@@ -356,9 +391,14 @@ class _Tables:
         statistics, extra = columns["statistics"], columns.get("extra", [])
         count = len(keys)
         if not (
-            isinstance(keys, list) and isinstance(shapes, list) and isinstance(dtypes, list)
-            and isinstance(extra, list) and isinstance(statistics, bytes)
-            and len(shapes) == count and len(dtypes) == count and len(statistics) == 8 * len(_STATISTICS) * count
+            isinstance(keys, list)
+            and isinstance(shapes, list)
+            and isinstance(dtypes, list)
+            and isinstance(extra, list)
+            and isinstance(statistics, bytes)
+            and len(shapes) == count
+            and len(dtypes) == count
+            and len(statistics) == 8 * len(_STATISTICS) * count
         ):
             raise ValueError(f"summary columns of different lengths for {count} summaries")
         numbers = array.array("d")
@@ -368,8 +408,16 @@ class _Tables:
         sharing = self.sharing
         for position in range(count):
             statistics_of = [_statistic(value) for value in values[position * width : (position + 1) * width]]
-            summary = TensorSummary(str(keys[position]), [int(size) for size in shapes[position]], str(dtypes[position]),
-                                    "cpu", *statistics_of[:5], 0, 0, statistics_of[5])
+            summary = TensorSummary(
+                str(keys[position]),
+                [int(size) for size in shapes[position]],
+                str(dtypes[position]),
+                "cpu",
+                *statistics_of[:5],
+                0,
+                0,
+                statistics_of[5],
+            )
             self.summaries.append(sharing.summary(summary))
         for index, device, nan_count, inf_count, tensor, not_stored, *placement in extra:
             summary = self.summary(index)
@@ -393,8 +441,20 @@ class _Tables:
         return self.locations[index]
 
     def module(self, row: Any) -> ModuleCall:
-        index, path, class_name, defined_at, called_at, call_index, parent, finish_order, call_site, inputs, outputs, \
-            *device = row
+        (
+            index,
+            path,
+            class_name,
+            defined_at,
+            called_at,
+            call_index,
+            parent,
+            finish_order,
+            call_site,
+            inputs,
+            outputs,
+            *device,
+        ) = row
         summary = self.summary
         return ModuleCall(
             int(index),
@@ -417,8 +477,9 @@ class _Tables:
         if len(rest) > 1:
             raise ValueError(f"line record with {len(row)} fields")
         module_call = int(rest[0]) if rest else -1
-        return LineRecord(sys.intern(str(file)), int(line), sys.intern(str(name)), int(call_index), self.summary(tensor),
-                          module_call)
+        return LineRecord(
+            sys.intern(str(file)), int(line), sys.intern(str(name)), int(call_index), self.summary(tensor), module_call
+        )
 
 
 def _statistic(value: float) -> float | None:
@@ -458,7 +519,9 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
                 if key in ("modules", "lines"):
                     layout = document.get("layout")
                     if layout not in (None, LAYOUT):
-                        raise TraceFormatError(f"{trace_file}: trace layout {layout!r}; this ModelTrace reads {LAYOUT!r}")
+                        raise TraceFormatError(
+                            f"{trace_file}: trace layout {layout!r}; this ModelTrace reads {LAYOUT!r}"
+                        )
                     if layout is None:  # written before the table layout: each record's JSON
                         read = sharing.module if key == "modules" else sharing.line
                     else:

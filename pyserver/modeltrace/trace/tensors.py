@@ -169,8 +169,11 @@ class SafetensorsFile:
         self.close()
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, tuple[str, Iterable[int], bytes | memoryview]],
-                      metadata: Mapping[str, str] | None = None) -> None:
+def write_safetensors(
+    path: Path,
+    tensors: Mapping[str, tuple[str, Iterable[int], bytes | memoryview]],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     """Write `{name: (dtype code, shape, raw bytes)}` as a safetensors file (header padded to 8 bytes)."""
     header: dict[str, Any] = {}
     if metadata:

@@ -44,18 +44,22 @@ def _transformers_version() -> str | None:
     return transformers.__version__
 
 
-def assemble_trace(header: dict[str, Any], capture: ModuleCapture, line_capture: LineCapture | None,
-                   builds: list) -> Trace:
+def assemble_trace(
+    header: dict[str, Any], capture: ModuleCapture, line_capture: LineCapture | None, builds: list
+) -> Trace:
     """The trace of one capture: `header` (class, file, options…) completed with the library versions, the
     capture's limits and what it left out, and the hashes of every source file the records point at. The CLI's
     and the editor's traces (`run_trace_job`) and the library's (`modeltrace.capture`) are made here."""
     trace = Trace(
-        model={**header, "versions": {
-            "modeltrace": modeltrace.__version__,
-            "torch": torch.__version__,
-            "transformers": _transformers_version(),
-            "python": platform.python_version(),
-        }},
+        model={
+            **header,
+            "versions": {
+                "modeltrace": modeltrace.__version__,
+                "torch": torch.__version__,
+                "transformers": _transformers_version(),
+                "python": platform.python_version(),
+            },
+        },
         modules=capture.records,
         lines=line_capture.records if line_capture else [],
         builds=builds,
@@ -141,5 +145,3 @@ def _sha256(file: str) -> str | None:
         return hashlib.sha256(Path(file).read_bytes()).hexdigest()
     except OSError:
         return None
-
-

@@ -148,7 +148,9 @@ class GradientRecorder:
         return hook
 
 
-def compute_loss(model: nn.Module, outputs: Any, request: dict[str, Any], labelled: str | None) -> tuple[Any, str, str]:
+def compute_loss(
+    model: nn.Module, outputs: Any, request: dict[str, Any], labelled: str | None
+) -> tuple[Any, str, str]:
     """The loss to differentiate: `(loss, source, description)`; see the module docstring."""
     build_loss = recipe_function(request, "build_loss")
     if build_loss is not None:
@@ -199,12 +201,14 @@ def run_backward(built: Any, capture: ModuleCapture, request: dict[str, Any]) ->
         summary, stride = _parameter_summary(gradient, name) if gradient is not None else (None, 1)
         if summary is not None and capture.full_tensors:
             capture._keep_unless_meta(gradient, summary, f"grad/parameters/{name}")
-        parameters.append(ParameterGradient(name, parameter.requires_grad, summary,
-                                            recorder.parameter_orders.get(name, -1), stride))
+        parameters.append(
+            ParameterGradient(name, parameter.requires_grad, summary, recorder.parameter_orders.get(name, -1), stride)
+        )
     calls = sorted(recorder.calls.values(), key=lambda call: call.module_call)
     calls = [call for call in calls if call.outputs or call.inputs]
-    return BackwardRecord(loss_summary, source, description, calls, parameters,
-                          gradient_flags(loss_summary, calls, parameters, capture))
+    return BackwardRecord(
+        loss_summary, source, description, calls, parameters, gradient_flags(loss_summary, calls, parameters, capture)
+    )
 
 
 def _parameter_summary(gradient: torch.Tensor, name: str) -> tuple[TensorSummary, int]:
@@ -230,8 +234,9 @@ def _problem(summary: TensorSummary) -> str | None:
     return None
 
 
-def gradient_flags(loss: TensorSummary, calls: list[GradientCall], parameters: list[ParameterGradient],
-                   capture: ModuleCapture) -> list[GradientFlag]:
+def gradient_flags(
+    loss: TensorSummary, calls: list[GradientCall], parameters: list[ParameterGradient], capture: ModuleCapture
+) -> list[GradientFlag]:
     """NaN/Inf or all-zero gradients (and a NaN/Inf loss), for hints and the report."""
     flags = []
     problem = _problem(loss)

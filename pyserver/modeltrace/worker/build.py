@@ -314,8 +314,10 @@ def choose_model_class(module: ModuleType, requested: str | None, file: Path) ->
         raise ModelTraceError(f"{file}: defines no nn.Module subclass to trace; pass --recipe to build one")
     # A composite that only generates (Bark) has no forward of its own: one of its parts is traced instead.
     models = [
-        cls for cls in classes
-        if _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
+        cls
+        for cls in classes
+        if _is_pretrained_model(cls)
+        and not cls.__name__.endswith("PreTrainedModel")
         and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
     ]
     chosen = pick_base_model([cls.__name__ for cls in models])
@@ -343,8 +345,11 @@ def _config_class(model_class: type, module: ModuleType | None, file: Path) -> t
             from transformers import PretrainedConfig
 
             found = [
-                value for value in vars(module).values()
-                if inspect.isclass(value) and issubclass(value, PretrainedConfig) and value is not PretrainedConfig
+                value
+                for value in vars(module).values()
+                if inspect.isclass(value)
+                and issubclass(value, PretrainedConfig)
+                and value is not PretrainedConfig
                 and getattr(value, "model_type", "")
             ]
             config_class = found[0] if len(found) == 1 else None
@@ -376,16 +381,23 @@ def _default_config_as_told(config_class: type, error: BaseException) -> Any:
     parameters = inspect.signature(config_class).parameters
     told: dict[str, int] = {}
     for _ in range(4):
-        fresh = {name: value for name, value in shrinking.told_values(str(error)).items()
-                 if isinstance(value, int) and told.get(name) != value}
+        fresh = {
+            name: value
+            for name, value in shrinking.told_values(str(error)).items()
+            if isinstance(value, int) and told.get(name) != value
+        }
         if not fresh:
             return None
         told.update(fresh)
         own = {name: value for name, value in told.items() if name in parameters}
-        tries = [own] if len(own) == len(told) else [
-            {**own, sub_name: {name: value for name, value in told.items() if name not in own}}
-            for sub_name in getattr(config_class, "sub_configs", None) or {}
-        ]
+        tries = (
+            [own]
+            if len(own) == len(told)
+            else [
+                {**own, sub_name: {name: value for name, value in told.items() if name not in own}}
+                for sub_name in getattr(config_class, "sub_configs", None) or {}
+            ]
+        )
         for arguments in tries:
             try:
                 return config_class(**arguments)
@@ -481,8 +493,9 @@ def _lend_attribute(config: Any, error: BaseException) -> bool:
             continue
         found = shrinking.safe_getattr(node, attribute)
         if found is None:
-            found = next((item[attribute] for item in vars(node).values()
-                          if isinstance(item, dict) and attribute in item), None)
+            found = next(
+                (item[attribute] for item in vars(node).values() if isinstance(item, dict) and attribute in item), None
+            )
         if found is not None:
             value = found
             break
@@ -565,8 +578,11 @@ def _try_inputs(
                 return name, kwargs
             except Exception as error:  # noqa: BLE001 - the next candidate may run
                 message = f"{type(error).__name__}: {_first_line(error)}"
-                changed = (_repair_config(synthesizer, error) or synthesizer.fit_text_length(kwargs, error)
-                           or synthesizer.fit_feature_width(kwargs, error))
+                changed = (
+                    _repair_config(synthesizer, error)
+                    or synthesizer.fit_text_length(kwargs, error)
+                    or synthesizer.fit_feature_width(kwargs, error)
+                )
                 for modality in ("image", "video", "audio"):
                     if modality in name and modality in str(error).lower():
                         changed = synthesizer.note_mismatch(modality, error) or changed
@@ -643,8 +659,10 @@ def build_from_file(
         return _build_plain_module(module, model_class, config_path, seed, attention, file, shape_only, dtype)
     config_class = _config_class(model_class, module, file)
     if shape_only:
-        config = _read_config(config_class, Path(config_path)) if config_path else shrinking.shrink(
-            _default_config(config_class, file), "default"
+        config = (
+            _read_config(config_class, Path(config_path))
+            if config_path
+            else shrinking.shrink(_default_config(config_class, file), "default")
         )
         return _build_shape_only(model_class, config, seed, attention, file, dtype)
     if config_path is not None:
@@ -652,8 +670,9 @@ def build_from_file(
         _set_attention(config, attention)
         model = _construct(model_class, config, seed, file)
         synthesizer = InputSynthesizer(model, config, seed)
-        chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + trial_budget, [], "config",
-                             always_try=False)
+        chosen = _try_inputs(
+            model, synthesizer, contextlib.nullcontext, time.monotonic() + trial_budget, [], "config", always_try=False
+        )
         return _result(model, model_class, config, chosen, synthesizer, {"config": str(config_path)})
     try:
         return _build_shrunk(model_class, _default_config(config_class, file), seed, attention, file, trial_budget)
@@ -668,8 +687,9 @@ def build_from_file(
         for other in _other_models(module, model_class)[:3]:
             try:
                 config_class = _config_class(other, module, file)
-                built = _build_shrunk(other, _default_config(config_class, file), seed, attention, file,
-                                      trial_budget / 2)
+                built = _build_shrunk(
+                    other, _default_config(config_class, file), seed, attention, file, trial_budget / 2
+                )
             except ModelTraceError:
                 continue
             built.notes["instead_of"] = f"{model_class.__name__} ({reason})"
@@ -695,8 +715,11 @@ class _NothingBuilt(ModelTraceError):
 def _other_models(module: ModuleType, chosen: type) -> list[type]:
     """The file's other non-abstract models, base models first (by the base-model rule), then heads."""
     models = [
-        cls for cls in module_classes(module)
-        if cls is not chosen and _is_pretrained_model(cls) and not cls.__name__.endswith("PreTrainedModel")
+        cls
+        for cls in module_classes(module)
+        if cls is not chosen
+        and _is_pretrained_model(cls)
+        and not cls.__name__.endswith("PreTrainedModel")
         and getattr(cls, "forward", None) is not getattr(nn.Module, "forward", None)
     ]
     return sorted(models, key=lambda cls: base_model_order(cls.__name__))
@@ -800,8 +823,18 @@ def _first_candidate(model: nn.Module, config: Any, synthesizer: InputSynthesize
     return Candidate(model, config, variants[0] if variants else None, synthesizer, level)
 
 
-_NOT_SIZE_ERRORS = ("NameError", "AttributeError", "TypeError", "KeyError", "ImportError", "ModuleNotFoundError",
-                    "NotImplementedError", "ZeroDivisionError", "UnboundLocalError", "SyntaxError")
+_NOT_SIZE_ERRORS = (
+    "NameError",
+    "AttributeError",
+    "TypeError",
+    "KeyError",
+    "ImportError",
+    "ModuleNotFoundError",
+    "NotImplementedError",
+    "ZeroDivisionError",
+    "UnboundLocalError",
+    "SyntaxError",
+)
 
 
 def _same_failure(attempts: list[_Attempt], start: int, previous: list[_Attempt]) -> bool:
@@ -908,8 +941,15 @@ def _build_checkpoint(
     if hasattr(config, "use_cache"):
         config.use_cache = False
     synthesizer = InputSynthesizer(model, config, seed)
-    chosen = _try_inputs(model, synthesizer, contextlib.nullcontext, time.monotonic() + DEFAULT_TRIAL_BUDGET, [],
-                         "checkpoint", always_try=False)
+    chosen = _try_inputs(
+        model,
+        synthesizer,
+        contextlib.nullcontext,
+        time.monotonic() + DEFAULT_TRIAL_BUDGET,
+        [],
+        "checkpoint",
+        always_try=False,
+    )
     return _result(model, model_class, config, chosen, synthesizer, {"checkpoint": str(folder.resolve())})
 
 
@@ -998,10 +1038,12 @@ def _build_shape_only(model_class: type, config: Any, seed: int, attention: str,
             f"{_first_line(error)}"
         ) from error
     model.eval()
-    synthesizer = InputSynthesizer(model, config, seed, convert=lambda value: _meta_inputs(mode, value, torch_dtype),
-                                   context=lambda: mode)
-    chosen = _try_inputs(model, synthesizer, lambda: mode, time.monotonic() + DEFAULT_TRIAL_BUDGET, [], "shape-only",
-                         always_try=False)
+    synthesizer = InputSynthesizer(
+        model, config, seed, convert=lambda value: _meta_inputs(mode, value, torch_dtype), context=lambda: mode
+    )
+    chosen = _try_inputs(
+        model, synthesizer, lambda: mode, time.monotonic() + DEFAULT_TRIAL_BUDGET, [], "shape-only", always_try=False
+    )
     built = _result(model, model_class, config, chosen, synthesizer, {"shape_only": True})
     built.shape_only = True
     built.forward_context = lambda: mode
@@ -1024,8 +1066,19 @@ def _meta_inputs(mode: Any, value: Any, dtype: torch.dtype) -> Any:
 # --- plain nn.Modules ---------------------------------------------------------------------------------------
 
 
-_HIDDEN_INPUTS = ("hidden_states", "hidden_state", "x", "input", "inputs", "hidden", "features", "inputs_embeds",
-                  "embeddings", "input_tensor", "h")
+_HIDDEN_INPUTS = (
+    "hidden_states",
+    "hidden_state",
+    "x",
+    "input",
+    "inputs",
+    "hidden",
+    "features",
+    "inputs_embeds",
+    "embeddings",
+    "input_tensor",
+    "h",
+)
 
 
 def _build_plain_module(

@@ -83,7 +83,9 @@ def record_builds(
         return _record_builds(model, constructions, keep_tensor)
 
 
-def _record_builds(model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any) -> list[ModuleBuild]:
+def _record_builds(
+    model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any
+) -> list[ModuleBuild]:
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
@@ -96,14 +98,16 @@ def _record_builds(model: nn.Module, constructions: ConstructionRecorder | None,
             parent, name = parents[path]
             built_at = constructions.location_of(parent, name)
         module_class = type(module)
-        builds.append(ModuleBuild(
-            path=path,
-            class_name=module_class.__name__,
-            qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
-            built_at=built_at,
-            settings=module_settings(module),
-            parameters=_parameters(module, path, seen, keep_tensor),
-        ))
+        builds.append(
+            ModuleBuild(
+                path=path,
+                class_name=module_class.__name__,
+                qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
+                built_at=built_at,
+                settings=module_settings(module),
+                parameters=_parameters(module, path, seen, keep_tensor),
+            )
+        )
     return builds
 
 
@@ -219,8 +223,7 @@ def _fingerprint(
         summary.shape = list(tensor.shape)
     else:
         summary = summarize(tensor, name)
-    record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with,
-                             statistics_stride=stride)
+    record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with, statistics_stride=stride)
     if tensor.device.type == "meta" or count == 0:
         return record
     values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float64)

@@ -102,7 +102,12 @@ class SummaryCache:
         return self._view_summary(entry, tensor, key, tensor_version(tensor), tensor.is_contiguous())
 
     def _view_summary(
-        self, entry: tuple[weakref.ref, int, TensorSummary], tensor: torch.Tensor, key: str, version: int, contiguous: bool
+        self,
+        entry: tuple[weakref.ref, int, TensorSummary],
+        tensor: torch.Tensor,
+        key: str,
+        version: int,
+        contiguous: bool,
     ) -> TensorSummary | None:
         """The summary in span `entry`, with `tensor`'s shape under `key`, if its tensor is alive and neither was
         modified since (views share their base's version counter) and `tensor` is dense over those elements."""
@@ -152,7 +157,12 @@ class SummaryCache:
         if version >= 0:
             reference = weakref.ref(tensor)
             self._entries[id(tensor)] = (reference, version, summary)
-            if tensor.is_cpu and type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_contiguous() and summary.tensor is None:
+            if (
+                tensor.is_cpu
+                and type(tensor) in _PLAIN_TENSOR_TYPES
+                and tensor.is_contiguous()
+                and summary.tensor is None
+            ):
                 self._spans[(tensor.data_ptr(), tensor.numel(), tensor.dtype)] = (reference, version, summary)
 
     def copy(self, source: TensorSummary, key: str, share: bool = True) -> TensorSummary:
@@ -237,8 +247,11 @@ def _class_forward_names(module_class: type) -> list[str]:
         parameters = list(inspect.signature(module_class.forward).parameters.values())[1:]  # past `self`
     except (TypeError, ValueError):
         return []
-    return [parameter.name for parameter in parameters
-            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 # NOTE: argument types that cannot hold tensors, skipped without walking them.
@@ -285,7 +298,8 @@ class ModuleCapture:
         # tensors they hold stay under that many bytes, so that a replay can call a module again without a
         # forward (`worker/replay.py`); calls past the budget are not kept.
         self.retained: dict[tuple[str, int], tuple[tuple, dict]] | None = (
-            {} if retain_calls_bytes is not None else None)
+            {} if retain_calls_bytes is not None else None
+        )
         self._retain_budget = retain_calls_bytes or 0
         self._retained_tensors: set[int] = set()
         self.full_tensors = full_tensors
@@ -381,7 +395,15 @@ class ModuleCapture:
             else:
                 inputs = summarize_arguments(args, kwargs, parameter_names, index) if args or kwargs else []
             record = ModuleCall(
-                index, path, class_name, class_location, called_at, calls, stack[-1] if stack else -1, -1, call_site,
+                index,
+                path,
+                class_name,
+                class_location,
+                called_at,
+                calls,
+                stack[-1] if stack else -1,
+                -1,
+                call_site,
                 inputs,
             )
             if retain is not None:

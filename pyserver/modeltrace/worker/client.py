@@ -129,20 +129,32 @@ class WorkerClient:
             except ProtocolError as error:
                 self.close()
                 self._kill_child()
-                raise TraceFailed({"type": "WorkerProtocolError", "message": (
-                    f"the worker sent a malformed frame ({error}) and was stopped; "
-                    f"its last output: {self.stderr_tail(3) or 'none'}")}) from None
+                raise TraceFailed(
+                    {
+                        "type": "WorkerProtocolError",
+                        "message": (
+                            f"the worker sent a malformed frame ({error}) and was stopped; "
+                            f"its last output: {self.stderr_tail(3) or 'none'}"
+                        ),
+                    }
+                ) from None
             except EOFError:
                 self.close()
                 self._kill_child()
                 raise TraceFailed(
-                    {"type": "WorkerCrashed", "message": f"the worker process died: {self.stderr_tail(3) or 'no output'}"}
+                    {
+                        "type": "WorkerCrashed",
+                        "message": f"the worker process died: {self.stderr_tail(3) or 'no output'}",
+                    }
                 ) from None
             if frame is None:
                 self.close()
                 self._kill_child()
                 raise TraceFailed(
-                    {"type": "TimeoutError", "message": f"the worker did not answer within {timeout:g} s and was stopped"}
+                    {
+                        "type": "TimeoutError",
+                        "message": f"the worker did not answer within {timeout:g} s and was stopped",
+                    }
                 )
             kind = frame.get("type")
             if kind == "started":
@@ -159,9 +171,15 @@ class WorkerClient:
             elif kind != "pong":
                 self.close()
                 self._kill_child()
-                raise TraceFailed({"type": "WorkerProtocolError", "message": (
-                    f"the worker sent a frame of unknown type {kind!r} (expected started, progress, result or "
-                    "error) and was stopped: is it the same ModelTrace version as this one?")})
+                raise TraceFailed(
+                    {
+                        "type": "WorkerProtocolError",
+                        "message": (
+                            f"the worker sent a frame of unknown type {kind!r} (expected started, progress, result or "
+                            "error) and was stopped: is it the same ModelTrace version as this one?"
+                        ),
+                    }
+                )
 
     def _kill_child(self) -> None:
         """Stop the trace child (and what it started) when its worker is gone and cannot do it."""

@@ -25,10 +25,19 @@ from modeltrace.worker.stats import summarize
 
 # NOTE: inputs that make sense for one forward pass but not for a generation loop, which makes its own: the
 # builder's `use_cache=False`, labels, and positions or cache state fixed for the prompt only.
-_NOT_FOR_GENERATE = frozenset({
-    "use_cache", "labels", "past_key_values", "cache_position", "position_ids", "return_dict",
-    "output_attentions", "output_hidden_states", "decoder_position_ids",
-})
+_NOT_FOR_GENERATE = frozenset(
+    {
+        "use_cache",
+        "labels",
+        "past_key_values",
+        "cache_position",
+        "position_ids",
+        "return_dict",
+        "output_attentions",
+        "output_hidden_states",
+        "decoder_position_ids",
+    }
+)
 # NOTE: heads that generate text, in the order a file's classes are preferred for `--generate` without
 # `--model`: where a file has both, its `…ForConditionalGeneration` is the whole model and its `…ForCausalLM` a
 # part (`BartForCausalLM` is BART's decoder alone).
@@ -95,8 +104,10 @@ def check_can_generate(model: nn.Module, request: dict[str, Any]) -> None:
     if instead:
         advice = f"trace --model {instead[0]} --generate N (a class of this file with a language-model head)"
     else:
-        advice = ("this file has no class that can generate; trace a forward pass (no --generate), or pass "
-                  "--recipe with a generate(model, inputs, steps) function")
+        advice = (
+            "this file has no class that can generate; trace a forward pass (no --generate), or pass "
+            "--recipe with a generate(model, inputs, steps) function"
+        )
     raise ModelTraceError(f"{name} cannot generate (no language-model head, or an encoder only): {advice}")
 
 
@@ -171,8 +182,15 @@ class CacheRecorder:
             self.entries.append(CacheEntry(step, layer, kind, summaries[0], summaries[1]))
 
 
-def run_generation(model: nn.Module, args: tuple, kwargs: dict[str, Any], steps: int, capture: ModuleCapture,
-                   request: dict[str, Any], progress: Callable[[str], None] | None = None) -> GenerationRecord:
+def run_generation(
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict[str, Any],
+    steps: int,
+    capture: ModuleCapture,
+    request: dict[str, Any],
+    progress: Callable[[str], None] | None = None,
+) -> GenerationRecord:
     """Generate greedily (`steps` decode steps after the prefill) under `capture`; returns what the trace adds.
     `progress` hears of each step as it ends (the editor's progress bar)."""
     if steps < 1:

@@ -44,8 +44,14 @@ _PLACEHOLDERS = {
     "audio": ("audio_token_id", "audio_token_index", "audio_token"),
 }
 _OPENERS = {
-    "image": ("vision_start_token_id", "boi_token_id", "boi_token_index", "image_start_token_id", "im_start_token_id",
-              "image_begin_token_id"),
+    "image": (
+        "vision_start_token_id",
+        "boi_token_id",
+        "boi_token_index",
+        "image_start_token_id",
+        "im_start_token_id",
+        "image_begin_token_id",
+    ),
     "video": ("vision_start_token_id", "video_start_token_id"),
     "audio": ("audio_start_token_id", "boa_token_id", "boa_token_index", "audio_bos_token_id", "audio_begin_token_id"),
 }
@@ -60,8 +66,14 @@ _MODALITY_TYPE = {"image": 1, "video": 2, "audio": 3}
 _PLAIN_STYLE = {"layout": "channels_first", "image_sizes": False, "image_stack": False, "codebooks": None}
 _STYLE_NAMES = {"image_sizes": "image sizes", "image_stack": "images per sample", "codebooks": "codebooks"}
 # Config hints for the number of placeholder tokens per image, when the model cannot say.
-_IMAGE_TOKEN_HINTS = ("image_seq_length", "mm_tokens_per_image", "num_image_tokens", "image_token_count",
-                      "num_query_tokens", "tokens_per_image")
+_IMAGE_TOKEN_HINTS = (
+    "image_seq_length",
+    "mm_tokens_per_image",
+    "num_image_tokens",
+    "image_token_count",
+    "num_query_tokens",
+    "tokens_per_image",
+)
 _TOKENS_MISMATCH = re.compile(
     r"(?:tokens?|placeholders?)\D{0,12}?(\d+)\D{1,40}?features?\D{0,12}?(\d+)", re.IGNORECASE
 )
@@ -78,8 +90,15 @@ def forward_parameters(model: nn.Module) -> dict[str, inspect.Parameter]:
 def sub_config(config: Any, kind: str) -> Any:
     """The vision / audio / text part of a composite config (the config itself when it is that part)."""
     names = {
-        "vision": ("vision_config", "vision_encoder_config", "visual_config", "image_config", "vision_tower_config",
-                   "encoder_config", "backbone_config"),
+        "vision": (
+            "vision_config",
+            "vision_encoder_config",
+            "visual_config",
+            "image_config",
+            "vision_tower_config",
+            "encoder_config",
+            "backbone_config",
+        ),
         "audio": ("audio_config", "audio_encoder_config", "speech_config", "encoder_config", "acoustic_config"),
         "text": ("text_config", "language_config", "llm_config", "decoder_config", "decoder", "text_decoder"),
     }[kind]
@@ -218,8 +237,12 @@ class InputSynthesizer:
     def image_inputs(self) -> dict[str, Any]:
         """`pixel_values` (+ grid / size / mask inputs the signature takes) for one image."""
         vision = self.vision_config
-        channels = _int(_first([vision, self.config], "num_channels", "in_channels", "in_chans", "input_channels",
-                               "image_channels"), 3)
+        channels = _int(
+            _first(
+                [vision, self.config], "num_channels", "in_channels", "in_chans", "input_channels", "image_channels"
+            ),
+            3,
+        )
         patch = _int(_first([vision, self.config], "patch_size", "spatial_patch_size"), 16)
         if self._has("image_grid_thw") or self._has("grid_thw") or self._has("image_grid_hw"):
             return self._patch_images(vision, channels, patch)
@@ -227,8 +250,11 @@ class InputSynthesizer:
             # Pix2Struct: variable-resolution patches, each row [row id, column id, channels × patch²].
             width = _int(_first([vision, self.config], "patch_embed_hidden_size"), channels * patch * patch)
             side = 4
-            positions = torch.tensor([[row + 1, column + 1] for row in range(side) for column in range(side)],
-                                     dtype=torch.float32, device=self.device)
+            positions = torch.tensor(
+                [[row + 1, column + 1] for row in range(side) for column in range(side)],
+                dtype=torch.float32,
+                device=self.device,
+            )
             patches = torch.cat([positions, self._randn(side * side, width)], dim=-1).unsqueeze(0)
             inputs = {"flattened_patches": patches.repeat(BATCH_SIZE, 1, 1)}
             if self._has("attention_mask"):
@@ -332,8 +358,10 @@ class InputSynthesizer:
             # A spectrogram in `input_values` (Audio Spectrogram Transformer): [batch, frames, mel bins].
             frames = _int(_first([audio, self.config], "max_length"), FEATURE_FRAMES)
             return {"input_values": self._randn(BATCH_SIZE, frames, mel_bins)}
-        if layout == "raw" or self._has("input_values") and (
-            not self._has("input_features") or "input_values" in self._required()
+        if (
+            layout == "raw"
+            or self._has("input_values")
+            and (not self._has("input_features") or "input_values" in self._required())
         ):
             channels = _int(_first([audio, self.config], "audio_channels", "num_channels"), 0)
             hop = _int(_first([audio, self.config], "hop_length", "frame_size"), 0)
@@ -352,9 +380,20 @@ class InputSynthesizer:
 
     def _features(self, layout: str) -> dict[str, Any]:
         audio = self.audio_config
-        bins = _int(_first([audio, self.config, *_tree(self.config)], "feature_projection_input_dim", "num_mel_bins",
-                           "feature_size", "input_feat_per_channel", "n_mels", "input_dim", "feature_dim", "num_mels"),
-                    80)
+        bins = _int(
+            _first(
+                [audio, self.config, *_tree(self.config)],
+                "feature_projection_input_dim",
+                "num_mel_bins",
+                "feature_size",
+                "input_feat_per_channel",
+                "n_mels",
+                "input_dim",
+                "feature_dim",
+                "num_mels",
+            ),
+            80,
+        )
         channels = _int(_first([audio, self.config], "input_channels"), 1)
         if getattr(audio, "input_feat_per_channel", None):
             bins = bins * max(channels, 1)
@@ -383,9 +422,18 @@ class InputSynthesizer:
         return [*self._feature_layouts(), *raw]
 
     def _feature_layouts(self) -> list[str]:
-        bins = _int(_first([self.audio_config, self.config], "feature_projection_input_dim", "num_mel_bins",
-                           "feature_size", "input_feat_per_channel",
-                           "n_mels", "input_dim"), 80)
+        bins = _int(
+            _first(
+                [self.audio_config, self.config],
+                "feature_projection_input_dim",
+                "num_mel_bins",
+                "feature_size",
+                "input_feat_per_channel",
+                "n_mels",
+                "input_dim",
+            ),
+            80,
+        )
         for module in self.model.modules():
             if isinstance(module, nn.Conv1d):
                 if module.in_channels == bins:
@@ -444,12 +492,22 @@ class InputSynthesizer:
         elif hasattr(output, "last_hidden_state") and getattr(output, "last_hidden_state", None) is not None:
             features = output.last_hidden_state
         elif isinstance(output, tuple) and output and not isinstance(output[0], (int, float)):
-            features = output[0] if isinstance(output[0], torch.Tensor) and len(output) > 1 and not all(
-                isinstance(item, torch.Tensor) and item.dim() == output[0].dim() for item in output) else output
-        tensors = [features] if isinstance(features, torch.Tensor) else [
-            item for item in (features if isinstance(features, (list, tuple)) else [])
-            if isinstance(item, torch.Tensor)
-        ]
+            features = (
+                output[0]
+                if isinstance(output[0], torch.Tensor)
+                and len(output) > 1
+                and not all(isinstance(item, torch.Tensor) and item.dim() == output[0].dim() for item in output)
+                else output
+            )
+        tensors = (
+            [features]
+            if isinstance(features, torch.Tensor)
+            else [
+                item
+                for item in (features if isinstance(features, (list, tuple)) else [])
+                if isinstance(item, torch.Tensor)
+            ]
+        )
         if not tensors:
             return None
         if width is None:
@@ -560,16 +618,24 @@ class InputSynthesizer:
         lags = getattr(config, "lags_sequence", None)
         past = context + (max(lags) if isinstance(lags, (list, tuple)) and lags else 0)
         channels = _int(_first([config], "num_input_channels", "input_size"), 1)
-        values_shape = (BATCH_SIZE, past) if channels == 1 and not hasattr(config, "num_input_channels") else (
-            BATCH_SIZE, past, channels)
+        values_shape = (
+            (BATCH_SIZE, past)
+            if channels == 1 and not hasattr(config, "num_input_channels")
+            else (BATCH_SIZE, past, channels)
+        )
         inputs: dict[str, Any] = {"past_values": self._randn(*values_shape)}
         time_features = _int(getattr(config, "num_time_features", None), 0) + _int(
-            getattr(config, "num_dynamic_real_features", None), 0)
-        for name, shape in (("past_observed_mask", values_shape), ("observed_mask", values_shape),
-                            ("past_values_padding", values_shape[:2])):
+            getattr(config, "num_dynamic_real_features", None), 0
+        )
+        for name, shape in (
+            ("past_observed_mask", values_shape),
+            ("observed_mask", values_shape),
+            ("past_values_padding", values_shape[:2]),
+        ):
             if self._has(name):
-                inputs[name] = torch.ones(shape, device=self.device) if "mask" in name else torch.zeros(
-                    shape, device=self.device)
+                inputs[name] = (
+                    torch.ones(shape, device=self.device) if "mask" in name else torch.zeros(shape, device=self.device)
+                )
         if self._has("past_time_features"):
             inputs["past_time_features"] = self._randn(BATCH_SIZE, past, time_features)
         if self._has("freq"):
@@ -585,7 +651,8 @@ class InputSynthesizer:
         if self._has("static_categorical_features") and categorical:
             # category 0 exists whatever each feature's cardinality
             inputs["static_categorical_features"] = torch.tensor(
-                [[0] * categorical] * BATCH_SIZE, dtype=torch.long, device=self.device)
+                [[0] * categorical] * BATCH_SIZE, dtype=torch.long, device=self.device
+            )
         return inputs
 
     def trajectory_inputs(self) -> dict[str, Any]:
@@ -660,8 +727,9 @@ class InputSynthesizer:
             # Which images each token attends to (IDEFICS): every token, every image of its sample.
             pixels = inputs["pixel_values"]
             images = pixels.shape[1] if pixels.dim() == 5 else 1
-            inputs["image_attention_mask"] = torch.ones(BATCH_SIZE, inputs["input_ids"].shape[1], images,
-                                                        dtype=torch.long, device=self.device)
+            inputs["image_attention_mask"] = torch.ones(
+                BATCH_SIZE, inputs["input_ids"].shape[1], images, dtype=torch.long, device=self.device
+            )
         if self._has("bbox") and "input_ids" in inputs:
             inputs["bbox"] = self._boxes(inputs["input_ids"].shape[1])
         inputs.update(self._companion_inputs(inputs))
@@ -677,8 +745,9 @@ class InputSynthesizer:
             vocab = _int(getattr(getattr(self.config, "qformer_config", None), "vocab_size", None), self.vocab_size())
             extra["qformer_input_ids"] = self._randint(0, vocab, (BATCH_SIZE, SEQUENCE_LENGTH))
             if self._has("qformer_attention_mask"):
-                extra["qformer_attention_mask"] = torch.ones(BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long,
-                                                             device=self.device)
+                extra["qformer_attention_mask"] = torch.ones(
+                    BATCH_SIZE, SEQUENCE_LENGTH, dtype=torch.long, device=self.device
+                )
         if self._has("image_embeds_position_mask") and "pixel_values" in inputs and "input_ids" in inputs:
             # Kosmos-2: the image's latent queries take the places the mask marks, right after the first token.
             queries = _int(getattr(self.config, "latent_query_num", None), 64)
@@ -695,7 +764,9 @@ class InputSynthesizer:
             features = _int(getattr(self.config, "visual_feat_dim", None), 64)
             extra["visual_feats"] = self._randn(BATCH_SIZE, regions, features)
             position_size = _int(getattr(self.config, "visual_pos_dim", None), 4)
-            extra["visual_pos"] = torch.rand(BATCH_SIZE, regions, position_size, generator=self.generator).to(self.device)
+            extra["visual_pos"] = torch.rand(BATCH_SIZE, regions, position_size, generator=self.generator).to(
+                self.device
+            )
         return extra
 
     def _type_vocab(self) -> bool:

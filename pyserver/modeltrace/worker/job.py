@@ -104,38 +104,53 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
     generate_steps = int(request.get("generate") or 0)
     if generate_steps:
         check_can_generate(built.model, request)
-    progress(f"running {built.model_class}." + (f"generate ({generate_steps} decode steps)" if generate_steps
-                                               else "forward + backward" if request.get("backward") else "forward"))
+    progress(
+        f"running {built.model_class}."
+        + (
+            f"generate ({generate_steps} decode steps)"
+            if generate_steps
+            else "forward + backward"
+            if request.get("backward")
+            else "forward"
+        )
+    )
     line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
     generation = gradients = None
     # NOTE: full tensors stream to the trace's temporary folder during the forward (`worker/tensor_stream.py`)
-    stream = start_stream(
-        Path(request["out"]), _limit_bytes(request, "tensor_memory_mb", DEFAULT_TENSOR_MEMORY_MB)
-    ) if request.get("full_tensors") and not built.shape_only else None
+    stream = (
+        start_stream(Path(request["out"]), _limit_bytes(request, "tensor_memory_mb", DEFAULT_TENSOR_MEMORY_MB))
+        if request.get("full_tensors") and not built.shape_only
+        else None
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(discarded_on_error(stream))
         if not request.get("backward"):
             stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
-        capture = stack.enter_context(ModuleCapture(
-            built.model,
-            full_tensors=bool(request.get("full_tensors")),
-            max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
-            max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
-            # NOTE: not a model spread by a device map: its offload folder goes when this job ends
-            retain_calls_bytes=(_limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
-                                if request.get("keep_for_replay") and not built.shape_only
-                                and not request.get("device_map") else None),
-            stream=stream,
-        ))
+        capture = stack.enter_context(
+            ModuleCapture(
+                built.model,
+                full_tensors=bool(request.get("full_tensors")),
+                max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
+                max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+                # NOTE: not a model spread by a device map: its offload folder goes when this job ends
+                retain_calls_bytes=(
+                    _limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
+                    if request.get("keep_for_replay") and not built.shape_only and not request.get("device_map")
+                    else None
+                ),
+                stream=stream,
+            )
+        )
         line_capture = None
         if line_files:
             line_capture = stack.enter_context(
                 LineCapture(line_files, capture.summary_cache, capture.pending, capture.call_stack)
             )
         if generate_steps:
-            generation = run_generation(built.model, built.args, built.kwargs, generate_steps, capture, request,
-                                        progress)
+            generation = run_generation(
+                built.model, built.args, built.kwargs, generate_steps, capture, request, progress
+            )
         elif request.get("backward"):
             gradients = run_backward(built, capture, request)
         else:
@@ -152,9 +167,7 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
 
     # weights accelerate offloaded: fingerprinted for real, then offloaded again; they go to the stream too
     with onloaded(built.model), discarded_on_error(stream):
-        builds = record_builds(
-            built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None
-        )
+        builds = record_builds(built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None)
     constructions.clear()
     builds_at = time.perf_counter()
     trace = assemble_trace(
@@ -175,10 +188,15 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
                 **_placement_options(request, built),
             },
             "build": _jsonable_notes(built.notes),
-            "seconds": {"build": built_at - started, "forward": finished_at - built_at,
-                        "builds": builds_at - finished_at},
+            "seconds": {
+                "build": built_at - started,
+                "forward": finished_at - built_at,
+                "builds": builds_at - finished_at,
+            },
         },
-        capture, line_capture, builds,
+        capture,
+        line_capture,
+        builds,
     )
     trace.generation, trace.gradients = generation, gradients
     if generate_steps:
@@ -237,7 +255,9 @@ def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str,
         file, line = (real_path(error.file), error.line) if error.file else (None, None)
     else:
         frames = traceback.extract_tb(error.__traceback__)
-        inside_user_code = [frame for frame in frames if any(real_path(frame.filename).startswith(root) for root in roots)]
+        inside_user_code = [
+            frame for frame in frames if any(real_path(frame.filename).startswith(root) for root in roots)
+        ]
         chosen = inside_user_code[-1] if inside_user_code else (frames[-1] if frames else None)
         if chosen is not None:
             file, line = real_path(chosen.filename), chosen.lineno

@@ -227,7 +227,11 @@ class _Instrumenter:
         parameters = [
             argument.arg
             for argument in (
-                *arguments.posonlyargs, *arguments.args, arguments.vararg, *arguments.kwonlyargs, arguments.kwarg,
+                *arguments.posonlyargs,
+                *arguments.args,
+                arguments.vararg,
+                *arguments.kwonlyargs,
+                arguments.kwarg,
             )
             if argument is not None and argument.arg not in _NEVER_TENSORS
         ]

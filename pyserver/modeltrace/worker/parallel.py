@@ -69,17 +69,27 @@ def run_parallel_trace(request: dict[str, Any], nproc: int) -> dict[str, Any]:
         port = _free_port()
         for rank in range(nproc):
             environment = {
-                **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
             }
             environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
             log = open(staging / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed by the child's exit
             try:
-                processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "modeltrace.worker.parallel", str(request_file)],
-                    env=environment, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # NOTE: its own process group: ended with everything it started
-                ))
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "modeltrace.worker.parallel", str(request_file)],
+                        env=environment,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # NOTE: its own process group: ended with everything it started
+                    )
+                )
             finally:
                 log.close()
         _wait_for_group(processes, staging, started + timeout, timeout)
@@ -219,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     """The rank job: `python -m modeltrace.worker.parallel REQUEST.json` with torchrun's environment."""
     arguments = sys.argv[1:] if argv is None else argv
     if len(arguments) != 1:
-        print("usage: python -m modeltrace.worker.parallel REQUEST.json (with RANK, WORLD_SIZE, MASTER_ADDR, "
-              "MASTER_PORT set, as torchrun sets them)", file=sys.stderr)
+        print(
+            "usage: python -m modeltrace.worker.parallel REQUEST.json (with RANK, WORLD_SIZE, MASTER_ADDR, "
+            "MASTER_PORT set, as torchrun sets them)",
+            file=sys.stderr,
+        )
         return 2
     request = json.loads(Path(arguments[0]).read_text(encoding="utf-8"))
     rank = int(os.environ.get("RANK", "0"))
@@ -270,18 +283,24 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
         if on_cuda:
             target = torch.device("cuda", local_rank)
             built.args = tuple(value.to(target) if isinstance(value, torch.Tensor) else value for value in built.args)
-            built.kwargs = {name: value.to(target) if isinstance(value, torch.Tensor) else value
-                            for name, value in built.kwargs.items()}
+            built.kwargs = {
+                name: value.to(target) if isinstance(value, torch.Tensor) else value
+                for name, value in built.kwargs.items()
+            }
         built_at = time.perf_counter()
         max_tensor_bytes = _limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB)
         max_trace_bytes = _limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB)
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             stack.enter_context(built.forward_context())
-            capture = stack.enter_context(ModuleCapture(
-                built.model, full_tensors=bool(request.get("full_tensors")),
-                max_tensor_bytes=max_tensor_bytes, max_trace_bytes=max_trace_bytes,
-            ))
+            capture = stack.enter_context(
+                ModuleCapture(
+                    built.model,
+                    full_tensors=bool(request.get("full_tensors")),
+                    max_tensor_bytes=max_tensor_bytes,
+                    max_trace_bytes=max_trace_bytes,
+                )
+            )
             built.model(*built.args, **built.kwargs)
         finished_at = time.perf_counter()
         builds = _record_whole_builds(built.model, constructions, rank, capture if capture.full_tensors else None)
@@ -290,8 +309,15 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
             return {}
-        return _write_merged(request, built, capture, builds, gathered, world,
-                             {"build": built_at - started, "forward": finished_at - built_at})
+        return _write_merged(
+            request,
+            built,
+            capture,
+            builds,
+            gathered,
+            world,
+            {"build": built_at - started, "forward": finished_at - built_at},
+        )
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
@@ -335,8 +361,12 @@ def _logical_records(request: dict[str, Any]) -> list | None:
 
     try:
         built = build_from_file(
-            Path(request["file"]), request.get("model"), Path(request["checkpoint"]) / "config.json",
-            int(request.get("seed") or 0), request.get("attention") or "eager", shape_only=True,
+            Path(request["file"]),
+            request.get("model"),
+            Path(request["checkpoint"]) / "config.json",
+            int(request.get("seed") or 0),
+            request.get("attention") or "eager",
+            shape_only=True,
             dtype=request.get("dtype") or "float32",
         )
         with contextlib.ExitStack() as stack:
@@ -349,22 +379,38 @@ def _logical_records(request: dict[str, Any]) -> list | None:
         return None
 
 
-def _write_merged(request: dict[str, Any], built: Any, capture: Any, builds: list, gathered: list, world: int,
-                  seconds: dict[str, float]) -> dict[str, Any]:
+def _write_merged(
+    request: dict[str, Any],
+    built: Any,
+    capture: Any,
+    builds: list,
+    gathered: list,
+    world: int,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
     from modeltrace.worker.assemble import assemble_trace, write_captured
     from modeltrace.worker.job import _input_summaries, _jsonable_notes
     from modeltrace.worker.source_map import real_path
 
     logical = _logical_records(request)
-    merged = merge_ranks([part["records"] for part in gathered], logical,
-                         [part["tensors"] for part in gathered] if capture.full_tensors else None,
-                         capture.max_tensor_bytes, capture.max_trace_bytes)
+    merged = merge_ranks(
+        [part["records"] for part in gathered],
+        logical,
+        [part["tensors"] for part in gathered] if capture.full_tensors else None,
+        capture.max_tensor_bytes,
+        capture.max_trace_bytes,
+    )
     capture.records = merged.records
-    capture.tensors = {**{name: tensor for name, tensor in capture.tensors.items() if name.startswith("parameters/")},
-                       **merged.tensors}
+    capture.tensors = {
+        **{name: tensor for name, tensor in capture.tensors.items() if name.startswith("parameters/")},
+        **merged.tensors,
+    }
     capture.skipped = merged.skipped
-    plan = getattr(built.model, "_tp_plan", None) or getattr(getattr(built.model, "config", None),
-                                                             "base_model_tp_plan", None) or {}
+    plan = (
+        getattr(built.model, "_tp_plan", None)
+        or getattr(getattr(built.model, "config", None), "base_model_tp_plan", None)
+        or {}
+    )
     trace = assemble_trace(
         {
             "class": built.model_class,
@@ -393,11 +439,18 @@ def _write_merged(request: dict[str, Any], built: Any, capture: Any, builds: lis
             "build": _jsonable_notes(built.notes),
             "seconds": {**seconds, "builds": 0.0},
         },
-        capture, None, builds,
+        capture,
+        None,
+        builds,
     )
     destination = write_captured(trace, capture, Path(request["out"]))
-    return {"type": "result", "trace": str(destination), "model_class": built.model_class,
-            "modules": len(trace.modules), "rank_divergences": len(merged.divergences)}
+    return {
+        "type": "result",
+        "trace": str(destination),
+        "model_class": built.model_class,
+        "modules": len(trace.modules),
+        "rank_divergences": len(merged.divergences),
+    }
 
 
 # --- merge (summaries: no torch unless full tensors are concatenated) --------------------------------------------
@@ -416,8 +469,13 @@ class MergedRanks:
         self.stored_bytes = 0
 
 
-def merge_ranks(per_rank: list[list], logical: list | None, per_rank_tensors: list[dict[str, Any]] | None = None,
-                max_tensor_bytes: int | None = None, max_trace_bytes: int | None = None) -> MergedRanks:
+def merge_ranks(
+    per_rank: list[list],
+    logical: list | None,
+    per_rank_tensors: list[dict[str, Any]] | None = None,
+    max_tensor_bytes: int | None = None,
+    max_trace_bytes: int | None = None,
+) -> MergedRanks:
     """One record list from the ranks' (see the module docstring). The ranks ran the same module calls; a rank
     that did not is refused, naming the first call where it went another way."""
     from modeltrace.trace.records import ModuleCall
@@ -446,14 +504,27 @@ def merge_ranks(per_rank: list[list], logical: list | None, per_rank_tensors: li
                 key = tuple(id(part) for part in parts)
                 combined = cache.get(key)
                 if combined is None:
-                    combined = cache[key] = _merge_summary(parts, whole, merged, record, side, per_rank_tensors,
-                                                           max_tensor_bytes, max_trace_bytes)
+                    combined = cache[key] = _merge_summary(
+                        parts, whole, merged, record, side, per_rank_tensors, max_tensor_bytes, max_trace_bytes
+                    )
                 summaries.append(combined)
             sides[side] = summaries
-        merged.records.append(ModuleCall(
-            record.index, record.path, record.class_name, record.defined_at, record.called_at, record.call_index,
-            record.parent, record.finish_order, record.call_site, sides["inputs"], sides["outputs"], record.device,
-        ))
+        merged.records.append(
+            ModuleCall(
+                record.index,
+                record.path,
+                record.class_name,
+                record.defined_at,
+                record.called_at,
+                record.call_index,
+                record.parent,
+                record.finish_order,
+                record.call_site,
+                sides["inputs"],
+                sides["outputs"],
+                record.device,
+            )
+        )
     return merged
 
 
@@ -466,9 +537,16 @@ def _logical_summary(logical: list | None, index: int, side: str, position: int,
     return None
 
 
-def _merge_summary(parts: list, whole: Any, merged: MergedRanks, record: Any, side: str,
-                   per_rank_tensors: list[dict[str, Any]] | None, max_tensor_bytes: int | None,
-                   max_trace_bytes: int | None) -> Any:
+def _merge_summary(
+    parts: list,
+    whole: Any,
+    merged: MergedRanks,
+    record: Any,
+    side: str,
+    per_rank_tensors: list[dict[str, Any]] | None,
+    max_tensor_bytes: int | None,
+    max_trace_bytes: int | None,
+) -> Any:
     from modeltrace.trace.records import TensorSummary
 
     shapes = [list(part.shape) for part in parts]
@@ -480,13 +558,32 @@ def _merge_summary(parts: list, whole: Any, merged: MergedRanks, record: Any, si
             merged.divergences.append(_rank_divergence(record, side, parts, rank, reference_rank))
         chosen = parts[reference_rank]
         summary = TensorSummary(
-            chosen.key, list(chosen.shape), chosen.dtype, chosen.device, chosen.mean, chosen.std, chosen.min,
-            chosen.max, chosen.abs_max, chosen.nan_count, chosen.inf_count, chosen.positive_fraction,
-            None, chosen.not_stored, {"kind": "replicate", "ranks": len(parts)},
+            chosen.key,
+            list(chosen.shape),
+            chosen.dtype,
+            chosen.device,
+            chosen.mean,
+            chosen.std,
+            chosen.min,
+            chosen.max,
+            chosen.abs_max,
+            chosen.nan_count,
+            chosen.inf_count,
+            chosen.positive_fraction,
+            None,
+            chosen.not_stored,
+            {"kind": "replicate", "ranks": len(parts)},
         )
         if per_rank_tensors is not None and chosen.tensor is not None:
-            _store(summary, chosen.tensor, [per_rank_tensors[reference_rank].get(chosen.tensor)], None, merged,
-                   max_tensor_bytes, max_trace_bytes)
+            _store(
+                summary,
+                chosen.tensor,
+                [per_rank_tensors[reference_rank].get(chosen.tensor)],
+                None,
+                merged,
+                max_tensor_bytes,
+                max_trace_bytes,
+            )
         return summary
     merged.sharded += 1
     full_shape = list(shapes[0])
@@ -494,13 +591,21 @@ def _merge_summary(parts: list, whole: Any, merged: MergedRanks, record: Any, si
     summary = TensorSummary(first.key, full_shape, first.dtype, first.device)
     _pool_statistics(summary, parts)
     summary.placement = {
-        "kind": "shard", "dim": dim, "local_shapes": shapes,
+        "kind": "shard",
+        "dim": dim,
+        "local_shapes": shapes,
         "ranks": [{name: getattr(part, name) for name in _STATISTICS} for part in parts],
     }
     if per_rank_tensors is not None and all(part.tensor is not None for part in parts):
-        _store(summary, first.tensor,
-               [tensors.get(part.tensor) for tensors, part in zip(per_rank_tensors, parts)], dim, merged,
-               max_tensor_bytes, max_trace_bytes)
+        _store(
+            summary,
+            first.tensor,
+            [tensors.get(part.tensor) for tensors, part in zip(per_rank_tensors, parts)],
+            dim,
+            merged,
+            max_tensor_bytes,
+            max_trace_bytes,
+        )
     elif any(part.not_stored for part in parts):
         summary.not_stored = next(part.not_stored for part in parts if part.not_stored)
     return summary
@@ -559,11 +664,17 @@ def _rank_divergence(record: Any, side: str, parts: list, rank: int, reference_r
     where = f"{record.path or '(model)'} {side[:-1]}{f' {key}' if key else ''}"
     ours, theirs = parts[rank], parts[reference_rank]
     return {
-        "index": record.index, "path": record.path, "side": side, "key": key, "rank": rank,
+        "index": record.index,
+        "path": record.path,
+        "side": side,
+        "key": key,
+        "rank": rank,
         "reference_rank": reference_rank,
-        "message": (f"{where}: rank {rank} holds other values than rank {reference_rank} (mean {_number(ours.mean)} "
-                    f"vs {_number(theirs.mean)}, std {_number(ours.std)} vs {_number(theirs.std)}), though every "
-                    "rank should hold the same tensor"),
+        "message": (
+            f"{where}: rank {rank} holds other values than rank {reference_rank} (mean {_number(ours.mean)} "
+            f"vs {_number(theirs.mean)}, std {_number(ours.std)} vs {_number(theirs.std)}), though every "
+            "rank should hold the same tensor"
+        ),
     }
 
 
@@ -583,8 +694,10 @@ def _pool_statistics(summary: Any, parts: list) -> None:
         return
     present = [(count, part) for count, part in zip(counts, parts) if count]
     finite = [count - part.nan_count - part.inf_count for count, part in present]
-    moments = [(max(count, 1), part.mean, 0.0 if part.std is None or math.isnan(part.std) else part.std)
-               for count, (_, part) in zip(finite, present)]
+    moments = [
+        (max(count, 1), part.mean, 0.0 if part.std is None or math.isnan(part.std) else part.std)
+        for count, (_, part) in zip(finite, present)
+    ]
     summary.mean, summary.std = pooled_moments(moments)
     summary.min = min(part.min for _, part in present)
     summary.max = max(part.max for _, part in present)
@@ -593,8 +706,15 @@ def _pool_statistics(summary: Any, parts: list) -> None:
         summary.positive_fraction = sum(count * part.positive_fraction for count, part in present) / total
 
 
-def _store(summary: Any, name: str, pieces: list[Any], dim: int | None, merged: MergedRanks,
-           max_tensor_bytes: int | None, max_trace_bytes: int | None) -> None:
+def _store(
+    summary: Any,
+    name: str,
+    pieces: list[Any],
+    dim: int | None,
+    merged: MergedRanks,
+    max_tensor_bytes: int | None,
+    max_trace_bytes: int | None,
+) -> None:
     """The whole tensor (the shards concatenated along `dim`, or the one replica), within the size limits."""
     if any(piece is None for piece in pieces):
         return

@@ -41,7 +41,7 @@ def parse_device_map(value: str | dict[str, Any] | None) -> str | dict[str, Any]
         path = Path(text).expanduser()
         if not path.is_file():
             raise ModelTraceError(
-                f"--device-map {text!r}: expected auto, a JSON object such as '{{\"model.layers.0\": \"cpu\"}}', "
+                f'--device-map {text!r}: expected auto, a JSON object such as \'{{"model.layers.0": "cpu"}}\', '
                 "or the path of a JSON file holding one"
             )
         try:
@@ -147,15 +147,18 @@ def module_devices(model: nn.Module) -> dict[str, str]:
             inherited = found.get(parent) if path else None
             if inherited is None:
                 # NOTE: a model accelerate placed on one device whole gets no hooks: the map says where it is
-                placed = next((device_map[key] for key in keys if key == "" or path == key
-                               or path.startswith(key + ".")), None)
+                placed = next(
+                    (device_map[key] for key in keys if key == "" or path == key or path.startswith(key + ".")), None
+                )
                 inherited = None if placed is None or placed == "disk" else _device_label(placed)
             if inherited is not None:
                 found[path] = inherited
             continue
         label = _device_label(hook.execution_device)
         if getattr(hook, "offload", False):
-            kept = next((device_map[key] for key in keys if key == "" or path == key or path.startswith(key + ".")), None)
+            kept = next(
+                (device_map[key] for key in keys if key == "" or path == key or path.startswith(key + ".")), None
+            )
             kept_label = "disk" if kept == "disk" else "cpu"
             label = f"{label} (weights offloaded to {kept_label})"
         found[path] = label

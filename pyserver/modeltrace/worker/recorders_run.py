@@ -64,17 +64,36 @@ def run_evidence(file: Path, model_name: str | None = None, seed: int = 0) -> di
     # what each declared recorder targets, and whether it fired on a tensor
     for key, specs in declared.items():
         for spec in specs if isinstance(specs, list) else [specs]:
-            target = spec.target_class if isinstance(spec, OutputRecorder) else (None if isinstance(spec, str) else spec)
+            target = (
+                spec.target_class if isinstance(spec, OutputRecorder) else (None if isinstance(spec, str) else spec)
+            )
             index = spec.index if isinstance(spec, OutputRecorder) else (0 if "hidden_states" in key else 1)
             name = getattr(target, "__name__", str(spec))
             if target is not None and not any(isinstance(m, target) for m in base.modules()):
-                problems.append({"code": "class-not-instantiated", "line": line, "fix": None,
-                                 "message": f"_can_record_outputs[{key!r}]: {name} is never instantiated in the model (replaced through register_patch_mapping without patch_output_recorders?)"})
+                problems.append(
+                    {
+                        "code": "class-not-instantiated",
+                        "line": line,
+                        "fix": None,
+                        "message": f"_can_record_outputs[{key!r}]: {name} is never instantiated in the model (replaced through register_patch_mapping without patch_output_recorders?)",
+                    }
+                )
                 continue
             returns = calls.get(name, {}).get("returns")
-            if isinstance(returns, list) and -len(returns) <= index < len(returns) and not returns[index].startswith("tensor") and returns[index] != "None":
-                problems.append({"code": "index-not-tensor", "line": line, "fix": None,
-                                 "message": f"_can_record_outputs[{key!r}]: index {index} of what {name} returns is a {returns[index]}, not a tensor"})
+            if (
+                isinstance(returns, list)
+                and -len(returns) <= index < len(returns)
+                and not returns[index].startswith("tensor")
+                and returns[index] != "None"
+            ):
+                problems.append(
+                    {
+                        "code": "index-not-tensor",
+                        "line": line,
+                        "fix": None,
+                        "message": f"_can_record_outputs[{key!r}]: index {index} of what {name} returns is a {returns[index]}, not a tensor",
+                    }
+                )
     # transformers' own capture path: every declared key comes back filled
     layers = getattr(base.config, "num_hidden_layers", None)
     for key in declared:
@@ -82,17 +101,41 @@ def run_evidence(file: Path, model_name: str | None = None, seed: int = 0) -> di
         if key not in ("hidden_states", "attentions") and not value:
             continue  # cross/router keys need inputs this run may not give
         if not value:
-            problems.append({"code": "empty-output", "line": line, "fix": None,
-                             "message": f"{key!r} came back empty from a run with output_{key}=True"})
+            problems.append(
+                {
+                    "code": "empty-output",
+                    "line": line,
+                    "fix": None,
+                    "message": f"{key!r} came back empty from a run with output_{key}=True",
+                }
+            )
         elif layers and key == "hidden_states" and len(value) != layers + 1:
-            problems.append({"code": "wrong-count", "line": line, "fix": None,
-                             "message": f"'hidden_states' has {len(value)} entries, expected {layers + 1} (layers + initial)"})
+            problems.append(
+                {
+                    "code": "wrong-count",
+                    "line": line,
+                    "fix": None,
+                    "message": f"'hidden_states' has {len(value)} entries, expected {layers + 1} (layers + initial)",
+                }
+            )
         elif layers and key == "attentions" and len(value) != layers:
-            problems.append({"code": "wrong-count", "line": line, "fix": None,
-                             "message": f"'attentions' has {len(value)} entries, expected {layers} (one per layer)"})
+            problems.append(
+                {
+                    "code": "wrong-count",
+                    "line": line,
+                    "fix": None,
+                    "message": f"'attentions' has {len(value)} entries, expected {layers} (one per layer)",
+                }
+            )
         elif key == "attentions" and any(getattr(v, "dim", lambda: 0)() != 4 for v in value):
-            problems.append({"code": "index-not-tensor", "line": line, "fix": None,
-                             "message": "'attentions' entries are not 4-D attention weights"})
+            problems.append(
+                {
+                    "code": "index-not-tensor",
+                    "line": line,
+                    "fix": None,
+                    "message": "'attentions' entries are not 4-D attention weights",
+                }
+            )
     return {"problems": problems, "calls": calls, "instantiated": sorted(instantiated), "notes": []}
 
 

@@ -64,8 +64,10 @@ def _replace(value: Any, parts: list[str], tensor: torch.Tensor, key: str) -> An
             raise ModelTraceError(f"input {key!r} is not a tensor in this call")
         if tensor.shape != value.shape:
             if tensor.numel() != value.numel():
-                raise ModelTraceError(f"the reference's tensor for input {key!r} has shape {list(tensor.shape)}, "
-                                      f"which does not fit the candidate's {list(value.shape)}")
+                raise ModelTraceError(
+                    f"the reference's tensor for input {key!r} has shape {list(tensor.shape)}, "
+                    f"which does not fit the candidate's {list(value.shape)}"
+                )
             tensor = tensor.reshape(value.shape)
         return tensor.to(device=value.device, dtype=value.dtype)
     head, rest = parts[0], parts[1:]
@@ -85,8 +87,9 @@ def _replace(value: Any, parts: list[str], tensor: torch.Tensor, key: str) -> An
     raise ModelTraceError(f"input {key!r} is not reachable in this call")
 
 
-def substitute(module: torch.nn.Module, args: tuple, kwargs: dict,
-               replacements: dict[str, torch.Tensor]) -> tuple[tuple, dict]:
+def substitute(
+    module: torch.nn.Module, args: tuple, kwargs: dict, replacements: dict[str, torch.Tensor]
+) -> tuple[tuple, dict]:
     """The call's arguments with the tensors at the given input keys replaced (see `_replace`)."""
     named = _named_arguments(module, args, kwargs)
     values = dict(named)
@@ -154,8 +157,9 @@ def kept_candidate(request: dict[str, Any]) -> KeptCandidate | None:
     return _kept if _kept is not None and _kept.serves(replay.get("candidate_trace")) else None
 
 
-def _kept_arguments_unchanged(module: torch.nn.Module, call: tuple[tuple, dict],
-                              expected: dict[str, list[float]]) -> bool:
+def _kept_arguments_unchanged(
+    module: torch.nn.Module, call: tuple[tuple, dict], expected: dict[str, list[float]]
+) -> bool:
     """Whether the kept arguments of a call still hold what the trace recorded for them (mean and std of each
     floating input the replay keeps): a tensor changed in place after the call fails this."""
     args, kwargs = call
@@ -168,15 +172,21 @@ def _kept_arguments_unchanged(module: torch.nn.Module, call: tuple[tuple, dict],
             return False
         values = tensor.detach().to(torch.float64)
         live_mean, live_std = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
-        scale = (mean ** 2 + std ** 2) ** 0.5 + 1e-6
+        scale = (mean**2 + std**2) ** 0.5 + 1e-6
         if abs(live_mean - mean) > _KEPT_TOLERANCE * scale or abs(live_std - std) > _KEPT_TOLERANCE * scale:
             return False
     return True
 
 
-def _replay_call(module: torch.nn.Module, args: tuple, kwargs: dict, target: dict[str, Any],
-                 reference_inputs: dict[str, torch.Tensor], answer: dict[str, Any],
-                 outputs: dict[str, torch.Tensor]) -> None:
+def _replay_call(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    target: dict[str, Any],
+    reference_inputs: dict[str, torch.Tensor],
+    answer: dict[str, Any],
+    outputs: dict[str, torch.Tensor],
+) -> None:
     """Run one module on its call's arguments with the paired tensors replaced by the reference's; the output
     goes into `outputs`, the outcome into `answer` (a module that raises is an answer, not an error)."""
     try:
@@ -218,8 +228,15 @@ def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate |
     targets: dict[str, dict[int, dict[str, Any]]] = {}
     direct: list[tuple[dict[str, Any], tuple[tuple, dict]]] = []
     for target in replay["targets"]:
-        answers[target["name"]] = {"ran": False, "error": None, "keys": [], "live": {}, "replay_seconds": None,
-                                   "live_seconds": None, "direct": False}
+        answers[target["name"]] = {
+            "ran": False,
+            "error": None,
+            "keys": [],
+            "live": {},
+            "replay_seconds": None,
+            "live_seconds": None,
+            "direct": False,
+        }
         if target["path"] not in modules:
             answers[target["name"]]["error"] = f"the rebuilt candidate has no module {target['path']!r}"
             continue
@@ -235,13 +252,18 @@ def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate |
                 answer = answers[target["name"]]
                 answer["direct"] = True
                 _replay_call(modules[target["path"]], args, kwargs, target, reference_inputs, answer, outputs)
-    forward_error = _replay_by_forward(built, targets, answers, reference_inputs, outputs, progress) if targets else None
+    forward_error = (
+        _replay_by_forward(built, targets, answers, reference_inputs, outputs, progress) if targets else None
+    )
     for path, wanted in targets.items():
         for target in wanted.values():
             answer = answers[target["name"]]
             if not answer["ran"] and answer["error"] is None:
-                answer["error"] = (f"the rebuilt candidate's forward raised before calling it ({forward_error})"
-                                   if forward_error else f"{path} was not called {target['call_index'] + 1} times")
+                answer["error"] = (
+                    f"the rebuilt candidate's forward raised before calling it ({forward_error})"
+                    if forward_error
+                    else f"{path} was not called {target['call_index'] + 1} times"
+                )
     out = Path(replay["out"])
     out.mkdir(parents=True, exist_ok=True)
     save_file(outputs, str(out / OUTPUTS_FILE))
@@ -257,9 +279,14 @@ def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate |
     }
 
 
-def _replay_by_forward(built: BuiltModel, targets: dict[str, dict[int, dict[str, Any]]],
-                       answers: dict[str, dict[str, Any]], reference_inputs: dict[str, torch.Tensor],
-                       outputs: dict[str, torch.Tensor], progress: Any) -> str | None:
+def _replay_by_forward(
+    built: BuiltModel,
+    targets: dict[str, dict[int, dict[str, Any]]],
+    answers: dict[str, dict[str, Any]],
+    reference_inputs: dict[str, torch.Tensor],
+    outputs: dict[str, torch.Tensor],
+    progress: Any,
+) -> str | None:
     """Run the model's forward with a pre-hook on each target module that replays the target's call (see the
     module docstring); returns why the forward raised, or None."""
     modules = dict(built.model.named_modules())

@@ -89,10 +89,23 @@ _LAYER_NAMES = re.compile(
     r"|num_decoder_layers|num_blocks|[a-z_]*_num_layers|num_[a-z_]*_layers|[a-z_]*_depth|[a-z_]*_layers)$"
 )
 # Names that look like layer counts but index layers, or count something that must stay below the layer count.
-_LAYER_BOUNDS = {"first_k_dense_replace": 1, "num_dense_layers": 1, "num_kv_shared_layers": 0,
-                 "max_window_layers": LAYERS, "num_nextn_predict_layers": 1, "num_dense_layers_prefix": 1}
-_NOT_LAYER_COUNTS = {"num_feat_extract_layers", "num_conv_pos_embedding_groups", "num_adapter_layers",
-                     "num_lstm_layers", "num_residual_layers", "iou_head_depth", "max_depth"}
+_LAYER_BOUNDS = {
+    "first_k_dense_replace": 1,
+    "num_dense_layers": 1,
+    "num_kv_shared_layers": 0,
+    "max_window_layers": LAYERS,
+    "num_nextn_predict_layers": 1,
+    "num_dense_layers_prefix": 1,
+}
+_NOT_LAYER_COUNTS = {
+    "num_feat_extract_layers",
+    "num_conv_pos_embedding_groups",
+    "num_adapter_layers",
+    "num_lstm_layers",
+    "num_residual_layers",
+    "iou_head_depth",
+    "max_depth",
+}
 _EXPERT_NAMES = re.compile(
     r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|[a-z_]*_num_experts)$"
 )
@@ -110,26 +123,60 @@ _LAYER_INDEX_NAMES = re.compile(
     r"|mlp_only_layers|[a-z_]*select_layers?|[a-z_]*layer_idx)$"
 )
 _TOKEN_NAMES = re.compile(r"^[a-z_]*(_token_id|_token_index|_token_ids|_token)$")
-_DEPTH_LISTS = ("depths", "encoder_depths", "decoder_depths", "num_layers_per_stage", "stage_depths", "block_repeats",
-                "layers_per_stage", "num_blocks_per_stage", "num_block_repeats", "stage_num_blocks")
+_DEPTH_LISTS = (
+    "depths",
+    "encoder_depths",
+    "decoder_depths",
+    "num_layers_per_stage",
+    "stage_depths",
+    "block_repeats",
+    "layers_per_stage",
+    "num_blocks_per_stage",
+    "num_block_repeats",
+    "stage_num_blocks",
+)
 # Compound scaling of convolutional nets (EfficientNet-B7 is 2.0 wide and 3.1 deep).
-_SCALING_FACTORS = {"width_coefficient": 0.25, "depth_coefficient": 1.0, "width_multiplier": 0.25,
-                    "depth_multiplier": 1.0}
+_SCALING_FACTORS = {
+    "width_coefficient": 0.25,
+    "depth_coefficient": 1.0,
+    "width_multiplier": 0.25,
+    "depth_multiplier": 1.0,
+}
 CONV_IMAGE_SIZE = 224
 _PATTERN_NAMES = re.compile(
     r"^_?([a-z_]*_pattern|[a-z_]*_period|[a-z_]*_interval|[a-z_]*_frequency|[a-z_]*_every|[a-z_]*_freq"
     r"|decoder_sparse_step|sparse_step)$"
 )
-_KERNEL_SWITCHES = ("use_mamba_kernels", "use_kernels", "use_fused_kernels", "use_flash_attention", "use_triton",
-                    "use_timm_backbone", "use_pretrained_backbone")
+_KERNEL_SWITCHES = (
+    "use_mamba_kernels",
+    "use_kernels",
+    "use_fused_kernels",
+    "use_flash_attention",
+    "use_triton",
+    "use_timm_backbone",
+    "use_pretrained_backbone",
+)
 _ROTARY_DIMS = ("rotary_dim", "rotary_ndims", "rope_dim", "rotary_emb_dim", "qk_rope_dim")
 _SLIDING_WINDOW = 4
-_PLACEHOLDER_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index", "audio_token_id",
-                       "audio_token_index")
+_PLACEHOLDER_TOKENS = (
+    "image_token_id",
+    "image_token_index",
+    "video_token_id",
+    "video_token_index",
+    "audio_token_id",
+    "audio_token_index",
+)
 _SLIDING_KINDS = ("sliding_attention", "sliding_window", "local", "local_attention")
 _LAYER_KIND_LISTS = ("layer_types", "layers_block_type", "mlp_layer_types", "block_types", "layer_block_types")
-_DERIVED_KEEP = {"pad_token_id", "bos_token_id", "eos_token_id", "sliding_window", "id2label", "label2id",
-                 "rope_parameters"}
+_DERIVED_KEEP = {
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "sliding_window",
+    "id2label",
+    "label2id",
+    "rope_parameters",
+}
 _DROPPED = ("transformers_version", "model_type", "architectures", "_name_or_path", "dtype", "torch_dtype")
 
 
@@ -170,51 +217,110 @@ def _not_type_vocab(name: str) -> bool:
 
 # Fields a model needs that its default config leaves unset (None, and None in the class defaults).
 UNSET_SIZE_RULES = (
-    SizeRule(lambda name, _, c: bool(_VOCAB_NAMES.match(name)) and _not_type_vocab(name),
-             lambda *_: VOCAB, "a vocabulary a checkpoint sets (ESM)"),
-    SizeRule(lambda name, _, c: bool(_EXPERT_NAMES.match(name)), lambda *_: EXPERTS,
-             "an expert count a checkpoint sets (DeepSeek-V2)"),
-    SizeRule(lambda name, _, c: name in ("n_shared_experts", "num_shared_experts") and c.has_experts(),
-             lambda *_: 1, "shared experts next to routed ones"),
-    SizeRule(lambda name, _, c: name in _PLACEHOLDER_TOKENS and c.level != "default",
-             lambda name, _, c: VOCAB // 2 + _PLACEHOLDER_TOKENS.index(name),
-             "a multimodal model whose placeholder token a checkpoint sets (InstructBLIP's image token)"),
-    SizeRule(lambda name, _, c: name == "prediction_length", lambda *_: 8,
-             "forecasters that need a horizon (Autoformer, Informer)"),
-    SizeRule(lambda name, _, c: bool(_FFN_NAMES.match(name)), lambda *_: FFN,
-             "an expert's width that a checkpoint sets (Diffusion-Gemma's moe_intermediate_size)"),
-    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_KV_HEAD_NAMES.match(name)), lambda *_: 2,
-             "the head layout of a block a checkpoint sets (Qwen4-Exp's indexer)"),
-    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_HEAD_NAMES.match(name)), lambda *_: HEADS,
-             "a head count a checkpoint sets"),
-    SizeRule(lambda name, _, c: c.level == "tiny" and bool(_HEAD_DIM_NAMES.match(name)) and name != "head_dim",
-             lambda *_: HEAD_DIM, "a head width a checkpoint sets"),
-    SizeRule(lambda name, _, c: name.endswith(("_compress_ratio", "_ratio")) and not name.endswith("dropout_ratio"),
-             lambda *_: 2, "a compression / pooling ratio a checkpoint sets"),
-    SizeRule(lambda name, _, c: name.endswith("_budget"), lambda *_: 2 * _SLIDING_WINDOW,
-             "tokens kept by a sparse-attention indexer"),
-    SizeRule(lambda name, _, c: name == "sliding_window" and c.level in ("narrow", "shallow"), lambda *_: 4096,
-             "a model that reads it whatever its layer types say (Step3p7)"),
-    SizeRule(lambda name, _, c: name == "pad_token_id" and c.level in ("narrow", "shallow"), lambda *_: 0,
-             "ESM compares ids with it"),
-    SizeRule(lambda name, _, c: bool(_TOP_K_NAMES.match(name)) and c.has_experts(besides=name),
-             lambda *_: TOP_K, "experts chosen per token, where there are experts"),
+    SizeRule(
+        lambda name, _, c: bool(_VOCAB_NAMES.match(name)) and _not_type_vocab(name),
+        lambda *_: VOCAB,
+        "a vocabulary a checkpoint sets (ESM)",
+    ),
+    SizeRule(
+        lambda name, _, c: bool(_EXPERT_NAMES.match(name)),
+        lambda *_: EXPERTS,
+        "an expert count a checkpoint sets (DeepSeek-V2)",
+    ),
+    SizeRule(
+        lambda name, _, c: name in ("n_shared_experts", "num_shared_experts") and c.has_experts(),
+        lambda *_: 1,
+        "shared experts next to routed ones",
+    ),
+    SizeRule(
+        lambda name, _, c: name in _PLACEHOLDER_TOKENS and c.level != "default",
+        lambda name, _, c: VOCAB // 2 + _PLACEHOLDER_TOKENS.index(name),
+        "a multimodal model whose placeholder token a checkpoint sets (InstructBLIP's image token)",
+    ),
+    SizeRule(
+        lambda name, _, c: name == "prediction_length",
+        lambda *_: 8,
+        "forecasters that need a horizon (Autoformer, Informer)",
+    ),
+    SizeRule(
+        lambda name, _, c: bool(_FFN_NAMES.match(name)),
+        lambda *_: FFN,
+        "an expert's width that a checkpoint sets (Diffusion-Gemma's moe_intermediate_size)",
+    ),
+    SizeRule(
+        lambda name, _, c: c.level == "tiny" and bool(_KV_HEAD_NAMES.match(name)),
+        lambda *_: 2,
+        "the head layout of a block a checkpoint sets (Qwen4-Exp's indexer)",
+    ),
+    SizeRule(
+        lambda name, _, c: c.level == "tiny" and bool(_HEAD_NAMES.match(name)),
+        lambda *_: HEADS,
+        "a head count a checkpoint sets",
+    ),
+    SizeRule(
+        lambda name, _, c: c.level == "tiny" and bool(_HEAD_DIM_NAMES.match(name)) and name != "head_dim",
+        lambda *_: HEAD_DIM,
+        "a head width a checkpoint sets",
+    ),
+    SizeRule(
+        lambda name, _, c: name.endswith(("_compress_ratio", "_ratio")) and not name.endswith("dropout_ratio"),
+        lambda *_: 2,
+        "a compression / pooling ratio a checkpoint sets",
+    ),
+    SizeRule(
+        lambda name, _, c: name.endswith("_budget"),
+        lambda *_: 2 * _SLIDING_WINDOW,
+        "tokens kept by a sparse-attention indexer",
+    ),
+    SizeRule(
+        lambda name, _, c: name == "sliding_window" and c.level in ("narrow", "shallow"),
+        lambda *_: 4096,
+        "a model that reads it whatever its layer types say (Step3p7)",
+    ),
+    SizeRule(
+        lambda name, _, c: name == "pad_token_id" and c.level in ("narrow", "shallow"),
+        lambda *_: 0,
+        "ESM compares ids with it",
+    ),
+    SizeRule(
+        lambda name, _, c: bool(_TOP_K_NAMES.match(name)) and c.has_experts(besides=name),
+        lambda *_: TOP_K,
+        "experts chosen per token, where there are experts",
+    ),
 )
 
 # Integer fields over a bound, at every level but `default` (layer counts are decided before these rows).
 SIZE_CAPS = (
-    SizeRule(lambda name, _, c: name in _LAYER_BOUNDS, lambda name, value, c: min(value, _LAYER_BOUNDS[name]),
-             "layer counts inside the layer count (dense layers before the experts, shared KV layers)"),
-    SizeRule(lambda name, value, c: bool(_EXPERT_NAMES.match(name)) and value > EXPERTS, lambda *_: EXPERTS,
-             "mixtures of experts"),
-    SizeRule(lambda name, value, c: bool(_TOP_K_NAMES.match(name)) and value > TOP_K, lambda *_: TOP_K,
-             "experts chosen per token"),
-    SizeRule(lambda name, value, c: bool(_VOCAB_NAMES.match(name)) and value > VOCAB and _not_type_vocab(name),
-             lambda *_: VOCAB, "vocabularies (not token-type vocabularies)"),
-    SizeRule(lambda name, value, c: bool(_POSITION_NAMES.match(name)) and value > MAX_POSITIONS,
-             lambda *_: MAX_POSITIONS, "position tables"),
-    SizeRule(lambda name, value, c: name == "max_source_positions" and value > AUDIO_POSITIONS,
-             lambda *_: AUDIO_POSITIONS, "audio encoders' positions (Whisper)"),
+    SizeRule(
+        lambda name, _, c: name in _LAYER_BOUNDS,
+        lambda name, value, c: min(value, _LAYER_BOUNDS[name]),
+        "layer counts inside the layer count (dense layers before the experts, shared KV layers)",
+    ),
+    SizeRule(
+        lambda name, value, c: bool(_EXPERT_NAMES.match(name)) and value > EXPERTS,
+        lambda *_: EXPERTS,
+        "mixtures of experts",
+    ),
+    SizeRule(
+        lambda name, value, c: bool(_TOP_K_NAMES.match(name)) and value > TOP_K,
+        lambda *_: TOP_K,
+        "experts chosen per token",
+    ),
+    SizeRule(
+        lambda name, value, c: bool(_VOCAB_NAMES.match(name)) and value > VOCAB and _not_type_vocab(name),
+        lambda *_: VOCAB,
+        "vocabularies (not token-type vocabularies)",
+    ),
+    SizeRule(
+        lambda name, value, c: bool(_POSITION_NAMES.match(name)) and value > MAX_POSITIONS,
+        lambda *_: MAX_POSITIONS,
+        "position tables",
+    ),
+    SizeRule(
+        lambda name, value, c: name == "max_source_positions" and value > AUDIO_POSITIONS,
+        lambda *_: AUDIO_POSITIONS,
+        "audio encoders' positions (Whisper)",
+    ),
 )
 
 
@@ -224,33 +330,77 @@ def _capped(bound: int, to: int | None = None) -> Callable[[str, Any, _Context],
 
 # Widths, at `tiny` and `narrow` only (`narrow`: the core names only; per-stage models keep theirs).
 WIDTH_CAPS = (
-    SizeRule(lambda name, _, c: bool(_KV_HEAD_NAMES.match(name)),
-             lambda name, value, c: (HEADS if (c.heads is None or value >= c.heads or c.mha) else min(value, 2))
-             if value > 1 and (not c.core_only or name == "num_key_value_heads") else _KEEP,
-             "grouped key/value heads stay grouped, or as many as the heads (MHA)"),
-    SizeRule(lambda name, _, c: bool(_HEAD_NAMES.match(name)) and (not c.core_only or name in _CORE_HEAD_NAMES)
-             and not c.hierarchical, _capped(HEADS), "attention heads"),
-    SizeRule(lambda name, _, c: bool(_HEAD_DIM_NAMES.match(name)) and not c.core_only and not c.hierarchical,
-             lambda name, value, c: (HEAD_DIM // 2 if name in ("qk_rope_head_dim", "qk_nope_head_dim") else HEAD_DIM)
-             if value > HEAD_DIM else _KEEP, "head widths (MLA's rope and nope halves)"),
-    SizeRule(lambda name, _, c: bool(_FFN_NAMES.match(name)) and (not c.core_only or name in _CORE_FFN_NAMES)
-             and not c.hierarchical, _capped(FFN), "feed-forward widths"),
-    SizeRule(lambda name, _, c: bool(_WIDTH_NAMES.match(name)) and (not c.core_only or name in _CORE_WIDTH_NAMES)
-             and not c.hierarchical, _capped(WIDTH), "hidden widths"),
-    SizeRule(lambda name, value, c: name in ("q_lora_rank", "kv_lora_rank") and value > 32, lambda *_: 32,
-             "low-rank attention projections (DeepSeek's MLA)"),
-    SizeRule(lambda name, value, c: name in ("state_size", "d_state", "mamba_d_state", "ssm_state_size")
-             and value > 16, lambda *_: 16, "state-space models' state"),
-    SizeRule(lambda name, value, c: name in ("time_step_rank", "dt_rank", "mamba_dt_rank") and value > 8,
-             lambda *_: 8, "state-space models' time-step rank"),
-    SizeRule(lambda name, value, c: name in _ROTARY_DIMS and value > HEAD_DIM, lambda *_: HEAD_DIM,
-             "partial rotary widths inside a head"),
-    SizeRule(lambda name, value, c: name in ("mamba_d_ssm", "ssm_inner_size", "mamba_intermediate_size",
-                                             "d_inner_ssm") and value > FFN, lambda *_: FFN,
-             "state-space inner widths"),
-    SizeRule(lambda name, value, c: name == "sliding_window" and c.level == "tiny" and value > _SLIDING_WINDOW,
-             lambda *_: _SLIDING_WINDOW,
-             "smaller than the synthesised sequence, so that the sliding-window mask really cuts"),
+    SizeRule(
+        lambda name, _, c: bool(_KV_HEAD_NAMES.match(name)),
+        lambda name, value, c: (
+            (HEADS if (c.heads is None or value >= c.heads or c.mha) else min(value, 2))
+            if value > 1 and (not c.core_only or name == "num_key_value_heads")
+            else _KEEP
+        ),
+        "grouped key/value heads stay grouped, or as many as the heads (MHA)",
+    ),
+    SizeRule(
+        lambda name, _, c: (
+            bool(_HEAD_NAMES.match(name)) and (not c.core_only or name in _CORE_HEAD_NAMES) and not c.hierarchical
+        ),
+        _capped(HEADS),
+        "attention heads",
+    ),
+    SizeRule(
+        lambda name, _, c: bool(_HEAD_DIM_NAMES.match(name)) and not c.core_only and not c.hierarchical,
+        lambda name, value, c: (
+            (HEAD_DIM // 2 if name in ("qk_rope_head_dim", "qk_nope_head_dim") else HEAD_DIM)
+            if value > HEAD_DIM
+            else _KEEP
+        ),
+        "head widths (MLA's rope and nope halves)",
+    ),
+    SizeRule(
+        lambda name, _, c: (
+            bool(_FFN_NAMES.match(name)) and (not c.core_only or name in _CORE_FFN_NAMES) and not c.hierarchical
+        ),
+        _capped(FFN),
+        "feed-forward widths",
+    ),
+    SizeRule(
+        lambda name, _, c: (
+            bool(_WIDTH_NAMES.match(name)) and (not c.core_only or name in _CORE_WIDTH_NAMES) and not c.hierarchical
+        ),
+        _capped(WIDTH),
+        "hidden widths",
+    ),
+    SizeRule(
+        lambda name, value, c: name in ("q_lora_rank", "kv_lora_rank") and value > 32,
+        lambda *_: 32,
+        "low-rank attention projections (DeepSeek's MLA)",
+    ),
+    SizeRule(
+        lambda name, value, c: name in ("state_size", "d_state", "mamba_d_state", "ssm_state_size") and value > 16,
+        lambda *_: 16,
+        "state-space models' state",
+    ),
+    SizeRule(
+        lambda name, value, c: name in ("time_step_rank", "dt_rank", "mamba_dt_rank") and value > 8,
+        lambda *_: 8,
+        "state-space models' time-step rank",
+    ),
+    SizeRule(
+        lambda name, value, c: name in _ROTARY_DIMS and value > HEAD_DIM,
+        lambda *_: HEAD_DIM,
+        "partial rotary widths inside a head",
+    ),
+    SizeRule(
+        lambda name, value, c: (
+            name in ("mamba_d_ssm", "ssm_inner_size", "mamba_intermediate_size", "d_inner_ssm") and value > FFN
+        ),
+        lambda *_: FFN,
+        "state-space inner widths",
+    ),
+    SizeRule(
+        lambda name, value, c: name == "sliding_window" and c.level == "tiny" and value > _SLIDING_WINDOW,
+        lambda *_: _SLIDING_WINDOW,
+        "smaller than the synthesised sequence, so that the sliding-window mask really cuts",
+    ),
 )
 
 
@@ -434,8 +584,11 @@ def _shrink_tree(
         # Per-layer lists cut to the new depth that `__post_init__` derived from the layer count (Dory's layer
         # types, listed as attention / mlp pairs): derived again from the shrunk count instead.
         defaults = _field_defaults(type(config))
-        derived = {name: None for name in _LAYER_KIND_LISTS if new_values.get(name) is not None
-                   and name in defaults and defaults[name] is None}
+        derived = {
+            name: None
+            for name in _LAYER_KIND_LISTS
+            if new_values.get(name) is not None and name in defaults and defaults[name] is None
+        }
         if not derived:
             raise
         new_values = {**new_values, **derived}
@@ -515,8 +668,14 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
         elif isinstance(default, str) and _is_int(value):
             new[name] = default
     # Sizes a model needs that its default config leaves unset (ESM's vocabulary, DeepSeek-V2's experts).
-    context = _Context(values, level, values.get("num_attention_heads", values.get("num_heads", values.get("n_head"))),
-                       mha, core_only, hierarchical)
+    context = _Context(
+        values,
+        level,
+        values.get("num_attention_heads", values.get("num_heads", values.get("n_head"))),
+        mha,
+        core_only,
+        hierarchical,
+    )
     for name, value in values.items():
         if value is None and defaults.get(name, 0) is None:
             rule = next((rule for rule in UNSET_SIZE_RULES if rule.claims(name, None, context)), None)
@@ -579,8 +738,10 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
         _scale_stage_widths(values, new)
     # A sliding-window layer needs a window, even where the default config leaves it unset.
     kinds = new.get("layer_types") or values.get("layer_types") or ()
-    if "sliding_window" in values and values["sliding_window"] is None and any(
-        kind in _SLIDING_KINDS for kind in kinds if isinstance(kind, str)
+    if (
+        "sliding_window" in values
+        and values["sliding_window"] is None
+        and any(kind in _SLIDING_KINDS for kind in kinds if isinstance(kind, str))
     ):
         new["sliding_window"] = _SLIDING_WINDOW if level == "tiny" else 4096
     _fix_experts(values, new)
@@ -607,8 +768,18 @@ def _fix_windows_in_context(new: dict[str, Any]) -> None:
             new[name] = context
 
 
-_STAGE_WIDTHS = ("embed_dim", "embed_dims", "hidden_sizes", "dims", "widths", "hidden_dims", "embedding_size",
-                 "hidden_size", "stem_channels", "channels")
+_STAGE_WIDTHS = (
+    "embed_dim",
+    "embed_dims",
+    "hidden_sizes",
+    "dims",
+    "widths",
+    "hidden_dims",
+    "embedding_size",
+    "hidden_size",
+    "stem_channels",
+    "channels",
+)
 
 
 def _scale_stage_widths(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -641,11 +812,29 @@ def _scale_stage_widths(old: dict[str, Any], new: dict[str, Any]) -> None:
 
 def _is_size_name(name: str) -> bool:
     """Whether `name` reads like a size these rules shrink (so that a derived value of it is derived again)."""
-    patterns = (_WIDTH_NAMES, _FFN_NAMES, _KV_HEAD_NAMES, _HEAD_NAMES, _HEAD_DIM_NAMES, _LAYER_NAMES, _EXPERT_NAMES,
-                _TOP_K_NAMES, _VOCAB_NAMES, _POSITION_NAMES)
+    patterns = (
+        _WIDTH_NAMES,
+        _FFN_NAMES,
+        _KV_HEAD_NAMES,
+        _HEAD_NAMES,
+        _HEAD_DIM_NAMES,
+        _LAYER_NAMES,
+        _EXPERT_NAMES,
+        _TOP_K_NAMES,
+        _VOCAB_NAMES,
+        _POSITION_NAMES,
+    )
     return any(pattern.match(name) for pattern in patterns) or name in (
-        "time_step_rank", "dt_rank", "mamba_dt_rank", "mamba_d_head", "mamba_headdim", "kv_channels",
-        "attention_head_dim", "num_query_groups", *_ROTARY_DIMS)
+        "time_step_rank",
+        "dt_rank",
+        "mamba_dt_rank",
+        "mamba_d_head",
+        "mamba_headdim",
+        "kv_channels",
+        "attention_head_dim",
+        "num_query_groups",
+        *_ROTARY_DIMS,
+    )
 
 
 def _fix_layer_sums(old: dict[str, Any], new: dict[str, Any], layer_counts: dict[int, int]) -> None:
@@ -654,8 +843,15 @@ def _fix_layer_sums(old: dict[str, Any], new: dict[str, Any], layer_counts: dict
         total = old.get(total_name)
         if not _is_int(total):
             continue
-        parts = [name for name, value in old.items() if name != total_name and _is_int(value) and value > 0
-                 and _LAYER_NAMES.match(name) and name not in _NOT_LAYER_COUNTS]
+        parts = [
+            name
+            for name, value in old.items()
+            if name != total_name
+            and _is_int(value)
+            and value > 0
+            and _LAYER_NAMES.match(name)
+            and name not in _NOT_LAYER_COUNTS
+        ]
         for size in range(len(parts), 1, -1):
             for chosen in _combinations(parts, size):
                 if sum(old[name] for name in chosen) == total:
@@ -746,8 +942,11 @@ def _fix_layer_lists(old: dict[str, Any], new: dict[str, Any], layer_counts: dic
             if not _LAYER_INDEX_NAMES.match(name) or new.get(name) is None:
                 continue
             if _int_list(value):
-                new[name] = type(value)(_clamp_indices(list(value), LAYERS)) if isinstance(value, tuple) else \
-                    _clamp_indices(list(value), LAYERS)
+                new[name] = (
+                    type(value)(_clamp_indices(list(value), LAYERS))
+                    if isinstance(value, tuple)
+                    else _clamp_indices(list(value), LAYERS)
+                )
             elif _is_int(value) and not -LAYERS <= value < LAYERS:
                 new[name] = _clamp_indices([value], LAYERS)[0]
     if not layer_counts:
@@ -783,8 +982,12 @@ def _fix_depth_lists(old: dict[str, Any], new: dict[str, Any]) -> None:
 def _fix_images(old: dict[str, Any], new: dict[str, Any]) -> None:
     """Halve an image size whose patch grid has more than MAX_IMAGE_TOKENS positions."""
     size, patch = old.get("image_size"), old.get("patch_size")
-    if _is_int(size) and size > CONV_IMAGE_SIZE and "patch_size" not in old and "patch_sizes" not in old and (
-        any(name in _SCALING_FACTORS for name in old) or "kernel_sizes" in old
+    if (
+        _is_int(size)
+        and size > CONV_IMAGE_SIZE
+        and "patch_size" not in old
+        and "patch_sizes" not in old
+        and (any(name in _SCALING_FACTORS for name in old) or "kernel_sizes" in old)
     ):
         new["image_size"] = CONV_IMAGE_SIZE  # a convolutional net: any size runs, and 600 px is slow
         return
@@ -802,8 +1005,12 @@ def _fix_image_tokens(new: dict[str, Any]) -> None:
     """Pooled image tokens (Gemma 3): the tokens per side must divide the vision tower's patches per side."""
     tokens = new.get("mm_tokens_per_image")
     vision = new.get("vision_config")
-    if not (_is_int(tokens) and vision is not None and _is_int(getattr(vision, "image_size", None))
-            and _is_int(getattr(vision, "patch_size", None))):
+    if not (
+        _is_int(tokens)
+        and vision is not None
+        and _is_int(getattr(vision, "image_size", None))
+        and _is_int(getattr(vision, "patch_size", None))
+    ):
         return
     patches = vision.image_size // vision.patch_size
     side = math.isqrt(tokens)
@@ -824,8 +1031,12 @@ def _fix_state_space(old: dict[str, Any], new: dict[str, Any]) -> None:
     for name in ("mamba_d_ssm", "ssm_inner_size", "mamba_intermediate_size"):
         if _is_int(new.get(name)):
             inner = new[name]
-    for heads_name, dim_name in (("num_heads", "head_dim"), ("mamba_n_heads", "mamba_d_head"),
-                                 ("mamba_num_heads", "mamba_head_dim"), ("ssm_num_heads", "ssm_head_dim")):
+    for heads_name, dim_name in (
+        ("num_heads", "head_dim"),
+        ("mamba_n_heads", "mamba_d_head"),
+        ("mamba_num_heads", "mamba_head_dim"),
+        ("ssm_num_heads", "ssm_head_dim"),
+    ):
         if _is_int(new.get(heads_name)) and _is_int(new.get(dim_name)) and new[heads_name] * new[dim_name] != inner:
             if inner % new[dim_name] == 0:
                 new[heads_name] = inner // new[dim_name]
@@ -888,7 +1099,9 @@ def _token_map(config: Any, level: str) -> dict[int, int]:
         value
         for node in walk_configs(config)
         for name, value in vars(node).items()
-        if _VOCAB_NAMES.match(name) and _is_int(value) and value > VOCAB
+        if _VOCAB_NAMES.match(name)
+        and _is_int(value)
+        and value > VOCAB
         and not name.startswith(("type_", "token_type"))
     ]
     if not vocabularies:

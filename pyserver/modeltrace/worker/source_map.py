@@ -22,6 +22,8 @@ from modeltrace.trace.records import SourceLocation
 
 
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+
+
 def _package_dir(name: str) -> str | None:
     """Where a package is installed, found without importing it (transformers is optional for the library)."""
     spec = importlib.util.find_spec(name)

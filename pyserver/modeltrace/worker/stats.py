@@ -56,7 +56,17 @@ _device_names: dict[torch.device, str] = {}
 # NOTE: dtypes NumPy reads directly; bfloat16 is widened by torch first. Everything becomes a float64 copy,
 # which is exact for every float and for integers below 2**53 (torch's path also reduces integers as float64).
 _NUMPY_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.float16, torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
 )
 
 
@@ -144,8 +154,18 @@ def summarize_plain_cpu(
             variance = (squares - total * mean) / (count - 1)
             if 0 < variance < math.inf and mean * mean <= _CANCELLATION_RATIO * variance:
                 return TensorSummary(
-                    key, list(tensor.shape), name, "cpu", mean, math.sqrt(variance), minimum, maximum,
-                    -minimum if -minimum > maximum else maximum, 0, 0, positives / count,
+                    key,
+                    list(tensor.shape),
+                    name,
+                    "cpu",
+                    mean,
+                    math.sqrt(variance),
+                    minimum,
+                    maximum,
+                    -minimum if -minimum > maximum else maximum,
+                    0,
+                    0,
+                    positives / count,
                 )
     summary = TensorSummary(key, list(tensor.shape), name, "cpu")
     if count == 0:
@@ -315,8 +335,11 @@ def _wide_sums(flat: torch.Tensor, buffer: _ComparisonBuffer | None) -> tuple[fl
     total = squares = 0.0
     for start in range(0, flat.numel(), _COUNT_CHUNK):
         chunk = flat[start : start + _COUNT_CHUNK]
-        wide = buffer.get(chunk.numel(), torch.float64) if buffer is not None else torch.empty(
-            chunk.numel(), dtype=torch.float64, device=chunk.device)
+        wide = (
+            buffer.get(chunk.numel(), torch.float64)
+            if buffer is not None
+            else torch.empty(chunk.numel(), dtype=torch.float64, device=chunk.device)
+        )
         wide.copy_(chunk)
         total += wide.sum().item()
         squares += torch.dot(wide, wide).item()

@@ -204,8 +204,11 @@ class TensorStream:
                     return
                 entry = self._queue.popleft()
                 if entry.version >= 0 and _version(entry.tensor) != entry.version:
-                    self._forget(entry, "changed in place before it was written, by an operation ModelTrace "
-                                        "cannot see; its statistics are from before the change")
+                    self._forget(
+                        entry,
+                        "changed in place before it was written, by an operation ModelTrace "
+                        "cannot see; its statistics are from before the change",
+                    )
                     continue
                 self._writing = entry
                 tensor = entry.tensor
@@ -221,8 +224,12 @@ class TensorStream:
                 return
             with condition:
                 if entry.version >= 0 and _version(tensor) != entry.version:
-                    self.stale.append((entry.summary, "changed in place while it was being written, by an "
-                                                      "operation ModelTrace cannot see"))
+                    self.stale.append(
+                        (
+                            entry.summary,
+                            "changed in place while it was being written, by an operation ModelTrace cannot see",
+                        )
+                    )
                 self._writing = None
                 self._forget(entry, None)
 
@@ -255,10 +262,24 @@ _RELEASED = torch.empty(0)
 
 # Dunder methods that change their tensor in place (`x += y`, `x[i] = v`); every other in-place torch call ends
 # in one underscore (`add_`, `copy_`, `masked_fill_`), takes `inplace=True`, or writes into `out=`.
-_IN_PLACE_DUNDERS = frozenset({
-    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__",
-    "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__setitem__",
-})
+_IN_PLACE_DUNDERS = frozenset(
+    {
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__imatmul__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+        "__setitem__",
+    }
+)
 
 
 def _changes_first_argument(function: Any) -> bool:

@@ -68,8 +68,10 @@ def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
         if number == signal.SIGSEGV:
             message = "the model code crashed the worker process (segmentation fault)"
         elif number == signal.SIGKILL:
-            message = ("the worker process was killed (SIGKILL: out of memory, or killed from outside); for a large "
-                       "model pass --shape-only, --config with a smaller config.json, or --recipe")
+            message = (
+                "the worker process was killed (SIGKILL: out of memory, or killed from outside); for a large "
+                "model pass --shape-only, --config with a smaller config.json, or --recipe"
+            )
         else:
             message = f"the worker process died from signal {name}"
         return {"type": "WorkerCrashed", "message": message, "signal": name}
@@ -135,8 +137,9 @@ class Zygote:
             os.close(requests_read)
         write_frame(self.frames_out, {"type": "started", "pid": child})
         timeout = float(request.get("timeout") or 120)
-        outcome, final, client_alive = self._relay(child, read_end, timeout,
-                                                   on_kill=lambda: _remove_abandoned(request, child))
+        outcome, final, client_alive = self._relay(
+            child, read_end, timeout, on_kill=lambda: _remove_abandoned(request, child)
+        )
         if keep and final is not None and final.get("type") == "result" and final.get("kept_for_replay"):
             self.kept = _KeptChild(child, read_end, requests_write, os.path.realpath(str(final["trace"])))
             return client_alive
@@ -154,8 +157,9 @@ class Zygote:
                 self._send_error(_death_message(status, timeout))
         return client_alive
 
-    def _relay(self, child: int, read_end: int, timeout: float,
-               on_kill: Callable[[], None] | None = None) -> tuple[str, dict[str, Any] | None, bool]:
+    def _relay(
+        self, child: int, read_end: int, timeout: float, on_kill: Callable[[], None] | None = None
+    ) -> tuple[str, dict[str, Any] | None, bool]:
         """Relay a child's frames to the client until it answers (`result` or `error`), while serving `cancel`
         and `shutdown` and enforcing `timeout`. Returns the outcome (`answered`, `killed`: stopped here, the
         client told why; `died`: the pipe closed without an answer), the answer, and whether the client is
@@ -168,9 +172,15 @@ class Zygote:
                 self._kill(child)
                 if on_kill is not None:
                     on_kill()
-                self._send_error({"type": "TimeoutError", "message": (
-                    f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
-                    "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe")})
+                self._send_error(
+                    {
+                        "type": "TimeoutError",
+                        "message": (
+                            f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
+                            "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe"
+                        ),
+                    }
+                )
                 return "killed", None, True
             readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
             if self.frames_in in readable:
@@ -187,7 +197,13 @@ class Zygote:
                 try:
                     frame = read_frame(read_end)
                 except ProtocolError as error:
-                    frame = {"type": "error", "error": {"type": "WorkerCrashed", "message": f"the worker process broke off its reply ({error})"}}
+                    frame = {
+                        "type": "error",
+                        "error": {
+                            "type": "WorkerCrashed",
+                            "message": f"the worker process broke off its reply ({error})",
+                        },
+                    }
                 if frame is None:
                     return "died", None, True
                 write_frame(self.frames_out, frame)
@@ -334,6 +350,15 @@ def main() -> None:
     try:
         _preload()
     except BaseException as error:  # noqa: BLE001
-        write_frame(frames_out, {"type": "error", "error": {"type": type(error).__name__, "message": f"the worker cannot import torch/transformers: {error}"}})
+        write_frame(
+            frames_out,
+            {
+                "type": "error",
+                "error": {
+                    "type": type(error).__name__,
+                    "message": f"the worker cannot import torch/transformers: {error}",
+                },
+            },
+        )
         sys.exit(2)
     Zygote(0, frames_out).serve()

@@ -111,9 +111,19 @@ class Trunk(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab_size: int = 128, dim: int = 64, n_layers: int = 2, n_heads: int = 4,
-                 n_kv_heads: int = 2, hidden_dim: int = 128, eps: float = 1e-6, theta: float = 10000.0,
-                 fused: bool = False, wrapped: bool = False) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 128,
+        dim: int = 64,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        n_kv_heads: int = 2,
+        hidden_dim: int = 128,
+        eps: float = 1e-6,
+        theta: float = 10000.0,
+        fused: bool = False,
+        wrapped: bool = False,
+    ) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
         blocks = [TransformerBlock(dim, n_heads, n_kv_heads, hidden_dim, eps, fused) for _ in range(n_layers)]
@@ -171,9 +181,17 @@ def reference_model(seed: int = 0) -> nn.Module:
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=64,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     return LlamaModel(config).eval()
 
 

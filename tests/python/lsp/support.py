@@ -73,22 +73,33 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
     @client.feature("modelTrace/lineStatus")
     def on_line_status(params: Any) -> None:
         recorder.line_statuses.append(
-            {"uri": params.uri, "lines": [
-                {"line": item.line, "status": item.status, "message": getattr(item, "message", None)}
-                for item in params.lines
-            ]}
+            {
+                "uri": params.uri,
+                "lines": [
+                    {"line": item.line, "status": item.status, "message": getattr(item, "message", None)}
+                    for item in params.lines
+                ],
+            }
         )
 
     @client.feature("modelTrace/diffResult")
     def on_diff_result(params: Any) -> None:
         divergence = params.divergence
-        recorder.diff_results.append({
-            "uri": params.uri, "reference": params.reference, "match": params.match,
-            "divergence": None if divergence is None else {
-                "path": divergence.path, "className": divergence.className, "maxAbsDiff": divergence.maxAbsDiff,
-                "location": None if divergence.location is None else divergence.location._asdict(),
-            },
-        })
+        recorder.diff_results.append(
+            {
+                "uri": params.uri,
+                "reference": params.reference,
+                "match": params.match,
+                "divergence": None
+                if divergence is None
+                else {
+                    "path": divergence.path,
+                    "className": divergence.className,
+                    "maxAbsDiff": divergence.maxAbsDiff,
+                    "location": None if divergence.location is None else divergence.location._asdict(),
+                },
+            }
+        )
 
     @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
     def on_inlay_hint_refresh(params: None) -> None:

@@ -50,16 +50,23 @@ async def test_generate_and_backward_lenses_above_model_classes(client: Language
     assert not [lens for lens in lenses if lens.command.command == "modelTrace.traceGenerate"]
     modeling_file = copy_example(tmp_path)
     text = modeling_file.read_text()
-    modeling_file.write_text(text.replace("class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel):",
-                                          "class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel, GenerationMixin):"))
+    modeling_file.write_text(
+        text.replace(
+            "class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel):",
+            "class TinyLlamaForCausalLM(TinyLlamaPreTrainedModel, GenerationMixin):",
+        )
+    )
     copied = open_document(client, modeling_file)
-    generate = [lens for lens in await code_lenses(client, copied) if lens.command.command == "modelTrace.traceGenerate"]
+    generate = [
+        lens for lens in await code_lenses(client, copied) if lens.command.command == "modelTrace.traceGenerate"
+    ]
     assert [(lens.command.title, lens.range.start.line, list(lens.command.arguments)) for lens in generate] == [
         ("▶ Trace generate", line_of(EXAMPLE, "class TinyLlamaForCausalLM("), [copied, "TinyLlamaForCausalLM"])
     ]
     assert {lens.command.title for lens in backward} == {"▶ Trace forward + backward"}
     assert {tuple(lens.command.arguments) for lens in backward} == {
-        (uri, "TinyLlamaModel"), (uri, "TinyLlamaForCausalLM")
+        (uri, "TinyLlamaModel"),
+        (uri, "TinyLlamaForCausalLM"),
     }
 
 
@@ -78,7 +85,9 @@ async def test_clear_removes_the_hints_and_load_trace_brings_them_back(client: L
     # A trace on disk (from the CLI, CI, or this server's trace folder) can be shown again without tracing.
     loaded = await execute(client, "modelTrace.loadTrace", uri, client.example_trace["trace"])
     assert {key: loaded[key] for key in ("ok", "modelClass", "modules")} == {
-        "ok": True, "modelClass": "TinyLlamaModel", "modules": 30,
+        "ok": True,
+        "modelClass": "TinyLlamaModel",
+        "modules": 30,
     }
     # the trace was made here: every file it names is where it recorded it, unchanged
     assert {(item["how"], item["changed"]) for item in loaded["files"]} == {("recorded path", False)}

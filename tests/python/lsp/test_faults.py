@@ -90,15 +90,29 @@ async def test_faults_inside_forward(client: LanguageClient, tmp_path: Path, fau
 @pytest.mark.parametrize(
     ("fault", "edit", "cause"),
     [
-        ("syntax error", _break_file("class TinyLlamaMLP(nn.Module):", "class TinyLlamaMLP(nn.Module:"), "syntax error"),
-        ("import error", _break_file("import torch\n", "import torch\nimport not_a_module_of_this_machine\n"),
-         "No module named 'not_a_module_of_this_machine'"),
-        ("missing config", _break_file("from .configuration_tiny_llama import TinyLlamaConfig",
-                                       "from .configuration_tiny_llama_gone import TinyLlamaConfig"),
-         "configuration_tiny_llama_gone"),
+        (
+            "syntax error",
+            _break_file("class TinyLlamaMLP(nn.Module):", "class TinyLlamaMLP(nn.Module:"),
+            "syntax error",
+        ),
+        (
+            "import error",
+            _break_file("import torch\n", "import torch\nimport not_a_module_of_this_machine\n"),
+            "No module named 'not_a_module_of_this_machine'",
+        ),
+        (
+            "missing config",
+            _break_file(
+                "from .configuration_tiny_llama import TinyLlamaConfig",
+                "from .configuration_tiny_llama_gone import TinyLlamaConfig",
+            ),
+            "configuration_tiny_llama_gone",
+        ),
     ],
 )
-async def test_broken_files(client: LanguageClient, tmp_path: Path, fault: str, edit: Callable[[Path], int], cause: str) -> None:
+async def test_broken_files(
+    client: LanguageClient, tmp_path: Path, fault: str, edit: Callable[[Path], int], cause: str
+) -> None:
     modeling_file = copy_example(tmp_path)
     line = edit(modeling_file)
     uri = open_document(client, modeling_file)
@@ -120,11 +134,15 @@ async def test_endless_forward_is_stopped_by_the_timeout(client: LanguageClient,
     example_hints = await inlay_hints(client, client.example_uri)
     shown = len(client.messages)
     inject_into_mlp_forward(client, modeling_file, uri, "while True: pass")
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": {"timeout": 4}}))
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"timeout": 4}})
+    )
     try:
         result = await execute(client, "modelTrace.trace", uri)
     finally:
-        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": {"timeout": 60}}))
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"timeout": 60}})
+        )
     assert not result["ok"] and "4 s timeout" in result["message"], result
     await _assert_unharmed(client, example_hints, shown)
 

@@ -38,12 +38,17 @@ STRESS = [
 
 
 async def all_hints(client: LanguageClient, uri: str) -> list[types.InlayHint]:
-    return await client.text_document_inlay_hint_async(
-        types.InlayHintParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=10_000, character=0)),
+    return (
+        await client.text_document_inlay_hint_async(
+            types.InlayHintParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                range=types.Range(
+                    start=types.Position(line=0, character=0), end=types.Position(line=10_000, character=0)
+                ),
+            )
         )
-    ) or []
+        or []
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -84,10 +84,14 @@ async def test_the_first_row_is_the_line_s_assigned_value(client: LanguageClient
     assert text.index("**Assigned on this line**") < text.index("**Module calls on this line**")
     assert "| `layers.0.self_attn.q_proj` Linear | [1,7,64] | float32 |" in text
     # `hidden_states, _ = ...`: the named value first, the discarded one after it.
-    text = (await client.text_document_hover_async(types.HoverParams(
-        text_document=types.TextDocumentIdentifier(uri=uri),
-        position=types.Position(line=line_of(modeling, "hidden_states, _ = self.self_attn("), character=8),
-    ))).contents.value
+    text = (
+        await client.text_document_hover_async(
+            types.HoverParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                position=types.Position(line=line_of(modeling, "hidden_states, _ = self.self_attn("), character=8),
+            )
+        )
+    ).contents.value
     names = [row.split("|")[1].strip() for row in text.splitlines() if row.startswith("| `")]
     assert names[:2] == ["`hidden_states`", "`hidden_states`"] and "`_`" in names[2:]
 

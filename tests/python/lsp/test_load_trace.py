@@ -48,8 +48,9 @@ def captured_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = folder / "capture.py"
     script.write_text(CAPTURE_SCRIPT)
     trace = tmp_path_factory.mktemp("traces") / "original.mtrace"
-    completed = subprocess.run([sys.executable, str(script), str(folder), str(trace)], capture_output=True,
-                               text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, str(script), str(folder), str(trace)], capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stderr
     # NOTE: as on another machine: the recorded paths do not exist here.
     shutil.rmtree(folder / "tiny_llama")
@@ -72,8 +73,11 @@ async def test_hints_on_the_workspace_copy_found_by_content(
     hints = await inlay_hints(client, uri)
     query_line = line_of(modeling_file, "query_states = self.q_proj(hidden_states)")
     assert "[1,4,7,16]" in hints[query_line] and "(stale)" not in hints[query_line], hints
-    assert not [diagnostic for diagnostic in client.diagnostics.get(uri, [])
-                if diagnostic.severity == types.DiagnosticSeverity.Information]
+    assert not [
+        diagnostic
+        for diagnostic in client.diagnostics.get(uri, [])
+        if diagnostic.severity == types.DiagnosticSeverity.Information
+    ]
     await execute(client, "modelTrace.clear", uri)
     client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
 
@@ -89,16 +93,33 @@ async def test_an_edited_copy_is_found_by_name_and_said_to_have_changed(
     result = await execute(client, "modelTrace.loadTrace", uri, str(captured_elsewhere))
     match = next(item for item in result["files"] if Path(item["recorded"]).name == modeling_file.name)
     assert (match["how"], match["changed"], match["path"]) == ("same name", True, str(modeling_file.resolve()))
-    notes = await wait_until(lambda: [diagnostic for diagnostic in client.diagnostics.get(uri, [])
-                                      if diagnostic.severity == types.DiagnosticSeverity.Information])
+    notes = await wait_until(
+        lambda: [
+            diagnostic
+            for diagnostic in client.diagnostics.get(uri, [])
+            if diagnostic.severity == types.DiagnosticSeverity.Information
+        ]
+    )
     assert f"changed since {captured_elsewhere.name} was captured" in notes[0].message
     assert notes[0].range.start.line == 0
-    said = await wait_until(lambda: [message.message for message in client.messages[messages_before:]
-                                     if "changed since the capture" in message.message])
+    said = await wait_until(
+        lambda: [
+            message.message
+            for message in client.messages[messages_before:]
+            if "changed since the capture" in message.message
+        ]
+    )
     assert modeling_file.name in said[0]
     hints = await inlay_hints(client, uri)
     assert hints and all("(stale)" in label for label in hints.values()), hints
     # clearing the trace removes its notes
     await execute(client, "modelTrace.clear", uri)
-    await wait_until(lambda: not [diagnostic for diagnostic in client.diagnostics.get(uri, [])
-                                  if diagnostic.severity == types.DiagnosticSeverity.Information])
+    await wait_until(
+        lambda: (
+            not [
+                diagnostic
+                for diagnostic in client.diagnostics.get(uri, [])
+                if diagnostic.severity == types.DiagnosticSeverity.Information
+            ]
+        )
+    )

@@ -31,8 +31,12 @@ def test_the_editor_mirrors_every_name_of_the_protocol() -> None:
     assert notifications == set(methods.NOTIFICATIONS)
     assert requests == set(methods.REQUESTS)
     # no other `modelTrace/…` method is spelled anywhere in the editor's sources
-    others = {name for path in (REPO_ROOT / "extension" / "src").glob("*.ts") if path != LSP_EXT
-              for name in re.findall(r'"(modelTrace/\w+)"', path.read_text())}
+    others = {
+        name
+        for path in (REPO_ROOT / "extension" / "src").glob("*.ts")
+        if path != LSP_EXT
+        for name in re.findall(r'"(modelTrace/\w+)"', path.read_text())
+    }
     assert not others, f"methods spelled outside lsp_ext.ts: {sorted(others)}"
 
 
@@ -67,5 +71,6 @@ def test_the_editor_declares_the_server_defaults() -> None:
         editor_default = declared[f"modelTrace.{name}"].get("default")
         mirrored = server.updated({name: editor_default}) if editor_default not in ("", None) else server
         assert getattr(mirrored, field_name) == getattr(server, field_name), (
-            f"modelTrace.{name}: package.json says {editor_default!r}, the server {getattr(server, field_name)!r}")
+            f"modelTrace.{name}: package.json says {editor_default!r}, the server {getattr(server, field_name)!r}"
+        )
     assert server.python == sys.executable and server.lines is True

@@ -199,21 +199,37 @@ async def test_an_independently_named_port_aligns_and_its_hover_names_the_refere
     shutil.copy(pairs / "meta_llama.py", port_file)
     recipes = {
         "reference": "def build_model():\n    return reference_model(seed=0)\n\n"
-                     "def build_inputs(model):\n    return {'input_ids': torch.tensor(TOKENS), 'use_cache': False}\n",
+        "def build_inputs(model):\n    return {'input_ids': torch.tensor(TOKENS), 'use_cache': False}\n",
         "port": "def build_model():\n    return port_model('renamed')\n\n"
-                "def build_inputs(model):\n    return {'tokens': torch.tensor(TOKENS)}\n",
+        "def build_inputs(model):\n    return {'tokens': torch.tensor(TOKENS)}\n",
     }
     for name, body in recipes.items():
         recipe = tmp_path / f"recipe_{name}.py"
-        recipe.write_text(textwrap.dedent(f"""
+        recipe.write_text(
+            textwrap.dedent(f"""
             import sys
             import torch
             sys.path.insert(0, {str(tmp_path)!r})
             from meta_llama import TOKENS, port_model, reference_model
-        """) + body)
-        traced = subprocess.run([sys.executable, "-m", "modeltrace", "trace", str(port_file), "--recipe", str(recipe),
-                                 "--out", str(tmp_path / f"{name}.mtrace")], capture_output=True, text=True,
-                                timeout=300)
+        """)
+            + body
+        )
+        traced = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "modeltrace",
+                "trace",
+                str(port_file),
+                "--recipe",
+                str(recipe),
+                "--out",
+                str(tmp_path / f"{name}.mtrace"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert traced.returncode == 0, traced.stderr
     uri = open_document(client, port_file)
     await execute(client, "modelTrace.loadTrace", uri, str(tmp_path / "port.mtrace"))
@@ -225,17 +241,34 @@ async def test_an_independently_named_port_aligns_and_its_hover_names_the_refere
     assert "`layers.0.self_attn.k_proj` (aligned automatically" in hover
 
     mapping_file = tmp_path / "port.map"
-    written = subprocess.run([sys.executable, "-m", "modeltrace", "align", str(tmp_path / "reference.mtrace"),
-                              str(tmp_path / "port.mtrace"), "--out", str(mapping_file)], capture_output=True,
-                             text=True, timeout=300)
+    written = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "modeltrace",
+            "align",
+            str(tmp_path / "reference.mtrace"),
+            str(tmp_path / "port.mtrace"),
+            "--out",
+            str(mapping_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert written.returncode == 0, written.stderr
-    text = mapping_file.read_text().replace("layers.0.self_attn.k_proj => blocks.0.attention.wk",
-                                            "layers.0.self_attn.v_proj => blocks.0.attention.wk", 1)
-    text = text.replace("layers.0.self_attn.v_proj => blocks.0.attention.wv",
-                        "layers.0.self_attn.k_proj => blocks.0.attention.wv", 1)
+    text = mapping_file.read_text().replace(
+        "layers.0.self_attn.k_proj => blocks.0.attention.wk", "layers.0.self_attn.v_proj => blocks.0.attention.wk", 1
+    )
+    text = text.replace(
+        "layers.0.self_attn.v_proj => blocks.0.attention.wv", "layers.0.self_attn.k_proj => blocks.0.attention.wv", 1
+    )
     mapping_file.write_text(text)
-    mapped_line = next(number for number, content in enumerate(text.splitlines(), 1)
-                       if content.startswith("layers.0.self_attn.v_proj => blocks.0.attention.wk"))
+    mapped_line = next(
+        number
+        for number, content in enumerate(text.splitlines(), 1)
+        if content.startswith("layers.0.self_attn.v_proj => blocks.0.attention.wk")
+    )
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"modelTrace": {"diffMapping": str(mapping_file)}})
     )

@@ -24,18 +24,25 @@ async def test_an_eps_built_differently_is_warned_on_its_first_differing_line(
 ) -> None:
     modeling_file = copy_example(tmp_path)
     uri = open_document(client, modeling_file)
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": True}}))
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": True}})
+    )
     try:
         assert (await execute(client, "modelTrace.trace", uri))["ok"]
         assert (await execute(client, "modelTrace.pinReference", uri))["ok"]
         source = modeling_file.read_text()
-        modeling_file.write_text(source.replace(
-            EPS_LINE, EPS_LINE.replace("eps=config.rms_norm_eps", "eps=config.rms_norm_eps if layer_idx != 1 else 1e-2")))
+        modeling_file.write_text(
+            source.replace(
+                EPS_LINE,
+                EPS_LINE.replace("eps=config.rms_norm_eps", "eps=config.rms_norm_eps if layer_idx != 1 else 1e-2"),
+            )
+        )
         sent = len(client.recorder.line_statuses)
         result = await execute(client, "modelTrace.trace", uri)
     finally:
         client.workspace_did_change_configuration(
-            types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}}))
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}})
+        )
 
     assert result["ok"] and result["diff"]["match"] is False
     norm_line = line_of(modeling_file, "hidden_states = hidden_states * torch.rsqrt(")
@@ -44,7 +51,8 @@ async def test_an_eps_built_differently_is_warned_on_its_first_differing_line(
     assert warning.range.start.line == norm_line
     assert "layers.1.post_attention_layernorm (TinyLlamaRMSNorm)" in warning.message
     assert f"built differently: eps 1e-06 (reference) vs 0.01 (candidate), built at line {built_line + 1}" in (
-        warning.message)
+        warning.message
+    )
     statuses = await wait_until(lambda: statuses_since(client, sent, uri))
     assert statuses[norm_line] == "divergence" and statuses[built_line] == "divergence"
     assert (await execute(client, "modelTrace.clear", uri))["ok"]

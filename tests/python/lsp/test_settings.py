@@ -116,4 +116,3 @@ async def test_the_lines_setting_traces_line_by_line_and_names_variables(
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"modelTrace": {"lines": False}})
         )
-

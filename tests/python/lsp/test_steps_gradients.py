@@ -18,8 +18,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 async def hover_text(client: LanguageClient, uri: str, line: int) -> str:
     hover = await client.text_document_hover_async(
-        types.HoverParams(text_document=types.TextDocumentIdentifier(uri=uri),
-                          position=types.Position(line=line, character=4))
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=4)
+        )
     )
     assert hover is not None
     return hover.contents.value
@@ -27,14 +28,18 @@ async def hover_text(client: LanguageClient, uri: str, line: int) -> str:
 
 async def test_trace_generate_shows_prefill_and_decode_steps(client: LanguageClient, tmp_path: Path) -> None:
     folder = tmp_path / "gpt2"
-    shutil.copytree(Path(transformers.__file__).resolve().parent / "models" / "gpt2", folder,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(transformers.__file__).resolve().parent / "models" / "gpt2",
+        folder,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     modeling_file = folder / "modeling_gpt2.py"
     uri = open_document(client, modeling_file)
     result = await execute(client, "modelTrace.traceGenerate", uri, "GPT2LMHeadModel", timeout=300)
     assert result["ok"] is True, result
-    reports = [report.message for reports in client.progress_reports.values() for report in reports
-               if report.kind == "report"]
+    reports = [
+        report.message for reports in client.progress_reports.values() for report in reports if report.kind == "report"
+    ]
     assert "prefill done" in reports and "decode step 4 of 4" in reports  # progress per step
     hints = await inlay_hints(client, uri)
     line = line_of(modeling_file, "attn_output = self.c_proj(attn_output)")

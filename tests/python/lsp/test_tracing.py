@@ -25,6 +25,7 @@ from .support import (
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
+
 def messages_since(client: LanguageClient, count: int) -> list[types.ShowMessageParams]:
     return client.messages[count:]
 

@@ -128,7 +128,7 @@ def apply_bug(source: str, bug: Bug, file: Path) -> tuple[str, int]:
     if count != 1:
         raise ValueError(f"{file}: bug {bug.name!r}: its old text occurs {count} times (expected once): {bug.old!r}")
     start = source.index(bug.old)
-    patched = source[:start] + bug.new + source[start + len(bug.old):]
+    patched = source[:start] + bug.new + source[start + len(bug.old) :]
     truth_line = patched.count("\n", 0, start) + 1
     if bug.truth_at is not None:
         found = [number for number, text in enumerate(patched.splitlines(), 1) if bug.truth_at in text]
@@ -348,8 +348,14 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
 class PortHarness:
     """Traces and verdicts for the corpus, in `workdir`; reference traces are made once per (pair, lines)."""
 
-    def __init__(self, worker: WorkerClient, workdir: Path, lines: bool = True,
-                 diff_options: tuple[str, ...] = DIFF_OPTIONS, maps: bool = True) -> None:
+    def __init__(
+        self,
+        worker: WorkerClient,
+        workdir: Path,
+        lines: bool = True,
+        diff_options: tuple[str, ...] = DIFF_OPTIONS,
+        maps: bool = True,
+    ) -> None:
         """`maps`: diff with each pair's hand-written `--map` rules; without, the diff aligns the port by
         evidence alone (automatic alignment)."""
         self.worker = worker
@@ -362,8 +368,13 @@ class PortHarness:
 
     def _trace(self, file: Path, recipe: Path, out: Path) -> Path:
         request = {
-            "file": str(file), "recipe": str(recipe), "out": str(out), "full_tensors": True, "lines": self.lines,
-            "seed": 0, "timeout": TRACE_TIMEOUT_SECONDS,
+            "file": str(file),
+            "recipe": str(recipe),
+            "out": str(out),
+            "full_tensors": True,
+            "lines": self.lines,
+            "seed": 0,
+            "timeout": TRACE_TIMEOUT_SECONDS,
         }
         try:
             return Path(self.worker.trace(request)["trace"])

@@ -120,17 +120,36 @@ def _build(compiler: str, flags: list[str], openmp_runtime: Path | None, python_
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         if openmp_runtime is None:
-            subprocess.run([compiler, "-shared", *flags, str(SOURCE), "-o", str(built)],
-                           check=True, capture_output=True, timeout=120)
+            subprocess.run(
+                [compiler, "-shared", *flags, str(SOURCE), "-o", str(built)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
         else:
             # NOTE: compile with -fopenmp but link without it: -fopenmp at link time adds the system's -lgomp,
             # a second OpenMP runtime (its own thread pool) whenever torch's copy has another soname.
             objects = Path(scratch) / "moments.o"
-            subprocess.run([compiler, *flags, "-fopenmp", "-c", str(SOURCE), "-o", str(objects)],
-                           check=True, capture_output=True, timeout=120)
-            subprocess.run([compiler, "-shared", str(objects), str(openmp_runtime),
-                            f"-Wl,-rpath,{openmp_runtime.parent}", "-o", str(built)],
-                           check=True, capture_output=True, timeout=120)
+            subprocess.run(
+                [compiler, *flags, "-fopenmp", "-c", str(SOURCE), "-o", str(objects)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            subprocess.run(
+                [
+                    compiler,
+                    "-shared",
+                    str(objects),
+                    str(openmp_runtime),
+                    f"-Wl,-rpath,{openmp_runtime.parent}",
+                    "-o",
+                    str(built),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
         os.replace(built, target)
     return target
 
@@ -166,8 +185,12 @@ def _load_ctypes(path: Path) -> dict[str, Kernel]:
 
     def strided(address: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[float, ...] | None:
         dims = len(sizes)
-        if strided_function(address, dims, (ctypes.c_int64 * dims)(*sizes), (ctypes.c_int64 * dims)(*strides),
-                            out_address) != 0:
+        if (
+            strided_function(
+                address, dims, (ctypes.c_int64 * dims)(*sizes), (ctypes.c_int64 * dims)(*strides), out_address
+            )
+            != 0
+        ):
             return None
         return out[0], out[1], out[2], out[3], out[4]
 

@@ -14,8 +14,16 @@ from corpus_common import SEED, make_trained_like
 
 def build_reference() -> BertModel:
     config = BertConfig(
-        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-        max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0,
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        hidden_act="gelu",
+        pad_token_id=0,
         attn_implementation="eager",
     )
     torch.manual_seed(SEED)

@@ -18,9 +18,16 @@ from corpus_common import prompt_ids
 def build_model() -> nn.Module:
     reference = build_reference()
     hf = reference.config
-    args = BertArgs(vocab_size=hf.vocab_size, dim=hf.hidden_size, n_layers=hf.num_hidden_layers,
-                    n_heads=hf.num_attention_heads, ffn_dim=hf.intermediate_size, max_len=hf.max_position_embeddings,
-                    n_segments=hf.type_vocab_size, norm_eps=hf.layer_norm_eps)
+    args = BertArgs(
+        vocab_size=hf.vocab_size,
+        dim=hf.hidden_size,
+        n_layers=hf.num_hidden_layers,
+        n_heads=hf.num_attention_heads,
+        ffn_dim=hf.intermediate_size,
+        max_len=hf.max_position_embeddings,
+        n_segments=hf.type_vocab_size,
+        norm_eps=hf.layer_norm_eps,
+    )
     return load_hf_weights(Bert(args), reference.state_dict()).eval()
 
 

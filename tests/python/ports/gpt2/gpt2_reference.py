@@ -14,8 +14,16 @@ from corpus_common import SEED, make_trained_like
 
 def build_reference() -> GPT2LMHeadModel:
     config = GPT2Config(
-        vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,
-        activation_function="gelu_new", bos_token_id=0, eos_token_id=0, attn_implementation="eager",
+        vocab_size=128,
+        n_positions=32,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        layer_norm_epsilon=1e-5,
+        activation_function="gelu_new",
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
     )
     torch.manual_seed(SEED)
     return make_trained_like(GPT2LMHeadModel(config)).eval()

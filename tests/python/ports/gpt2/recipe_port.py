@@ -18,8 +18,14 @@ from gpt2_reference import build_reference
 def build_model() -> nn.Module:
     reference = build_reference()
     hf = reference.config
-    config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
-                       n_embd=hf.n_embd, norm_eps=hf.layer_norm_epsilon)
+    config = GPTConfig(
+        block_size=hf.n_positions,
+        vocab_size=hf.vocab_size,
+        n_layer=hf.n_layer,
+        n_head=hf.n_head,
+        n_embd=hf.n_embd,
+        norm_eps=hf.layer_norm_epsilon,
+    )
     return load_hf_weights(GPT(config), reference.state_dict()).eval()
 
 

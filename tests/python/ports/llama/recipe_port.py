@@ -18,9 +18,16 @@ from llama_reference import build_reference
 def build_model() -> nn.Module:
     reference = build_reference()
     hf = reference.config
-    args = ModelArgs(dim=hf.hidden_size, n_layers=hf.num_hidden_layers, n_heads=hf.num_attention_heads,
-                     n_kv_heads=hf.num_key_value_heads, vocab_size=hf.vocab_size, ffn_dim=hf.intermediate_size,
-                     norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_parameters["rope_theta"])
+    args = ModelArgs(
+        dim=hf.hidden_size,
+        n_layers=hf.num_hidden_layers,
+        n_heads=hf.num_attention_heads,
+        n_kv_heads=hf.num_key_value_heads,
+        vocab_size=hf.vocab_size,
+        ffn_dim=hf.intermediate_size,
+        norm_eps=hf.rms_norm_eps,
+        rope_theta=hf.rope_parameters["rope_theta"],
+    )
     return load_hf_weights(Transformer(args), reference.state_dict()).eval()
 
 
