@@ -243,7 +243,10 @@ async function startCodeServer(runDir, workspace, mode, env) {
     const chunks = [];
     child.stdout.on("data", (data) => chunks.push(data));
     child.stderr.on("data", (data) => chunks.push(data));
-    child.on("exit", () => writeFileSync(logFile, Buffer.concat(chunks)));
+    child.on("exit", () => {
+        // NOTE: code-server may exit after its mode has passed and removed its run folder: nothing to keep then
+        if (existsSync(runDir)) writeFileSync(logFile, Buffer.concat(chunks));
+    });
     const flushLog = () => writeFileSync(logFile, Buffer.concat(chunks));
     const started = Date.now();
     while (Date.now() - started < 60_000) {
