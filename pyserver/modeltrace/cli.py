@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -130,15 +131,19 @@ def _parallel_trace_command(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _nproc(text: str) -> int:
-    """An argparse type: a number of ranks >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 1 process")
-    return value
+def _count(noun: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of `noun` (processes, decode steps), >= 1."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {noun}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected at least 1 of {noun}")
+        return value
+
+    return parse
 
 
 def _megabytes(text: str) -> float:
@@ -149,17 +154,6 @@ def _megabytes(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of megabytes >= 0")
-    return value
-
-
-def _decode_steps(text: str) -> int:
-    """An argparse type: a number of decode steps, >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of decode steps") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of decode steps >= 1")
     return value
 
 
@@ -404,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument(
         "--nproc",
-        type=_nproc,
+        type=_count("processes"),
         metavar="N",
         help="with --checkpoint: run the model on N ranks with transformers' tensor parallelism "
         "(tp_plan=auto; gloo on CPU, NCCL on CUDA) and write one trace of them all",
@@ -450,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument(
         "--generate",
-        type=_decode_steps,
+        type=_count("decode steps"),
         default=0,
         metavar="N",
         help="trace greedy generation: the prefill and N decode steps with the model's own cache "

@@ -177,16 +177,7 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             "recipe": real_path(request["recipe"]) if request.get("recipe") else None,
             "config": built.config,
             "inputs": [summary.to_json() for summary in _input_summaries(built)],
-            "options": {
-                "seed": int(request.get("seed", 0)),
-                "device": request.get("device") or "cpu",
-                "dtype": request.get("dtype") or "float32",
-                "full_tensors": bool(request.get("full_tensors")),
-                "attention": request.get("attention") or "eager",
-                "shape_only": built.shape_only,
-                "checkpoint": request.get("checkpoint") or None,
-                **_placement_options(request, built),
-            },
+            "options": trace_options(request, built, **_placement_options(request, built)),
             "build": _jsonable_notes(built.notes),
             "seconds": {
                 "build": built_at - started,
@@ -215,6 +206,20 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
         "model_class": built.model_class,
         "modules": len(trace.modules),
         "seconds": time.perf_counter() - started,
+    }
+
+
+def trace_options(request: dict[str, Any], built: BuiltModel, **extra: Any) -> dict[str, Any]:
+    """The trace header's `options`: how the model was built and run (what a replay rebuilds it from)."""
+    return {
+        "seed": int(request.get("seed", 0)),
+        "device": request.get("device") or "cpu",
+        "dtype": request.get("dtype") or "float32",
+        "full_tensors": bool(request.get("full_tensors")),
+        "attention": request.get("attention") or "eager",
+        "shape_only": built.shape_only,
+        "checkpoint": request.get("checkpoint") or None,
+        **extra,
     }
 
 

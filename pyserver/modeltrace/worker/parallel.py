@@ -389,7 +389,7 @@ def _write_merged(
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     from modeltrace.worker.assemble import assemble_trace, write_captured
-    from modeltrace.worker.job import _input_summaries, _jsonable_notes
+    from modeltrace.worker.job import _input_summaries, _jsonable_notes, trace_options
     from modeltrace.worker.source_map import real_path
 
     logical = _logical_records(request)
@@ -418,16 +418,7 @@ def _write_merged(
             "recipe": None,
             "config": built.config,
             "inputs": [summary.to_json() for summary in _input_summaries(built)],
-            "options": {
-                "seed": int(request.get("seed", 0)),
-                "device": request.get("device") or "cpu",
-                "dtype": request.get("dtype") or "float32",
-                "full_tensors": bool(request.get("full_tensors")),
-                "attention": request.get("attention") or "eager",
-                "shape_only": False,
-                "checkpoint": request.get("checkpoint") or None,
-                "nproc": world,
-            },
+            "options": trace_options(request, built, nproc=world),
             "parallel": {
                 "nproc": world,
                 "backend": "nccl" if str(request.get("device") or "cpu").startswith("cuda") else "gloo",
