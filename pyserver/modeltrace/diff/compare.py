@@ -52,6 +52,7 @@ import numpy as np
 from modeltrace.diff.align import Alignment, RenameMap, align_traces, map_notes
 from modeltrace.diff.auto_align import ModuleMapping, ModulePair
 from modeltrace.diff.gradients import GradientDiff, gradient_diff
+from modeltrace.diff import native
 from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.errors import ModelTraceError
 from modeltrace.diff.pairing import (
@@ -349,6 +350,9 @@ def measure_arrays(
             1.0 if max_abs == 0 else math.nan,
             atol + slack_abs,
         )
+    measured = _measure_native(a, b, atol, rtol + slack_rel, slack_abs, scaled_atol)
+    if measured is not None:
+        return measured
     work = np.dtype(np.float64) if np.float64 in (a.dtype, b.dtype) else np.dtype(np.float32)
     first, second = _scratch(work)
     relative = rtol + slack_rel
@@ -433,6 +437,34 @@ def measure_arrays(
     norms = math.sqrt(sq_ref) * math.sqrt(sq_cand)
     cosine = dot / norms if norms > 0 else (1.0 if sq_ref == sq_cand else 0.0)
     return ArrayComparison(close, max_abs, max_rel, reason, rel_err, min(1.0, max(-1.0, cosine)), limit)
+
+
+def _measure_native(
+    a: np.ndarray, b: np.ndarray, atol: float, relative: float, slack_abs: float, scaled_atol: bool
+) -> ArrayComparison | None:
+    """`measure_arrays` of two flat arrays by the compiled kernel (`diff/native`), in one pass; None where it does
+    not apply (other or differing dtypes, empty or strided arrays, no kernel on this machine) or where the
+    arrays hold NaN or Inf, or differences that overflow: numpy's path then says where."""
+    if a.dtype != b.dtype or a.size == 0 or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return None
+    found = native.kernels()
+    measure = found.get(a.dtype) if found is not None else None
+    if measure is None:
+        return None
+    max_abs, max_rel, excess, abs_max, sq_diff, sq_ref, sq_cand, dot = measure(a, b, relative)
+    if not all(map(math.isfinite, (max_abs, sq_diff, sq_ref, sq_cand))):
+        return None
+    # NOTE: as on numpy's path, the reference's scale enters the limit only past the plain atol
+    ref_absmax = abs_max if scaled_atol and excess > atol + slack_abs else 0.0
+    limit = atol * (max(1.0, ref_absmax) if scaled_atol else 1.0) + slack_abs
+    floor = atol * math.sqrt(a.size)
+    rel_err = math.sqrt(sq_diff) / max(math.sqrt(sq_ref), floor, 1e-300)
+    norms = math.sqrt(sq_ref) * math.sqrt(sq_cand)
+    if sq_diff == 0.0:
+        cosine = 1.0
+    else:
+        cosine = dot / norms if norms > 0 else (1.0 if sq_ref == sq_cand else 0.0)
+    return ArrayComparison(excess <= limit, max_abs, max_rel, None, rel_err, min(1.0, max(-1.0, cosine)), limit)
 
 
 def _compare_nonfinite(x: np.ndarray, y: np.ndarray, limit: float, relative: float):

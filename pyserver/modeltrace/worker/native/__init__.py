@@ -27,8 +27,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,11 +34,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from modeltrace.native_build import BASE_FLAGS as _BASE_FLAGS
+from modeltrace.native_build import cache_dir as _cache_dir
+from modeltrace.native_build import compiler as _compiler
+from modeltrace.native_build import cpu_flags as _cpu_flags
+from modeltrace.native_build import native_setting
+
 
 SOURCE = Path(__file__).with_name("moments.c")
-# NOTE: associative math lets the compiler split the block sums into vector lanes (the blocks keep the float32
-# error small); no -ffinite-math-only: NaN and Inf must still reach the sums, which is how the caller sees them.
-_BASE_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
 
 # the dtype kernels take (address, count); "f32_strided" takes (address, sizes, strides) and may return None
 Kernel = Callable[..., tuple[float, float, float, float, float] | None]
@@ -53,25 +54,6 @@ load_error: str | None = None
 # they split large arrays across torch's OpenMP threads
 form: str | None = None
 parallel = False
-
-
-def _cpu_flags() -> list[str]:
-    """AVX2/FMA when the CPU has them (Linux x86-64): twice the vector width of the SSE2 baseline; AVX-512 where
-    it is there too (the kernel in a medium Llama's forward: -27%; torch's own kernels use it already, so no
-    frequency change is added)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return []
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return []
-    flags_line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    flags = set(flags_line.split())
-    if not {"avx2", "fma"} <= flags:
-        return []
-    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
-        return ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mprefer-vector-width=512"]
-    return ["-mavx2", "-mfma"]
 
 
 def torch_openmp_runtime() -> Path | None:
@@ -94,11 +76,6 @@ def torch_openmp_runtime() -> Path | None:
         return None
     runtime = Path(paths.pop())
     return runtime if runtime.is_file() else None
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "modeltrace"
 
 
 def _python_include() -> str | None:
@@ -198,15 +175,11 @@ def _load_ctypes(path: Path) -> dict[str, Kernel]:
     return kernels
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
 def absent_reason() -> str | None:
     """Why this machine has no kernel by its own configuration (`MODELTRACE_NATIVE=0`, or no C compiler and no
     prebuilt kernel in the installation), as opposed to a build that was tried and failed; None when a kernel
     can be had."""
-    if os.environ.get("MODELTRACE_NATIVE", "1") == "0":
+    if native_setting() == "0":
         return "disabled by MODELTRACE_NATIVE=0"
     if _compiler() is None and _prebuilt() is None:
         return "no C compiler (cc, gcc or clang) on PATH and no prebuilt kernel in this installation"
@@ -262,7 +235,7 @@ def kernels() -> dict[str, Kernel] | None:
     load_error = absent_reason()
     if load_error is not None:
         return None
-    baseline_only = os.environ.get("MODELTRACE_NATIVE") == "baseline"
+    baseline_only = native_setting() == "baseline"
     # NOTE: the CPU's vector flags first; a compiler too old for them falls back to the baseline; without a
     # compiler (or when every build failed), the kernel prebuilt into the package
     flag_sets = [_BASE_FLAGS] if baseline_only else [_BASE_FLAGS + _cpu_flags(), _BASE_FLAGS]
