@@ -16,7 +16,9 @@ medium Llama against the time it takes just to read both tensor sets.
   1e-5 instead of 1e-6, so every tensor after the first norm differs a little. Timed: reading both
   `tensors.safetensors` with `safetensors.numpy.load_file` (the baseline), and `load_reference` ×2 +
   `diff_traces` (full-tensor comparison of every input and output), and `diff_traces` alone on traces opened
-  beforehand (tensor data is read from the memory maps during the diff). Files are in the page cache for all.
+  beforehand (tensor data is read from the memory maps during the diff), and that once more with and without
+  the compiled comparison kernel (`diff/native`; `MODELTRACE_NATIVE=0` is numpy's path), alternated round by
+  round. Files are in the page cache for all.
 
 - `medium Llama full + replay`: the same pair, its first 8 differing modules re-run on the reference's inputs
   (`run_replay` with a warm worker). Two cases: the editor's, where the candidate was just traced (from a
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -42,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from modeltrace.diff import DiffOptions, diff_traces, load_reference, to_json
+from modeltrace.diff import DiffOptions, diff_traces, load_reference, native, to_json
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.trace.tensors import LoadedTrace
@@ -254,6 +257,13 @@ def bench_full(rounds: int, folder: Path) -> dict[str, float]:
 
     diff_only()
     only = [diff_only() for _ in range(rounds)]
+    # the compiled comparison kernel (diff/native) against numpy's path, alternated round by round
+    with_kernel, with_numpy = [], []
+    for _ in range(rounds):
+        for setting, times in (("1", with_kernel), ("0", with_numpy)):
+            os.environ["MODELTRACE_NATIVE"] = setting
+            times.append(diff_only())
+    os.environ.pop("MODELTRACE_NATIVE")
 
     with load_reference(reference) as ref, load_reference(candidate) as cand:
         result = diff_traces(ref, cand)
@@ -269,6 +279,9 @@ def bench_full(rounds: int, folder: Path) -> dict[str, float]:
         "diff_ms": _time_ms(lambda: diff_both(candidate), rounds),
         "diff_identical_ms": _time_ms(lambda: diff_both(reference), rounds),
         "diff_only_ms": (min(only), statistics.median(only)),
+        "kernel": native.kernels() is not None,
+        "kernel_vs_numpy": statistics.median(k / n for k, n in zip(with_kernel, with_numpy)),
+        "diff_only_numpy_ms": (min(with_numpy), statistics.median(with_numpy)),
     }
 
 
@@ -413,6 +426,9 @@ def markdown(stats: dict, full: dict, replay: dict | None = None) -> str:
             "| ≤ 2× |",
             f"| | diff_traces alone, diverging (tensors paged in during the diff, trace.msgpack reading excluded) | "
             f"{_cell(full['diff_only_ms'], full['read_both_ms'])} | ≤ 2× |",
+            f"| | the same without the compiled comparison kernel (numpy), paired | "
+            f"{_cell(full['diff_only_numpy_ms'], full['read_both_ms'])}; kernel/numpy {full['kernel_vs_numpy']:.2f}× "
+            f"(kernel {'on' if full['kernel'] else 'unavailable'}) | |",
             *rows,
         ]
     )

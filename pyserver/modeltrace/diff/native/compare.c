@@ -13,35 +13,35 @@
 #include <math.h>
 #include <stdint.h>
 
-#define MODELTRACE_COMPARE(NAME, TYPE, FABS, LOWEST)                                                               \
-    void NAME(const TYPE *x, const TYPE *y, int64_t count, double relative, double *out) {                      \
-        const TYPE rel = (TYPE)relative;                                                                       \
-        TYPE max_abs = 0, max_rel = 0, excess = LOWEST,    abs_max = 0;                                        \
-        double sq_diff = 0, sq_ref = 0, sq_cand = 0, dot = 0;                                                  \
-        for (int64_t i = 0; i < count; i++) {                                                                  \
-            const TYPE xi = x[i], yi = y[i];                                                                   \
-            const TYPE d = FABS(xi - yi);                                                                      \
-            const TYPE magnitude = FABS(xi);                                                                   \
-            const TYPE over = d - rel * magnitude;                                                             \
-            const TYPE ratio = magnitude != 0 ? d / magnitude : 0;                                             \
-            max_abs = d > max_abs ? d : max_abs;                                                               \
-            excess = over > excess ? over : excess;                                                            \
-            max_rel = ratio > max_rel ? ratio : max_rel;                                                       \
-            abs_max = magnitude > abs_max ? magnitude : abs_max;                                               \
-            const double xd = (double)xi, yd = (double)yi;                                                     \
-            sq_diff += (xd - yd) * (xd - yd);                                                                  \
-            sq_ref += xd * xd;                                                                                 \
-            sq_cand += yd * yd;                                                                                \
-            dot += xd * yd;                                                                                    \
-        }                                                                                                      \
-        out[0] = max_abs;                                                                                      \
-        out[1] = max_rel;                                                                                      \
-        out[2] = excess;                                                                                       \
-        out[3] = abs_max;                                                                                      \
-        out[4] = sq_diff;                                                                                      \
-        out[5] = sq_ref;                                                                                       \
-        out[6] = sq_cand;                                                                                      \
-        out[7] = dot;                                                                                          \
+#define MODELTRACE_COMPARE(NAME, TYPE, FABS, LOWEST)                                                                  \
+    void NAME(const TYPE *x, const TYPE *y, int64_t count, double relative, double *out) {                            \
+        const TYPE rel = (TYPE)relative;                                                                              \
+        TYPE max_abs = 0, max_rel = 0, excess = LOWEST, abs_max = 0;                                                  \
+        double sq_diff = 0, sq_ref = 0, sq_cand = 0, dot = 0;                                                         \
+        for (int64_t i = 0; i < count; i++) {                                                                         \
+            const TYPE xi = x[i], yi = y[i];                                                                          \
+            const TYPE d = FABS(xi - yi);                                                                             \
+            const TYPE magnitude = FABS(xi);                                                                          \
+            const TYPE over = d - rel * magnitude;                                                                    \
+            const TYPE ratio = magnitude != 0 ? d / magnitude : 0;                                                    \
+            max_abs = d > max_abs ? d : max_abs;                                                                      \
+            excess = over > excess ? over : excess;                                                                   \
+            max_rel = ratio > max_rel ? ratio : max_rel;                                                              \
+            abs_max = magnitude > abs_max ? magnitude : abs_max;                                                      \
+            const double xd = (double)xi, yd = (double)yi;                                                            \
+            sq_diff += (xd - yd) * (xd - yd);                                                                         \
+            sq_ref += xd * xd;                                                                                        \
+            sq_cand += yd * yd;                                                                                       \
+            dot += xd * yd;                                                                                           \
+        }                                                                                                             \
+        out[0] = max_abs;                                                                                             \
+        out[1] = max_rel;                                                                                             \
+        out[2] = excess;                                                                                              \
+        out[3] = abs_max;                                                                                             \
+        out[4] = sq_diff;                                                                                             \
+        out[5] = sq_ref;                                                                                              \
+        out[6] = sq_cand;                                                                                             \
+        out[7] = dot;                                                                                                 \
     }
 
 MODELTRACE_COMPARE(modeltrace_compare_f32, float, fabsf, -FLT_MAX)
