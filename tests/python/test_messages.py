@@ -195,7 +195,9 @@ def test_a_request_the_worker_cannot_read_is_answered_and_the_worker_goes_on(
 def test_a_build_failure_says_so(worker: WorkerClient, tmp_path: Path) -> None:
     """An exception while the model is built is cause `build`, without a class (none ran yet)."""
     recipe = tmp_path / "recipe_broken.py"
-    recipe.write_text("def build_model():\n    raise RuntimeError('no weights here')\n\n\ndef build_inputs(model):\n    return ()\n")
+    recipe.write_text(
+        "def build_model():\n    raise RuntimeError('no weights here')\n\n\ndef build_inputs(model):\n    return ()\n"
+    )
     with pytest.raises(TraceFailed) as failure:
         worker.trace(TraceRequest(file=str(recipe), recipe=str(recipe), out=str(tmp_path / "x.mtrace"), timeout=60))
     error = failure.value.error

@@ -286,7 +286,11 @@ def _report_failure(
     if error.traceback:
         ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
-    return _fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}")
+    # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
+    return {
+        **_fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}"),
+        "cause": error.cause,
+    }
 
 
 def install(ls: ModelTraceServer, loaded: DocumentTrace) -> None:
