@@ -27,7 +27,7 @@ from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.messages import ReplayAnswer, TraceRequest, TraceResult, WorkerError
+from modeltrace.worker.messages import ReplayAnswer, TraceRequest, TraceResult, WorkerError, WorkerProtocolError
 from modeltrace.worker.replay import keep_candidate
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -284,8 +284,6 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
     phase, model_class, advice = "forward", None, None
     if isinstance(error, JobFailed):
         phase, model_class, advice, error = error.phase, error.model_class, error.advice, error.error
-    from modeltrace.worker.messages import WorkerProtocolError
-
     roots = [str(Path(name).resolve().parent) for name in (request.file, request.recipe) if name] if request else []
     file, line = None, None
     if isinstance(error, SyntaxError) and error.filename:
