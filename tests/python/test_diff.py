@@ -524,7 +524,7 @@ def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: P
         keep_for_replay=True,
     )
     traced = worker.trace(request)
-    assert traced["kept_for_replay"]
+    assert traced.kept_for_replay
     candidate = Path(traced.trace)
     verdicts = {}
     for kept in (True, False):
