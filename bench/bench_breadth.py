@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyserver"))
 
 from modeltrace.errors import TraceFailed  # noqa: E402
 from modeltrace.worker.client import WorkerClient  # noqa: E402
+from modeltrace.worker.messages import TraceRequest  # noqa: E402
 
 
 def transformers_models_folder() -> Path:
@@ -131,20 +132,7 @@ def cause_of(result: dict) -> str:
 
 
 def trace_one(worker: WorkerClient, file: Path, out: Path, timeout: float, extra: dict) -> dict:
-    request = {
-        "file": str(file),
-        "model": None,
-        "recipe": None,
-        "config": None,
-        "full_tensors": False,
-        "lines": False,
-        "device": "cpu",
-        "dtype": "float32",
-        "seed": 0,
-        "timeout": timeout,
-        "out": str(out),
-        **extra,
-    }
+    request = TraceRequest(file=str(file), out=str(out), timeout=timeout, **extra)
     started = time.perf_counter()
     try:
         result = worker.trace(request)
@@ -153,17 +141,18 @@ def trace_one(worker: WorkerClient, file: Path, out: Path, timeout: float, extra
         return {
             "file": str(file),
             "ok": False,
-            "type": error.get("type"),
-            "message": str(error.get("message") or "")[:2000],
-            "where": f"{error.get('file')}:{error.get('line')}" if error.get("file") else None,
-            "model_class": error.get("model_class"),
+            "type": error.kind,
+            "cause": error.cause,
+            "message": error.message[:2000],
+            "where": f"{error.file}:{error.line}" if error.file else None,
+            "model_class": error.model_class,
             "seconds": time.perf_counter() - started,
         }
     build: dict = {}
     try:
         from modeltrace.trace.storage import read_trace
 
-        build = read_trace(result["trace"]).model.get("build") or {}
+        build = read_trace(result.trace).model.get("build") or {}
     except Exception:  # noqa: BLE001 - the notes are a bonus
         pass
     return {
@@ -171,8 +160,8 @@ def trace_one(worker: WorkerClient, file: Path, out: Path, timeout: float, extra
         "ok": True,
         "shrink": build.get("shrink"),
         "inputs": build.get("inputs"),
-        "model_class": result.get("model_class"),
-        "modules": result.get("modules"),
+        "model_class": result.model_class,
+        "modules": result.modules,
         "seconds": time.perf_counter() - started,
     }
 

@@ -290,6 +290,7 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
 
     from modeltrace.diff import run_replay
     from modeltrace.worker.client import WorkerClient
+    from modeltrace.worker.messages import TraceRequest
 
     reference, candidate = folder / "ref.mtrace", folder / "cand.mtrace"
     recipe = folder / "recipe_cand.py"
@@ -329,35 +330,20 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
         # the editor's case: the diff follows the candidate's trace, whose worker child kept the model
         kept_trace = Path(
             worker.trace(
-                {
-                    "file": str(recipe),
-                    "recipe": str(recipe),
-                    "model": None,
-                    "config": None,
-                    "full_tensors": True,
-                    "seed": 0,
-                    "lines": False,
-                    "timeout": 600,
-                    "out": str(folder / "cand_kept.mtrace"),
-                    "keep_for_replay": True,
-                }
-            )["trace"]
+                TraceRequest(
+                    file=str(recipe),
+                    recipe=str(recipe),
+                    full_tensors=True,
+                    timeout=600,
+                    out=str(folder / "cand_kept.mtrace"),
+                    keep_for_replay=True,
+                )
+            ).trace
         )
         kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker)
         assert all(timing["kept"] for timing in kept_timings)
         # the CLI's case (`modeltrace diff --replay`): no trace ran in this worker, the candidate is rebuilt
-        worker.trace(
-            {
-                "file": str(recipe),
-                "recipe": str(recipe),
-                "model": None,
-                "config": None,
-                "seed": 0,
-                "lines": False,
-                "timeout": 600,
-                "out": str(folder / "other.mtrace"),
-            }
-        )
+        worker.trace(TraceRequest(file=str(recipe), recipe=str(recipe), timeout=600, out=str(folder / "other.mtrace")))
         read_both_ms, total_ms, ratio, timings = timed(candidate, worker)
         assert not any(timing["kept"] for timing in timings)
     best = min(timings, key=lambda timing: timing["seconds"])

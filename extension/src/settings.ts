@@ -8,6 +8,7 @@ export const settingsSection = "modelTrace";
 export type TraceDtype = "float32" | "float16" | "bfloat16";
 export type HintDetail = "shape" | "dtype" | "stats";
 export type HintPlacement = "afterName" | "endOfLine";
+export type AttentionImplementation = "eager" | "sdpa" | "flex_attention";
 
 export interface ModelTraceSettings {
     /** Interpreter path; "" means: ask the Python extension, else python3. */
@@ -16,12 +17,16 @@ export interface ModelTraceSettings {
     importStrategy: ImportStrategy;
     device: string;
     dtype: TraceDtype;
+    /** transformers' attn_implementation traced models are built with. */
+    attention: AttentionImplementation;
     hintDetail: HintDetail;
     /** After each assigned name (fits VS Code's default hint length), or one full label at the line's end. */
     hintPlacement: HintPlacement;
     traceOnSave: boolean;
     /** Line-level capture: tensors assigned on each line, not only module outputs. */
     lines: boolean;
+    /** Other files whose lines are captured too (helpers the model calls into); relative: the workspace's. */
+    follow: string[];
     /** Seconds. */
     timeout: number;
     /** Full tensors over this many MB keep their statistics only; the trace stores at most maxTraceMB in all. */
@@ -59,10 +64,12 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     importStrategy: "useBundled",
     device: "cpu",
     dtype: "float32",
+    attention: "eager",
     hintDetail: "dtype",
     hintPlacement: "afterName",
     traceOnSave: false,
     lines: true,
+    follow: [],
     timeout: 120,
     maxTensorMB: 1024,
     maxTraceMB: 8192,
@@ -88,6 +95,7 @@ export interface InitializationOptions {
 
 const importStrategies: readonly ImportStrategy[] = ["useBundled", "fromEnvironment"];
 const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
+const attentionImplementations: readonly AttentionImplementation[] = ["eager", "sdpa", "flex_attention"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
 const hintPlacements: readonly HintPlacement[] = ["afterName", "endOfLine"];
 
@@ -109,6 +117,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const device: unknown = configuration.get("device");
     const traceOnSave: unknown = configuration.get("traceOnSave");
     const lines: unknown = configuration.get("lines");
+    const follow: unknown = configuration.get("follow");
     const timeout: unknown = configuration.get("timeout");
     const maxTensorMB: unknown = configuration.get("maxTensorMB");
     const maxTraceMB: unknown = configuration.get("maxTraceMB");
@@ -128,10 +137,14 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         importStrategy: oneOf(configuration.get("importStrategy"), importStrategies, defaultSettings.importStrategy),
         device: typeof device === "string" && device.trim() !== "" ? device.trim() : defaultSettings.device,
         dtype: oneOf(configuration.get("dtype"), dtypes, defaultSettings.dtype),
+        attention: oneOf(configuration.get("attention"), attentionImplementations, defaultSettings.attention),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
         hintPlacement: oneOf(configuration.get("hintPlacement"), hintPlacements, defaultSettings.hintPlacement),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
+        follow: Array.isArray(follow)
+            ? follow.filter((item: unknown): item is string => typeof item === "string" && item.trim() !== "").map((item) => item.trim())
+            : defaultSettings.follow,
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
         maxTensorMB: megabytes(maxTensorMB, defaultSettings.maxTensorMB),
         maxTraceMB: megabytes(maxTraceMB, defaultSettings.maxTraceMB),

@@ -8,6 +8,7 @@ the worker's traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,6 +20,14 @@ from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
+from modeltrace.worker.messages import (
+    ATTENTION_IMPLEMENTATIONS,
+    DEFAULT_ATTENTION,
+    DEFAULT_DTYPE,
+    DEFAULT_TIMEOUT_SECONDS,
+    DTYPE_NAMES,
+    TraceRequest,
+)
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 if TYPE_CHECKING:
@@ -34,43 +43,55 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
-    request = {
-        "file": str(file),
-        "model": arguments.model,
-        "recipe": str(Path(arguments.recipe).resolve()) if arguments.recipe else None,
-        "config": _local_path(arguments.config),
-        "checkpoint": _local_path(arguments.checkpoint),
-        "shape_only": arguments.shape_only,
-        "full_tensors": arguments.full_tensors,
-        "max_tensor_mb": arguments.max_tensor_mb,
-        "max_trace_mb": arguments.max_trace_mb,
-        "tensor_memory_mb": arguments.tensor_memory_mb,
-        "lines": arguments.lines,
-        "device": arguments.device,
-        "dtype": arguments.dtype,
-        "seed": arguments.seed,
-        "timeout": arguments.timeout,
-        "out": str(out),
-        "generate": arguments.generate,
-        "backward": arguments.backward,
-    }
-    if arguments.device_map:
-        request["device_map"] = arguments.device_map
+    follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
+    if follow and not arguments.lines:
+        raise ModelTraceError("--follow names files whose lines are captured: add --lines")
+    request = TraceRequest(
+        file=str(file),
+        out=str(out),
+        model=arguments.model,
+        recipe=str(Path(arguments.recipe).resolve()) if arguments.recipe else None,
+        config=_local_path(arguments.config),
+        checkpoint=_local_path(arguments.checkpoint),
+        shape_only=arguments.shape_only,
+        full_tensors=arguments.full_tensors,
+        max_tensor_mb=arguments.max_tensor_mb,
+        max_trace_mb=arguments.max_trace_mb,
+        tensor_memory_mb=arguments.tensor_memory_mb,
+        lines=arguments.lines,
+        follow=follow,
+        attention=arguments.attention,
+        device=arguments.device,
+        dtype=arguments.dtype,
+        seed=arguments.seed,
+        timeout=arguments.timeout,
+        generate=arguments.generate,
+        backward=arguments.backward,
+        device_map=arguments.device_map or None,
+    )
     if arguments.against:
         return _trace_against(request, arguments)
     with WorkerClient() as worker:
         result = worker.trace(request)
-    trace = read_trace(result["trace"])
+    trace = read_trace(result.trace)
     if arguments.format == "json":
         json.dump(trace.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
-        print(f"# trace written to {result['trace']} ({result['seconds']:.2f} s)", file=sys.stderr)
+        print(f"# trace written to {result.trace} ({result.seconds:.2f} s)", file=sys.stderr)
     return 0
 
 
-def _trace_against(request: dict, arguments: argparse.Namespace) -> int:
+def _existing_file(text: str, option: str) -> Path:
+    """A file named by an option, made absolute; a clear error naming the option when it is not there."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ModelTraceError(f"{option} {text}: no such file")
+    return path.resolve()
+
+
+def _trace_against(request: TraceRequest, arguments: argparse.Namespace) -> int:
     """`trace --against REF`: the editor's flow from a terminal. The trace keeps its model alive in the worker
     so that the diff's replay calls the suspects again on it (no rebuild, no second forward)."""
     from modeltrace.diff import close_result, diff_paths
@@ -78,11 +99,11 @@ def _trace_against(request: dict, arguments: argparse.Namespace) -> int:
 
     if not Path(arguments.against).exists():
         raise ModelTraceError(f"--against {arguments.against}: no such trace")
-    request = {**request, "full_tensors": not request["shape_only"], "keep_for_replay": not request["shape_only"]}
+    request = dataclasses.replace(request, full_tensors=not request.shape_only, keep_for_replay=not request.shape_only)
     with WorkerClient() as worker:
         traced = worker.trace(request)
-        print(f"# trace written to {traced['trace']} ({traced['seconds']:.2f} s)", file=sys.stderr)
-        result = diff_paths(arguments.against, traced["trace"], replay=True, client=worker)
+        print(f"# trace written to {traced.trace} ({traced.seconds:.2f} s)", file=sys.stderr)
+        result = diff_paths(arguments.against, traced.trace, replay=True, client=worker)
     try:
         return _report_diff(result, arguments.format)
     finally:
@@ -102,21 +123,22 @@ def _parallel_trace_command(arguments: argparse.Namespace) -> int:
     if arguments.lines:
         raise ModelTraceError("--lines is not supported with --nproc yet: tensor-parallel traces record module calls")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
-    request = {
-        "file": str(file),
-        "model": arguments.model,
-        "checkpoint": _local_path(arguments.checkpoint),
-        "full_tensors": arguments.full_tensors,
-        "max_tensor_mb": arguments.max_tensor_mb,
-        "max_trace_mb": arguments.max_trace_mb,
-        "device": arguments.device,
-        "dtype": arguments.dtype,
-        "seed": arguments.seed,
-        "timeout": arguments.timeout,
-        "out": str(out),
-    }
+    request = TraceRequest(
+        file=str(file),
+        out=str(out),
+        model=arguments.model,
+        checkpoint=_local_path(arguments.checkpoint),
+        full_tensors=arguments.full_tensors,
+        max_tensor_mb=arguments.max_tensor_mb,
+        max_trace_mb=arguments.max_trace_mb,
+        attention=arguments.attention,
+        device=arguments.device,
+        dtype=arguments.dtype,
+        seed=arguments.seed,
+        timeout=arguments.timeout,
+    )
     result = run_parallel_trace(request, arguments.nproc)
-    trace = read_trace(result["trace"])
+    trace = read_trace(result.trace)
     if arguments.format == "json":
         json.dump(trace.to_json(), sys.stdout)
         sys.stdout.write("\n")
@@ -125,7 +147,7 @@ def _parallel_trace_command(arguments: argparse.Namespace) -> int:
         for divergence in trace.model.get("parallel", {}).get("rank_divergences", []):
             print(f"# rank divergence: {divergence['message']}", file=sys.stderr)
         print(
-            f"# trace of {arguments.nproc} ranks written to {result['trace']} ({result['seconds']:.2f} s)",
+            f"# trace of {arguments.nproc} ranks written to {result.trace} ({result.seconds:.2f} s)",
             file=sys.stderr,
         )
     return 0
@@ -404,6 +426,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(tp_plan=auto; gloo on CPU, NCCL on CUDA) and write one trace of them all",
     )
     trace.add_argument("--lines", action="store_true", help="also capture tensor variables line by line")
+    trace.add_argument(
+        "--follow",
+        action="append",
+        default=[],
+        metavar="PY",
+        help="with --lines: also capture the lines of this file (a helper module the model calls into; repeatable)",
+    )
+    trace.add_argument(
+        "--attention",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        default=DEFAULT_ATTENTION,
+        help="the attention implementation the model is built with (attn_implementation; default: "
+        f"{DEFAULT_ATTENTION}, the readable reference code that returns attention weights)",
+    )
     trace.add_argument("--full-tensors", action="store_true", help="also store every captured tensor")
     trace.add_argument(
         "--max-tensor-mb",
@@ -430,9 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_TENSOR_MEMORY_MB:g})",
     )
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
-    trace.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or float64")
+    trace.add_argument("--dtype", default=DEFAULT_DTYPE, help=", ".join(DTYPE_NAMES[:-1]) + f" or {DTYPE_NAMES[-1]}")
     trace.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")
-    trace.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="stop the trace after this")
+    trace.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS", help="stop the trace after this"
+    )
     trace.add_argument("--out", metavar="DIR", help="where to write the trace (default: ./FILE_STEM.mtrace)")
     trace.add_argument("--format", choices=("text", "json"), default="text")
     trace.add_argument("--stats", action="store_true", help="add mean and std to each annotation")
@@ -554,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return arguments.handler(arguments)
     except TraceFailed as failure:
-        if os.environ.get("MODELTRACE_DEBUG") and failure.error.get("traceback"):
-            print(failure.error["traceback"], file=sys.stderr)
+        if os.environ.get("MODELTRACE_DEBUG") and failure.error.traceback:
+            print(failure.error.traceback, file=sys.stderr)
         print(f"modeltrace: {failure}", file=sys.stderr)
         return 2
     except ModelTraceError as error:

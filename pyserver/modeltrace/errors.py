@@ -6,6 +6,13 @@ exception is a bug in ModelTrace or an error inside the user's model code, repor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+
+# NOTE: only for the annotation: this module is imported by everything, the messages by the worker's side.
+if TYPE_CHECKING:
+    from modeltrace.worker.messages import WorkerError
+
 
 class ModelTraceError(Exception):
     """A problem with the user's input (file, class, config, recipe, trace file) with a one-line explanation.
@@ -25,28 +32,27 @@ class TraceFormatError(ModelTraceError):
 
 
 class TraceFailed(ModelTraceError):
-    """The worker could not produce a trace; `error` holds the structured report sent by the worker."""
+    """The worker could not produce a trace; `error` holds the structured report (its `cause` says why)."""
 
-    def __init__(self, error: dict) -> None:
+    def __init__(self, error: WorkerError) -> None:
         self.error = error
         super().__init__(format_worker_error(error))
 
 
-def format_worker_error(error: dict) -> str:
+def format_worker_error(error: WorkerError) -> str:
     """One line: `ExceptionType: message (file:line)` from a structured worker error."""
     location = ""
-    if error.get("file"):
-        location = f" ({error['file']}:{error.get('line') or '?'})"
-        if location[2:-1] in str(error.get("message") or ""):
+    if error.file:
+        location = f" ({error.file}:{error.line or '?'})"
+        if location[2:-1] in error.message:
             location = ""  # the message names the place already
-    kind = error.get("type") or "Error"
-    message = str(error.get("message") or "").strip().splitlines()
+    message = error.message.strip().splitlines()
     first_line = message[0] if message else ""
     # What to provide instead, when the unaided build settled for a model and inputs that never ran (before the
     # location, which ends the line).
-    advice = f"; {error['advice']}" if error.get("advice") else ""
-    if kind in ("ModelTraceError", "TraceFormatError"):
+    advice = f"; {error.advice}" if error.advice else ""
+    if error.cause == "input":
         return f"{first_line}{advice}{location}"
-    if error.get("model_class"):
-        return f"{error['model_class']}.forward raised {kind}: {first_line}{advice}{location}"
-    return f"{kind}: {first_line}{advice}{location}"
+    if error.model_class:
+        return f"{error.model_class}.forward raised {error.kind}: {first_line}{advice}{location}"
+    return f"{error.kind}: {first_line}{advice}{location}"

@@ -16,6 +16,7 @@ import modeltrace
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.storage import read_trace
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 
 RECIPE = textwrap.dedent("""
@@ -50,7 +51,7 @@ def test_capture_writes_the_trace_the_cli_writes(tmp_path: Path, worker: WorkerC
     library = read_trace(session.path)
     modeling_file = Path(sys.modules[type(model).__module__].__file__)
     worker.trace(
-        {"file": str(modeling_file), "recipe": str(recipe), "out": str(tmp_path / "cli.mtrace"), "full_tensors": True}
+        TraceRequest(file=str(modeling_file), recipe=str(recipe), out=str(tmp_path / "cli.mtrace"), full_tensors=True)
     )
     cli = read_trace(tmp_path / "cli.mtrace")
     assert [(record.path, record.class_name, record.call_index) for record in library.modules] == [

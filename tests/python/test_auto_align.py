@@ -24,6 +24,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import read_trace
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 
 PAIRS_DIR = Path(__file__).parent / "align_pairs"
@@ -113,12 +114,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> di
     for name, recipe in recipes.items():
         out = folder / f"{name}.mtrace"
         worker.trace(
-            {
-                "file": str(PORT_FILE),
-                "recipe": str(recipe),
-                "out": str(out),
-                "full_tensors": name in ("reference", "fused"),
-            }
+            TraceRequest(
+                file=str(PORT_FILE),
+                recipe=str(recipe),
+                out=str(out),
+                full_tensors=name in ("reference", "fused"),
+            )
         )
         found[name] = out
     return found
@@ -290,7 +291,7 @@ def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path,
     """)
     )
     out = tmp_path / "cnn.mtrace"
-    worker.trace({"file": str(recipe), "recipe": str(recipe), "out": str(out)})
+    worker.trace(TraceRequest(file=str(recipe), recipe=str(recipe), out=str(out)))
     aligned = _cli("align", str(traces["reference"]), str(out))
     assert aligned.returncode == 2 and "nothing aligns" in aligned.stderr, aligned.stderr
     diffed = _cli("diff", str(traces["reference"]), str(out))
@@ -325,7 +326,9 @@ def test_transposed_weights_identify_conv1d_against_linear(worker: WorkerClient,
     traced = {}
     for side, modeling_file in (("reference", "gpt2_reference.py"), ("port", "gpt2_port.py")):
         out = tmp_path / f"{side}.mtrace"
-        worker.trace({"file": str(pair / modeling_file), "recipe": str(pair / f"recipe_{side}.py"), "out": str(out)})
+        worker.trace(
+            TraceRequest(file=str(pair / modeling_file), recipe=str(pair / f"recipe_{side}.py"), out=str(out))
+        )
         traced[side] = read_trace(out)
     mapping = align_modules(traced["reference"], traced["port"])
     by_candidate = {pair.candidate[0]: pair for pair in mapping.pairs if not pair.fused}

@@ -26,6 +26,7 @@ from modeltrace.trace.storage import read_trace
 from modeltrace.worker.build import build_from_file, build_from_request
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 from conftest import EXAMPLE_MODELING_FILE
 
@@ -135,13 +136,13 @@ def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
     shutil.copyfile(LLAMA_3_70B_CONFIG, config)
     started = time.perf_counter()
     built = build_from_request(
-        {
-            "file": str(MODELS / "llama" / "modeling_llama.py"),
-            "config": str(config),
-            "shape_only": True,
-            "dtype": "bfloat16",
-            "seed": 0,
-        }
+        TraceRequest(
+            file=str(MODELS / "llama" / "modeling_llama.py"),
+            config=str(config),
+            shape_only=True,
+            dtype="bfloat16",
+            seed=0,
+        )
     )
     with torch.no_grad(), built.forward_context(), ModuleCapture(built.model) as capture:
         built.model(**built.kwargs)
@@ -160,16 +161,16 @@ def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> 
     config = tmp_path / "config.json"
     shutil.copyfile(LLAMA_3_70B_CONFIG, config)
     result = worker.trace(
-        {
-            "file": str(MODELS / "llama" / "modeling_llama.py"),
-            "config": str(config),
-            "shape_only": True,
-            "dtype": "bfloat16",
-            "out": str(tmp_path / "70b.mtrace"),
-            "timeout": 120,
-        }
+        TraceRequest(
+            file=str(MODELS / "llama" / "modeling_llama.py"),
+            config=str(config),
+            shape_only=True,
+            dtype="bfloat16",
+            out=str(tmp_path / "70b.mtrace"),
+            timeout=120,
+        )
     )
-    trace = read_trace(result["trace"])
+    trace = read_trace(result.trace)
     assert trace.model["options"]["shape_only"] is True
     assert trace.model["build"]["shape_only"] is True and not trace.model["build"]["approximations"]
     (gate,) = [record for record in trace.modules if record.path == "layers.79.mlp.gate_proj"]
@@ -180,14 +181,14 @@ def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> 
 def test_hub_id_through_the_worker_is_one_clear_line(worker: WorkerClient, tmp_path: Path) -> None:
     with pytest.raises(TraceFailed) as caught:
         worker.trace(
-            {
-                "file": str(MODELS / "llama" / "modeling_llama.py"),
-                "checkpoint": "meta-llama/Meta-Llama-3-8B",
-                "out": str(tmp_path / "hub.mtrace"),
-                "timeout": 60,
-            }
+            TraceRequest(
+                file=str(MODELS / "llama" / "modeling_llama.py"),
+                checkpoint="meta-llama/Meta-Llama-3-8B",
+                out=str(tmp_path / "hub.mtrace"),
+                timeout=60,
+            )
         )
-    assert caught.value.error["type"] == "ModelTraceError"
+    assert caught.value.error.kind == "ModelTraceError" and caught.value.error.cause == "input"
     assert "never downloads" in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -408,7 +409,7 @@ def test_an_unaided_build_that_never_ran_says_what_to_provide(tmp_path: Path) ->
                 return self.proj(input_ids.float())
     """)
     )
-    request = {"file": str(modeling), "out": str(tmp_path / "broken.mtrace"), "timeout": 60, "seed": 0}
+    request = TraceRequest(file=str(modeling), out=str(tmp_path / "broken.mtrace"), timeout=60, seed=0)
     with WorkerClient() as worker, pytest.raises(TraceFailed) as caught:
         worker.trace(request)
     message = str(caught.value)

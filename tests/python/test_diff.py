@@ -7,6 +7,7 @@ then written with `write_trace` as `worker/job.py` does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from modeltrace.trace.storage import TENSORS_FILE, write_trace
 from modeltrace.worker.build import build_from_file
 from modeltrace.worker import source_map
 from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.messages import TraceRequest
 
 
 PORT_FILE = REPO_ROOT / "examples" / "tiny_llama_port" / "modeling_tiny_llama_port.py"
@@ -509,25 +511,25 @@ def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: P
     replay that rebuilds."""
     from modeltrace.diff import run_replay
 
-    request = {
-        "file": str(_two_bugs(tmp_path)),
-        "model": None,
-        "recipe": None,
-        "config": None,
-        "full_tensors": True,
-        "seed": 0,
-        "lines": False,
-        "timeout": 120,
-        "out": str(tmp_path / "kept.mtrace"),
-        "keep_for_replay": True,
-    }
+    request = TraceRequest(
+        file=str(_two_bugs(tmp_path)),
+        model=None,
+        recipe=None,
+        config=None,
+        full_tensors=True,
+        seed=0,
+        lines=False,
+        timeout=120,
+        out=str(tmp_path / "kept.mtrace"),
+        keep_for_replay=True,
+    )
     traced = worker.trace(request)
-    assert traced["kept_for_replay"]
-    candidate = Path(traced["trace"])
+    assert traced.kept_for_replay
+    candidate = Path(traced.trace)
     verdicts = {}
     for kept in (True, False):
         if not kept:  # any other request ends the kept child: this replay rebuilds the candidate
-            worker.trace({**request, "keep_for_replay": False, "out": str(tmp_path / "other.mtrace")})
+            worker.trace(dataclasses.replace(request, keep_for_replay=False, out=str(tmp_path / "other.mtrace")))
         with load_reference(original) as ref, load_reference(candidate) as cand:
             result = diff_traces(ref, cand)
             run_replay(result, worker, limit=40)

@@ -30,6 +30,7 @@ from modeltrace.diff.settings import (
 )
 from modeltrace.trace.storage import read_trace
 from modeltrace.worker.builds import ConstructionRecorder, record_builds, sample_positions, split_fields
+from modeltrace.worker.messages import TraceRequest
 
 
 PORT_FILE = REPO_ROOT / "examples" / "tiny_llama_port" / "modeling_tiny_llama_port.py"
@@ -168,7 +169,7 @@ def test_dropped_weight_copy_in_a_transformers_model() -> None:
 
 
 def _trace(worker, file: Path, out: Path, lines: bool = True) -> Path:
-    return Path(worker.trace({"file": str(file), "out": str(out), "lines": lines, "seed": 0})["trace"])
+    return Path(worker.trace(TraceRequest(file=str(file), out=str(out), lines=lines, seed=0)).trace)
 
 
 @pytest.fixture(scope="module")
@@ -292,14 +293,14 @@ def test_a_transposed_weight_is_named_from_full_tensors(worker, tmp_path: Path) 
         recipe.write_text(f"TRANSPOSE = {transpose}\n" + RECIPE)
         traces[name] = Path(
             worker.trace(
-                {
-                    "file": str(recipe),
-                    "recipe": str(recipe),
-                    "full_tensors": True,
-                    "out": str(tmp_path / f"{name}.mtrace"),
-                    "seed": 0,
-                }
-            )["trace"]
+                TraceRequest(
+                    file=str(recipe),
+                    recipe=str(recipe),
+                    full_tensors=True,
+                    out=str(tmp_path / f"{name}.mtrace"),
+                    seed=0,
+                )
+            ).trace
         )
     candidate = read_trace(traces["candidate"])
     stored = {parameter.summary.tensor for build in candidate.builds for parameter in build.parameters}

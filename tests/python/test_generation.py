@@ -19,6 +19,7 @@ import transformers
 from modeltrace.diff import close_result, diff_paths, to_json
 from modeltrace.trace.storage import read_trace
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 
 MODELS = Path(transformers.__file__).resolve().parent / "models"
@@ -38,8 +39,8 @@ def copy_model(name: str, destination: Path, old: str | None = None, new: str | 
 
 
 def trace(worker: WorkerClient, file: Path, out: Path, **options: object) -> Path:
-    request = {"file": str(file), "out": str(out), "seed": 0, "timeout": 300, **options}
-    return Path(worker.trace(request)["trace"])
+    request = TraceRequest(file=str(file), out=str(out), seed=0, timeout=300, **options)
+    return Path(worker.trace(request).trace)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from modeltrace.trace.tensors import SafetensorsStore, StreamingSafetensorsWrite
 from modeltrace.worker.assemble import discarded_on_error, start_stream, write_captured
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 from conftest import EXAMPLE_MODELING_FILE
 
@@ -243,7 +244,7 @@ def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp
     recipe = tmp_path / "recipe_slow.py"
     recipe.write_text(CANCELLED_RECIPE)
     out = tmp_path / "traces" / "slow.mtrace"
-    request = {"file": str(recipe), "recipe": str(recipe), "out": str(out), "timeout": 120, "full_tensors": True}
+    request = TraceRequest(file=str(recipe), recipe=str(recipe), out=str(out), timeout=120, full_tensors=True)
     with WorkerClient(python=sys.executable) as worker:
         worker.start()
         timer = threading.Timer(4.0, worker.cancel)
@@ -253,12 +254,12 @@ def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp
                 worker.trace(request)
         finally:
             timer.cancel()
-        assert failure.value.error["type"] == "Cancelled"
+        assert failure.value.error.kind == "Cancelled" and failure.value.error.cause == "cancelled"
         assert list(out.parent.iterdir()) == []  # the temporary folder the tensors streamed into is gone
         result = worker.trace(
-            {"file": str(EXAMPLE_MODELING_FILE), "out": str(out), "timeout": 120, "full_tensors": True}
+            TraceRequest(file=str(EXAMPLE_MODELING_FILE), out=str(out), timeout=120, full_tensors=True)
         )
-    assert Path(result["trace"]) == out
+    assert Path(result.trace) == out
     assert [path.name for path in out.parent.iterdir()] == ["slow.mtrace"]
     with load_reference(out) as loaded:
         assert loaded.tensors is not None

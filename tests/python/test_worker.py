@@ -9,18 +9,20 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from modeltrace.errors import TraceFailed
 from modeltrace.trace.storage import read_trace
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 from conftest import EXAMPLE_MODELING_FILE, line_of
 
 
-def _request(file: Path, out: Path, **extra: object) -> dict:
-    return {"file": str(file), "out": str(out), "timeout": 60, **extra}
+def _request(file: Path, out: Path, **extra: Any) -> TraceRequest:
+    return TraceRequest(file=str(file), out=str(out), **{"timeout": 60, **extra})
 
 
 RECIPE_TEMPLATE = """
@@ -57,28 +59,28 @@ def _recipe(tmp_path: Path, fault: str) -> Path:
 def test_trace_of_the_example_and_warm_retrace(worker: WorkerClient, tmp_path: Path) -> None:
     progress: list[str] = []
     result = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "a.mtrace"), on_progress=progress.append)
-    assert result["model_class"] == "TinyLlamaModel" and result["modules"] > 20
+    assert result.model_class == "TinyLlamaModel" and result.modules > 20
     assert any("running TinyLlamaModel.forward" in message for message in progress)
-    trace = read_trace(result["trace"])
+    trace = read_trace(result.trace)
     assert trace.model["class"] == "TinyLlamaModel"
     assert trace.model["file"] == str(EXAMPLE_MODELING_FILE.resolve())
 
     started = time.perf_counter()
     again = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "b.mtrace"))
     warm_seconds = time.perf_counter() - started
-    assert again["modules"] == result["modules"]
+    assert again.modules == result.modules
     assert warm_seconds < 30  # a cold worker imports torch first; the warm one only forks
 
 
 def test_each_trace_imports_the_files_afresh(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:
-    first = read_trace(worker.trace(_request(example_copy, tmp_path / "first.mtrace"))["trace"])
+    first = read_trace(worker.trace(_request(example_copy, tmp_path / "first.mtrace")).trace)
     source = example_copy.read_text()
     example_copy.write_text(
         source.replace(
             "hidden_states = self.norm(hidden_states)", "hidden_states = self.norm(self.norm(hidden_states))"
         )
     )
-    second = read_trace(worker.trace(_request(example_copy, tmp_path / "second.mtrace"))["trace"])
+    second = read_trace(worker.trace(_request(example_copy, tmp_path / "second.mtrace")).trace)
     assert [record.path for record in first.modules].count("norm") == 1
     assert [record.path for record in second.modules].count("norm") == 2
 
@@ -97,31 +99,32 @@ def test_exception_in_forward_is_located_in_the_model_code(
     with pytest.raises(TraceFailed) as failure:
         worker.trace(_request(example_copy, out))
     error = failure.value.error
-    assert error["type"] == "ValueError" and error["message"] == "boom in the MLP"
-    assert error["file"] == str(example_copy.resolve())
-    assert error["line"] == line_of(example_copy, "raise ValueError('boom in the MLP')")
+    assert error.kind == "ValueError" and error.message == "boom in the MLP"
+    assert error.cause == "forward" and error.model_class == "TinyLlamaModel"
+    assert error.file == str(example_copy.resolve())
+    assert error.line == line_of(example_copy, "raise ValueError('boom in the MLP')")
     assert "ValueError: boom in the MLP" in str(failure.value)
     assert not out.exists() and not list(tmp_path.glob(".failed.mtrace*"))
 
 
 @pytest.mark.parametrize(
-    ("fault", "error_type", "words"),
+    ("fault", "error_type", "cause", "words"),
     [
-        ("import os\nos.kill(os.getpid(), 11)", "WorkerCrashed", "segmentation fault"),
-        ("import os\nos._exit(3)", "WorkerExited", "exit code 3"),
-        ("import sys\nsys.exit(4)", "SystemExit", "4"),
+        ("import os\nos.kill(os.getpid(), 11)", "WorkerCrashed", "crash", "segmentation fault"),
+        ("import os\nos._exit(3)", "WorkerExited", "exit", "exit code 3"),
+        ("import sys\nsys.exit(4)", "SystemExit", "forward", "4"),
     ],
 )
 def test_a_dying_child_becomes_an_error_and_the_worker_survives(
-    worker: WorkerClient, tmp_path: Path, fault: str, error_type: str, words: str
+    worker: WorkerClient, tmp_path: Path, fault: str, error_type: str, cause: str, words: str
 ) -> None:
     recipe = _recipe(tmp_path, fault)
     with pytest.raises(TraceFailed) as failure:
         worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
-    assert failure.value.error["type"] == error_type
-    assert words in failure.value.error["message"]
+    assert failure.value.error.kind == error_type and failure.value.error.cause == cause
+    assert words in failure.value.error.message
     result = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace"))
-    assert result["model_class"] == "TinyLlamaModel"
+    assert result.model_class == "TinyLlamaModel"
 
 
 def test_timeout_stops_an_endless_forward(worker: WorkerClient, tmp_path: Path) -> None:
@@ -129,10 +132,10 @@ def test_timeout_stops_an_endless_forward(worker: WorkerClient, tmp_path: Path) 
     started = time.perf_counter()
     with pytest.raises(TraceFailed) as failure:
         worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe), timeout=3))
-    assert failure.value.error["type"] == "TimeoutError"
-    assert "3 s timeout" in failure.value.error["message"]
+    assert failure.value.error.kind == "TimeoutError" and failure.value.error.cause == "timeout"
+    assert "3 s timeout" in failure.value.error.message
     assert time.perf_counter() - started < 20
-    assert worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace"))["modules"] > 0
+    assert worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace")).modules > 0
 
 
 def test_cancel_from_another_thread(worker: WorkerClient, tmp_path: Path) -> None:
@@ -144,7 +147,7 @@ def test_cancel_from_another_thread(worker: WorkerClient, tmp_path: Path) -> Non
             worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
     finally:
         timer.cancel()
-    assert failure.value.error["type"] == "Cancelled"
+    assert failure.value.error.kind == "Cancelled" and failure.value.error.cause == "cancelled"
     assert not (tmp_path / "x.mtrace").exists()
 
 
@@ -159,7 +162,7 @@ def test_worker_killed_from_outside_mid_trace(tmp_path: Path) -> None:
         killer.start()
         with pytest.raises(TraceFailed) as failure:
             client.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe)))
-        assert failure.value.error["type"] == "WorkerCrashed"
+        assert failure.value.error.kind == "WorkerCrashed" and failure.value.error.cause == "crash"
         time.sleep(0.5)
         strays = [
             process
@@ -168,13 +171,13 @@ def test_worker_killed_from_outside_mid_trace(tmp_path: Path) -> None:
         ]
         assert not strays, [(process.pid, process.info["cmdline"], process.status()) for process in strays]
         # An idle worker that died is replaced on the next trace.
-        assert client.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "y.mtrace"))["modules"] > 0
+        assert client.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "y.mtrace")).modules > 0
 
 
 def test_print_in_model_code_does_not_corrupt_the_frames(worker: WorkerClient, tmp_path: Path) -> None:
     recipe = _recipe(tmp_path, "print('x' * 100000)")
     result = worker.trace(_request(recipe, tmp_path / "p.mtrace", recipe=str(recipe)))
-    assert result["model_class"] == "Faulty"
+    assert result.model_class == "Faulty"
 
 
 FAKE_WORKER = """
@@ -183,22 +186,34 @@ sys.path.insert(0, {package!r})
 from modeltrace.worker.protocol import read_frame, write_frame
 write_frame(1, {{"type": "ready", "pid": os.getpid()}})
 read_frame(0)
-if {malformed!r}:
+if {mode!r} == "malformed":
     os.write(1, bytes([0, 0, 0, 4]) + b"junk")
-else:
+elif {mode!r} == "unknown type":
     write_frame(1, {{"type": "traceTree", "nodes": []}})
+elif {mode!r} == "unknown key":
+    write_frame(1, {{"type": "result", "trace": "t", "model_class": "M", "modules": 1, "seconds": 1.0, "colour": 1}})
+else:
+    write_frame(1, {{"type": "result", "trace": "t", "model_class": "M", "modules": "many", "seconds": 1.0}})
 read_frame(0)
 """
 
 
-@pytest.mark.parametrize("malformed", [True, False], ids=["malformed", "unknown type"])
-def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Path, malformed: bool) -> None:
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("malformed", "malformed frame (undecodable frame"),
+        ("unknown type", "unknown type 'traceTree'"),
+        ("unknown key", "a 'result' frame has an unknown key 'colour'"),
+        ("wrong type", "a 'result' frame, key 'modules' should be int, not str 'many'"),
+    ],
+)
+def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Path, mode: str, expected: str) -> None:
     """A worker of another version, or one whose output was corrupted: one error naming what it sent, the worker
     stopped, never a hang until the timeout."""
     import modeltrace
 
     script = tmp_path / "fake_worker.py"
-    script.write_text(FAKE_WORKER.format(package=str(Path(modeltrace.__file__).parent.parent), malformed=malformed))
+    script.write_text(FAKE_WORKER.format(package=str(Path(modeltrace.__file__).parent.parent), mode=mode))
     fake_python = tmp_path / "python"
     fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
     fake_python.chmod(0o755)
@@ -206,7 +221,6 @@ def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Pat
     started = time.monotonic()
     with pytest.raises(TraceFailed) as failure:
         client.trace(_request(tmp_path / "model.py", tmp_path / "out.mtrace"))
-    assert failure.value.error["type"] == "WorkerProtocolError"
-    expected = "malformed frame (undecodable frame" if malformed else "unknown type 'traceTree'"
-    assert expected in failure.value.error["message"]
+    assert failure.value.error.kind == "WorkerProtocolError" and failure.value.error.cause == "protocol"
+    assert expected in failure.value.error.message
     assert time.monotonic() - started < 30 and not client.running

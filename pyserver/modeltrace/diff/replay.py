@@ -40,6 +40,15 @@ from modeltrace.diff.compare import (
 from modeltrace.diff.pairing import OVERLAP, LeafPair, _padded, pair_leaves
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.tensors import DTYPE_CODES, SafetensorsFile, write_safetensors
+from modeltrace.worker.messages import (
+    DEFAULT_ATTENTION,
+    DEFAULT_DTYPE,
+    ReplayAnswer,
+    ReplayedModule,
+    ReplaySpec,
+    ReplayTarget,
+    TraceRequest,
+)
 
 
 DEFAULT_REPLAY_LIMIT = 8
@@ -158,21 +167,22 @@ def _input_tensors(
     return tensors, replaced, None
 
 
-def build_request(result: DiffResult, timeout: float) -> dict[str, Any]:
-    """The worker request that rebuilds the candidate as its trace header says it was built."""
+def build_request(result: DiffResult, timeout: float, replay: ReplaySpec) -> TraceRequest:
+    """The worker request that rebuilds the candidate as its trace header says it was built, to replay `replay`."""
     header = result.candidate.trace.model
     options = header.get("options") or {}
-    return {
-        "file": header.get("file"),
-        "model": header.get("class"),
-        "recipe": header.get("recipe"),
-        "checkpoint": options.get("checkpoint"),
-        "seed": int(options.get("seed", 0) or 0),
-        "dtype": options.get("dtype") or "float32",
-        "device": options.get("device") or "cpu",
-        "attention": options.get("attention") or "eager",
-        "timeout": timeout,
-    }
+    return TraceRequest(
+        file=str(header.get("file")),
+        model=header.get("class"),
+        recipe=header.get("recipe"),
+        checkpoint=options.get("checkpoint"),
+        seed=int(options.get("seed", 0) or 0),
+        dtype=options.get("dtype") or DEFAULT_DTYPE,
+        device=options.get("device") or "cpu",
+        attention=options.get("attention") or DEFAULT_ATTENTION,
+        timeout=timeout,
+        replay=replay,
+    )
 
 
 def run_replay(
@@ -212,48 +222,45 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
             names[name] = module
             module.replay = ReplayResult(NOT_COMPARED, "not replayed", replaced=replaced)
             targets.append(
-                {
-                    "name": name,
-                    "path": module.candidate.path,
-                    "call_index": module.candidate.call_index,
-                    "inputs": {key: f"{name}/{key}" for key in tensors},
-                    "expect": _kept_input_statistics(module, set(tensors)),
-                }
+                ReplayTarget(
+                    name=name,
+                    path=module.candidate.path,
+                    call_index=module.candidate.call_index,
+                    inputs={key: f"{name}/{key}" for key in tensors},
+                    expect=_kept_input_statistics(module, set(tensors)),
+                )
             )
             inputs.update({f"{name}/{key}": value for key, value in tensors.items()})
         if not targets:
             return
         inputs_file = Path(folder) / "replay_inputs.safetensors"
         write_safetensors(inputs_file, inputs)
-        request = build_request(result, timeout)
-        request["replay"] = {
-            "inputs_file": str(inputs_file),
-            "targets": targets,
-            "out": str(Path(folder) / "out"),
-            "candidate_trace": str(result.candidate.path),
-        }
-        answer = _ask_worker(request, client)
-        result.replay_timing = {key: answer.get(key) for key in ("seconds", "build_seconds", "kept")}
+        replay = ReplaySpec(
+            inputs_file=str(inputs_file),
+            targets=tuple(targets),
+            out=str(Path(folder) / "out"),
+            candidate_trace=str(result.candidate.path),
+        )
+        answer = _ask_worker(build_request(result, timeout, replay), client)
+        result.replay_timing = {"seconds": answer.seconds, "build_seconds": answer.build_seconds, "kept": answer.kept}
         result.replay_timing["modules"] = {
-            names[name].candidate.path: (reply.get("replay_seconds"), reply.get("live_seconds"))
-            for name, reply in answer["replay"].items()
+            names[name].candidate.path: (reply.replay_seconds, reply.live_seconds)
+            for name, reply in answer.replay.items()
             if name in names
         }
         result.replay_timing["direct"] = [
-            names[name].candidate.path
-            for name, reply in answer["replay"].items()
-            if name in names and reply.get("direct")
+            names[name].candidate.path for name, reply in answer.replay.items() if name in names and reply.direct
         ]
-        with SafetensorsFile(answer["outputs"]) as outputs:
-            problem = _rebuilt_differs(answer["replay"], names)
+        with SafetensorsFile(answer.outputs) as outputs:
+            problem = _rebuilt_differs(answer.replay, names)
             for name, module in names.items():
-                reply = answer["replay"].get(name) or {}
+                reply = answer.replay.get(name) or ReplayedModule()
                 if problem is not None:
                     module.replay = ReplayResult(NOT_COMPARED, problem, replaced=module.replay.replaced)
-                elif reply.get("error") or not reply.get("ran"):
+                elif reply.error or not reply.ran:
                     module.replay = ReplayResult(
                         NOT_COMPARED,
-                        f"the module could not be replayed: {reply.get('error') or 'not run'}",
+                        f"the module could not be replayed: {reply.error or 'not run'}",
                         replaced=module.replay.replaced,
                     )
                 else:
@@ -262,11 +269,11 @@ def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout
             result.notes.append(f"replay not used: {problem}")
 
 
-def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str, list[float]]:
+def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str, tuple[float, ...]]:
     """{input key: [mean, std]} of the candidate's own floating inputs that the replay keeps: a worker that
     still holds the call's arguments checks them against these before calling the module on them again."""
     return {
-        summary.key: [summary.mean, summary.std]
+        summary.key: (summary.mean, summary.std)
         for summary in module.candidate.inputs
         if summary.key not in replaced
         and summary.mean is not None
@@ -277,13 +284,13 @@ def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str
     }
 
 
-def _ask_worker(request: dict[str, Any], client: Any) -> dict[str, Any]:
+def _ask_worker(request: TraceRequest, client: Any) -> ReplayAnswer:
     from modeltrace.worker.client import WorkerClient
 
     own = client is None
     worker = WorkerClient() if own else client
     try:
-        return worker.trace(request)
+        return worker.replay(request)
     except TraceFailed as error:
         raise ModelTraceError(f"the candidate could not be rebuilt and run for the replay: {error}") from None
     finally:
@@ -291,10 +298,10 @@ def _ask_worker(request: dict[str, Any], client: Any) -> dict[str, Any]:
             worker.close()
 
 
-def _rebuilt_differs(replies: dict[str, Any], names: dict[str, ModuleResult]) -> str | None:
+def _rebuilt_differs(replies: dict[str, ReplayedModule], names: dict[str, ModuleResult]) -> str | None:
     """Why the rebuilt candidate is not the traced one (its live outputs differ from the trace's), or None."""
     for name, module in names.items():
-        live = (replies.get(name) or {}).get("live") or {}
+        live = replies[name].live if name in replies else {}
         for summary in module.candidate.outputs:
             values = live.get(summary.key)
             if values is None or summary.mean is None or summary.std is None:

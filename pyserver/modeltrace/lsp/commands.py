@@ -33,6 +33,7 @@ from modeltrace.lsp.store import DocumentTrace, TraceRequest
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker import messages
 
 
 logger = logging.getLogger(__name__)
@@ -158,32 +159,34 @@ def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None
     ls.work_done_progress.tokens.pop(token, None)
 
 
-def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward") -> dict[str, Any]:
+def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward") -> messages.TraceRequest:
     settings = ls.settings
-    return {
-        "generate": settings.generate_steps if mode == "generate" else 0,
-        "backward": mode == "backward",
-        "file": path,
-        "model": model,
-        "recipe": None,
-        "config": None,
-        "shape_only": settings.shape_only,
-        "checkpoint": settings.checkpoint,
-        "device_map": settings.device_map,
+    return messages.TraceRequest(
+        file=path,
+        out=str(trace_path_for(ls, path)),
+        model=model,
+        generate=settings.generate_steps if mode == "generate" else 0,
+        backward=mode == "backward",
+        shape_only=settings.shape_only,
+        checkpoint=settings.checkpoint,
+        device_map=settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
-        "full_tensors": path in ls.references and not settings.shape_only,
+        full_tensors=path in ls.references and not settings.shape_only,
         # NOTE: the diff against that reference follows, and its replay runs on the model this trace keeps alive
-        "keep_for_replay": path in ls.references and settings.diff_replay and not settings.shape_only,
-        "max_tensor_mb": settings.max_tensor_mb,
-        "max_trace_mb": settings.max_trace_mb,
-        "tensor_memory_mb": settings.tensor_memory_mb,
-        "lines": settings.lines,
-        "device": settings.device,
-        "dtype": settings.dtype,
-        "seed": 0,
-        "timeout": settings.timeout,
-        "out": str(trace_path_for(ls, path)),
-    }
+        keep_for_replay=path in ls.references and settings.diff_replay and not settings.shape_only,
+        max_tensor_mb=settings.max_tensor_mb,
+        max_trace_mb=settings.max_trace_mb,
+        tensor_memory_mb=settings.tensor_memory_mb,
+        lines=settings.lines,
+        # NOTE: a relative path is the workspace's; the traced file itself is captured already
+        follow=tuple(
+            followed for followed in (workspace_path(ls, text) for text in settings.follow) if followed != path
+        ),
+        attention=settings.attention,
+        device=settings.device,
+        dtype=settings.dtype,
+        timeout=settings.timeout,
+    )
 
 
 def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> str:
@@ -212,7 +215,7 @@ async def _trace_now(
 
     try:
         result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode), on_progress)
-        loaded = await asyncio.to_thread(load_trace, path, uri, result["trace"])
+        loaded = await asyncio.to_thread(load_trace, path, uri, result.trace)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -227,7 +230,7 @@ async def _trace_now(
     publish_source_notes(ls, path, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
-        f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result['seconds']:.1f} s)"
+        f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result.seconds:.1f} s)"
     )
     # NOTE: still under the trace lock: the next trace cannot overwrite this trace folder while it is compared.
     diff = await update_diff(ls, loaded)
@@ -237,10 +240,10 @@ async def _trace_now(
     notify_status(ls, ServerState.IDLE, summary, uri)
     return {
         "ok": True,
-        "trace": result["trace"],
+        "trace": result.trace,
         "modelClass": loaded.model_class,
         "modules": loaded.call_count,
-        "seconds": result["seconds"],
+        "seconds": result.seconds,
         **({"diff": _diff_summary(diff)} if diff is not None else {}),
     }
 
@@ -255,17 +258,14 @@ def _fail(ls: ModelTraceServer, uri: str, token: str | None, message: str) -> di
     return _refuse(ls, message)
 
 
-def _worker_start_message(error: dict[str, Any], python: str) -> str | None:
+def _worker_start_message(error: messages.WorkerError, python: str) -> str | None:
     """A message naming the interpreter when the worker could not start at all (no torch, no packages)."""
-    message = str(error.get("message") or "")
     advice = "set modelTrace.python to a Python environment with torch and transformers"
-    prefix = "the worker cannot import torch/transformers:"
-    if message.startswith(prefix):
-        return f"ModelTrace: the worker cannot import torch in {python} ({message[len(prefix) :].strip()}); {advice}"
-    if error.get("type") == "WorkerStartFailed":
-        # NOTE: the message ends with the last lines of the worker's stderr, joined by " | "; the last is the cause.
-        cause = message.rsplit(" | ", 1)[-1].strip()
-        return f"ModelTrace: the trace worker did not start with {python} ({cause}); {advice}"
+    if error.cause == "import":
+        return f"ModelTrace: the worker cannot import torch in {python} ({error.detail}); {advice}"
+    if error.cause == "start":
+        # NOTE: `detail` is the worker's last line of output: the reason it did not start
+        return f"ModelTrace: the trace worker did not start with {python} ({error.detail or 'no output'}); {advice}"
     return None
 
 
@@ -279,14 +279,18 @@ def _report_failure(
     python: str,
 ) -> dict[str, Any]:
     error = failure.error
-    if cancelled or error.get("type") == "Cancelled":
+    if cancelled or error.cause == "cancelled":
         _end_progress(ls, token, "cancelled")
         notify_status(ls, ServerState.IDLE, "trace cancelled", uri)
         return {"ok": False, "message": "ModelTrace: trace cancelled", "cancelled": True}
-    if error.get("traceback"):
-        ls.log(f"trace of {path} failed:\n{error['traceback']}", types.MessageType.Log)
+    if error.traceback:
+        ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
-    return _fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}")
+    # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
+    return {
+        **_fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}"),
+        "cause": error.cause,
+    }
 
 
 def install(ls: ModelTraceServer, loaded: DocumentTrace) -> None:

@@ -6,23 +6,22 @@ Each traced document remembers where its failure (and its first divergence from 
 
 from __future__ import annotations
 
-from typing import Any
-
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.server import ModelTraceServer
 from modeltrace.lsp.store import read_lines
+from modeltrace.worker.messages import WorkerError
 
 
 DIAGNOSTIC_SOURCE = "ModelTrace"
 
 
-def failure_diagnostic(ls: ModelTraceServer, error: dict[str, Any]) -> tuple[str, types.Diagnostic] | None:
+def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> tuple[str, types.Diagnostic] | None:
     """`(uri, diagnostic)` for a worker error located in a file, or None when it has no location."""
-    file, line = error.get("file"), error.get("line")
-    if not file or not isinstance(line, int) or line < 1:
+    file, line = error.file, error.line
+    if not file or line is None or line < 1:
         return None
     # NOTE: the worker names files by their real path; an open document may have been opened by another name.
     document = ls.open_document(file)
@@ -30,8 +29,8 @@ def failure_diagnostic(ls: ModelTraceServer, error: dict[str, Any]) -> tuple[str
     lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
     text = lines[line - 1] if line - 1 < len(lines) else ""
     start = len(text) - len(text.lstrip())
-    first_line = next(iter(str(error.get("message") or "").strip().splitlines()), "")
-    kind = error.get("type") or "Error"
+    first_line = next(iter(error.message.strip().splitlines()), "")
+    kind = error.kind
     units = ls.workspace.position_codec.client_num_units
     return uri, types.Diagnostic(
         range=types.Range(
@@ -44,7 +43,7 @@ def failure_diagnostic(ls: ModelTraceServer, error: dict[str, Any]) -> tuple[str
     )
 
 
-def publish_failure(ls: ModelTraceServer, owner: str, error: dict[str, Any]) -> None:
+def publish_failure(ls: ModelTraceServer, owner: str, error: WorkerError) -> None:
     """Replace the owner's previous failure diagnostic (if any) with this one."""
     clear_failure(ls, owner)
     located = failure_diagnostic(ls, error)

@@ -23,6 +23,12 @@ from lsprotocol import types
 from modeltrace.diff.align import parse_maps
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.lines import HintDetail
+from modeltrace.worker.messages import (
+    ATTENTION_IMPLEMENTATIONS,
+    DEFAULT_ATTENTION,
+    DEFAULT_DTYPE,
+    DEFAULT_TIMEOUT_SECONDS,
+)
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 
@@ -55,13 +61,17 @@ class Settings:
 
     python: str = sys.executable
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = DEFAULT_DTYPE
+    # The attention implementation traces are built with (`attn_implementation`).
+    attention: str = DEFAULT_ATTENTION
     hint_detail: HintDetail = HintDetail.DTYPE
     hint_placement: HintPlacement = HintPlacement.AFTER_NAME
     trace_on_save: bool = False
     # NOTE: the same default as the editor's setting (package.json, compared by a test): every client gets line hints
     lines: bool = True
-    timeout: float = 120.0
+    # Other files whose lines are captured too (helpers the model calls into); relative to the workspace root.
+    follow: tuple[str, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
     # Full tensors kept by a trace (recorded while a reference is set): larger ones keep their statistics only.
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB
     max_trace_mb: float = DEFAULT_MAX_TRACE_MB
@@ -175,6 +185,18 @@ def _optional_path(value: Any) -> str | None:
     return value
 
 
+def _attention(value: Any) -> str:
+    if value not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"expected one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    return str(value)
+
+
+def _paths(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError("expected a list of file paths")
+    return tuple(value)
+
+
 def _steps(value: Any) -> int:
     if isinstance(value, bool) or int(value) != value or not 1 <= int(value) <= 1024:
         raise ValueError("expected a whole number of decode steps from 1 to 1024")
@@ -196,10 +218,12 @@ _SETTINGS = {
     "python": ("python", _python),
     "device": ("device", _text),
     "dtype": ("dtype", _text),
+    "attention": ("attention", _attention),
     "hintDetail": ("hint_detail", HintDetail),
     "hintPlacement": ("hint_placement", HintPlacement),
     "traceOnSave": ("trace_on_save", _boolean),
     "lines": ("lines", _boolean),
+    "follow": ("follow", _paths),
     "timeout": ("timeout", _seconds),
     "maxTensorMB": ("max_tensor_mb", _megabytes),
     "maxTraceMB": ("max_trace_mb", _megabytes),

@@ -22,6 +22,7 @@ from modeltrace.trace.records import BackwardRecord, GradientCall, GradientFlag,
 from modeltrace.worker.builds import MAX_EXACT_STATISTICS, STATISTICS_ELEMENTS
 from modeltrace.worker.capture import ModuleCapture, forward_parameter_names, iter_tensor_leaves
 from modeltrace.worker.generation import recipe_function
+from modeltrace.worker.messages import TraceRequest
 from modeltrace.worker.stats import PendingStats, summarize
 
 
@@ -148,16 +149,14 @@ class GradientRecorder:
         return hook
 
 
-def compute_loss(
-    model: nn.Module, outputs: Any, request: dict[str, Any], labelled: str | None
-) -> tuple[Any, str, str]:
+def compute_loss(model: nn.Module, outputs: Any, request: TraceRequest, labelled: str | None) -> tuple[Any, str, str]:
     """The loss to differentiate: `(loss, source, description)`; see the module docstring."""
     build_loss = recipe_function(request, "build_loss")
     if build_loss is not None:
         loss = build_loss(outputs)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ModelTraceError(
-                f"{request['recipe']}: build_loss(outputs) returned {type(loss).__name__}"
+                f"{request.recipe}: build_loss(outputs) returned {type(loss).__name__}"
                 f"{' of shape ' + str(list(loss.shape)) if isinstance(loss, torch.Tensor) else ''}; return one "
                 "number as a tensor (a scalar)"
             )
@@ -176,7 +175,7 @@ def compute_loss(
     return loss, "default", DEFAULT_LOSS
 
 
-def run_backward(built: Any, capture: ModuleCapture, request: dict[str, Any]) -> BackwardRecord:
+def run_backward(built: Any, capture: ModuleCapture, request: TraceRequest) -> BackwardRecord:
     """Forward (under `capture`, already entered), loss and backward; returns what the trace adds."""
     model = built.model
     if built.shape_only or any(parameter.device.type == "meta" for parameter in model.parameters()):

@@ -46,6 +46,7 @@ from torch import nn
 from modeltrace.errors import ModelTraceError
 from modeltrace.rules import base_model_order, pick_base_model
 from modeltrace.worker.assemble import jsonable
+from modeltrace.worker.messages import DTYPE_NAMES, TraceRequest
 from modeltrace.worker import shrink as shrinking
 from modeltrace.worker.inputs import (
     BATCH_SIZE,
@@ -78,7 +79,8 @@ __all__ = [
 MAX_PARAMETERS = 300_000_000
 # Seconds the builder may spend trying candidates before it settles for the first one.
 DEFAULT_TRIAL_BUDGET = 60.0
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# NOTE: the names are the messages' (`DTYPE_NAMES`, torch-free, what the CLI and the editor accept)
+_DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -1299,43 +1301,39 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
     )
 
 
-def build_from_request(request: dict[str, Any]) -> BuiltModel:
-    """Build what a trace request (see `job.run_trace_job`) asks for: recipe, checkpoint, config, shape-only."""
-    seed = int(request.get("seed", 0) or 0)
-    if request.get("recipe"):
-        if request.get("shape_only"):
+def build_from_request(request: TraceRequest, offload_folder: str | None = None) -> BuiltModel:
+    """Build what a trace request (see `job.run_trace_job`) asks for: recipe, checkpoint, config, shape-only.
+    `offload_folder`: where accelerate offloads the weights of a `device_map` run to disk (the job removes it)."""
+    if request.recipe:
+        if request.shape_only:
             raise ModelTraceError("--shape-only works on a modeling file's classes, not with --recipe")
-        return build_from_recipe(Path(request["recipe"]), seed)
-    timeout = float(request.get("timeout") or 120)
+        return build_from_recipe(Path(request.recipe), request.seed)
     return build_from_file(
-        Path(request["file"]),
-        request.get("model"),
-        Path(request["config"]) if request.get("config") else None,
-        seed,
-        request.get("attention") or "eager",
-        checkpoint=request.get("checkpoint") or None,
-        shape_only=bool(request.get("shape_only")),
-        dtype=request.get("dtype") or "float32",
-        trial_budget=min(DEFAULT_TRIAL_BUDGET, timeout / 2),
-        load_options=_load_options(request),
+        Path(request.file),
+        request.model,
+        Path(request.config) if request.config else None,
+        request.seed,
+        request.attention,
+        checkpoint=request.checkpoint or None,
+        shape_only=request.shape_only,
+        dtype=request.dtype,
+        trial_budget=min(DEFAULT_TRIAL_BUDGET, request.timeout / 2),
+        load_options=_load_options(request, offload_folder),
     )
 
 
-def _load_options(request: dict[str, Any]) -> dict[str, Any] | None:
+def _load_options(request: TraceRequest, offload_folder: str | None) -> dict[str, Any] | None:
     """`from_pretrained` options for a model spread over devices (`device_map`) or ranks (`tp_plan`)."""
     options: dict[str, Any] = {}
-    if request.get("device_map"):
+    if request.device_map:
         import tempfile
 
         from modeltrace.worker.placement import parse_device_map
 
-        options["device_map"] = parse_device_map(request["device_map"])
-        # NOTE: where accelerate writes the weights it offloads to disk (those the checkpoint's own safetensors
-        # cannot serve); the job removes it when the trace is written or has failed (`job.run_trace_job`)
-        folder = tempfile.mkdtemp(prefix="modeltrace-offload-")
-        request["offload_folder"] = options["offload_folder"] = folder
-        options["dtype"] = _DTYPES.get(request.get("dtype") or "float32", torch.float32)
-    if request.get("tp_plan"):
-        options["tp_plan"] = request["tp_plan"]
-        options["dtype"] = _DTYPES.get(request.get("dtype") or "float32", torch.float32)
+        options["device_map"] = parse_device_map(request.device_map)
+        options["offload_folder"] = offload_folder or tempfile.mkdtemp(prefix="modeltrace-offload-")
+        options["dtype"] = _DTYPES.get(request.dtype, torch.float32)
+    if request.tp_plan:
+        options["tp_plan"] = request.tp_plan
+        options["dtype"] = _DTYPES.get(request.dtype, torch.float32)
     return options or None

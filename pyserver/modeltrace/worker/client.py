@@ -1,8 +1,10 @@
 """Start and drive the worker process from the CLI or the language server (no torch on this side).
 
-`WorkerClient.trace()` sends one request and blocks until the worker answers; `cancel()` may be called from
-another thread. The worker stays warm between traces. Whatever happens to it (a crash, a hang, a kill from
-outside) ends as a `TraceFailed` carrying a structured error, and the next trace starts a fresh worker.
+`WorkerClient.trace()` sends one `TraceRequest` and blocks until the worker answers with its `TraceResult`
+(`replay()`: a replay request, its `ReplayAnswer`); `cancel()` may be called from another thread. The worker
+stays warm between traces. Whatever happens to it (a crash, a hang, a kill from outside, a frame that is not a
+message) ends as a `TraceFailed` carrying a `WorkerError` whose `cause` says why, and the next trace starts a
+fresh worker.
 """
 
 from __future__ import annotations
@@ -16,9 +18,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from modeltrace.errors import TraceFailed
+from modeltrace.worker.messages import (
+    REPLIES,
+    Cancel,
+    Message,
+    Progress,
+    Ready,
+    ReplayAnswer,
+    Shutdown,
+    Started,
+    TraceRequest,
+    TraceResult,
+    WorkerError,
+    decode_frame,
+)
 from modeltrace.worker.protocol import ProtocolError, encode_frame, read_frame
 
 
@@ -69,11 +84,18 @@ class WorkerClient:
             ready = self._read(STARTUP_TIMEOUT_SECONDS)
         except (EOFError, ProtocolError):
             ready = None
-        if ready is None or ready.get("type") != "ready":
-            error = (ready or {}).get("error") or {
-                "type": "WorkerStartFailed",
-                "message": f"the worker ({self.python} -m modeltrace.worker) did not start: {self.stderr_tail(3)}",
-            }
+        if not isinstance(ready, Ready):
+            last_line = self._stderr_tail[-1].strip() if self._stderr_tail else None
+            error = (
+                ready
+                if isinstance(ready, WorkerError)
+                else WorkerError(
+                    kind="WorkerStartFailed",
+                    cause="start",
+                    message=f"the worker ({self.python} -m modeltrace.worker) did not start: {self.stderr_tail(3)}",
+                    detail=last_line or None,
+                )
+            )
             self.close()
             raise TraceFailed(error)
 
@@ -88,98 +110,106 @@ class WorkerClient:
     def stderr_tail(self, lines: int = 20) -> str:
         return " | ".join(list(self._stderr_tail)[-lines:])
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: Message) -> None:
         assert self._process is not None and self._process.stdin is not None
         with self._write_lock:
-            self._process.stdin.write(encode_frame(message))
+            self._process.stdin.write(encode_frame(message.to_frame()))
             self._process.stdin.flush()
 
-    def _read(self, timeout: float) -> dict[str, Any] | None:
-        """The next frame, or None if the worker stayed silent for `timeout` seconds.
+    def _read(self, timeout: float) -> Message | None:
+        """The next message, or None if the worker stayed silent for `timeout` seconds.
 
-        Raises EOFError when the worker closed its output (it died, or broke off a frame).
+        Raises EOFError when the worker closed its output (it died, or broke off a frame), `ProtocolError` (a
+        `WorkerProtocolError` naming the key) for a frame that is not one of the worker's replies.
         """
         assert self._process is not None and self._process.stdout is not None
         fd = self._process.stdout.fileno()
         readable, _, _ = select.select([fd], [], [], max(timeout, 0))
         if not readable:
             return None
-        frame = read_frame(fd)  # ProtocolError: a malformed frame (`trace` names it)
+        frame = read_frame(fd)  # ProtocolError: a malformed frame (`_run` names it)
         if frame is None:
             raise EOFError
-        return frame
+        return decode_frame(frame, REPLIES)
 
-    def trace(
-        self,
-        request: dict[str, Any],
-        on_progress: Callable[[str], None] | None = None,
-    ) -> dict[str, Any]:
-        """Run one trace request (see `job.run_trace_job`); returns the result frame or raises `TraceFailed`."""
+    def trace(self, request: TraceRequest, on_progress: Callable[[str], None] | None = None) -> TraceResult:
+        """Run one trace request (see `job.run_trace_job`); returns its result or raises `TraceFailed`."""
+        answer = self._run(request, on_progress)
+        if not isinstance(answer, TraceResult):
+            raise self._protocol_failure(f"a {answer.TYPE!r} frame answered a trace request")
+        return answer
+
+    def replay(self, request: TraceRequest, on_progress: Callable[[str], None] | None = None) -> ReplayAnswer:
+        """Run one replay request (a `TraceRequest` with `replay`, see `worker/replay.py`); raises `TraceFailed`."""
+        answer = self._run(request, on_progress)
+        if not isinstance(answer, ReplayAnswer):
+            raise self._protocol_failure(f"a {answer.TYPE!r} frame answered a replay request")
+        return answer
+
+    def _protocol_failure(self, what: str) -> TraceFailed:
+        """Stop a worker that sent something other than a message in answer (and its child), and say what."""
+        self.close()
+        self._kill_child()
+        return TraceFailed(
+            WorkerError(
+                kind="WorkerProtocolError",
+                cause="protocol",
+                message=(
+                    f"the worker sent a malformed frame ({what}) and was stopped; "
+                    f"its last output: {self.stderr_tail(3) or 'none'}"
+                ),
+            )
+        )
+
+    def _run(self, request: TraceRequest, on_progress: Callable[[str], None] | None) -> TraceResult | ReplayAnswer:
         self.start()
-        timeout = float(request.get("timeout") or 120)
+        timeout = request.timeout
         try:
-            self._send({**request, "type": "trace", "timeout": timeout})
+            self._send(request)
         except (BrokenPipeError, OSError):
             self.close()
-            raise TraceFailed({"type": "WorkerCrashed", "message": "the worker process is gone; try again"}) from None
+            raise TraceFailed(
+                WorkerError(kind="WorkerCrashed", cause="crash", message="the worker process is gone; try again")
+            ) from None
         deadline = time.monotonic() + timeout + HARD_TIMEOUT_GRACE_SECONDS
         while True:
             try:
                 frame = self._read(deadline - time.monotonic())
             except ProtocolError as error:
-                self.close()
-                self._kill_child()
-                raise TraceFailed(
-                    {
-                        "type": "WorkerProtocolError",
-                        "message": (
-                            f"the worker sent a malformed frame ({error}) and was stopped; "
-                            f"its last output: {self.stderr_tail(3) or 'none'}"
-                        ),
-                    }
-                ) from None
+                raise self._protocol_failure(str(error)) from None
             except EOFError:
                 self.close()
                 self._kill_child()
                 raise TraceFailed(
-                    {
-                        "type": "WorkerCrashed",
-                        "message": f"the worker process died: {self.stderr_tail(3) or 'no output'}",
-                    }
+                    WorkerError(
+                        kind="WorkerCrashed",
+                        cause="crash",
+                        message=f"the worker process died: {self.stderr_tail(3) or 'no output'}",
+                    )
                 ) from None
             if frame is None:
                 self.close()
                 self._kill_child()
                 raise TraceFailed(
-                    {
-                        "type": "TimeoutError",
-                        "message": f"the worker did not answer within {timeout:g} s and was stopped",
-                    }
+                    WorkerError(
+                        kind="TimeoutError",
+                        cause="timeout",
+                        message=f"the worker did not answer within {timeout:g} s and was stopped",
+                    )
                 )
-            kind = frame.get("type")
-            if kind == "started":
-                self._child_pid = int(frame["pid"])
-            elif kind == "progress":
+            if isinstance(frame, Started):
+                self._child_pid = frame.pid
+            elif isinstance(frame, Progress):
                 if on_progress is not None:
-                    on_progress(str(frame.get("message", "")))
-            elif kind == "result":
+                    on_progress(frame.message)
+            elif isinstance(frame, TraceResult | ReplayAnswer):
                 self._child_pid = None
                 return frame
-            elif kind == "error":
+            elif isinstance(frame, WorkerError):
                 self._child_pid = None
-                raise TraceFailed(frame.get("error") or {"type": "Error", "message": "unknown worker error"})
-            elif kind != "pong":
-                self.close()
-                self._kill_child()
-                raise TraceFailed(
-                    {
-                        "type": "WorkerProtocolError",
-                        "message": (
-                            f"the worker sent a frame of unknown type {kind!r} (expected started, progress, result or "
-                            "error) and was stopped: is it the same ModelTrace version as this one?"
-                        ),
-                    }
-                )
+                raise TraceFailed(frame)
+            elif isinstance(frame, Ready):
+                raise self._protocol_failure("a second 'ready' frame")
 
     def _kill_child(self) -> None:
         """Stop the trace child (and what it started) when its worker is gone and cannot do it."""
@@ -196,7 +226,7 @@ class WorkerClient:
         if not self.running:
             return
         try:
-            self._send({"type": "cancel"})
+            self._send(Cancel())
         except (BrokenPipeError, OSError):
             pass
 
@@ -209,7 +239,7 @@ class WorkerClient:
             try:
                 assert process.stdin is not None
                 with self._write_lock:
-                    process.stdin.write(encode_frame({"type": "shutdown"}))
+                    process.stdin.write(encode_frame(Shutdown().to_frame()))
                     process.stdin.flush()
                 process.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired, ValueError):

@@ -9,6 +9,7 @@ summarised (and kept whole within the size limits with `--full-tensors`). Runs i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch import nn
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import CacheEntry, GenerationRecord
 from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.messages import TraceRequest
 from modeltrace.worker.stats import summarize
 
 
@@ -48,11 +50,11 @@ GENERATING_HEADS = (
 )
 
 
-def recipe_function(request: dict[str, Any], name: str) -> Any:
+def recipe_function(request: TraceRequest, name: str) -> Any:
     """The recipe's function `name` (`generate`, `build_loss`), if the request has a recipe that defines one.
 
     The recipe is already imported by the builder, under `modeltrace_recipe_{stem}` (`build.build_from_recipe`)."""
-    recipe = request.get("recipe")
+    recipe = request.recipe
     if not recipe:
         return None
     module = sys.modules.get(f"modeltrace_recipe_{Path(recipe).resolve().stem}")
@@ -82,25 +84,25 @@ def generating_classes(file: Path) -> list[str]:
     return [cls.__name__ for cls in sorted(classes, key=preference)]
 
 
-def choose_generating_class(request: dict[str, Any]) -> None:
-    """`--generate` on a modeling file without `--model`: trace the file's generating class (`…ForCausalLM`)."""
-    if request.get("recipe") or request.get("model"):
-        return
-    names = generating_classes(Path(request["file"]))
-    if names:
-        request["model"] = names[0]
+def choose_generating_class(request: TraceRequest) -> TraceRequest:
+    """`--generate` on a modeling file without `--model`: the request for the file's generating class
+    (`…ForCausalLM`); the request itself otherwise."""
+    if request.recipe or request.model:
+        return request
+    names = generating_classes(Path(request.file))
+    return dataclasses.replace(request, model=names[0]) if names else request
 
 
-def check_can_generate(model: nn.Module, request: dict[str, Any]) -> None:
+def check_can_generate(model: nn.Module, request: TraceRequest) -> None:
     """A clear message for `--generate` on a model that cannot generate (an encoder, a base model without head)."""
-    if request.get("shape_only"):
+    if request.shape_only:
         raise ModelTraceError("--generate runs real decode steps; it cannot run with --shape-only (meta device)")
     if recipe_function(request, "generate") is not None:
         return
     if callable(getattr(model, "generate", None)) and _can_generate(type(model)):
         return
     name = type(model).__name__
-    instead = generating_classes(Path(request["file"])) if not request.get("recipe") else []
+    instead = generating_classes(Path(request.file)) if not request.recipe else []
     if instead:
         advice = f"trace --model {instead[0]} --generate N (a class of this file with a language-model head)"
     else:
@@ -188,7 +190,7 @@ def run_generation(
     kwargs: dict[str, Any],
     steps: int,
     capture: ModuleCapture,
-    request: dict[str, Any],
+    request: TraceRequest,
     progress: Callable[[str], None] | None = None,
 ) -> GenerationRecord:
     """Generate greedily (`steps` decode steps after the prefill) under `capture`; returns what the trace adds.

@@ -1,7 +1,8 @@
 """One trace, run inside a forked worker child: build the model, run it under capture, write the trace.
 
-`run_trace_job` takes the request frame and returns the result frame; `describe_failure` turns any exception
-into the structured error frame, located at the innermost frame of the user's own code.
+`run_trace_job` takes the `TraceRequest` and returns the `TraceResult` (a replay's `ReplayAnswer`);
+`describe_failure` turns any exception into the `WorkerError`, located at the innermost frame of the user's own
+code, with its cause.
 """
 
 from __future__ import annotations
@@ -19,18 +20,14 @@ import torch
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
+from modeltrace.worker.build import _DTYPES as DTYPES
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.protocol import (
-    DEFAULT_KEEP_CALLS_MB,
-    DEFAULT_MAX_TENSOR_MB,
-    DEFAULT_MAX_TRACE_MB,
-    DEFAULT_TENSOR_MEMORY_MB,
-)
+from modeltrace.worker.messages import ReplayAnswer, TraceRequest, TraceResult, WorkerError, WorkerProtocolError
 from modeltrace.worker.replay import keep_candidate
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -38,18 +35,11 @@ from modeltrace.worker.stats import summarize
 
 ProgressCallback = Callable[[str], None]
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def _build(request: dict[str, Any]) -> BuiltModel:
-    # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in build.py.
-    return build_from_request(request)
-
 
 def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
-    dtype = _DTYPES.get(dtype_name)
+    dtype = DTYPES.get(dtype_name)
     if dtype is None:
-        raise ModelTraceError(f"--dtype {dtype_name!r}: choose one of {', '.join(_DTYPES)}")
+        raise ModelTraceError(f"--dtype {dtype_name!r}: choose one of {', '.join(DTYPES)}")
     try:
         target = torch.device(device)
     except RuntimeError:
@@ -65,43 +55,76 @@ def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
     built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
 
 
-def run_trace_job(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
-    """Build, run and write one trace; returns the `result` frame. A request carrying `replay` is a replay of
-    suspect modules for a diff instead (`worker/replay.py`): it writes no trace."""
-    if request.get("replay"):
+class JobFailed(Exception):
+    """An exception raised while a job ran, with what the job knew by then (`describe_failure` reports both):
+    the phase (`build` or `forward`), the class it built and the advice its build left."""
+
+    def __init__(
+        self, error: BaseException, phase: str, model_class: str | None = None, advice: str | None = None
+    ) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.phase = phase
+        self.model_class = model_class
+        self.advice = advice
+
+
+def run_trace_job(request: TraceRequest, progress: ProgressCallback) -> TraceResult | ReplayAnswer:
+    """Build, run and write one trace; returns its `TraceResult`. A request carrying `replay` is a replay of
+    suspect modules for a diff instead (`worker/replay.py`): it writes no trace. Raises `JobFailed`."""
+    if request.replay is not None:
         from modeltrace.worker.replay import run_replay_job
 
         return run_replay_job(request, progress)
+    import tempfile
+
+    # NOTE: where accelerate writes the weights of a `--device-map` run it offloads to disk (those the
+    # checkpoint's own safetensors cannot serve); removed when the trace is written or has failed
+    offload_folder = tempfile.mkdtemp(prefix="modeltrace-offload-") if request.device_map else None
     try:
-        return _run_trace(request, progress)
+        return _run_trace(request, progress, offload_folder)
     finally:
-        if request.get("offload_folder"):  # accelerate's disk offload of a `--device-map` run
+        if offload_folder is not None:
             import shutil
 
-            shutil.rmtree(request["offload_folder"], ignore_errors=True)
+            shutil.rmtree(offload_folder, ignore_errors=True)
 
 
-def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str, Any]:
+def _run_trace(request: TraceRequest, progress: ProgressCallback, offload_folder: str | None) -> TraceResult:
     started = time.perf_counter()
-    source = request.get("recipe") or request["file"]
-    if request.get("generate") and request.get("backward"):
+    source = request.recipe or request.file
+    if request.generate and request.backward:
         raise ModelTraceError("--generate and --backward: choose one (a generation trace, or a forward + backward)")
-    if request.get("generate"):
-        choose_generating_class(request)
-    progress(f"building the model from {Path(source).name}")
-    # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
-    with ConstructionRecorder() as constructions:
-        built = _build(request)
-    # Remembered on the request so that a failure from here on names the class (`describe_failure`).
-    request["model_class"] = built.model_class
-    if built.notes.get("unverified"):
-        request["advice"] = built.notes["unverified"]
+    try:
+        if request.generate:
+            request = choose_generating_class(request)
+        progress(f"building the model from {Path(source).name}")
+        # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
+        with ConstructionRecorder() as constructions:
+            # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in build.py.
+            built = build_from_request(request, offload_folder)
+    except Exception as error:
+        raise JobFailed(error, "build") from error
+    try:
+        return _run_built(request, progress, built, constructions, started)
+    except Exception as error:
+        # NOTE: a failure from here on names the class that ran, and what to provide instead of a guessed build
+        raise JobFailed(error, "forward", built.model_class, built.notes.get("unverified")) from error
+
+
+def _run_built(
+    request: TraceRequest,
+    progress: ProgressCallback,
+    built: BuiltModel,
+    constructions: ConstructionRecorder,
+    started: float,
+) -> TraceResult:
     # NOTE: a shape-only model stays on the meta device, built in the requested dtype; one loaded with a device
     # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
-    if not built.shape_only and not request.get("device_map"):
-        _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+    if not built.shape_only and not request.device_map:
+        _move(built, request.device, request.dtype)
     built_at = time.perf_counter()
-    generate_steps = int(request.get("generate") or 0)
+    generate_steps = request.generate
     if generate_steps:
         check_can_generate(built.model, request)
     progress(
@@ -110,33 +133,33 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             f"generate ({generate_steps} decode steps)"
             if generate_steps
             else "forward + backward"
-            if request.get("backward")
+            if request.backward
             else "forward"
         )
     )
-    line_files = [request["file"], *(request.get("follow") or [])] if request.get("lines") else []
+    line_files = [request.file, *request.follow] if request.lines else []
     generation = gradients = None
     # NOTE: full tensors stream to the trace's temporary folder during the forward (`worker/tensor_stream.py`)
     stream = (
-        start_stream(Path(request["out"]), _limit_bytes(request, "tensor_memory_mb", DEFAULT_TENSOR_MEMORY_MB))
-        if request.get("full_tensors") and not built.shape_only
+        start_stream(_output_folder(request), limit_bytes("tensor-memory-mb", request.tensor_memory_mb))
+        if request.full_tensors and not built.shape_only
         else None
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(discarded_on_error(stream))
-        if not request.get("backward"):
+        if not request.backward:
             stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())
         capture = stack.enter_context(
             ModuleCapture(
                 built.model,
-                full_tensors=bool(request.get("full_tensors")),
-                max_tensor_bytes=_limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB),
-                max_trace_bytes=_limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB),
+                full_tensors=request.full_tensors,
+                max_tensor_bytes=limit_bytes("max-tensor-mb", request.max_tensor_mb),
+                max_trace_bytes=limit_bytes("max-trace-mb", request.max_trace_mb),
                 # NOTE: not a model spread by a device map: its offload folder goes when this job ends
                 retain_calls_bytes=(
-                    _limit_bytes(request, "keep_calls_mb", DEFAULT_KEEP_CALLS_MB)
-                    if request.get("keep_for_replay") and not built.shape_only and not request.get("device_map")
+                    limit_bytes("keep-calls-mb", request.keep_calls_mb)
+                    if request.keep_for_replay and not built.shape_only and not request.device_map
                     else None
                 ),
                 stream=stream,
@@ -151,12 +174,12 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
             generation = run_generation(
                 built.model, built.args, built.kwargs, generate_steps, capture, request, progress
             )
-        elif request.get("backward"):
+        elif request.backward:
             gradients = run_backward(built, capture, request)
         else:
             built.model(*built.args, **built.kwargs)
     finished_at = time.perf_counter()
-    if request.get("device_map"):
+    if request.device_map:
         # NOTE: accelerate leaves a model that fits one device whole without hooks (nor, on a CPU-only machine,
         # a device map): its calls ran where their outputs are
         for record in capture.records:
@@ -173,8 +196,8 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
     trace = assemble_trace(
         {
             "class": built.model_class,
-            "file": real_path(request["file"]),
-            "recipe": real_path(request["recipe"]) if request.get("recipe") else None,
+            "file": real_path(request.file),
+            "recipe": real_path(request.recipe) if request.recipe else None,
             "config": built.config,
             "inputs": [summary.to_json() for summary in _input_summaries(built)],
             "options": trace_options(request, built, **_placement_options(request, built)),
@@ -192,51 +215,54 @@ def _run_trace(request: dict[str, Any], progress: ProgressCallback) -> dict[str,
     trace.generation, trace.gradients = generation, gradients
     if generate_steps:
         trace.model["options"]["generate"] = generate_steps
-    if request.get("backward"):
+    if request.backward:
         trace.model["options"]["backward"] = True
     progress("writing the trace")
     # NOTE: not durable here: the zygote's child flushes the trace to disk after answering (`sync_trace`).
-    destination = write_captured(trace, capture, Path(request["out"]), durable=False)
+    destination = write_captured(trace, capture, _output_folder(request), durable=False)
     if capture.retained is not None:
         keep_candidate(built, capture.retained, destination)
-    return {
-        "type": "result",
-        "kept_for_replay": capture.retained is not None,
-        "trace": str(destination),
-        "model_class": built.model_class,
-        "modules": len(trace.modules),
-        "seconds": time.perf_counter() - started,
-    }
+    return TraceResult(
+        trace=str(destination),
+        model_class=built.model_class,
+        modules=len(trace.modules),
+        seconds=time.perf_counter() - started,
+        kept_for_replay=capture.retained is not None,
+    )
 
 
-def trace_options(request: dict[str, Any], built: BuiltModel, **extra: Any) -> dict[str, Any]:
+def _output_folder(request: TraceRequest) -> Path:
+    if not request.out:
+        raise ModelTraceError(f"the trace request for {request.file} names no trace folder to write (out)")
+    return Path(request.out)
+
+
+def trace_options(request: TraceRequest, built: BuiltModel, **extra: Any) -> dict[str, Any]:
     """The trace header's `options`: how the model was built and run (what a replay rebuilds it from)."""
     return {
-        "seed": int(request.get("seed", 0)),
-        "device": request.get("device") or "cpu",
-        "dtype": request.get("dtype") or "float32",
-        "full_tensors": bool(request.get("full_tensors")),
-        "attention": request.get("attention") or "eager",
+        "seed": request.seed,
+        "device": request.device,
+        "dtype": request.dtype,
+        "full_tensors": request.full_tensors,
+        "attention": request.attention,
         "shape_only": built.shape_only,
-        "checkpoint": request.get("checkpoint") or None,
+        "checkpoint": request.checkpoint or None,
         **extra,
     }
 
 
-def _placement_options(request: dict[str, Any], built: BuiltModel) -> dict[str, Any]:
+def _placement_options(request: TraceRequest, built: BuiltModel) -> dict[str, Any]:
     """The header's record of a model spread over devices: the map asked for and the one accelerate made."""
-    if not request.get("device_map"):
+    if not request.device_map:
         return {}
     placed = getattr(built.model, "hf_device_map", None) or {}
-    return {"device_map": request["device_map"], "placed": {str(name): str(device) for name, device in placed.items()}}
+    return {"device_map": request.device_map, "placed": {str(name): str(device) for name, device in placed.items()}}
 
 
-def _limit_bytes(request: dict[str, Any], name: str, default_mb: float) -> int:
-    """A size limit of the request in MB (absent or None: the default) as bytes."""
-    value = request.get(name)
-    megabytes = default_mb if value is None else float(value)
+def limit_bytes(option: str, megabytes: float) -> int:
+    """A size limit of the request in MB as bytes (`option` names it in the message when it is negative)."""
     if not megabytes >= 0:  # also NaN
-        raise ModelTraceError(f"{name.replace('_', '-')} must be a number of megabytes >= 0, not {value!r}")
+        raise ModelTraceError(f"{option} must be a number of megabytes >= 0, not {megabytes!r}")
     return int(megabytes * 2**20)
 
 
@@ -250,9 +276,15 @@ def _input_summaries(built: BuiltModel) -> list:
     return [summarize(tensor, key) for name, value in named for key, tensor in iter_tensor_leaves(value, name)]
 
 
-def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str, Any]:
-    """The `error` frame for an exception: type, message, and the file/line inside the user's code."""
-    roots = [str(Path(request[name]).resolve().parent) for name in ("file", "recipe") if request.get(name)]
+def describe_failure(error: BaseException, request: TraceRequest | None) -> WorkerError:
+    """The `WorkerError` for an exception: its cause, type, message, and the file/line inside the user's code.
+
+    A `JobFailed` says in which phase it happened (`build`, `forward`) and which class was being run; a
+    `ModelTraceError` is bad input whatever the phase (its message is shown as it is)."""
+    phase, model_class, advice = "forward", None, None
+    if isinstance(error, JobFailed):
+        phase, model_class, advice, error = error.phase, error.model_class, error.advice, error.error
+    roots = [str(Path(name).resolve().parent) for name in (request.file, request.recipe) if name] if request else []
     file, line = None, None
     if isinstance(error, SyntaxError) and error.filename:
         file, line = real_path(error.filename), error.lineno
@@ -266,18 +298,22 @@ def describe_failure(error: BaseException, request: dict[str, Any]) -> dict[str,
         chosen = inside_user_code[-1] if inside_user_code else (frames[-1] if frames else None)
         if chosen is not None:
             file, line = real_path(chosen.filename), chosen.lineno
-    return {
-        "type": "error",
-        "error": {
-            "type": "ModelTraceError" if isinstance(error, ModelTraceError) else type(error).__name__,
-            "message": str(error),
-            "file": file,
-            "line": line,
-            "model_class": request.get("model_class"),
-            "advice": request.get("advice"),
-            "traceback": "".join(traceback.format_exception(error)),
-        },
-    }
+    if isinstance(error, WorkerProtocolError):
+        kind, cause = "WorkerProtocolError", "protocol"
+    elif isinstance(error, ModelTraceError):
+        kind, cause = "ModelTraceError", "input"
+    else:
+        kind, cause = type(error).__name__, phase
+    return WorkerError(
+        kind=kind,
+        cause=cause,
+        message=str(error),
+        file=file,
+        line=line,
+        model_class=model_class,
+        advice=advice,
+        traceback="".join(traceback.format_exception(error)),
+    )
 
 
 def flush_standard_streams() -> None:

@@ -23,6 +23,7 @@ weights (DTensors) are gathered whole one at a time (`full_tensor`) for the buil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.worker.messages import TraceRequest, TraceResult, WorkerError, WorkerProtocolError
 
 
 # NOTE: seconds a rank gets after SIGTERM before SIGKILL, when the group is ended.
@@ -49,23 +51,26 @@ _STATISTICS = ("mean", "std", "min", "max")
 # --- launch (no torch) ----------------------------------------------------------------------------------------
 
 
-def run_parallel_trace(request: dict[str, Any], nproc: int) -> dict[str, Any]:
+def run_parallel_trace(request: TraceRequest, nproc: int) -> TraceResult:
     """Run the rank jobs for `request` on `nproc` ranks and return rank 0's result (`trace`, `seconds`); raises
-    `ModelTraceError` naming the rank when one fails, dies or the group runs past `request["timeout"]`."""
-    if not request.get("checkpoint"):
+    `ModelTraceError` naming the rank when one fails, dies or the group runs past `request.timeout`."""
+    if not request.checkpoint:
         raise ModelTraceError(
             "--nproc loads the model with tensor parallelism (tp_plan='auto') from a checkpoint: give the local "
             "folder saved with save_pretrained (--checkpoint DIR)"
         )
     started = time.monotonic()
-    timeout = float(request.get("timeout") or 120.0)
-    out = Path(request["out"])
+    if not request.out:
+        raise ModelTraceError(f"the trace request for {request.file} names no trace folder to write (out)")
+    timeout = request.timeout
+    out = Path(request.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.ranks-", dir=out.parent))
     processes: list[subprocess.Popen] = []
     try:
+        # NOTE: the rank jobs find their staging folder as the request file's folder
         request_file = staging / "request.json"
-        request_file.write_text(json.dumps({**request, "staging": str(staging)}), encoding="utf-8")
+        request_file.write_text(json.dumps(request.to_frame()), encoding="utf-8")
         port = _free_port()
         for rank in range(nproc):
             environment = {
@@ -96,9 +101,8 @@ def run_parallel_trace(request: dict[str, Any], nproc: int) -> dict[str, Any]:
         result_file = staging / "result.json"
         if not result_file.is_file():
             raise ModelTraceError(f"rank 0 ended without writing the trace (see {staging / 'rank0.log'})")
-        result = json.loads(result_file.read_text(encoding="utf-8"))
-        result["seconds"] = time.monotonic() - started
-        return result
+        result = TraceResult.from_frame(json.loads(result_file.read_text(encoding="utf-8")))
+        return dataclasses.replace(result, seconds=time.monotonic() - started)
     except BaseException:
         _end_group(processes)
         _remove_partial_trace(out, processes)
@@ -148,28 +152,34 @@ def _wait_for_group(processes: list[subprocess.Popen], staging: Path, deadline: 
 
 def _failure_rank(staging: Path, rank: int) -> int:
     """0: the rank ended abruptly (no error file); 1: an error of its own; 2: a collective failing (a peer gone)."""
-    try:
-        error = json.loads((staging / f"rank{rank}.error.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    error = _rank_error(staging, rank)
+    if error is None:
         return 0
-    message = str(error.get("message"))
-    collective = str(error.get("type", "")).startswith("Dist") or any(
+    message = error.message
+    collective = error.kind.startswith("Dist") or any(
         sign in message for sign in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
     )
     return 2 if collective else 1
+
+
+def _rank_error(staging: Path, rank: int) -> WorkerError | None:
+    """The error a rank wrote (its `WorkerError` frame), or None when it wrote none (or not one that reads)."""
+    try:
+        return WorkerError.from_frame(json.loads((staging / f"rank{rank}.error.json").read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, WorkerProtocolError):
+        return None
 
 
 def _failure_message(rank: int, code: int | None, staging: Path, nproc: int) -> str:
     error_file = staging / f"rank{rank}.error.json"
     ended = f"every rank's process of the {nproc} was ended and no trace was written"
     if error_file.is_file():
-        try:
-            error = json.loads(error_file.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            error = {}
-        where = f" ({error['file']}:{error['line']})" if error.get("file") and error.get("line") else ""
-        kind = "" if error.get("type") == "ModelTraceError" else f"{error.get('type', 'error')}: "
-        return f"rank {rank} failed{where}: {kind}{error.get('message', '?')}; {ended}"
+        error = _rank_error(staging, rank)
+        if error is None:
+            return f"rank {rank} failed (its error file {error_file} does not read); {ended}"
+        where = f" ({error.file}:{error.line})" if error.file and error.line else ""
+        kind = "" if error.cause == "input" else f"{error.kind}: "
+        return f"rank {rank} failed{where}: {kind}{error.message}; {ended}"
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -235,25 +245,26 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    request = json.loads(Path(arguments[0]).read_text(encoding="utf-8"))
     rank = int(os.environ.get("RANK", "0"))
-    staging = Path(request.get("staging") or Path(arguments[0]).parent)
+    staging = Path(arguments[0]).parent
+    request: TraceRequest | None = None
     try:
+        request = TraceRequest.from_frame(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
         result = run_rank(request, rank)
     except BaseException as error:  # noqa: BLE001 - every failure becomes the rank's error file
         from modeltrace.worker.job import describe_failure
 
-        frame = describe_failure(error, request)["error"]
-        (staging / f"rank{rank}.error.json").write_text(json.dumps(frame), encoding="utf-8")
+        failure = describe_failure(error, request)
+        (staging / f"rank{rank}.error.json").write_text(json.dumps(failure.to_frame()), encoding="utf-8")
         if os.environ.get("MODELTRACE_DEBUG"):
-            print(frame.get("traceback", ""), file=sys.stderr)
+            print(failure.traceback or "", file=sys.stderr)
         return 1
-    if rank == 0:
-        (staging / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    if rank == 0 and result is not None:
+        (staging / "result.json").write_text(json.dumps(result.to_frame()), encoding="utf-8")
     return 0
 
 
-def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
+def run_rank(request: TraceRequest, rank: int) -> TraceResult | None:
     """One rank's part of a tensor-parallel trace; rank 0 also merges and writes it (returns the result)."""
     import contextlib
     from datetime import timedelta
@@ -264,22 +275,21 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
     from modeltrace.worker.build import build_from_request
     from modeltrace.worker.builds import ConstructionRecorder
     from modeltrace.worker.capture import ModuleCapture
-    from modeltrace.worker.job import _limit_bytes
-    from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
+    from modeltrace.worker.job import JobFailed, limit_bytes
 
     started = time.perf_counter()
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    device = str(request.get("device") or "cpu")
+    device = request.device
     on_cuda = device.startswith("cuda")
     if on_cuda:
         torch.cuda.set_device(local_rank)
-    timeout = timedelta(seconds=float(request.get("timeout") or 120.0))
+    timeout = timedelta(seconds=request.timeout)
     dist.init_process_group("nccl" if on_cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+    built = None
     try:
         with ConstructionRecorder() as constructions:
-            built = build_from_request({**request, "tp_plan": "auto"})
-        request["model_class"] = built.model_class
+            built = build_from_request(dataclasses.replace(request, tp_plan="auto"))
         if on_cuda:
             target = torch.device("cuda", local_rank)
             built.args = tuple(value.to(target) if isinstance(value, torch.Tensor) else value for value in built.args)
@@ -288,15 +298,15 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
                 for name, value in built.kwargs.items()
             }
         built_at = time.perf_counter()
-        max_tensor_bytes = _limit_bytes(request, "max_tensor_mb", DEFAULT_MAX_TENSOR_MB)
-        max_trace_bytes = _limit_bytes(request, "max_trace_mb", DEFAULT_MAX_TRACE_MB)
+        max_tensor_bytes = limit_bytes("max-tensor-mb", request.max_tensor_mb)
+        max_trace_bytes = limit_bytes("max-trace-mb", request.max_trace_mb)
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             stack.enter_context(built.forward_context())
             capture = stack.enter_context(
                 ModuleCapture(
                     built.model,
-                    full_tensors=bool(request.get("full_tensors")),
+                    full_tensors=request.full_tensors,
                     max_tensor_bytes=max_tensor_bytes,
                     max_trace_bytes=max_trace_bytes,
                 )
@@ -308,7 +318,7 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
-            return {}
+            return None
         return _write_merged(
             request,
             built,
@@ -318,6 +328,11 @@ def run_rank(request: dict[str, Any], rank: int) -> dict[str, Any]:
             world,
             {"build": built_at - started, "forward": finished_at - built_at},
         )
+    except Exception as error:
+        # NOTE: a failure after the build names the class that ran (`describe_failure`)
+        if built is None:
+            raise JobFailed(error, "build") from error
+        raise JobFailed(error, "forward", built.model_class, built.notes.get("unverified")) from error
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
@@ -349,7 +364,7 @@ def _record_whole_builds(model: Any, constructions: Any, rank: int, capture: Any
             module._parameters[name] = parameter
 
 
-def _logical_records(request: dict[str, Any]) -> list | None:
+def _logical_records(request: TraceRequest) -> list | None:
     """The records of the same class on the same inputs, shape-only on the meta device: the whole tensors' shapes.
     None when that run fails (the merge then reads shards from the ranks' shapes alone)."""
     import contextlib
@@ -361,13 +376,13 @@ def _logical_records(request: dict[str, Any]) -> list | None:
 
     try:
         built = build_from_file(
-            Path(request["file"]),
-            request.get("model"),
-            Path(request["checkpoint"]) / "config.json",
-            int(request.get("seed") or 0),
-            request.get("attention") or "eager",
+            Path(request.file),
+            request.model,
+            Path(str(request.checkpoint)) / "config.json",
+            request.seed,
+            request.attention,
             shape_only=True,
-            dtype=request.get("dtype") or "float32",
+            dtype=request.dtype,
         )
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
@@ -380,14 +395,14 @@ def _logical_records(request: dict[str, Any]) -> list | None:
 
 
 def _write_merged(
-    request: dict[str, Any],
+    request: TraceRequest,
     built: Any,
     capture: Any,
     builds: list,
     gathered: list,
     world: int,
     seconds: dict[str, float],
-) -> dict[str, Any]:
+) -> TraceResult:
     from modeltrace.worker.assemble import assemble_trace, write_captured
     from modeltrace.worker.job import _input_summaries, _jsonable_notes, trace_options
     from modeltrace.worker.source_map import real_path
@@ -414,14 +429,14 @@ def _write_merged(
     trace = assemble_trace(
         {
             "class": built.model_class,
-            "file": real_path(request["file"]),
+            "file": real_path(request.file),
             "recipe": None,
             "config": built.config,
             "inputs": [summary.to_json() for summary in _input_summaries(built)],
             "options": trace_options(request, built, nproc=world),
             "parallel": {
                 "nproc": world,
-                "backend": "nccl" if str(request.get("device") or "cpu").startswith("cuda") else "gloo",
+                "backend": "nccl" if request.device.startswith("cuda") else "gloo",
                 "tp_plan": {str(key): str(value) for key, value in dict(plan).items()},
                 "logical_shapes": "meta run" if logical is not None else "from the ranks' shapes",
                 "sharded_tensors": merged.sharded,
@@ -434,14 +449,9 @@ def _write_merged(
         None,
         builds,
     )
-    destination = write_captured(trace, capture, Path(request["out"]))
-    return {
-        "type": "result",
-        "trace": str(destination),
-        "model_class": built.model_class,
-        "modules": len(trace.modules),
-        "rank_divergences": len(merged.divergences),
-    }
+    destination = write_captured(trace, capture, Path(str(request.out)))
+    # NOTE: its `seconds` are the whole group's, set by the launcher; the rank divergences are in the header
+    return TraceResult(trace=str(destination), model_class=built.model_class, modules=len(trace.modules), seconds=0.0)
 
 
 # --- merge (summaries: no torch unless full tensors are concatenated) --------------------------------------------

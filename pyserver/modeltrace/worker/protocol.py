@@ -1,8 +1,8 @@
 """Frames between the worker client and the worker: a 4-byte big-endian length, then one msgpack map.
 
-Used on both sides of the pipes (no torch here). Every frame is a dict with a `type`: requests `trace` (a
-replay is a `trace` carrying `replay`), `cancel`, `shutdown`, `ping`; replies `ready`, `started`, `progress`,
-`result`, `error`, `pong`.
+Used on both sides of the pipes (no torch here). Every frame is a map with a `type`; which types there are, and
+what each holds, is `worker/messages.py` (the frozen dataclasses both sides share, and the one place a frame is
+checked). This module only moves the bytes, and holds the size limits the messages' defaults use.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leaves
+from modeltrace.worker.messages import ReplayAnswer, ReplayedModule, ReplayTarget, TraceRequest
 
 
 OUTPUTS_FILE = "replay_outputs.safetensors"
@@ -151,10 +152,10 @@ def keep_candidate(built: BuiltModel, calls: dict[tuple[str, int], tuple[tuple, 
     _kept = KeptCandidate(built, calls, folder, _stamp(folder))
 
 
-def kept_candidate(request: dict[str, Any]) -> KeptCandidate | None:
+def kept_candidate(request: TraceRequest) -> KeptCandidate | None:
     """The kept candidate when it is the one the replay request names, else None."""
-    replay = request.get("replay") or {}
-    return _kept if _kept is not None and _kept.serves(replay.get("candidate_trace")) else None
+    trace = request.replay.candidate_trace if request.replay is not None else None
+    return _kept if _kept is not None and _kept.serves(trace) else None
 
 
 def _kept_arguments_unchanged(
@@ -182,7 +183,7 @@ def _replay_call(
     module: torch.nn.Module,
     args: tuple,
     kwargs: dict,
-    target: dict[str, Any],
+    target: ReplayTarget,
     reference_inputs: dict[str, torch.Tensor],
     answer: dict[str, Any],
     outputs: dict[str, torch.Tensor],
@@ -190,27 +191,29 @@ def _replay_call(
     """Run one module on its call's arguments with the paired tensors replaced by the reference's; the output
     goes into `outputs`, the outcome into `answer` (a module that raises is an answer, not an error)."""
     try:
-        replacements = {key: reference_inputs[name] for key, name in target["inputs"].items()}
+        replacements = {key: reference_inputs[name] for key, name in target.inputs.items()}
         new_args, new_kwargs = substitute(module, args, kwargs, replacements)
         started = time.perf_counter()
         output = module(*new_args, **new_kwargs)
         answer["replay_seconds"] = time.perf_counter() - started
         for key, tensor in iter_tensor_leaves(output):
-            outputs[f"{target['name']}/{key}"] = tensor.detach().to("cpu", copy=True).contiguous()
+            outputs[f"{target.name}/{key}"] = tensor.detach().to("cpu", copy=True).contiguous()
             answer["keys"].append(key)
         answer["ran"] = True
     except Exception as error:  # noqa: BLE001 - any failure of the module: the diff falls back
         answer["error"] = f"{type(error).__name__}: {error}"
 
 
-def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate | None = None) -> dict[str, Any]:
+def run_replay_job(request: TraceRequest, progress: Any, kept: KeptCandidate | None = None) -> ReplayAnswer:
     """Replay the request's targets and write their outputs. With `kept` (the model of the candidate's own
     trace, still alive), a target whose call's arguments were kept is called directly, and the rest by a
     forward of the kept model; without it, the candidate is rebuilt first."""
     from modeltrace.worker.job import _move
 
     started = time.perf_counter()
-    replay = request["replay"]
+    replay = request.replay
+    if replay is None:
+        raise ModelTraceError(f"the request for {request.file} is not a replay (it names no targets)")
     if kept is not None:
         progress("replaying on the model kept from its trace")
         built = kept.built
@@ -219,16 +222,16 @@ def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate |
         built = build_from_request(request)
         if built.shape_only:
             raise ModelTraceError("a shape-only trace cannot be replayed")
-        _move(built, request.get("device") or "cpu", request.get("dtype") or "float32")
+        _move(built, request.device, request.dtype)
     built_seconds = time.perf_counter() - started
-    reference_inputs = load_file(replay["inputs_file"]) if replay.get("inputs_file") else {}
+    reference_inputs = load_file(replay.inputs_file) if replay.inputs_file else {}
     modules = dict(built.model.named_modules())
     answers: dict[str, dict[str, Any]] = {}
     outputs: dict[str, torch.Tensor] = {}
-    targets: dict[str, dict[int, dict[str, Any]]] = {}
-    direct: list[tuple[dict[str, Any], tuple[tuple, dict]]] = []
-    for target in replay["targets"]:
-        answers[target["name"]] = {
+    targets: dict[str, dict[int, ReplayTarget]] = {}
+    direct: list[tuple[ReplayTarget, tuple[tuple, dict]]] = []
+    for target in replay.targets:
+        answers[target.name] = {
             "ran": False,
             "error": None,
             "keys": [],
@@ -237,51 +240,59 @@ def run_replay_job(request: dict[str, Any], progress: Any, kept: KeptCandidate |
             "live_seconds": None,
             "direct": False,
         }
-        if target["path"] not in modules:
-            answers[target["name"]]["error"] = f"the rebuilt candidate has no module {target['path']!r}"
+        if target.path not in modules:
+            answers[target.name]["error"] = f"the rebuilt candidate has no module {target.path!r}"
             continue
-        call = kept.calls.get((target["path"], int(target["call_index"]))) if kept is not None else None
-        if call is not None and _kept_arguments_unchanged(modules[target["path"]], call, target.get("expect") or {}):
+        call = kept.calls.get((target.path, target.call_index)) if kept is not None else None
+        if call is not None and _kept_arguments_unchanged(modules[target.path], call, target.expect):
             direct.append((target, call))
         else:
-            targets.setdefault(target["path"], {})[int(target["call_index"])] = target
+            targets.setdefault(target.path, {})[target.call_index] = target
     if direct:
         progress(f"calling {len(direct)} modules again on the reference's inputs")
         with torch.no_grad(), built.forward_context():
             for target, (args, kwargs) in direct:
-                answer = answers[target["name"]]
+                answer = answers[target.name]
                 answer["direct"] = True
-                _replay_call(modules[target["path"]], args, kwargs, target, reference_inputs, answer, outputs)
+                _replay_call(modules[target.path], args, kwargs, target, reference_inputs, answer, outputs)
     forward_error = (
         _replay_by_forward(built, targets, answers, reference_inputs, outputs, progress) if targets else None
     )
     for path, wanted in targets.items():
         for target in wanted.values():
-            answer = answers[target["name"]]
+            answer = answers[target.name]
             if not answer["ran"] and answer["error"] is None:
                 answer["error"] = (
                     f"the rebuilt candidate's forward raised before calling it ({forward_error})"
                     if forward_error
-                    else f"{path} was not called {target['call_index'] + 1} times"
+                    else f"{path} was not called {target.call_index + 1} times"
                 )
-    out = Path(replay["out"])
+    out = Path(replay.out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(outputs, str(out / OUTPUTS_FILE))
-    return {
-        "type": "result",
-        "replay": answers,
-        "build_seconds": built_seconds,
-        "kept": kept is not None,
-        "outputs": str(out / OUTPUTS_FILE),
-        "forward_error": forward_error,
-        "model_class": built.model_class,
-        "seconds": time.perf_counter() - started,
-    }
+    return ReplayAnswer(
+        replay={
+            name: ReplayedModule(
+                **{
+                    **answer,
+                    "keys": tuple(answer["keys"]),
+                    "live": {key: tuple(values) for key, values in answer["live"].items()},
+                }
+            )
+            for name, answer in answers.items()
+        },
+        build_seconds=built_seconds,
+        kept=kept is not None,
+        outputs=str(out / OUTPUTS_FILE),
+        forward_error=forward_error,
+        model_class=built.model_class,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _replay_by_forward(
     built: BuiltModel,
-    targets: dict[str, dict[int, dict[str, Any]]],
+    targets: dict[str, dict[int, ReplayTarget]],
     answers: dict[str, dict[str, Any]],
     reference_inputs: dict[str, torch.Tensor],
     outputs: dict[str, torch.Tensor],
@@ -294,9 +305,9 @@ def _replay_by_forward(
     replaying = [False]
     remaining = [sum(len(wanted) for wanted in targets.values())]
 
-    def make_hooks(path: str, wanted: dict[int, dict[str, Any]]):  # noqa: ANN202
+    def make_hooks(path: str, wanted: dict[int, ReplayTarget]):  # noqa: ANN202
         calls = [0]
-        pending: list[tuple[dict[str, Any] | None, float]] = []
+        pending: list[tuple[ReplayTarget | None, float]] = []
 
         def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             if replaying[0]:
@@ -309,7 +320,7 @@ def _replay_by_forward(
                 return None
             replaying[0] = True
             try:
-                _replay_call(module, args, kwargs, target, reference_inputs, answers[target["name"]], outputs)
+                _replay_call(module, args, kwargs, target, reference_inputs, answers[target.name], outputs)
             finally:
                 replaying[0] = False
             pending.append((target, time.perf_counter()))
@@ -320,8 +331,8 @@ def _replay_by_forward(
                 return None
             target, started = pending.pop()
             if target is not None:
-                answers[target["name"]]["live_seconds"] = time.perf_counter() - started
-                answers[target["name"]]["live"] = _statistics(output)
+                answers[target.name]["live_seconds"] = time.perf_counter() - started
+                answers[target.name]["live"] = _statistics(output)
                 remaining[0] -= 1
                 if remaining[0] == 0:
                     # NOTE: every suspect has run: the rest of the forward would only cost time

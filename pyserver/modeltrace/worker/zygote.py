@@ -24,6 +24,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from modeltrace.worker.messages import (
+    ANSWER_TYPES,
+    REQUESTS,
+    Cancel,
+    Ping,
+    Pong,
+    Progress,
+    Ready,
+    Shutdown,
+    Started,
+    TraceRequest,
+    TraceResult,
+    WorkerError,
+    WorkerProtocolError,
+    decode_frame,
+)
 from modeltrace.worker.protocol import KEEP_FOR_REPLAY_SECONDS, ProtocolError, read_frame, write_frame
 
 
@@ -47,10 +63,10 @@ def _preload() -> None:
         importlib.import_module(name)
 
 
-def _remove_abandoned(request: dict[str, Any], child: int) -> None:
+def _remove_abandoned(request: TraceRequest, child: int) -> None:
     """Delete the temporary trace folder a killed child left (its full tensors were streaming into it), once the
     child has exited (waited for without reaping it: `_run` reaps it)."""
-    if not request.get("out"):
+    if not request.out:
         return
     try:
         os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
@@ -58,10 +74,10 @@ def _remove_abandoned(request: dict[str, Any], child: int) -> None:
         pass
     from modeltrace.trace.storage import remove_abandoned
 
-    remove_abandoned(request["out"], child)
+    remove_abandoned(request.out, child)
 
 
-def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
+def _death_message(status: int) -> WorkerError:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
@@ -74,14 +90,15 @@ def _death_message(status: int, timeout_seconds: float) -> dict[str, Any]:
             )
         else:
             message = f"the worker process died from signal {name}"
-        return {"type": "WorkerCrashed", "message": message, "signal": name}
+        return WorkerError(kind="WorkerCrashed", cause="crash", message=message, signal=name)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-    return {
-        "type": "WorkerExited",
-        "message": f"the model code ended the worker process with exit code {code} (os._exit or sys.exit) "
+    return WorkerError(
+        kind="WorkerExited",
+        cause="exit",
+        message=f"the model code ended the worker process with exit code {code} (os._exit or sys.exit) "
         "before the trace finished",
-        "exit_code": code,
-    }
+        exit_code=code,
+    )
 
 
 @dataclass
@@ -101,13 +118,21 @@ class Zygote:
         self.kept: _KeptChild | None = None
 
     def serve(self) -> None:
-        write_frame(self.frames_out, {"type": "ready", "pid": os.getpid()})
+        write_frame(self.frames_out, Ready(pid=os.getpid()).to_frame())
         try:
             while True:
-                message = read_frame(self.frames_in)
-                if message is None or message["type"] == "shutdown":
+                frame = read_frame(self.frames_in)
+                if frame is None:
                     return
-                if message["type"] == "trace":
+                try:
+                    message = decode_frame(frame, REQUESTS)
+                except WorkerProtocolError as error:
+                    # NOTE: answered, not fatal: a client of another version learns what this worker expects
+                    self._send_error(WorkerError(kind="WorkerProtocolError", cause="protocol", message=str(error)))
+                    continue
+                if isinstance(message, Shutdown):
+                    return
+                if isinstance(message, TraceRequest):
                     if self._kept_serves(message):
                         client_alive = self._run_on_kept(message)
                     else:
@@ -116,14 +141,14 @@ class Zygote:
                         client_alive = self._run(message)
                     if not client_alive:
                         return
-                elif message["type"] == "ping":
-                    write_frame(self.frames_out, {"type": "pong"})
+                elif isinstance(message, Ping):
+                    write_frame(self.frames_out, Pong().to_frame())
         finally:
             self._drop_kept()
 
-    def _run(self, request: dict[str, Any]) -> bool:
+    def _run(self, request: TraceRequest) -> bool:
         """Run one trace in a child; False when the client went away (time to exit)."""
-        keep = bool(request.get("keep_for_replay"))
+        keep = request.keep_for_replay
         read_end, write_end = os.pipe()
         requests_read, requests_write = os.pipe() if keep else (-1, -1)
         child = os.fork()
@@ -135,12 +160,12 @@ class Zygote:
         os.close(write_end)
         if keep:
             os.close(requests_read)
-        write_frame(self.frames_out, {"type": "started", "pid": child})
-        timeout = float(request.get("timeout") or 120)
+        write_frame(self.frames_out, Started(pid=child).to_frame())
+        timeout = request.timeout
         outcome, final, client_alive = self._relay(
             child, read_end, timeout, on_kill=lambda: _remove_abandoned(request, child)
         )
-        if keep and final is not None and final.get("type") == "result" and final.get("kept_for_replay"):
+        if keep and final is not None and final.get("type") == TraceResult.TYPE and final.get("kept_for_replay"):
             self.kept = _KeptChild(child, read_end, requests_write, os.path.realpath(str(final["trace"])))
             return client_alive
         if keep:
@@ -154,7 +179,7 @@ class Zygote:
         if outcome == "died":
             _remove_abandoned(request, child)
             if client_alive:
-                self._send_error(_death_message(status, timeout))
+                self._send_error(_death_message(status))
         return client_alive
 
     def _relay(
@@ -173,52 +198,52 @@ class Zygote:
                 if on_kill is not None:
                     on_kill()
                 self._send_error(
-                    {
-                        "type": "TimeoutError",
-                        "message": (
+                    WorkerError(
+                        kind="TimeoutError",
+                        cause="timeout",
+                        message=(
                             f"the trace ran past its {timeout:g} s timeout and was stopped; raise --timeout "
                             "(modelTrace.timeout), or pass --config with a smaller config.json or --recipe"
                         ),
-                    }
+                    )
                 )
                 return "killed", None, True
             readable, _, _ = select.select([read_end, self.frames_in], [], [], remaining)
             if self.frames_in in readable:
                 message = read_frame(self.frames_in)
-                if message is None or message["type"] in ("cancel", "shutdown"):
+                if message is None or message["type"] in (Cancel.TYPE, Shutdown.TYPE):
                     self._kill(child)
                     if on_kill is not None:
                         on_kill()
-                    if message is None or message["type"] == "shutdown":
+                    if message is None or message["type"] == Shutdown.TYPE:
                         return "killed", None, False
-                    self._send_error({"type": "Cancelled", "message": "the trace was cancelled"})
+                    self._send_error(
+                        WorkerError(kind="Cancelled", cause="cancelled", message="the trace was cancelled")
+                    )
                     return "killed", None, True
             if read_end in readable:
                 try:
                     frame = read_frame(read_end)
                 except ProtocolError as error:
-                    frame = {
-                        "type": "error",
-                        "error": {
-                            "type": "WorkerCrashed",
-                            "message": f"the worker process broke off its reply ({error})",
-                        },
-                    }
+                    frame = WorkerError(
+                        kind="WorkerCrashed",
+                        cause="crash",
+                        message=f"the worker process broke off its reply ({error})",
+                    ).to_frame()
                 if frame is None:
                     return "died", None, True
                 write_frame(self.frames_out, frame)
-                if frame["type"] in ("result", "error"):
+                if frame["type"] in ANSWER_TYPES:
                     # NOTE: stop reading the client here: its next request may arrive before the
                     # child has exited, and must wait for `serve` rather than be taken for this run.
                     return "answered", frame, True
 
-    def _kept_serves(self, request: dict[str, Any]) -> bool:
+    def _kept_serves(self, request: TraceRequest) -> bool:
         """Whether `request` is a replay of the kept child's trace, and that child is still alive."""
         kept = self.kept
-        replay = request.get("replay") or {}
-        if kept is None or not replay.get("candidate_trace"):
+        if kept is None or request.replay is None or not request.replay.candidate_trace:
             return False
-        if os.path.realpath(str(replay["candidate_trace"])) != kept.trace:
+        if os.path.realpath(request.replay.candidate_trace) != kept.trace:
             return False
         pid, _ = os.waitpid(kept.pid, os.WNOHANG)
         if pid:  # it ended (its idle time ran out): reaped here
@@ -226,17 +251,17 @@ class Zygote:
             return False
         return True
 
-    def _run_on_kept(self, request: dict[str, Any]) -> bool:
+    def _run_on_kept(self, request: TraceRequest) -> bool:
         """Hand a replay to the kept child; one that died meanwhile is replaced by a fresh child."""
         kept = self.kept
         assert kept is not None
         try:
-            write_frame(kept.requests, request)
+            write_frame(kept.requests, request.to_frame())
         except OSError:
             self._drop_kept()
             return self._run(request)
-        write_frame(self.frames_out, {"type": "started", "pid": kept.pid})
-        outcome, _, client_alive = self._relay(kept.pid, kept.replies, float(request.get("timeout") or 120))
+        write_frame(self.frames_out, Started(pid=kept.pid).to_frame())
+        outcome, _, client_alive = self._relay(kept.pid, kept.replies, request.timeout)
         if outcome == "died":
             self._drop_kept()
             return self._run(request) if client_alive else False
@@ -277,8 +302,8 @@ class Zygote:
             if not os.read(read_end, 65536):
                 return
 
-    def _send_error(self, error: dict[str, Any]) -> None:
-        write_frame(self.frames_out, {"type": "error", "error": error})
+    def _send_error(self, error: WorkerError) -> None:
+        write_frame(self.frames_out, error.to_frame())
 
     @staticmethod
     def _kill(child: int) -> None:
@@ -290,7 +315,7 @@ class Zygote:
             except (ProcessLookupError, PermissionError):
                 continue
 
-    def _child(self, request: dict[str, Any], write_end: int, requests: int | None) -> None:
+    def _child(self, request: TraceRequest, write_end: int, requests: int | None) -> None:
         os.setpgid(0, 0)
         os.close(self.frames_in)
         os.close(self.frames_out)
@@ -299,17 +324,17 @@ class Zygote:
 
         exit_code = 0
         try:
-            result = run_trace_job(request, lambda text: write_frame(write_end, {"type": "progress", "message": text}))
-            write_frame(write_end, result)
-            if result.get("trace"):
+            result = run_trace_job(request, lambda text: write_frame(write_end, Progress(message=text).to_frame()))
+            write_frame(write_end, result.to_frame())
+            if isinstance(result, TraceResult):
                 from modeltrace.trace.storage import sync_trace
 
-                sync_trace(result["trace"])  # after answering: the user does not wait for the disk
-            if requests is not None and result.get("kept_for_replay"):
+                sync_trace(result.trace)  # after answering: the user does not wait for the disk
+            if requests is not None and isinstance(result, TraceResult) and result.kept_for_replay:
                 _serve_replays(requests, write_end)
         except BaseException as error:  # noqa: BLE001 - every failure becomes an error frame
             try:
-                write_frame(write_end, describe_failure(error, request))
+                write_frame(write_end, describe_failure(error, request).to_frame())
             except BaseException:  # noqa: BLE001
                 exit_code = 3
         finally:
@@ -323,19 +348,21 @@ def _serve_replays(requests: int, write_end: int) -> None:
     from modeltrace.worker.replay import kept_candidate, run_replay_job
 
     def progress(text: str) -> None:
-        write_frame(write_end, {"type": "progress", "message": text})
+        write_frame(write_end, Progress(message=text).to_frame())
 
     while True:
         readable, _, _ = select.select([requests], [], [], KEEP_FOR_REPLAY_SECONDS)
         if not readable:
             return
-        request = read_frame(requests)
-        if request is None or request.get("type") != "trace" or not request.get("replay"):
+        # NOTE: the zygote decoded this request before handing it over: it is a replay of the kept trace
+        frame = read_frame(requests)
+        if frame is None:
             return
+        request = TraceRequest.from_frame(frame)
         try:
-            write_frame(write_end, run_replay_job(request, progress, kept_candidate(request)))
+            write_frame(write_end, run_replay_job(request, progress, kept_candidate(request)).to_frame())
         except Exception as error:  # noqa: BLE001 - every failure becomes an error frame
-            write_frame(write_end, describe_failure(error, request))
+            write_frame(write_end, describe_failure(error, request).to_frame())
         flush_standard_streams()
 
 
@@ -352,13 +379,12 @@ def main() -> None:
     except BaseException as error:  # noqa: BLE001
         write_frame(
             frames_out,
-            {
-                "type": "error",
-                "error": {
-                    "type": type(error).__name__,
-                    "message": f"the worker cannot import torch/transformers: {error}",
-                },
-            },
+            WorkerError(
+                kind=type(error).__name__,
+                cause="import",
+                message=f"the worker cannot import torch/transformers: {error}",
+                detail=str(error),
+            ).to_frame(),
         )
         sys.exit(2)
     Zygote(0, frames_out).serve()

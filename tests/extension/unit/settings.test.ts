@@ -14,10 +14,12 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.importStrategy", "fromEnvironment");
         vscodeFake.settings.set("modelTrace.device", "cuda:1");
         vscodeFake.settings.set("modelTrace.dtype", "bfloat16");
+        vscodeFake.settings.set("modelTrace.attention", "sdpa");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
         vscodeFake.settings.set("modelTrace.hintPlacement", "endOfLine");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
+        vscodeFake.settings.set("modelTrace.follow", [" helpers/rope.py ", ""]);
         vscodeFake.settings.set("modelTrace.timeout", 30);
         vscodeFake.settings.set("modelTrace.maxTensorMB", 0.5);
         vscodeFake.settings.set("modelTrace.maxTraceMB", 0);
@@ -41,10 +43,12 @@ describe("settings", () => {
                 importStrategy: "fromEnvironment",
                 device: "cuda:1",
                 dtype: "bfloat16",
+                attention: "sdpa",
                 hintDetail: "stats",
                 hintPlacement: "endOfLine",
                 traceOnSave: true,
                 lines: true,
+                follow: ["helpers/rope.py"],
                 timeout: 30,
                 maxTensorMB: 0.5,
                 maxTraceMB: 0,
@@ -69,6 +73,8 @@ describe("settings", () => {
     it("replaces missing, mistyped and out-of-range values by the defaults", () => {
         vscodeFake.settings.set("modelTrace.device", "  ");
         vscodeFake.settings.set("modelTrace.dtype", "float64");
+        vscodeFake.settings.set("modelTrace.attention", "flash_attention_2");
+        vscodeFake.settings.set("modelTrace.follow", "helpers.py");
         vscodeFake.settings.set("modelTrace.hintDetail", 3);
         vscodeFake.settings.set("modelTrace.hintPlacement", "middle");
         vscodeFake.settings.set("modelTrace.notifications", "no");
@@ -101,6 +107,7 @@ describe("settings", () => {
         }
         assert.deepEqual(fromManifest, { ...defaultSettings });
         assert.deepEqual(contributed["modelTrace.dtype"]?.enum, ["float32", "float16", "bfloat16"]);
+        assert.deepEqual(contributed["modelTrace.attention"]?.enum, ["eager", "sdpa", "flex_attention"]);
         assert.deepEqual(contributed["modelTrace.hintDetail"]?.enum, ["shape", "dtype", "stats"]);
         assert.deepEqual(contributed["modelTrace.hintPlacement"]?.enum, ["afterName", "endOfLine"]);
     });

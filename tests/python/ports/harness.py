@@ -23,6 +23,7 @@ from typing import Any
 
 from modeltrace.errors import TraceFailed
 from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
 
 from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
 
@@ -367,17 +368,17 @@ class PortHarness:
         self._candidates: dict[tuple[str, bool], tuple[Path, PreparedPort]] = {}
 
     def _trace(self, file: Path, recipe: Path, out: Path) -> Path:
-        request = {
-            "file": str(file),
-            "recipe": str(recipe),
-            "out": str(out),
-            "full_tensors": True,
-            "lines": self.lines,
-            "seed": 0,
-            "timeout": TRACE_TIMEOUT_SECONDS,
-        }
+        request = TraceRequest(
+            file=str(file),
+            recipe=str(recipe),
+            out=str(out),
+            full_tensors=True,
+            lines=self.lines,
+            seed=0,
+            timeout=TRACE_TIMEOUT_SECONDS,
+        )
         try:
-            return Path(self.worker.trace(request)["trace"])
+            return Path(self.worker.trace(request).trace)
         except TraceFailed as failure:
             raise RuntimeError(f"tracing {recipe} failed: {failure}") from failure
 
