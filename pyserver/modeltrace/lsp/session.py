@@ -153,6 +153,8 @@ class Sessions:
         """Make `loaded` the session's trace: its files show its hints from now on."""
         self._unindex(session)
         session.trace = loaded
+        # NOTE: the client hears about the session by the URI its latest trace was asked for.
+        session.uri = loaded.uri
         for path, hints in loaded.files.items():
             previous = self._files.get(path)
             if previous is not None:
