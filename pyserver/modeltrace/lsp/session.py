@@ -87,10 +87,6 @@ class DocumentSession:
     # A trace asked for this document is waiting for the worker (trace-on-save does not queue a second one).
     waiting: bool = False
 
-    @property
-    def stale(self) -> bool:
-        return self.trace is not None and self.trace.stale
-
     def diagnostics(self) -> list[Located]:
         """Every diagnostic this session published, wherever it is."""
         shown = [located for located in (self.failure, self.divergence) if located is not None]
