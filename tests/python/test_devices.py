@@ -328,7 +328,7 @@ def test_a_rank_that_dies_or_hangs_ends_the_whole_group(
 
 
 def test_the_hover_shows_each_rank_shard_and_the_device_of_a_call(traces: dict[str, Path]) -> None:
-    from modeltrace.lsp.hover import calls_table
+    from modeltrace.lsp.markdown import calls_table
     from modeltrace.trace.storage import read_trace
 
     parallel = read_trace(traces["parallel"])

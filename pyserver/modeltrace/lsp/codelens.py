@@ -11,22 +11,8 @@ from __future__ import annotations
 from lsprotocol import types
 
 from modeltrace.lsp import methods
-from modeltrace.lsp.classes import ModuleClass, find_module_classes, trace_arguments
-from modeltrace.lsp.server import ModelTraceServer
-
-
-def document_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass]:
-    """The module classes of an open document, parsed once per version."""
-    document = ls.workspace.get_text_document(uri)
-    cached = ls.class_cache.get(uri)
-    if cached is not None and cached[0] == document.version and document.version is not None:
-        return cached[1]
-    try:
-        classes = find_module_classes(document.source)
-    except (SyntaxError, ValueError):
-        return cached[1] if cached is not None else []
-    ls.class_cache[uri] = (document.version, classes)
-    return classes
+from modeltrace.lsp.classes import trace_arguments
+from modeltrace.lsp.context import ModelTraceServer
 
 
 def _line_range(line: int, column: int, length: int) -> types.Range:
@@ -41,7 +27,7 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
     path = ls.document_path(uri)
     if path is None:
         return []
-    classes = document_classes(ls, uri)
+    classes = ls.document_classes(uri)
     lenses = [
         types.CodeLens(
             range=_line_range(cls.line, cls.column, len(cls.name)),
@@ -72,7 +58,7 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
                 ),
             )
         )
-    loaded = ls.store.trace_showing(path)
+    loaded = ls.sessions.trace_showing(path)
     if loaded is not None:
         # NOTE: next to the lens of the class that was traced, when it is in this document; else at the top.
         traced = next((cls for cls in classes if cls.name == loaded.model_class), None)

@@ -1,5 +1,5 @@
-"""`workspace/executeCommand`: trace a document through the worker, clear a trace, load one from disk, set
-or pin the reference trace it is compared with.
+"""`workspace/executeCommand`: trace a document through the worker (and again on save, with `traceOnSave`), clear
+its session, load a trace from disk, set or pin the reference trace it is compared with.
 
 A trace runs in a thread (the worker call blocks) under `$/progress` work-done progress; cancelling the
 progress stops the worker. On success the trace is read back, indexed and the client asked to redraw hints
@@ -22,14 +22,14 @@ from pygls.uris import from_fs_path, to_fs_path
 
 from modeltrace.errors import TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
-from modeltrace.lsp.codelens import document_classes
-from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, clear_failure, publish_failure, publish_source_notes
+from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, settle_memory
-from modeltrace.lsp.reference import DocumentDiff, forget_diff, load_checked_reference, update_diff, workspace_path
+from modeltrace.lsp.publish import ServerState, notify_status, withdraw
+from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
-from modeltrace.lsp.server import ModelTraceServer
-from modeltrace.lsp.status import ServerState, notify_status
-from modeltrace.lsp.store import DocumentTrace, TraceRequest
+from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
+from modeltrace.lsp.store import DocumentTrace
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
@@ -107,10 +107,11 @@ async def run_trace(
 ) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
     "generate" or "backward"."""
-    ls.last_requests[path] = TraceRequest(uri=uri, model=model, mode=mode)
-    ls.waiting_traces.add(path)
+    session = ls.sessions.open(path, uri)
+    session.last_request = LastRequest(uri=uri, model=model, mode=mode)
+    session.waiting = True
     async with ls.trace_lock:
-        ls.waiting_traces.discard(path)
+        session.waiting = False
         return await _trace_now(ls, uri, path, model, mode)
 
 
@@ -193,7 +194,7 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
     """What the progress says is being traced: the class asked for, else the file's base model."""
     if model:
         return model
-    return base_model_name(document_classes(ls, uri)) or Path(path).name
+    return base_model_name(ls.document_classes(uri)) or Path(path).name
 
 
 async def _trace_now(
@@ -225,15 +226,15 @@ async def _trace_now(
     except Exception as error:  # noqa: BLE001 - whatever breaks, the progress ends and the server goes on
         logger.exception("tracing %s failed inside ModelTrace", path)
         return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
-    install(ls, loaded)
-    clear_failure(ls, path)
-    publish_source_notes(ls, path, [])
+    # NOTE: a clear while this trace ran closed the session it was asked from; the trace opens a new one.
+    session = ls.sessions.open(path, uri)
+    install(ls, session, loaded, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
         f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result.seconds:.1f} s)"
     )
     # NOTE: still under the trace lock: the next trace cannot overwrite this trace folder while it is compared.
-    diff = await update_diff(ls, loaded)
+    diff = await update_diff(ls, session)
     if diff is not None:
         summary += "; matches the reference" if diff.matched else "; differs from the reference"
     _end_progress(ls, token, summary)
@@ -293,9 +294,12 @@ def _report_failure(
     }
 
 
-def install(ls: ModelTraceServer, loaded: DocumentTrace) -> None:
-    """Show a loaded trace: its files' hints follow the open documents' current text, then clients redraw."""
-    ls.store.install(loaded)
+def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrace, notes: list[Located]) -> None:
+    """Show a new trace of the session's document: its files' hints follow the open documents' current text, the
+    previous trace's failure and notes give way to this one's `notes`, then clients redraw. (Its diff is the
+    caller's: `update_diff` replaces or takes back the previous one.)"""
+    ls.sessions.install(session, loaded)
+    show_trace_diagnostics(ls, session, notes)
     for path, hints in loaded.files.items():
         document = ls.open_document(path)
         if document is not None:
@@ -305,18 +309,18 @@ def install(ls: ModelTraceServer, loaded: DocumentTrace) -> None:
 
 
 async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
-    """`modelTrace.clear [uri]`: remove the trace shown in a document (and its failure diagnostic)."""
+    """`modelTrace.clear [uri]`: forget the session of the document whose trace it shows (or its own) at once: the
+    trace and its hints, the failure, the reference and its diff (gutters, divergence), the notes, the last request
+    (trace-on-save no longer repeats it)."""
     uri = arguments[0] if arguments else None
     path = ls.document_path(uri) if isinstance(uri, str) else None
     if path is None:
         return {"ok": False, "message": "ModelTrace: modelTrace.clear needs the URI of a Python document"}
-    loaded = ls.store.trace_showing(path)
-    owner = loaded.owner if loaded is not None else path
-    ls.store.remove(owner)
-    clear_failure(ls, owner)
-    publish_source_notes(ls, owner, [])
-    forget_diff(ls, owner)
-    ls.refresh_views()
+    session = ls.sessions.close(ls.sessions.owner_of(path))
+    if session is not None:
+        withdraw(ls, session)
+    else:
+        ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
     return {"ok": True}
 
@@ -350,9 +354,11 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
         )
     except TraceFormatError as error:
         return _refuse(ls, f"ModelTrace: {error}")
-    install(ls, loaded)
+    session = ls.sessions.open(path, uri)
     shown = [match for match in matches if match.found in loaded.files]
-    publish_source_notes(ls, path, [_changed_note(ls, trace_path, match) for match in shown if match.changed])
+    install(ls, session, loaded, [_changed_note(ls, trace_path, match) for match in shown if match.changed])
+    # NOTE: the diff on view was of the trace this one replaces; a loaded trace is compared at its next trace.
+    forget_diff(ls, session)
     message = _load_message(trace_path, loaded, shown)
     if message is not None:
         ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
@@ -375,7 +381,7 @@ def _found_model_file(loaded: DocumentTrace, matches: list[SourceMatch]) -> str 
     return model_file if isinstance(model_file, str) and model_file in found else None
 
 
-def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> tuple[str, types.Diagnostic]:
+def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> Located:
     """An Information diagnostic on the first line of a file that differs from the one the trace captured."""
     document = ls.open_document(str(match.found))
     uri = document.uri if document is not None else from_fs_path(str(match.found))
@@ -408,12 +414,6 @@ def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatc
     return "; ".join(parts)
 
 
-def _owner(ls: ModelTraceServer, path: str) -> str:
-    """The traced document a file's commands are about: the trace it shows, else itself."""
-    showing = ls.store.trace_showing(path)
-    return showing.owner if showing is not None else path
-
-
 async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.setReference [uri, path]`: compare the document's traces with a trace or debugger output.
 
@@ -434,17 +434,17 @@ async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
         await asyncio.to_thread(load_checked_reference, reference)
     except (TraceFormatError, OSError) as error:
         return _refuse(ls, f"ModelTrace: cannot use {reference} as a reference: {error}")
-    return await _use_reference(ls, uri, _owner(ls, path), reference)
+    return await _use_reference(ls, uri, ls.sessions.owner_of(path), reference)
 
 
 async def _use_reference(ls: ModelTraceServer, uri: str, owner: str, reference: str) -> dict[str, Any]:
-    ls.references[owner] = reference
+    session = ls.sessions.open(owner, uri)
+    session.reference = reference
     diff = None
     async with ls.trace_lock:
         # NOTE: under the lock, so that no trace replaces the trace folder while it is compared.
-        loaded = ls.store.traces.get(owner)
-        if loaded is not None:
-            diff = await update_diff(ls, loaded)
+        if session.trace is not None:
+            diff = await update_diff(ls, session)
     notify_status(ls, ServerState.IDLE, f"reference: {reference}", uri)
     return {"ok": True, "reference": reference, "diff": _diff_summary(diff) if diff is not None else None}
 
@@ -466,7 +466,7 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     path = ls.uri_to_path(uri) if isinstance(uri, str) else None
     if path is None:
         return _refuse(ls, "ModelTrace: modelTrace.pinReference needs the URI of a traced document")
-    loaded = ls.store.trace_showing(path)
+    loaded = ls.sessions.trace_showing(path)
     if loaded is None:
         return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
     pinned = pinned_path_for(ls, loaded.owner)
@@ -476,3 +476,24 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
         except OSError as error:
             return _refuse(ls, f"ModelTrace: cannot copy the trace {loaded.trace_path} to {pinned}: {error}")
     return await _use_reference(ls, str(uri), loaded.owner, str(pinned))
+
+
+def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams) -> None:
+    """`textDocument/didSave`: with `traceOnSave`, repeat the last request of the session whose trace the saved file
+    shows (the same class and kind), if there is one."""
+    if not ls.settings.trace_on_save or not ls.workspace_trusted:
+        return
+    path = ls.document_path(params.text_document.uri)
+    if path is None:
+        return
+    session = ls.sessions.showing(path)
+    request = session.last_request if session is not None else None
+    if session is None or request is None or session.waiting:
+        # NOTE: a trace still waiting for the worker reads the file when it starts: it sees this save too.
+        return
+    task = asyncio.get_running_loop().create_task(
+        run_trace(ls, request.uri, session.owner, request.model, request.mode)
+    )
+    # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
+    ls.background_tasks.add(task)
+    task.add_done_callback(ls.background_tasks.discard)

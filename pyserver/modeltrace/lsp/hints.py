@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from lsprotocol import types
 
-from modeltrace.lsp.hover import line_markdown
-from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.markdown import line_markdown
 from modeltrace.lsp.settings import HintPlacement
 from modeltrace.lsp.steps import gradient_label, hover_markdown, step_label
 from modeltrace.lsp.store import FileHints, TracedLine
@@ -216,7 +216,7 @@ def _step_and_gradient_labels(
 ) -> list[PlacedLabel]:
     """The step label of a generation trace's line and, on `modelTrace.gradientHints`, the gradient row of a
     backward trace's line (`lsp/steps.py`), at the line's end."""
-    loaded = ls.store.traces.get(hints.owner)
+    loaded = ls.sessions.trace_of(hints.owner)
     if loaded is None or (loaded.trace.generation is None and loaded.trace.gradients is None):
         return []
     labels = [step_label(loaded.trace, traced.entry, model_dtype)]
@@ -227,10 +227,10 @@ def _step_and_gradient_labels(
 
 def inlay_hints(ls: ModelTraceServer, params: types.InlayHintParams) -> list[types.InlayHint]:
     path = ls.document_path(params.text_document.uri)
-    hints = ls.store.files.get(path) if path else None
+    hints = ls.sessions.hints(path) if path else None
     if hints is None:
         return []
-    loaded = ls.store.traces.get(hints.owner)
+    loaded = ls.sessions.trace_of(hints.owner)
     stale = bool(loaded and loaded.stale)
     model_dtype = _model_dtype(loaded.trace.model) if loaded is not None else None
     detail = ls.settings.hint_detail
@@ -260,11 +260,11 @@ def resolve_inlay_hint(ls: ModelTraceServer, hint: types.InlayHint) -> types.Inl
     key, _, line = str(hint.data).partition(":")
     if not (key.isdigit() and line.isdigit()):
         return hint
-    hints = ls.store.by_key.get(int(key))
+    hints = ls.sessions.hints_by_key(int(key))
     traced = hints.by_trace_line.get(int(line)) if hints else None
     if hints is None or traced is None:
         return hint
-    loaded = ls.store.traces.get(hints.owner)
+    loaded = ls.sessions.trace_of(hints.owner)
     markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
     extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
     hint.tooltip = types.MarkupContent(

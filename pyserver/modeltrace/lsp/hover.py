@@ -1,149 +1,32 @@
-"""Hover on a traced line: what the line assigned first, then the module calls it made, with statistics.
-
-The first table holds the values the line assigns (line capture), the names the inline hints show, so its
-first row is the shape the hint shows; then the calls that produced the line's value; then calls nested on the
-same line (`self.up_proj(x)` inside `self.down_proj(...)`). Shapes are written without spaces (`[1,7,4,16]`)
-so a narrow hover never wraps them. The same text is the tooltip of the line's inlay hints. With a reference
-trace, the hover adds a "vs reference" table: each call's diff status and differences.
-"""
+"""Hover on a traced line: the line's tables (`markdown`), the generation steps and gradients of its calls
+(`steps`), and with a reference, how each call compared (the session's diff)."""
 
 from __future__ import annotations
 
 from lsprotocol import types
 
-from modeltrace.lsp.reference import reference_markdown
-from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.markdown import line_markdown, reference_markdown
 from modeltrace.lsp.steps import hover_markdown
-from modeltrace.trace.lines import LineEntry, compact_shape, format_number, is_discarded, layer_label, run_count
-from modeltrace.trace.records import LineRecord, ModuleCall, TensorSummary
-
-
-# NOTE: a line inside a 96-layer decoder makes 96 calls; past this many rows a table stops being readable.
-MAX_ROWS = 40
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _has_bad_values(summaries: list[TensorSummary]) -> bool:
-    return any(summary.nan_count or summary.inf_count for summary in summaries)
-
-
-def _table(header: list[str], rows: list[list[str]], more: int, what: str) -> str:
-    align = ["--:" if name in ("run", "mean", "std", "min", "max", "NaN/Inf") else ":--" for name in header]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    text = "\n".join(lines)
-    if more:
-        text += f"\n\n… and {more} more {what}"
-    return text
-
-
-def _statistics(summary: TensorSummary, bad_values: bool) -> list[str]:
-    cells = [format_number(value) for value in (summary.mean, summary.std, summary.min, summary.max)]
-    return cells + ([f"{summary.nan_count} / {summary.inf_count}"] if bad_values else [])
-
-
-def _ranks(summary: TensorSummary) -> str:
-    """How the ranks of a tensor-parallel trace held the tensor: each rank's local shape of a shard."""
-    placement = summary.placement
-    if not placement:
-        return ""
-    if placement.get("kind") == "shard":
-        shards = ", ".join(
-            f"rank {rank} {compact_shape(shape)}" for rank, shape in enumerate(placement.get("local_shapes") or [])
-        )
-        return _cell(f" · sharded on dim {placement.get('dim')}: {shards}")
-    return _cell(f" · whole on each of {placement.get('ranks')} ranks")
-
-
-def calls_table(records: list[ModuleCall]) -> str:
-    """One row per output of each call: `call` (module path and class), shape, dtype, statistics."""
-    outputs = [(record, summary) for record in records for summary in (record.outputs or [None])]
-    shown = outputs[:MAX_ROWS]
-    bad_values = _has_bad_values([summary for _, summary in shown if summary is not None])
-    header = ["call", "shape", "dtype", "mean", "std", "min", "max"] + (["NaN/Inf"] if bad_values else [])
-    rows = []
-    for record, summary in shown:
-        call = f"`{_cell(layer_label(record))}`"
-        if summary is None:
-            rows.append([f"{call} {_cell(record.class_name)}", "(no tensor)", *[""] * (len(header) - 2)])
-            continue
-        name = f"{call}[{_cell(summary.key)}]" if summary.key else call
-        ran_on = f" on {_cell(record.device)}" if record.device else ""  # a model spread over devices
-        rows.append(
-            [
-                f"{name} {_cell(record.class_name)}{ran_on}",
-                compact_shape(summary.shape) + _ranks(summary),
-                summary.dtype,
-                *_statistics(summary, bad_values),
-            ]
-        )
-    return _table(header, rows, len(outputs) - len(shown), "outputs")
-
-
-def variables_table(variables: list[LineRecord]) -> str:
-    """One row per value the line assigned, per run of the line (line-level capture); the names the inline hints
-    show come first (in the order assigned), discarded ones (`_`) last."""
-    ordered = sorted(variables, key=lambda record: is_discarded(record.name.split(".", 1)[0]))
-    shown = ordered[:MAX_ROWS]
-    bad_values = _has_bad_values([record.tensor for record in shown])
-    header = ["assigned", "run", "shape", "dtype", "mean", "std", "min", "max"] + (["NaN/Inf"] if bad_values else [])
-    rows = [
-        [
-            f"`{_cell(record.name)}`",
-            str(record.call_index),
-            compact_shape(record.tensor.shape),
-            record.tensor.dtype,
-            *_statistics(record.tensor, bad_values),
-        ]
-        for record in shown
-    ]
-    return _table(header, rows, len(variables) - len(shown), "values")
-
-
-def line_markdown(entry: LineEntry, stale: bool) -> str:
-    """The hover text of a traced line: its assigned values, its calls, the calls nested in them."""
-    runs = run_count(entry)
-    title = "**ModelTrace**"
-    if runs > 1:
-        # NOTE: the inline hints leave the count out (it costs room every line would repeat); it is said here.
-        title += (
-            f" · ×{runs}: this line ran {runs} times in the traced forward (once per call of its function, "
-            "for example once per layer); each run is a row below"
-        )
-    parts = [title]
-    if stale:
-        parts.append("_The file changed since this trace: trace again to refresh it._")
-    if entry.variables:
-        parts.append("**Assigned on this line**")
-        parts.append(variables_table(entry.variables))
-    if entry.calls:
-        count = len(entry.calls)
-        parts.append(f"**Module call{'s' if count != 1 else ''} on this line** ({count})")
-        parts.append(calls_table(entry.calls))
-    if entry.inner_calls:
-        parts.append("**Inner calls**")
-        parts.append(calls_table(entry.inner_calls))
-    return "\n\n".join(parts)
 
 
 def hover(ls: ModelTraceServer, params: types.HoverParams) -> types.Hover | None:
     path = ls.document_path(params.text_document.uri)
-    hints = ls.store.files.get(path) if path else None
+    hints = ls.sessions.hints(path) if path else None
     traced = hints.by_line.get(params.position.line) if hints else None
     if hints is None or traced is None:
         return None
-    loaded = ls.store.traces.get(hints.owner)
+    session = ls.sessions.get(hints.owner)
+    loaded = session.trace if session is not None else None
     text = hints.lines[params.position.line] if params.position.line < len(hints.lines) else ""
     markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
     extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
     if extra:
         markdown += "\n\n" + extra
-    compared = reference_markdown(ls, hints.owner, [*traced.entry.calls, *traced.entry.inner_calls])
-    if compared is not None:
-        markdown += "\n\n" + compared
+    if session is not None and session.diff is not None:
+        compared = reference_markdown(session.diff, [*traced.entry.calls, *traced.entry.inner_calls])
+        if compared:
+            markdown += "\n\n" + compared
     return types.Hover(
         contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=markdown),
         range=types.Range(

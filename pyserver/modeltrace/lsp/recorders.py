@@ -12,7 +12,7 @@ import logging
 
 from lsprotocol import types
 
-from modeltrace.lsp.server import ModelTraceServer
+from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.recorders import analyze_source
 from modeltrace.recorders.static import Analysis, Problem
 
@@ -24,24 +24,20 @@ CODE_ACTION_OPTIONS = types.CodeActionOptions(code_action_kinds=[types.CodeActio
 
 logger = logging.getLogger(__name__)
 
-_cache: dict[tuple[str, int | None], tuple[str, Analysis]] = {}
-
 
 def _analysis(ls: ModelTraceServer, uri: str) -> tuple[str, Analysis] | None:
+    """The document's source and its analysis, once per version (kept with the open document: `context`)."""
     if ls.document_path(uri) is None:
         return None
     document = ls.workspace.get_text_document(uri)
     source = document.source
     if "capture_outputs" not in source and "_can_record_outputs" not in source:
         return source, Analysis(None, {}, set(), [], [], [])
-    key = (uri, document.version)
-    cached = _cache.get(key)
-    if cached is None or cached[0] != source:
-        for stale in [k for k in _cache if k[0] == uri]:
-            del _cache[stale]
-        cached = (source, analyze_source(source, ls.uri_to_path(uri)))
-        _cache[key] = cached
-    return cached
+    parsed = ls.parsed_document(uri)
+    cached = parsed.recorders
+    if cached is None or cached[0] != document.version or cached[1] != source:
+        cached = parsed.recorders = (document.version, source, analyze_source(source, ls.uri_to_path(uri)))
+    return cached[1], cached[2]
 
 
 def _line_range(source: str, line: int) -> types.Range:

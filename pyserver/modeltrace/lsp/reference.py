@@ -4,68 +4,41 @@ After each trace of a document with a reference (and right after the reference i
 thread; the server then sends `modelTrace/lineStatus` for every file the diff touches (gutters, each line with
 the message of the call that decides its mark), a Warning diagnostic at the first divergence's call site,
 `modelTrace/diffResult` (the client's notification and status bar), keeps the numbers for hovers and the plot
-for `modelTrace/diffPlot`. Only plain data is kept: the tensors of both traces are closed once compared.
+for `modelTrace/diffPlot` (`plot`). The diff is the session's (`session.DocumentDiff`); only plain data is kept: the
+tensors of both traces are closed once compared.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.uris import from_fs_path
 
 from modeltrace.diff import (
-    DIVERGENCE,
     close_result,
     diff_paths,
     run_replay,
     load_reference,
     plot_data,
 )
-from modeltrace.diff.report import LineMark, divergence_json, line_marks
+from modeltrace.diff.report import divergence_json, line_marks
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp import methods
+from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import publish_divergence
+from modeltrace.lsp.publish import file_uri, notify_line_marks
 from modeltrace.lsp.remap import split_lines
-from modeltrace.lsp.server import ModelTraceServer
-from modeltrace.lsp.store import DocumentTrace, read_lines
+from modeltrace.lsp.session import CallDiff, DocumentDiff, DocumentSession, Located
+from modeltrace.lsp.store import read_lines
 from modeltrace.trace.lines import format_number
 
 
 logger = logging.getLogger(__name__)
 
 DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
-
-
-@dataclass(frozen=True, slots=True)
-class CallDiff:
-    """The comparison of one module call, as a hover shows it."""
-
-    status: str
-    check: str | None
-    max_abs_diff: float | None
-    max_rel_diff: float | None
-    # the reference call it was compared with when its path differs, and how it was aligned when not by name
-    reference_path: str | None = None
-    aligned_by: str | None = None
-
-
-@dataclass(slots=True)
-class DocumentDiff:
-    """What the latest diff of a document's trace left to show: gutter marks by (file, 1-based trace line), calls
-    by (module path, call index), the first divergence (`divergence_json`) and the plot (`plot_data`)."""
-
-    reference: str
-    statuses: dict[tuple[str, int], LineMark]
-    calls: dict[tuple[str, int], CallDiff]
-    divergence: dict[str, Any] | None
-    plot: dict[str, Any]
-    matched: bool
-    notes: list[str] = field(default_factory=list)
 
 
 def load_checked_reference(path: str) -> None:
@@ -122,10 +95,12 @@ def compute_diff(
         close_result(result)
 
 
-async def update_diff(ls: ModelTraceServer, loaded: DocumentTrace) -> DocumentDiff | None:
-    """Diff `loaded` against its document's reference (if any) and show the result; None when nothing ran."""
-    reference = ls.references.get(loaded.owner)
-    if reference is None:
+async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> DocumentDiff | None:
+    """Diff the session's trace against its reference (if any) and show the result; None when nothing ran (the
+    previous trace's diff is then taken back: it is not this trace's)."""
+    reference, loaded = session.reference, session.trace
+    if reference is None or loaded is None:
+        forget_diff(ls, session)
         return None
     settings = ls.settings
     try:
@@ -141,40 +116,32 @@ async def update_diff(ls: ModelTraceServer, loaded: DocumentTrace) -> DocumentDi
             workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
         )
     except ModelTraceError as error:
+        forget_diff(ls, session)
         ls.show_message(f"ModelTrace: comparing with the reference failed: {error}", types.MessageType.Error)
         return None
     except Exception as error:  # noqa: BLE001 - a broken diff never takes the trace down with it
         logger.exception("diff of %s against %s failed", loaded.trace_path, reference)
+        forget_diff(ls, session)
         ls.show_message(
             f"ModelTrace: internal error while comparing with the reference ({error})", types.MessageType.Error
         )
         return None
-    show_diff(ls, loaded, diff)
+    show_diff(ls, session, diff)
     return diff
 
 
 def _current_lines(ls: ModelTraceServer, file: str) -> dict[int, int]:
     """1-based trace line -> 0-based current line of a file's traced lines (they move with edits)."""
-    hints = ls.store.files.get(file)
+    hints = ls.sessions.hints(file)
     if hints is None:
         return {}
     now = {id(traced): line for line, traced in hints.by_line.items()}
     return {line: now[id(traced)] for line, traced in hints.by_trace_line.items() if id(traced) in now}
 
 
-def _uri(ls: ModelTraceServer, file: str) -> str:
-    document = ls.open_document(file)
-    return document.uri if document is not None else from_fs_path(file)
-
-
-def _notify_lines(ls: ModelTraceServer, file: str, lines: list[dict[str, Any]]) -> None:
-    ls.protocol.notify(methods.LINE_STATUS, {"uri": _uri(ls, file), "lines": lines})
-
-
-def show_diff(ls: ModelTraceServer, loaded: DocumentTrace, diff: DocumentDiff) -> None:
+def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff) -> None:
     """Replace what the previous diff of this document showed: gutters, the divergence warning, hovers."""
-    previous = ls.diffs.get(loaded.owner)
-    ls.diffs[loaded.owner] = diff
+    previous, session.diff = session.diff, diff
     by_file: dict[str, list[dict[str, Any]]] = {}
     current_lines: dict[str, dict[int, int]] = {}
     for (file, line), mark in diff.statuses.items():
@@ -183,12 +150,12 @@ def show_diff(ls: ModelTraceServer, loaded: DocumentTrace, diff: DocumentDiff) -
         current = current_lines[file].get(line, line - 1)
         by_file.setdefault(file, []).append({"line": current, "status": mark.status, "message": mark.message})
     for file, lines in by_file.items():
-        _notify_lines(ls, file, sorted(lines, key=lambda item: item["line"]))
+        notify_line_marks(ls, file, sorted(lines, key=lambda item: item["line"]))
     if previous is not None:
-        for file in {file for file, _ in previous.statuses} - set(by_file):
-            _notify_lines(ls, file, [])
-    publish_divergence(ls, loaded.owner, divergence_diagnostic(ls, diff.divergence))
-    ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, loaded.uri, diff))
+        for file in previous.files - set(by_file):
+            notify_line_marks(ls, file, [])
+    publish_divergence(ls, session, divergence_diagnostic(ls, diff.divergence))
+    ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, session.uri, diff))
 
 
 def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> dict[str, Any]:
@@ -206,7 +173,7 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
         if location and location.get("file"):
             file = str(location["file"])
             line = _current_lines(ls, file).get(int(location["line"]), int(location["line"]) - 1)
-            where = {"uri": _uri(ls, file), "line": line}
+            where = {"uri": file_uri(ls, file), "line": line}
     return {
         "uri": uri,
         "reference": diff.reference,
@@ -222,19 +189,17 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
     }
 
 
-def forget_diff(ls: ModelTraceServer, owner: str) -> None:
-    """Remove a document's diff from view (its trace was cleared)."""
-    previous = ls.diffs.pop(owner, None)
+def forget_diff(ls: ModelTraceServer, session: DocumentSession) -> None:
+    """Take a session's diff out of view (its trace was replaced by one that was not compared)."""
+    previous, session.diff = session.diff, None
     if previous is None:
         return
-    for file in {file for file, _ in previous.statuses}:
-        _notify_lines(ls, file, [])
-    publish_divergence(ls, owner, None)
+    for file in previous.files:
+        notify_line_marks(ls, file, [])
+    publish_divergence(ls, session, None)
 
 
-def divergence_diagnostic(
-    ls: ModelTraceServer, divergence: dict[str, Any] | None
-) -> tuple[str, types.Diagnostic] | None:
+def divergence_diagnostic(ls: ModelTraceServer, divergence: dict[str, Any] | None) -> Located | None:
     """`(uri, Warning)` at the first divergence's first differing line when the diff found one (line records on
     both sides), else at its call site, with its numbers and what differs in how it was built; None without one."""
     called_at = (divergence or {}).get("line") or (divergence or {}).get("called_at")
@@ -262,7 +227,7 @@ def divergence_diagnostic(
             f"{_named(divergence['before'])} (already differs)"
         )
     message += _evidence_message(divergence)
-    return _uri(ls, file), types.Diagnostic(
+    return file_uri(ls, file), types.Diagnostic(
         range=types.Range(
             start=types.Position(line=line, character=units(text[:start])),
             end=types.Position(line=line, character=units(text)),
@@ -312,51 +277,3 @@ def workspace_path(ls: ModelTraceServer, text: str) -> str:
     if not path.is_absolute() and ls.workspace.root_path:
         path = Path(ls.workspace.root_path) / path
     return str(path.absolute())
-
-
-def reference_markdown(ls: ModelTraceServer, owner: str, calls: list[Any]) -> str | None:
-    """The hover's "vs reference" section for a line's calls, or None when none was compared."""
-    diff = ls.diffs.get(owner)
-    if diff is None:
-        return None
-    rows = []
-    for record in calls:
-        compared = diff.calls.get((record.path, record.call_index))
-        if compared is None:
-            continue
-        status = "**first divergence**" if compared.status == DIVERGENCE else compared.status.replace("_", " ")
-        name = record.path if record.call_index == 0 else f"{record.path}#{record.call_index}"
-        if compared.reference_path is not None:
-            counterpart = f"`{compared.reference_path or '(root)'}`"
-            counterpart += f" ({compared.aligned_by})" if compared.aligned_by else ""
-        else:
-            counterpart = "same path"
-        rows.append(
-            f"| `{name}` | {counterpart} | {status} | {format_number(compared.max_abs_diff)} "
-            f"| {format_number(compared.max_rel_diff)} | {compared.check or '–'} |"
-        )
-    if not rows:
-        return None
-    header = "| call | reference | status | max abs diff | max rel diff | check |\n|:--|:--|:--|--:|--:|:--|"
-    # NOTE: a call compared by statistics says why: the notes name the modules whose tensors were not stored
-    why = (
-        [f"\n\n_{note}_" for note in diff.notes if "not stored in full" in note]
-        if any("| statistics |" in row for row in rows)
-        else []
-    )
-    return f"**vs reference** `{Path(diff.reference).name}`\n\n" + header + "\n" + "\n".join(rows) + "".join(why)
-
-
-def diff_plot(ls: ModelTraceServer, params: Any) -> dict[str, Any] | None:
-    """`modelTrace/diffPlot {uri}`: the plot data of the document's latest diff, or null."""
-    uri = getattr(params, "uri", None)
-    if uri is None and isinstance(params, dict):
-        uri = params.get("uri")
-    path = ls.uri_to_path(uri) if isinstance(uri, str) else None
-    if path is None:
-        return None
-    showing = ls.store.trace_showing(path)
-    diff = ls.diffs.get(showing.owner if showing is not None else path)
-    if diff is None:
-        return None
-    return {**diff.plot, "reference": diff.reference, "divergence": diff.divergence}

@@ -1,9 +1,7 @@
-"""The server's settings (`modelTrace.*` in VS Code) and workspace trust, read from the client.
+"""The server's settings (`modelTrace.*` in VS Code), their defaults and how the client's values are read.
 
-They arrive as `initializationOptions: {settings: {...}, workspaceTrusted, traceDirectory}` and then as
-`workspace/didChangeConfiguration` (`settings: {"modelTrace": {...}}`, which may also carry
-`workspaceTrusted` once the user trusts the folder); unknown or malformed values are
-logged and ignored, so one bad setting never stops the server.
+The values arrive through `configuration` (`initialize`, `workspace/didChangeConfiguration`); unknown or malformed
+values are logged and ignored, so one bad setting never stops the server.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from lsprotocol import types
+from typing import Any
 
 from modeltrace.diff.align import parse_maps
 from modeltrace.errors import ModelTraceError
@@ -30,11 +26,6 @@ from modeltrace.worker.messages import (
     DEFAULT_TIMEOUT_SECONDS,
 )
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
-
-
-# NOTE: the server module imports Settings from here; the handlers only need the name for type checkers.
-if TYPE_CHECKING:
-    from modeltrace.lsp.server import ModelTraceServer
 
 
 logger = logging.getLogger(__name__)
@@ -240,25 +231,3 @@ _SETTINGS = {
     "generateSteps": ("generate_steps", _steps),
     "gradientHints": ("gradient_hints", _boolean),
 }
-
-
-def initialize(ls: ModelTraceServer, params: types.InitializeParams) -> None:
-    """Read settings, trust and the trace folder from `initializationOptions`."""
-    options = params.initialization_options if isinstance(params.initialization_options, Mapping) else {}
-    values = dict(options.get("settings") or {})
-    if options.get("traceDirectory"):
-        values["traceDirectory"] = options["traceDirectory"]
-    ls.apply_settings(ls.settings.updated(values))
-    # NOTE: clients without a notion of trust (Neovim, Helix) send nothing: their user opened the folder.
-    ls.workspace_trusted = options.get("workspaceTrusted", True) is not False
-
-
-def did_change_configuration(ls: ModelTraceServer, params: types.DidChangeConfigurationParams) -> None:
-    """Apply `{"modelTrace": {...}}` (or the bare section); a new hint detail redraws the hints."""
-    settings = params.settings if isinstance(params.settings, Mapping) else {}
-    values = settings.get("modelTrace", settings)
-    if not isinstance(values, Mapping):
-        return
-    if "workspaceTrusted" in values:
-        ls.workspace_trusted = values["workspaceTrusted"] is not False
-    ls.apply_settings(ls.settings.updated(values))

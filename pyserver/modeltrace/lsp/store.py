@@ -1,14 +1,13 @@
-"""The traces the server holds, and their lines as they are now in the editor.
+"""A trace as the editor shows it, and its lines as they are now in the editor.
 
 A trace is indexed by every file it touches (a modeling file and the files its modules come from), so a
-dependency shows hints too. Each file keeps its traced lines keyed by the trace's line numbers (fixed) and by
-their current 0-based line in the document (moved by `remap` on every edit).
+dependency shows hints too (`session.Sessions` keeps that index). Each file keeps its traced lines keyed by the
+trace's line numbers (fixed) and by their current 0-based line in the document (moved by `remap` on every edit).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,50 +115,3 @@ def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) ->
             lines = [""] * (max(by_trace_line, default=0) + 1)
         files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
     return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """What was last asked for a document (its URI, the class to build, the kind of trace: "forward",
-    "generate" or "backward"), so that trace-on-save repeats it."""
-
-    uri: str
-    model: str | None
-    mode: str = "forward"
-
-
-@dataclass
-class TraceStore:
-    """Every loaded trace by owner path, and for each file the hints of the latest trace that touched it."""
-
-    traces: dict[str, DocumentTrace] = field(default_factory=dict)
-    files: dict[str, FileHints] = field(default_factory=dict)
-    # NOTE: hints name their file by a small key (`FileHints.key`), not its path: serialising a path with
-    # each of 1,500 hints costs more than building them.
-    by_key: dict[int, FileHints] = field(default_factory=dict)
-    _keys: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False, repr=False)
-
-    def install(self, loaded: DocumentTrace) -> None:
-        self.remove(loaded.owner)
-        self.traces[loaded.owner] = loaded
-        for path, hints in loaded.files.items():
-            previous = self.files.get(path)
-            if previous is not None:
-                self.by_key.pop(previous.key, None)
-            hints.key = next(self._keys)
-            self.by_key[hints.key] = hints
-            self.files[path] = hints
-
-    def remove(self, owner: str) -> DocumentTrace | None:
-        loaded = self.traces.pop(owner, None)
-        if loaded is not None:
-            for path, hints in loaded.files.items():
-                if self.files.get(path) is hints:
-                    del self.files[path]
-                    del self.by_key[hints.key]
-        return loaded
-
-    def trace_showing(self, path: str) -> DocumentTrace | None:
-        """The trace whose hints a file shows: its own, or the one it was traced as a dependency of."""
-        hints = self.files.get(path)
-        return self.traces.get(hints.owner) if hints is not None else self.traces.get(path)

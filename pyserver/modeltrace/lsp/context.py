@@ -1,0 +1,154 @@
+"""The ModelTrace language server object: the pygls server plus what ModelTrace keeps between requests.
+
+Settings, workspace trust, the sessions of the traced documents (`session`), what is parsed from open documents
+and the trace worker. The server never imports torch: tracing happens in the worker process
+(`modeltrace.worker`), started on the first trace and kept warm; the server only reads the trace files it
+writes. The features (one module each, wired in `server`) take this object; none imports another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
+
+import modeltrace
+from modeltrace.lsp.classes import ModuleClass, find_module_classes
+from modeltrace.lsp.session import Sessions
+from modeltrace.lsp.settings import Settings
+from modeltrace.worker.client import WorkerClient
+
+
+if TYPE_CHECKING:
+    from modeltrace.recorders.static import Analysis
+
+
+logger = logging.getLogger(__name__)
+
+
+class ModelTraceServer(LanguageServer):
+    """A pygls server plus what ModelTrace keeps between requests."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "modeltrace", modeltrace.__version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+        )
+        self.settings = Settings()
+        self.workspace_trusted = True
+        self.sessions = Sessions()
+        self.parsed: dict[str, ParsedDocument] = {}
+        self.background_tasks: set[asyncio.Task] = set()
+        # NOTE: the worker runs one trace at a time, and a diff reads a trace folder the next trace would replace.
+        self.trace_lock = asyncio.Lock()
+        self._worker: WorkerClient | None = None
+        self._path_cache: dict[str, str | None] = {}
+
+    @property
+    def references(self) -> Mapping[str, str]:
+        """Each traced document's reference by owner path (read from the sessions)."""
+        return self.sessions.references()
+
+    def worker(self) -> WorkerClient:
+        """The trace worker for the current `python` setting (started by its first trace)."""
+        if self._worker is None:
+            self._worker = WorkerClient(python=self.settings.python, on_log=self._worker_log)
+        return self._worker
+
+    def _worker_log(self, line: str) -> None:
+        # NOTE: called from the worker's stderr thread; prints and warnings of the model code land here.
+        logger.info("worker: %s", line)
+
+    def close_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            # NOTE: closing waits up to seconds for the worker to exit; never on the event loop.
+            threading.Thread(target=worker.close, name="modeltrace-worker-close", daemon=True).start()
+
+    def apply_settings(self, settings: Settings) -> None:
+        previous, self.settings = self.settings, settings
+        if settings.python != previous.python:
+            self.close_worker()
+        if (settings.hint_detail, settings.hint_placement) != (previous.hint_detail, previous.hint_placement):
+            self.refresh_views()
+
+    def uri_to_path(self, uri: str) -> str | None:
+        """The resolved absolute path of a `file:` URI (traces name files by their real path), else None."""
+        if uri not in self._path_cache:
+            path = to_fs_path(uri) if uri.startswith("file:") else None
+            self._path_cache[uri] = os.path.realpath(path) if path else None
+        return self._path_cache[uri]
+
+    def document_path(self, uri: str) -> str | None:
+        """The path of a Python file behind `uri`; None for untitled, remote and non-Python documents."""
+        path = self.uri_to_path(uri)
+        if path is None:
+            return None
+        document = self.workspace.text_documents.get(uri)
+        language = document.language_id if document is not None else None
+        if language == "python" or (language is None and Path(path).suffix in (".py", ".pyi")):
+            return path
+        return None
+
+    def open_document(self, path: str) -> TextDocument | None:
+        for uri, document in self.workspace.text_documents.items():
+            if self.uri_to_path(uri) == path:
+                return document
+        return None
+
+    def parsed_document(self, uri: str) -> ParsedDocument:
+        """What was parsed from an open document (kept until it closes)."""
+        parsed = self.parsed.get(uri)
+        if parsed is None:
+            parsed = self.parsed[uri] = ParsedDocument()
+        return parsed
+
+    def document_classes(self, uri: str) -> list[ModuleClass]:
+        """The module classes of an open document, parsed once per version; while the user types code that does
+        not parse, those of the last version that did."""
+        document = self.workspace.get_text_document(uri)
+        parsed = self.parsed_document(uri)
+        cached = parsed.classes
+        if cached is not None and cached[0] == document.version and document.version is not None:
+            return cached[1]
+        try:
+            classes = find_module_classes(document.source)
+        except (SyntaxError, ValueError):
+            return cached[1] if cached is not None else []
+        parsed.classes = (document.version, classes)
+        return classes
+
+    def show_message(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
+        self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+
+    def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
+        logger.info("%s", message)
+        self.window_log_message(types.LogMessageParams(type=kind, message=message))
+
+    def refresh_views(self) -> None:
+        """Ask the client to request hints and lenses again, where it says it can."""
+        workspace = self.client_capabilities.workspace
+        if workspace is None:
+            return
+        if workspace.inlay_hint is not None and workspace.inlay_hint.refresh_support:
+            self.workspace_inlay_hint_refresh(None)
+        if workspace.code_lens is not None and workspace.code_lens.refresh_support:
+            self.workspace_code_lens_refresh(None)
+
+
+@dataclass(slots=True)
+class ParsedDocument:
+    """What is parsed from an open document's text, with the version it was parsed from; dropped on close."""
+
+    classes: tuple[int | None, list[ModuleClass]] | None = None
+    # (version, source, recorder analysis) of `lsp.recorders`
+    recorders: tuple[int | None, str, Analysis] | None = None
