@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.building.shrink import walk_configs
+from modeltrace.worker.building.shrink import HIDDEN_WIDTH_NAMES, walk_configs
 
 
 SEQUENCE_LENGTH = 7
@@ -438,7 +438,7 @@ class InputSynthesizer:
         if layout == "hidden":
             # A model without its speech pre-net (SpeechT5Model): the encoder takes hidden states.
             name = "input_values" if self._has("input_values") else "input_features"
-            width = _int(_first([audio, self.config], "hidden_size", "d_model"), 64)
+            width = _int(_first([audio, self.config], *HIDDEN_WIDTH_NAMES), 64)
             hidden = {name: draw.randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
             if self._has("decoder_input_values"):
                 hidden["decoder_input_values"] = draw.randn(BATCH_SIZE, DECODER_SEQUENCE_LENGTH, width)
@@ -804,7 +804,7 @@ class InputSynthesizer:
             # A speech encoder-decoder: `inputs` are the encoder's raw samples.
             return {"inputs": draw.randn(BATCH_SIZE, AUDIO_SAMPLES)}
         # Perceiver without a preprocessor: ready-made embeddings of the model's input width.
-        width = _int(_first([self.config], "d_model", "hidden_size", "embed_dim"), 64)
+        width = _int(_first([self.config], *HIDDEN_WIDTH_NAMES), 64)
         return {"inputs": draw.randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
 
     def _text_inputs(self, spec: InputSpec, draw: Draw, media: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def _construct_plain(model_class: type, config: Any, file: Path) -> nn.Module:
 
 
 def _hidden_size(config: Any) -> int:
-    for name in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim"):
+    for name in (*shrinking.HIDDEN_WIDTH_NAMES, "dim"):
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
