@@ -433,40 +433,51 @@ class InputSynthesizer:
         return {"pixel_values_videos": draw.randn(BATCH_SIZE, frames, channels, size, size)}
 
     def audio_inputs(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
-        audio = self.audio_config
-        layout = spec.style.layout
-        if layout == "hidden":
-            # A model without its speech pre-net (SpeechT5Model): the encoder takes hidden states.
-            name = "input_values" if self._has("input_values") else "input_features"
-            width = _int(_first([audio, self.config], *HIDDEN_WIDTH_NAMES), 64)
-            hidden = {name: draw.randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
-            if self._has("decoder_input_values"):
-                hidden["decoder_input_values"] = draw.randn(BATCH_SIZE, DECODER_SEQUENCE_LENGTH, width)
-            return hidden
-        mel_bins = _first([audio, self.config], "num_mel_bins")
+        """Audio for one clip in the first of the `AUDIO_FORMS` that fits the model and the spec's layout."""
+        form = next(form for form in AUDIO_FORMS if form.fits(self, spec.style.layout))
+        return form.make(self, spec, draw)
+
+    def _hidden_audio(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
+        name = "input_values" if self._has("input_values") else "input_features"
+        width = _int(_first([self.audio_config, self.config], *HIDDEN_WIDTH_NAMES), 64)
+        hidden = {name: draw.randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
+        if self._has("decoder_input_values"):
+            hidden["decoder_input_values"] = draw.randn(BATCH_SIZE, DECODER_SEQUENCE_LENGTH, width)
+        return hidden
+
+    def _mel_bins_in_values(self) -> int | None:
+        """The mel bins of a spectrogram the model takes in `input_values` (None: it takes no such thing)."""
+        mel_bins = _first([self.audio_config, self.config], "num_mel_bins")
         if self._has("input_values") and isinstance(mel_bins, int) and not self._has("input_features"):
-            # A spectrogram in `input_values` (Audio Spectrogram Transformer): [batch, frames, mel bins].
-            frames = _int(_first([audio, self.config], "max_length"), FEATURE_FRAMES)
-            return {"input_values": draw.randn(BATCH_SIZE, frames, mel_bins)}
-        if (
-            layout == "raw"
-            or self._has("input_values")
-            and (not self._has("input_features") or "input_values" in self._required())
-        ):
-            channels = _int(_first([audio, self.config], "audio_channels", "num_channels"), 0)
-            hop = _int(_first([audio, self.config], "hop_length", "frame_size"), 0)
-            ratios = _first([audio, self.config], "upsampling_ratios", "downsampling_ratios")
-            if not hop and isinstance(ratios, (list, tuple)) and ratios:
-                hop = math.prod(int(ratio) for ratio in ratios)
-            samples = hop * 16 if hop else AUDIO_SAMPLES
-            if layout == "image_like":  # a channel axis the config does not name (mono codecs)
-                channels = channels or 1
-            shape = (BATCH_SIZE, channels, samples) if channels else (BATCH_SIZE, samples)
-            raw = {"input_values": draw.randn(*shape)}
-            if "input_features" in self._required():  # codecs that take the samples and their features (NeuCodec)
-                raw.update(self._features(spec, draw, "channels_last"))
-            return raw
-        return self._features(spec, draw, layout)
+            return mel_bins
+        return None
+
+    def _spectrogram_values(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
+        frames = _int(_first([self.audio_config, self.config], "max_length"), FEATURE_FRAMES)
+        return {"input_values": draw.randn(BATCH_SIZE, frames, self._mel_bins_in_values())}
+
+    def _prefers_samples(self) -> bool:
+        """Whether the model's audio input is raw samples (`input_values`) rather than features."""
+        return self._has("input_values") and (not self._has("input_features") or "input_values" in self._required())
+
+    def _raw_samples(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
+        audio = self.audio_config
+        channels = _int(_first([audio, self.config], "audio_channels", "num_channels"), 0)
+        hop = _int(_first([audio, self.config], "hop_length", "frame_size"), 0)
+        ratios = _first([audio, self.config], "upsampling_ratios", "downsampling_ratios")
+        if not hop and isinstance(ratios, (list, tuple)) and ratios:
+            hop = math.prod(int(ratio) for ratio in ratios)
+        samples = hop * 16 if hop else AUDIO_SAMPLES
+        if spec.style.layout == "image_like":  # a channel axis the config does not name (mono codecs)
+            channels = channels or 1
+        shape = (BATCH_SIZE, channels, samples) if channels else (BATCH_SIZE, samples)
+        raw = {"input_values": draw.randn(*shape)}
+        if "input_features" in self._required():  # codecs that take the samples and their features (NeuCodec)
+            raw.update(self._features(spec, draw, "channels_last"))
+        return raw
+
+    def _feature_frames(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
+        return self._features(spec, draw, spec.style.layout)
 
     def _features(self, spec: InputSpec, draw: Draw, layout: str) -> dict[str, Any]:
         audio = self.audio_config
@@ -506,7 +517,7 @@ class InputSynthesizer:
     def audio_layouts(self) -> list[str]:
         """The feature layout the model's first audio layer suggests first, then the other ones; raw samples last
         for a model that takes both (a speech encoder-decoder whose encoder is wav2vec2-like)."""
-        if self._has("input_values") and (not self._has("input_features") or "input_values" in self._required()):
+        if self._prefers_samples():
             return ["channels_first", "image_like", "hidden"]  # raw samples, with a channel axis, as hidden states
         raw = ["raw"] if self._has("input_values") else []
         return [*self._feature_layouts(), *raw]
@@ -963,6 +974,39 @@ IMAGE_FORMS = (
         InputSynthesizer._pixel_images,
         "every other vision model: [batch, channels, height, width] at the config's image size (frames for video "
         "classifiers), with the mask and sizes the signature asks for",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class AudioForm:
+    """A way a family takes its audio: the first row that `fits(synthesizer, layout)` `make`s it."""
+
+    fits: Callable[[InputSynthesizer, str], bool]
+    make: Callable[[InputSynthesizer, InputSpec, Draw], dict[str, Any]]
+    reason: str
+
+
+AUDIO_FORMS = (
+    AudioForm(
+        lambda s, layout: layout == "hidden",
+        InputSynthesizer._hidden_audio,
+        "a model without its speech pre-net (SpeechT5Model): the encoder takes hidden states",
+    ),
+    AudioForm(
+        lambda s, layout: s._mel_bins_in_values() is not None,
+        InputSynthesizer._spectrogram_values,
+        "a spectrogram in `input_values` (Audio Spectrogram Transformer): [batch, frames, mel bins]",
+    ),
+    AudioForm(
+        lambda s, layout: layout == "raw" or s._prefers_samples(),
+        InputSynthesizer._raw_samples,
+        "raw samples (wav2vec 2.0, codecs: a multiple of the hop length, channels where the config names them)",
+    ),
+    AudioForm(
+        lambda s, layout: True,
+        InputSynthesizer._feature_frames,
+        "mel features (Whisper, Speech2Text) in the spec's layout, at the length the encoder expects",
     ),
 )
 
