@@ -92,7 +92,7 @@ def test_a_companion_input_row_is_made_for_a_model_that_takes_it(monkeypatch: py
     spec = next(synthesizer.variants()).spec
     assert "position_ids" not in synthesizer.build(spec)
     row = synthesis.CompanionInput(
-        lambda synth, inputs: synth._has("position_ids") and "input_ids" in inputs,
+        lambda synth, inputs: synth.takes("position_ids") and "input_ids" in inputs,
         lambda synth, inputs, draw: {"position_ids": torch.arange(inputs["input_ids"].shape[1]).unsqueeze(0)},
         "a family whose forward wants explicit positions",
     )

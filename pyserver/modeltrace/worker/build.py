@@ -6,5 +6,36 @@ inner modules move; new code may import `modeltrace.worker.building` directly.
 
 from __future__ import annotations
 
-from modeltrace.worker.building import *  # noqa: F403
-from modeltrace.worker.building import __all__  # noqa: F401
+from modeltrace.worker.building import (
+    BATCH_SIZE,
+    DECODER_SEQUENCE_LENGTH,
+    SEQUENCE_LENGTH,
+    BuildSpec,
+    BuiltModel,
+    build_from_file,
+    build_from_recipe,
+    build_from_request,
+    choose_model_class,
+    import_user_file,
+    load_config,
+    module_classes,
+    shrink_config,
+    synthesize_inputs,
+)
+
+__all__ = [
+    "BATCH_SIZE",
+    "DECODER_SEQUENCE_LENGTH",
+    "SEQUENCE_LENGTH",
+    "BuildSpec",
+    "BuiltModel",
+    "build_from_file",
+    "build_from_recipe",
+    "build_from_request",
+    "choose_model_class",
+    "import_user_file",
+    "load_config",
+    "module_classes",
+    "shrink_config",
+    "synthesize_inputs",
+]

@@ -100,7 +100,9 @@ def build_shrunk(
             continue
         synthesizer = InputSynthesizer(model, config, seed)
         failed_before = len(attempts)
-        ran = first_running_inputs(model, synthesizer, contextlib.nullcontext, deadline, attempts, level, True)
+        ran = first_running_inputs(
+            model, synthesizer, contextlib.nullcontext, deadline, attempts, level, always_try=True
+        )
         if ran is None and same_failure(attempts[failed_before:], previous_failures):
             # The same programming error at two sizes (a NameError, a missing attribute): a bug, not a size.
             first = first or Candidate.of(model, config, synthesizer, level)

@@ -82,7 +82,9 @@ def build_checkpoint(
         config.use_cache = False
     synthesizer = InputSynthesizer(model, config, seed)
     deadline = time.monotonic() + DEFAULT_TRIAL_BUDGET
-    ran = first_running_inputs(model, synthesizer, contextlib.nullcontext, deadline, [], "checkpoint", False)
+    ran = first_running_inputs(
+        model, synthesizer, contextlib.nullcontext, deadline, [], "checkpoint", always_try=False
+    )
     return built_model(model, model_class, config, ran, synthesizer, {"checkpoint": str(folder.resolve())})
 
 

@@ -27,6 +27,7 @@ def error_line(error: BaseException) -> str:
 
 
 def config_class_of(model_class: type, module: ModuleType | None, file: Path) -> type:
+    """The config class `model_class` is built from: its `config_class`, else (a plain module) the file's."""
     config_class = getattr(model_class, "config_class", None)
     if config_class is None and module is not None:
         # A plain nn.Module: the config of the file's model, else the one config class the file imports.
@@ -56,6 +57,7 @@ def config_class_of(model_class: type, module: ModuleType | None, file: Path) ->
 
 
 def default_config(config_class: type, file: Path) -> Any:
+    """`config_class()`, or built as its own validation says when it rejects its defaults."""
     try:
         return config_class()
     except Exception as error:  # noqa: BLE001 - any failure of user config code is reported, not raised
@@ -109,6 +111,7 @@ def load_config(model_class: type[nn.Module], config_path: Path | None, file: Pa
 
 
 def read_config(config_class: type, config_path: Path) -> Any:
+    """A config.json (or a folder holding one) read as `config_class`, as it is; hub ids refused."""
     if not config_path.exists():
         if HUB_ID.match(str(config_path)) and not str(config_path).startswith(("/", ".")):
             refuse_hub_id(str(config_path), "--config")

@@ -232,10 +232,12 @@ class InputSynthesizer:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _has(self, name: str) -> bool:
+    def takes(self, name: str) -> bool:
+        """Whether the model's forward has a parameter `name`."""
         return name in self.parameters
 
-    def _required(self) -> list[str]:
+    def required(self) -> list[str]:
+        """The forward's parameters without a default (besides *args and **kwargs)."""
         return [
             name
             for name, parameter in self.parameters.items()
@@ -343,7 +345,7 @@ class InputSynthesizer:
         )
         patches = torch.cat([positions, draw.randn(side * side, width)], dim=-1).unsqueeze(0)
         inputs = {"flattened_patches": patches.repeat(BATCH_SIZE, 1, 1)}
-        if self._has("attention_mask"):
+        if self.takes("attention_mask"):
             inputs["attention_mask"] = torch.ones(BATCH_SIZE, side * side, device=self.device)
         return inputs
 
@@ -356,7 +358,7 @@ class InputSynthesizer:
             "pixel_values": draw.randn(BATCH_SIZE, count, channels * patch * patch),
             "spatial_shapes": torch.tensor([[side, side]] * BATCH_SIZE, device=self.device),
         }
-        if self._has("pixel_attention_mask"):
+        if self.takes("pixel_attention_mask"):
             inputs["pixel_attention_mask"] = torch.ones(BATCH_SIZE, count, dtype=torch.long, device=self.device)
         return inputs
 
@@ -373,7 +375,7 @@ class InputSynthesizer:
         full_height, full_width = int(pinpoints[0][0]), int(pinpoints[0][1])
         tiles = max(1, full_height // height) * max(1, full_width // width) + 1
         inputs = {"pixel_values": draw.randn(BATCH_SIZE, tiles, channels, height, width)}
-        if self._has("image_sizes"):
+        if self.takes("image_sizes"):
             inputs["image_sizes"] = torch.tensor([[full_height, full_width]] * BATCH_SIZE, device=self.device)
         return inputs
 
@@ -386,21 +388,21 @@ class InputSynthesizer:
         else:
             pixel_values = draw.randn(BATCH_SIZE, channels, height, width)
         inputs: dict[str, Any] = {"pixel_values": pixel_values}
-        if self._has("pixel_mask"):
+        if self.takes("pixel_mask"):
             inputs["pixel_mask"] = torch.ones(BATCH_SIZE, height, width, dtype=torch.long, device=self.device)
         if spec.style.image_stack == "pair":  # keypoint matchers (SuperGlue, LightGlue) take two images
             pixel_values = torch.stack([pixel_values, draw.randn(*pixel_values.shape)], dim=1)
         elif spec.style.image_stack:
             pixel_values = pixel_values.unsqueeze(1)
         inputs["pixel_values"] = pixel_values
-        if self._has("image_sizes") and (spec.style.image_sizes or "image_sizes" in self._required()):
+        if self.takes("image_sizes") and (spec.style.image_sizes or "image_sizes" in self.required()):
             inputs["image_sizes"] = torch.tensor([[height, width]] * BATCH_SIZE, device=self.device)
         return inputs
 
     def _video_in_pixel_values(self) -> bool:
         # Video classifiers (VideoMAE, TimeSformer, ViViT) take frames in `pixel_values`; multimodal models that
         # also take images have a separate `pixel_values_videos`.
-        return not self._has("pixel_values_videos")
+        return not self.takes("pixel_values_videos")
 
     def _patch_images(self, draw: Draw, channels: int, patch: int, video: bool = False) -> dict[str, Any]:
         configs = [self.vision_config, *walk_configs(self.config)]
@@ -413,9 +415,9 @@ class InputSynthesizer:
         pixel_values = draw.randn(patches, channels * temporal * patch * patch)
         if video:
             return {"pixel_values_videos": pixel_values, "video_grid_thw": grid}
-        if self._has("image_grid_thw"):
+        if self.takes("image_grid_thw"):
             return {"pixel_values": pixel_values, "image_grid_thw": grid}
-        if self._has("image_grid_hw"):
+        if self.takes("image_grid_hw"):
             return {"pixel_values": pixel_values, "image_grid_hw": grid[:, 1:]}
         return {"pixel_values": pixel_values, "grid_thw": grid}
 
@@ -426,7 +428,7 @@ class InputSynthesizer:
         vision = self.vision_config
         channels = _int(_first([vision, self.config], "num_channels", "in_channels"), 3)
         patch = _int(_first([vision, self.config], "patch_size"), 16)
-        if self._has("video_grid_thw"):
+        if self.takes("video_grid_thw"):
             return self._patch_images(draw, channels, patch, video=True)
         size = _int(_first([vision, self.config], "image_size"), DEFAULT_IMAGE_SIZE)
         frames = _int(_first([vision, self.config], "num_frames"), 2)
@@ -438,17 +440,17 @@ class InputSynthesizer:
         return form.make(self, spec, draw)
 
     def _hidden_audio(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
-        name = "input_values" if self._has("input_values") else "input_features"
+        name = "input_values" if self.takes("input_values") else "input_features"
         width = _int(_first([self.audio_config, self.config], *HIDDEN_WIDTH_NAMES), 64)
         hidden = {name: draw.randn(BATCH_SIZE, SEQUENCE_LENGTH, width)}
-        if self._has("decoder_input_values"):
+        if self.takes("decoder_input_values"):
             hidden["decoder_input_values"] = draw.randn(BATCH_SIZE, DECODER_SEQUENCE_LENGTH, width)
         return hidden
 
     def _mel_bins_in_values(self) -> int | None:
         """The mel bins of a spectrogram the model takes in `input_values` (None: it takes no such thing)."""
         mel_bins = _first([self.audio_config, self.config], "num_mel_bins")
-        if self._has("input_values") and isinstance(mel_bins, int) and not self._has("input_features"):
+        if self.takes("input_values") and isinstance(mel_bins, int) and not self.takes("input_features"):
             return mel_bins
         return None
 
@@ -458,7 +460,7 @@ class InputSynthesizer:
 
     def _prefers_samples(self) -> bool:
         """Whether the model's audio input is raw samples (`input_values`) rather than features."""
-        return self._has("input_values") and (not self._has("input_features") or "input_values" in self._required())
+        return self.takes("input_values") and (not self.takes("input_features") or "input_values" in self.required())
 
     def _raw_samples(self, spec: InputSpec, draw: Draw) -> dict[str, Any]:
         audio = self.audio_config
@@ -472,7 +474,7 @@ class InputSynthesizer:
             channels = channels or 1
         shape = (BATCH_SIZE, channels, samples) if channels else (BATCH_SIZE, samples)
         raw = {"input_values": draw.randn(*shape)}
-        if "input_features" in self._required():  # codecs that take the samples and their features (NeuCodec)
+        if "input_features" in self.required():  # codecs that take the samples and their features (NeuCodec)
             raw.update(self._features(spec, draw, "channels_last"))
         return raw
 
@@ -510,7 +512,7 @@ class InputSynthesizer:
             features = features.unsqueeze(1)
         inputs: dict[str, Any] = {"input_features": features}
         for mask_name in ("input_features_mask", "feature_attention_mask"):
-            if self._has(mask_name):
+            if self.takes(mask_name):
                 inputs[mask_name] = torch.ones(BATCH_SIZE, frames, dtype=torch.long, device=self.device)
         return inputs
 
@@ -519,7 +521,7 @@ class InputSynthesizer:
         for a model that takes both (a speech encoder-decoder whose encoder is wav2vec2-like)."""
         if self._prefers_samples():
             return ["channels_first", "image_like", "hidden"]  # raw samples, with a channel axis, as hidden states
-        raw = ["raw"] if self._has("input_values") else []
+        raw = ["raw"] if self.takes("input_values") else []
         return [*self._feature_layouts(), *raw]
 
     def _feature_layouts(self) -> list[str]:
@@ -544,7 +546,7 @@ class InputSynthesizer:
                 return ["image_like", "channels_last", "channels_first"]
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 break
-        if self._has("input_features") and not hasattr(self.config, "max_source_positions"):
+        if self.takes("input_features") and not hasattr(self.config, "max_source_positions"):
             return ["channels_last", "channels_first", "image_like", "hidden"]
         return ["channels_first", "channels_last", "image_like", "hidden"]
 
@@ -732,23 +734,23 @@ class InputSynthesizer:
             ("observed_mask", values_shape),
             ("past_values_padding", values_shape[:2]),
         ):
-            if self._has(name):
+            if self.takes(name):
                 inputs[name] = (
                     torch.ones(shape, device=self.device) if "mask" in name else torch.zeros(shape, device=self.device)
                 )
-        if self._has("past_time_features"):
+        if self.takes("past_time_features"):
             inputs["past_time_features"] = draw.randn(BATCH_SIZE, past, time_features)
-        if self._has("freq"):
+        if self.takes("freq"):
             inputs["freq"] = torch.zeros(BATCH_SIZE, 1, dtype=torch.long, device=self.device)
-        if self._has("future_time_features") and getattr(config, "is_encoder_decoder", False):
+        if self.takes("future_time_features") and getattr(config, "is_encoder_decoder", False):
             future_shape = (BATCH_SIZE, prediction) if len(values_shape) == 2 else (BATCH_SIZE, prediction, channels)
             inputs["future_values"] = draw.randn(*future_shape)
             inputs["future_time_features"] = draw.randn(BATCH_SIZE, prediction, time_features)
         static_real = _int(getattr(config, "num_static_real_features", None), 0)
-        if self._has("static_real_features") and static_real:
+        if self.takes("static_real_features") and static_real:
             inputs["static_real_features"] = draw.randn(BATCH_SIZE, static_real)
         categorical = _int(getattr(config, "num_static_categorical_features", None), 0)
-        if self._has("static_categorical_features") and categorical:
+        if self.takes("static_categorical_features") and categorical:
             # category 0 exists whatever each feature's cardinality
             inputs["static_categorical_features"] = torch.tensor(
                 [[0] * categorical] * BATCH_SIZE, dtype=torch.long, device=self.device
@@ -767,9 +769,9 @@ class InputSynthesizer:
             "returns_to_go": draw.randn(BATCH_SIZE, length, 1),
             "timesteps": torch.arange(length, device=self.device).unsqueeze(0),
         }
-        if self._has("attention_mask"):
+        if self.takes("attention_mask"):
             inputs["attention_mask"] = torch.ones(BATCH_SIZE, length, dtype=torch.long, device=self.device)
-        return {name: value for name, value in inputs.items() if self._has(name)}
+        return {name: value for name, value in inputs.items() if self.takes(name)}
 
     def build(self, spec: InputSpec) -> dict[str, Any]:
         """One input set with `spec.modalities` (a subset of `self.modalities()`) and text when the model takes it,
@@ -792,15 +794,15 @@ class InputSynthesizer:
         inputs: dict[str, Any] = {}
         for values in media.values():
             inputs.update(values)
-        if self._has("input_ids"):
+        if self.takes("input_ids"):
             inputs.update(self._text_inputs(spec, draw, media))
-        elif self._has("decoder_input_ids") and getattr(self.config, "is_encoder_decoder", False):
+        elif self.takes("decoder_input_ids") and getattr(self.config, "is_encoder_decoder", False):
             # Speech / vision encoder-decoders (Whisper, Speech2Text): the text side is the decoder's.
             inputs["decoder_input_ids"] = self.text_tokens(draw, DECODER_SEQUENCE_LENGTH).unsqueeze(0).to(self.device)
         for rule in COMPANION_INPUTS:
             if rule.needed(self, inputs):
                 inputs.update(rule.make(self, inputs, draw))
-        if self._has("use_cache"):
+        if self.takes("use_cache"):
             inputs["use_cache"] = False
         return inputs
 
@@ -829,14 +831,14 @@ class InputSynthesizer:
             input_ids = input_ids.unsqueeze(-1).repeat(1, 1, codebooks)
         inputs["input_ids"] = input_ids
         length = input_ids.shape[1]
-        if self._has("attention_mask"):
+        if self.takes("attention_mask"):
             inputs["attention_mask"] = torch.ones(BATCH_SIZE, length, dtype=torch.long, device=self.device)
-        if self._has("token_type_ids") and self._type_vocab():
+        if self.takes("token_type_ids") and self._type_vocab():
             inputs["token_type_ids"] = torch.zeros(BATCH_SIZE, length, dtype=torch.long, device=self.device)
-        if self._has("mm_token_type_ids") and token_types is not None:
+        if self.takes("mm_token_type_ids") and token_types is not None:
             inputs["mm_token_type_ids"] = token_types
-        if self._has("decoder_input_ids") and (
-            getattr(self.config, "is_encoder_decoder", False) or "decoder_input_ids" in self._required()
+        if self.takes("decoder_input_ids") and (
+            getattr(self.config, "is_encoder_decoder", False) or "decoder_input_ids" in self.required()
         ):
             inputs["decoder_input_ids"] = self.text_tokens(draw, DECODER_SEQUENCE_LENGTH).unsqueeze(0).to(self.device)
         return inputs
@@ -892,12 +894,12 @@ class InputSynthesizer:
         return styles
 
     def _complete(self, inputs: dict[str, Any]) -> bool:
-        return not [name for name in self._required() if name not in inputs]
+        return not [name for name in self.required() if name not in inputs]
 
     def missing(self) -> list[str]:
         """The required forward inputs that no modality of the model gives."""
         best = self.build(InputSpec(modalities=tuple(self.modalities())))
-        return [name for name in self._required() if name not in best]
+        return [name for name in self.required() if name not in best]
 
 
 # --- family rules: rows with their reason --------------------------------------------------------------------
@@ -915,24 +917,26 @@ class ModalityRule:
 MODALITY_RULES = (
     ModalityRule(
         "image",
-        lambda s, found: s._has("pixel_values") or s._has("flattened_patches"),
+        lambda s, found: s.takes("pixel_values") or s.takes("flattened_patches"),
         "vision models and towers; Pix2Struct's flattened patches",
     ),
-    ModalityRule("video", lambda s, found: s._has("pixel_values_videos"), "video-language models (Qwen-VL, LLaVA-OV)"),
+    ModalityRule(
+        "video", lambda s, found: s.takes("pixel_values_videos"), "video-language models (Qwen-VL, LLaVA-OV)"
+    ),
     ModalityRule(
         "audio",
-        lambda s, found: s._has("input_features") or s._has("input_values") or s._has("audio_values"),
+        lambda s, found: s.takes("input_features") or s.takes("input_values") or s.takes("audio_values"),
         "speech encoders (mel features), codecs and wav2vec-style models (raw samples)",
     ),
-    ModalityRule("series", lambda s, found: s._has("past_values"), "time-series forecasters (PatchTST, Informer)"),
+    ModalityRule("series", lambda s, found: s.takes("past_values"), "time-series forecasters (PatchTST, Informer)"),
     ModalityRule(
         "embeddings",
-        lambda s, found: s._has("inputs") and not found and ("inputs" in s._required() or not s._has("input_ids")),
+        lambda s, found: s.takes("inputs") and not found and ("inputs" in s.required() or not s.takes("input_ids")),
         "Perceiver without a preprocessor; speech encoder-decoders that name their samples `inputs`",
     ),
     ModalityRule(
         "trajectory",
-        lambda s, found: s._has("states") and s._has("actions"),
+        lambda s, found: s.takes("states") and s.takes("actions"),
         "reinforcement-learning trajectories (Decision Transformer)",
     ),
 )
@@ -949,17 +953,17 @@ class ImageForm:
 
 IMAGE_FORMS = (
     ImageForm(
-        lambda s: s._has("image_grid_thw") or s._has("grid_thw") or s._has("image_grid_hw"),
+        lambda s: s.takes("image_grid_thw") or s.takes("grid_thw") or s.takes("image_grid_hw"),
         InputSynthesizer._grid_images,
         "Qwen-VL-style towers: the flattened patches of one image and its grid (time, height, width)",
     ),
     ImageForm(
-        lambda s: s._has("flattened_patches"),
+        lambda s: s.takes("flattened_patches"),
         InputSynthesizer._flattened_patches,
         "Pix2Struct: variable-resolution patches, each row [row id, column id, channels × patch²]",
     ),
     ImageForm(
-        lambda s: s._has("spatial_shapes"),
+        lambda s: s.takes("spatial_shapes"),
         InputSynthesizer._naflex_patches,
         "NaFlex towers (SigLIP 2): patches [batch, patches, channels × patch²], their grid and a mask of the real ones",
     ),
@@ -1022,7 +1026,7 @@ class StyleRule:
 
 STYLE_RULES = (
     StyleRule(
-        lambda s, option: "image" in option and s._has("image_sizes"),
+        lambda s, option: "image" in option and s.takes("image_sizes"),
         {"image_sizes": True},
         "LLaVA-NeXT-style models that want each image's size",
     ),
@@ -1037,12 +1041,12 @@ STYLE_RULES = (
         "keypoint matchers that take two images (SuperGlue, LightGlue)",
     ),
     StyleRule(
-        lambda s, option: s._codebooks() > 1 and s._has("input_ids"),
+        lambda s, option: s._codebooks() > 1 and s.takes("input_ids"),
         {"codebooks": "first"},
         "token ids per codebook, codebooks first (MusicGen's decoder)",
     ),
     StyleRule(
-        lambda s, option: s._codebooks() > 1 and s._has("input_ids"),
+        lambda s, option: s._codebooks() > 1 and s.takes("input_ids"),
         {"codebooks": "last"},
         "token ids per codebook, codebooks last",
     ),
@@ -1076,7 +1080,7 @@ def _qformer_prompt(synthesizer: InputSynthesizer, inputs: dict[str, Any], draw:
     qformer = getattr(synthesizer.config, "qformer_config", None)
     vocab = _int(getattr(qformer, "vocab_size", None), synthesizer.vocab_size())
     extra = {"qformer_input_ids": draw.randint(0, vocab, (BATCH_SIZE, SEQUENCE_LENGTH))}
-    if synthesizer._has("qformer_attention_mask"):
+    if synthesizer.takes("qformer_attention_mask"):
         shape = (BATCH_SIZE, SEQUENCE_LENGTH)
         extra["qformer_attention_mask"] = torch.ones(*shape, dtype=torch.long, device=synthesizer.device)
     return extra
@@ -1105,27 +1109,27 @@ def _region_features(synthesizer: InputSynthesizer, inputs: dict[str, Any], draw
 
 COMPANION_INPUTS = (
     CompanionInput(
-        lambda s, inputs: s._has("image_attention_mask") and "input_ids" in inputs and "pixel_values" in inputs,
+        lambda s, inputs: s.takes("image_attention_mask") and "input_ids" in inputs and "pixel_values" in inputs,
         _image_attention_mask,
         "IDEFICS: which images each token attends to (every token, every image of its sample)",
     ),
     CompanionInput(
-        lambda s, inputs: s._has("bbox") and "input_ids" in inputs,
+        lambda s, inputs: s.takes("bbox") and "input_ids" in inputs,
         _boxes,
         "LayoutLM-style document models: a box per token",
     ),
     CompanionInput(
-        lambda s, inputs: s._has("qformer_input_ids") and "input_ids" in inputs,
+        lambda s, inputs: s.takes("qformer_input_ids") and "input_ids" in inputs,
         _qformer_prompt,
         "InstructBLIP: the Q-Former's own prompt",
     ),
     CompanionInput(
-        lambda s, inputs: s._has("image_embeds_position_mask") and "pixel_values" in inputs and "input_ids" in inputs,
+        lambda s, inputs: s.takes("image_embeds_position_mask") and "pixel_values" in inputs and "input_ids" in inputs,
         _latent_query_places,
         "Kosmos-2: the image's latent queries take the places the mask marks, right after the first token",
     ),
     CompanionInput(
-        lambda s, inputs: s._has("visual_feats") and s._has("visual_pos"),
+        lambda s, inputs: s.takes("visual_feats") and s.takes("visual_pos"),
         _region_features,
         "LXMERT: region features and their boxes",
     ),

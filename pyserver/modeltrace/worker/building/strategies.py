@@ -194,7 +194,7 @@ def _build_from_config(
     model = construct(model_class, config, spec.seed, file)
     synthesizer = InputSynthesizer(model, config, spec.seed)
     deadline = time.monotonic() + trial_budget
-    ran = first_running_inputs(model, synthesizer, contextlib.nullcontext, deadline, [], "config", False)
+    ran = first_running_inputs(model, synthesizer, contextlib.nullcontext, deadline, [], "config", always_try=False)
     return built_model(model, model_class, config, ran, synthesizer, {"config": str(spec.config)})
 
 
@@ -247,7 +247,7 @@ def _build_shape_only(model_class: type, config: Any, seed: int, attention: str,
         model, config, seed, convert=lambda value: meta_inputs(mode, value, dtype_of_floats), context=lambda: mode
     )
     deadline = time.monotonic() + DEFAULT_TRIAL_BUDGET
-    ran = first_running_inputs(model, synthesizer, lambda: mode, deadline, [], "shape-only", False)
+    ran = first_running_inputs(model, synthesizer, lambda: mode, deadline, [], "shape-only", always_try=False)
     built = built_model(model, model_class, config, ran, synthesizer, {"shape_only": True})
     built.shape_only = True
     built.forward_context = lambda: mode
