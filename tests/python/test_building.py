@@ -5,7 +5,9 @@
 - the strategy is the first row of `STRATEGIES` that applies;
 - the input synthesiser is stateless given an `InputSpec`: the same spec gives the same tensors, a repair
   gives a new spec and leaves what the old spec gives unchanged;
-- a family's input rule is a row: a row added to `COMPANION_INPUTS` is made for a model that takes it.
+- a family's input rule is a row: a row added to `COMPANION_INPUTS` is made for a model that takes it;
+- the traced inputs are those of the variant that ran (CSM runs with its token ids per codebook last, after the
+  codebooks-first layout failed; both variants were once named alike and the first was traced).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from modeltrace.worker.building import inputs as synthesis
 from modeltrace.worker.building.strategies import choose_strategy
 
 from conftest import EXAMPLE_MODELING_FILE
+
+
+MODELS = Path(transformers.__file__).parent / "models"
 
 
 def _tiny_llama() -> transformers.LlamaModel:
@@ -101,3 +106,14 @@ def test_a_companion_input_row_is_made_for_a_model_that_takes_it(monkeypatch: py
     assert inputs["position_ids"].tolist() == [list(range(synthesis.SEQUENCE_LENGTH))]
     with torch.no_grad():
         model(**inputs)
+
+
+def test_the_traced_inputs_are_those_of_the_variant_that_ran() -> None:
+    from modeltrace.worker.building import build_from_file
+
+    built = build_from_file(MODELS / "csm" / "modeling_csm.py", None, None, seed=0)
+    assert built.notes["inputs"] == "text (codebooks last)"
+    assert any("codebooks first" in failure for failure in built.notes["failed_candidates"])
+    assert built.kwargs["input_ids"].shape == (synthesis.BATCH_SIZE, synthesis.SEQUENCE_LENGTH, 32)
+    with torch.no_grad():
+        built.model(**built.kwargs)

@@ -146,7 +146,7 @@ class InputStyle:
         words = ["image sizes"] * self.image_sizes
         if self.image_stack:
             words.append("image pair" if self.image_stack == "pair" else "images per sample")
-        return words + ["codebooks"] * bool(self.codebooks)
+        return words + [f"codebooks {self.codebooks}"] * bool(self.codebooks)
 
 
 @dataclass(frozen=True)
