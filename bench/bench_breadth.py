@@ -236,7 +236,7 @@ def summarize(results: list[dict]) -> str:
         + ", ".join(f"{name} {count}" for name, count in sorted(modalities.items(), key=lambda item: -item[1]))
         + ". Config used: "
         + ", ".join(f"{name} {count}" for name, count in sorted(levels.items(), key=lambda i: -i[1]))
-        + " (shrink levels, see worker/shrink.py).",
+        + " (shrink levels, see worker/building/shrink.py).",
         "",
         "| Failure reason | Files | Models |",
         "|---|---:|---|",

@@ -1,7 +1,7 @@
 """Rules the editor and the worker share, written once on plain class names (no torch, no user code imported).
 
 The language server reads a file's classes with `ast` (`lsp/classes.py`), the worker imports them
-(`worker/build.py`); both ask here which class a plain "Trace forward" builds, so the code lens and the CLI
+(`worker/building/source.py`); both ask here which class a plain "Trace forward" builds, so the code lens and the CLI
 build the same model.
 """
 

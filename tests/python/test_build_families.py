@@ -324,7 +324,7 @@ def test_a_config_that_cannot_be_built_asks_for_a_config_or_recipe(tmp_path: Pat
 
 
 def test_validation_messages_say_what_to_set() -> None:
-    from modeltrace.worker.shrink import told_values
+    from modeltrace.worker.building.shrink import told_values
 
     assert told_values("ValueError: Qwen4-Exp QSA requires indexer_kv_heads=1.") == {"indexer_kv_heads": 1}
     assert told_values("hidden_size_per_layer_input must be 0, got 256") == {"hidden_size_per_layer_input": 0}
@@ -338,7 +338,7 @@ def test_validation_messages_say_what_to_set() -> None:
 def test_shrinking_rederives_what_post_init_derived_from_the_layer_count() -> None:
     from transformers.models.dory.configuration_dory import DoryConfig
 
-    from modeltrace.worker.shrink import shrink
+    from modeltrace.worker.building.shrink import shrink
 
     # Dory's defaults list attention and mlp blocks separately (144 entries for 72 layers) and split the layers
     # into input, recurrent and output parts that must add up.
@@ -350,7 +350,7 @@ def test_shrinking_rederives_what_post_init_derived_from_the_layer_count() -> No
 def test_sizes_the_defaults_leave_unset_are_given_small_values() -> None:
     from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaConfig
 
-    from modeltrace.worker.shrink import shrink
+    from modeltrace.worker.building.shrink import shrink
 
     text = shrink(DiffusionGemmaConfig(), "tiny").text_config
     assert (text.num_experts, text.top_k_experts, text.moe_intermediate_size) == (4, 2, 128)
@@ -359,7 +359,7 @@ def test_sizes_the_defaults_leave_unset_are_given_small_values() -> None:
 def test_mrope_sections_cover_the_rotary_part_of_the_head() -> None:
     from transformers.models.glm4v_moe.configuration_glm4v_moe import Glm4vMoeConfig
 
-    from modeltrace.worker.shrink import shrink
+    from modeltrace.worker.building.shrink import shrink
 
     text = shrink(Glm4vMoeConfig(), "tiny").text_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -371,11 +371,11 @@ def test_mrope_sections_cover_the_rotary_part_of_the_head() -> None:
 def test_defaults_rejected_by_their_own_validation_are_built_as_the_message_says(tmp_path: Path) -> None:
     from transformers.models.gemma4_assistant.configuration_gemma4_assistant import Gemma4AssistantConfig
 
-    from modeltrace.worker.build import _default_config
+    from modeltrace.worker.building.configs import default_config
 
     with pytest.raises(Exception, match="must be 0"):
         Gemma4AssistantConfig()
-    config = _default_config(Gemma4AssistantConfig, tmp_path / "modeling_x.py")
+    config = default_config(Gemma4AssistantConfig, tmp_path / "modeling_x.py")
     assert config.text_config.hidden_size_per_layer_input == 0
 
 

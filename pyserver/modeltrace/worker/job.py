@@ -20,7 +20,7 @@ import torch
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
-from modeltrace.worker.build import _DTYPES as DTYPES
+from modeltrace.worker.building.meta import TORCH_DTYPES as DTYPES
 from modeltrace.worker.build import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward

@@ -64,7 +64,7 @@ async def test_the_checkpoint_setting_traces_the_saved_weights(client: LanguageC
     import torch
 
     from modeltrace.worker.build import import_user_file
-    from modeltrace.worker.inputs import InputSynthesizer
+    from modeltrace.worker.building import InputSynthesizer
 
     modeling = copy_example(tmp_path)
     module = import_user_file(modeling)
@@ -80,7 +80,7 @@ async def test_the_checkpoint_setting_traces_the_saved_weights(client: LanguageC
     direct = module.TinyLlamaModel(module.TinyLlamaModel.config_class.from_pretrained(checkpoint))
     direct.load_state_dict(load_file(checkpoint / "model.safetensors"))
     direct.eval()
-    _, inputs = next(InputSynthesizer(direct, direct.config, 0).variants())
+    inputs = next(InputSynthesizer(direct, direct.config, 0).variants()).inputs
     with torch.no_grad():
         expected = direct(**inputs).last_hidden_state
 

@@ -19,7 +19,8 @@ Instead of a table per family, the rules here go by what a field's name says it 
 
 The rules are rows (`UNSET_SIZE_RULES`, `SIZE_CAPS`, `WIDTH_CAPS`: a test of the field, the size it gets, and
 which models need the row), read by one generic loop in `_shrink_values`; the structural fixes that keep a
-shrunk config consistent (per-layer lists, layer sums, stage widths, rope sections) are the `_fix_*` steps.
+shrunk config consistent (per-layer lists, layer sums, stage widths, rope sections) are the rows of
+`CONSISTENCY_STEPS`, run in order after the size rows.
 Adding a family's rule is adding a row next to its reason.
 
 Sub-configs (a composite model's `text_config`, `vision_config`, `audio_config`, an encoder-decoder's `encoder`
@@ -69,7 +70,9 @@ _WIDTH_NAMES = re.compile(
     r"|d_latent|latent_dim|context_dim|cross_attention_dim|pooler_hidden_size|output_dim|proj_dim|codebook_dim"
     r"|[a-z_]*_hidden_size|[a-z_]*_embed_dim|hidden_size_[a-z_]+)$"
 )
-_CORE_WIDTH_NAMES = {"hidden_size", "d_model", "n_embd", "embed_dim"}
+# The model's hidden width under its usual names, the most usual first (the one spelling of them).
+HIDDEN_WIDTH_NAMES = ("hidden_size", "d_model", "n_embd", "embed_dim")
+_CORE_WIDTH_NAMES = set(HIDDEN_WIDTH_NAMES)
 _FFN_NAMES = re.compile(
     r"^(intermediate_size|d_ff|n_inner|ffn_dim|mlp_dim|d_inner|ffn_hidden_size|inner_dim|dim_feedforward"
     r"|[a-z_]*_intermediate_size|[a-z_]*_ffn_dim|[a-z_]*_ffn_size|[a-z_]*_mlp_dim|[a-z_]*_intermediate_dim)$"
@@ -712,50 +715,144 @@ def _shrink_values(config: Any, values: dict[str, Any], level: str, mha: bool = 
             if size is not _KEEP:
                 new[name] = size
 
-    if widths:
-        for name, limit in _SCALING_FACTORS.items():
-            value = values.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit and not core_only:
-                new[name] = limit
-                # The head's width follows the width coefficient (EfficientNet's `hidden_dim`, 1280 × width).
-                if name.startswith("width") and _is_int(values.get("hidden_dim")):
-                    divisor = values.get("depth_divisor") if _is_int(values.get("depth_divisor")) else 8
-                    scaled = max(divisor, int(values["hidden_dim"] * limit / value + divisor / 2) // divisor * divisor)
-                    new["hidden_dim"] = scaled
-    # Layer patterns: one full-attention layer every N layers, attention/expert layers every N from an offset.
-    for name, value in values.items():
+    step_context = _StepContext(config, level, layer_counts, staged)
+    for step in CONSISTENCY_STEPS:
+        if step.levels is None or level in step.levels:
+            if step.applies is None or step.applies(step_context):
+                step.fix(values, new, step_context)
+    return new
+
+
+# --- consistency steps: what keeps a shrunk config consistent, as rows with their reason -----------------------
+
+
+@dataclass
+class _StepContext:
+    """What a consistency step may look at besides the old and new values: the config, the shrink level, the
+    layer counts changed so far (old count -> new count; a step may add to them), whether the model is staged."""
+
+    config: Any
+    level: str
+    layer_counts: dict[int, int]
+    staged: bool
+
+
+@dataclass(frozen=True)
+class ConsistencyStep:
+    """One row: `fix(old values, new values, context)` changes the new values in place; run at `levels` (None:
+    all) when `applies(context)` (None: always), in the order of the table. `reason`: which models need it."""
+
+    fix: Callable[[dict[str, Any], dict[str, Any], _StepContext], None]
+    reason: str
+    levels: tuple[str, ...] | None = None
+    applies: Callable[[_StepContext], bool] | None = None
+
+
+_WIDTH_LEVELS = ("tiny", "narrow")
+
+
+def _fix_scaling(old: dict[str, Any], new: dict[str, Any], context: _StepContext) -> None:
+    """Compound scaling factors capped; the head's width follows the width coefficient."""
+    for name, limit in _SCALING_FACTORS.items():
+        value = old.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+            new[name] = limit
+            # EfficientNet's `hidden_dim` is 1280 × width.
+            if name.startswith("width") and _is_int(old.get("hidden_dim")):
+                divisor = old.get("depth_divisor") if _is_int(old.get("depth_divisor")) else 8
+                scaled = max(divisor, int(old["hidden_dim"] * limit / value + divisor / 2) // divisor * divisor)
+                new["hidden_dim"] = scaled
+
+
+def _fix_layer_patterns(old: dict[str, Any], new: dict[str, Any], context: _StepContext) -> None:
+    """One full-attention layer every N layers, attention/expert layers every N from an offset: N inside LAYERS."""
+    for name, value in old.items():
         if _is_int(value) and _PATTERN_NAMES.match(name) and value > LAYERS and not _is_config(value):
             new[name] = LAYERS
             offset_name = name.replace("period", "offset")
-            if offset_name != name and _is_int(values.get(offset_name)):
-                new[offset_name] = min(values[offset_name], LAYERS - 1)
-    # Switches that need kernels this machine may not have.
+            if offset_name != name and _is_int(old.get(offset_name)):
+                new[offset_name] = min(old[offset_name], LAYERS - 1)
+
+
+def _fix_kernel_switches(old: dict[str, Any], new: dict[str, Any], context: _StepContext) -> None:
     for name in _KERNEL_SWITCHES:
-        if values.get(name) is True:
+        if old.get(name) is True:
             new[name] = False
 
-    if widths and staged and not core_only:
-        _scale_stage_widths(values, new)
-    # A sliding-window layer needs a window, even where the default config leaves it unset.
-    kinds = new.get("layer_types") or values.get("layer_types") or ()
+
+def _fix_sliding_window(old: dict[str, Any], new: dict[str, Any], context: _StepContext) -> None:
+    kinds = new.get("layer_types") or old.get("layer_types") or ()
     if (
-        "sliding_window" in values
-        and values["sliding_window"] is None
+        "sliding_window" in old
+        and old["sliding_window"] is None
         and any(kind in _SLIDING_KINDS for kind in kinds if isinstance(kind, str))
     ):
-        new["sliding_window"] = _SLIDING_WINDOW if level == "tiny" else 4096
-    _fix_experts(values, new)
-    _fix_layer_sums(values, new, layer_counts)
-    _fix_layer_lists(values, new, layer_counts, level)
-    _fix_per_layer(values, new, level)
-    _fix_depth_lists(values, new)
-    _fix_images(values, new)
-    if widths:
-        _fix_state_space(values, new)
-        _fix_rope(config, new)
-    _fix_image_tokens(new)
-    _fix_windows_in_context(new)
-    return new
+        new["sliding_window"] = _SLIDING_WINDOW if context.level == "tiny" else 4096
+
+
+CONSISTENCY_STEPS = (
+    ConsistencyStep(
+        _fix_scaling,
+        "compound scaling of convolutional nets (EfficientNet-B7 is 2.0 wide and 3.1 deep)",
+        ("tiny",),
+    ),
+    ConsistencyStep(
+        _fix_layer_patterns, "layer patterns every N layers (Llama 4's no-rope layers, Jamba's attention period)"
+    ),
+    ConsistencyStep(_fix_kernel_switches, "switches that need kernels this machine may not have (Mamba, timm)"),
+    ConsistencyStep(
+        lambda old, new, context: _scale_stage_widths(old, new),
+        "staged models (Swin, ConvNeXt, PVT): stage widths scaled together, each stage's head size kept",
+        ("tiny",),
+        lambda context: context.staged,
+    ),
+    ConsistencyStep(
+        _fix_sliding_window,
+        "a sliding-window layer needs a window, even where the default config leaves it unset",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_experts(old, new),
+        "top-k and expert groups inside the shrunk expert count (DeepSeek-V3's group-limited routing)",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_layer_sums(old, new, context.layer_counts),
+        "layer counts that are parts of a total (Dory's input + recurrent + output layers)",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_layer_lists(old, new, context.layer_counts, context.level),
+        "per-layer lists cut to the new depth, layer indices kept inside it (layer_types, vision_feature_layer)",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_per_layer(old, new, context.level),
+        "per-layer overrides moved onto the kept layers of the same kind",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_depth_lists(old, new),
+        "hierarchical models (Swin, ConvNeXt, ResNet): each stage's depth 1",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_images(old, new),
+        "image sizes with too many patches halved; convolutional nets at 224 px",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_state_space(old, new),
+        "Mamba-2 style heads: heads × head size equal to the expanded width",
+        _WIDTH_LEVELS,
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_rope(context.config, new),
+        "multimodal RoPE sections add up to half the shrunk head size (Qwen2-VL's mrope_section)",
+        _WIDTH_LEVELS,
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_image_tokens(new),
+        "pooled image tokens (Gemma 3): tokens per side divide the tower's patches per side",
+    ),
+    ConsistencyStep(
+        lambda old, new, context: _fix_windows_in_context(new),
+        "windows cut from a forecaster's context fit inside it (Autoformer's label_length)",
+    ),
+)
 
 
 def _fix_windows_in_context(new: dict[str, Any]) -> None:

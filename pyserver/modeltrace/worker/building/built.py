@@ -1,0 +1,60 @@
+"""The end of the building pipeline: a model ready to trace, its inputs, and notes on how it was made."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from modeltrace.errors import ModelTraceError
+from modeltrace.worker.assemble import jsonable
+from modeltrace.worker.building.inputs import InputSynthesizer
+from modeltrace.worker.building.trials import Ran
+
+
+@dataclass
+class BuiltModel:
+    """A model ready to trace, its inputs, and what the trace header says about them.
+
+    `forward_context` wraps the traced forward pass (the shape-only mode's dispatch mode); `notes` say how the
+    model was made (shrink level, input set, candidates that failed), for the header and for error messages.
+    """
+
+    model: nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    model_class: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+    shape_only: bool = False
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+def cannot_synthesise(model_class: type, synthesizer: InputSynthesizer) -> ModelTraceError:
+    return ModelTraceError(
+        f"{model_class.__name__}.forward needs {', '.join(synthesizer.missing())}, which ModelTrace cannot "
+        "synthesise; pass --recipe with build_model() and build_inputs(model)"
+    )
+
+
+def built_model(
+    model: nn.Module,
+    model_class: type,
+    config: Any,
+    ran: Ran | None,
+    synthesizer: InputSynthesizer,
+    notes: dict[str, Any],
+) -> BuiltModel:
+    """The `BuiltModel` of a model and the input variant it ran with (`ModelTraceError` when it has none)."""
+    if ran is None:
+        raise cannot_synthesise(model_class, synthesizer)
+    return BuiltModel(
+        model=model,
+        kwargs=ran.fresh_inputs(),
+        model_class=model_class.__name__,
+        config=jsonable(config.to_dict()),
+        notes={**notes, "inputs": ran.variant.name},
+    )
