@@ -213,7 +213,7 @@ def _llama_trace(folder: Path, name: str, eps: float) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from modeltrace.worker.build import build_from_recipe
+    from modeltrace.worker.building import build_from_recipe
     from modeltrace.worker.capture import ModuleCapture
 
     recipe = folder / f"recipe_{name.split('.')[0]}.py"
@@ -259,11 +259,15 @@ def bench_full(rounds: int, folder: Path) -> dict[str, float]:
     only = [diff_only() for _ in range(rounds)]
     # the compiled comparison kernel (diff/native) against numpy's path, alternated round by round
     with_kernel, with_numpy = [], []
+    setting = os.environ.get("MODELTRACE_NATIVE")
     for _ in range(rounds):
         for setting, times in (("1", with_kernel), ("0", with_numpy)):
             os.environ["MODELTRACE_NATIVE"] = setting
             times.append(diff_only())
-    os.environ.pop("MODELTRACE_NATIVE")
+    if setting is None:
+        os.environ.pop("MODELTRACE_NATIVE")
+    else:
+        os.environ["MODELTRACE_NATIVE"] = setting
 
     with load_reference(reference) as ref, load_reference(candidate) as cand:
         result = diff_traces(ref, cand)

@@ -38,7 +38,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import write_trace
 from modeltrace.worker.backward import run_backward
-from modeltrace.worker.build import BuiltModel
+from modeltrace.worker.building import BuiltModel
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.generation import run_generation
 

@@ -23,7 +23,7 @@ import transformers
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.storage import read_trace
-from modeltrace.worker.build import build_from_file, build_from_request
+from modeltrace.worker.building import build_from_file, build_from_request
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.client import WorkerClient
 from modeltrace.worker.messages import TraceRequest

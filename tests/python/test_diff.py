@@ -35,7 +35,7 @@ from modeltrace.diff import (
 from modeltrace.trace.hf_debugger import write_debugger_output
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
-from modeltrace.worker.build import build_from_file
+from modeltrace.worker.building import build_from_file
 from modeltrace.worker import source_map
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.messages import TraceRequest

@@ -28,7 +28,7 @@ from torch import nn
 from modeltrace.trace.lines import HintDetail, index_module_calls, line_label
 from modeltrace.trace.records import Trace
 from modeltrace.worker import lines as lines_module
-from modeltrace.worker.build import build_from_file
+from modeltrace.worker.building import build_from_file
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.lines import RECORDER_NAME, LineCapture, live_functions, modules_of_file
 from modeltrace.worker.source_map import real_path

@@ -57,7 +57,7 @@ class _RunsCode:
 
 
 def test_a_pickled_checkpoint_that_would_run_code_is_refused(tmp_path: Path) -> None:
-    from modeltrace.worker.build import build_from_file
+    from modeltrace.worker.building import build_from_file
 
     checkpoint = tmp_path / "checkpoint"
     build_from_file(EXAMPLE_MODELING_FILE, None, None, seed=0).model.save_pretrained(checkpoint)

@@ -13,7 +13,7 @@ import pytest
 
 from modeltrace.lsp.classes import base_model_name, find_module_classes
 from modeltrace.rules import is_task_head, pick_base_model
-from modeltrace.worker.build import choose_model_class
+from modeltrace.worker.building import choose_model_class
 
 
 # maskformer and pp_formulanet: "For" inside the family name (`MaskFormerModel`), which the editor once took

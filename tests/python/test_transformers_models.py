@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from modeltrace.worker.build import BuiltModel, build_from_file
+from modeltrace.worker.building import BuiltModel, build_from_file
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 
 from conftest import EXAMPLE_MODELING_FILE

@@ -72,7 +72,7 @@ def _can_generate(model_class: type) -> bool:
 
 def generating_classes(file: Path) -> list[str]:
     """The classes of a modeling file that can generate, preferred first (see `GENERATING_HEADS`)."""
-    from modeltrace.worker.build import import_user_file, module_classes
+    from modeltrace.worker.building import import_user_file, module_classes
 
     classes = [cls for cls in module_classes(import_user_file(file)) if _can_generate(cls)]
     rank = {suffix: position for position, (suffix, _) in enumerate(GENERATING_HEADS)}

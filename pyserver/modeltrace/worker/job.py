@@ -21,7 +21,7 @@ import torch
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.building.meta import TORCH_DTYPES as DTYPES
-from modeltrace.worker.build import BuiltModel, build_from_request
+from modeltrace.worker.building import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
@@ -101,7 +101,7 @@ def _run_trace(request: TraceRequest, progress: ProgressCallback, offload_folder
         progress(f"building the model from {Path(source).name}")
         # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
         with ConstructionRecorder() as constructions:
-            # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in build.py.
+            # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in worker/building/.
             built = build_from_request(request, offload_folder)
     except Exception as error:
         raise JobFailed(error, "build") from error

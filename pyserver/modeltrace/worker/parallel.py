@@ -272,7 +272,7 @@ def run_rank(request: TraceRequest, rank: int) -> TraceResult | None:
     import torch
     import torch.distributed as dist
 
-    from modeltrace.worker.build import build_from_request
+    from modeltrace.worker.building import build_from_request
     from modeltrace.worker.builds import ConstructionRecorder
     from modeltrace.worker.capture import ModuleCapture
     from modeltrace.worker.job import JobFailed, limit_bytes
@@ -371,7 +371,7 @@ def _logical_records(request: TraceRequest) -> list | None:
 
     import torch
 
-    from modeltrace.worker.build import build_from_file
+    from modeltrace.worker.building import build_from_file
     from modeltrace.worker.capture import ModuleCapture
 
     try:

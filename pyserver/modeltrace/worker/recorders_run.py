@@ -31,7 +31,7 @@ def run_evidence(file: Path, model_name: str | None = None, seed: int = 0) -> di
     from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, OutputRecorder
 
     from modeltrace.recorders.static import analyze_file
-    from modeltrace.worker.build import build_from_file
+    from modeltrace.worker.building import build_from_file
 
     static = analyze_file(file)
     built = build_from_file(file, model_name, None, seed, "eager")

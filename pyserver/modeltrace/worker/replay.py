@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.build import BuiltModel, build_from_request
+from modeltrace.worker.building import BuiltModel, build_from_request
 from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leaves
 from modeltrace.worker.messages import ReplayAnswer, ReplayedModule, ReplayTarget, TraceRequest
 

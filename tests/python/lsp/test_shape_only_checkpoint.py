@@ -63,7 +63,7 @@ async def test_the_shape_only_setting_traces_the_full_size_config_with_no_statis
 async def test_the_checkpoint_setting_traces_the_saved_weights(client: LanguageClient, tmp_path: Path) -> None:
     import torch
 
-    from modeltrace.worker.build import import_user_file
+    from modeltrace.worker.building import import_user_file
     from modeltrace.worker.building import InputSynthesizer
 
     modeling = copy_example(tmp_path)

@@ -23,19 +23,17 @@ else, or if that build fails, the kernel is built single-threaded.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import subprocess
-import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from modeltrace.native_build import BASE_FLAGS as _BASE_FLAGS
-from modeltrace.native_build import cache_dir as _cache_dir
+from modeltrace.native_build import cached_library
 from modeltrace.native_build import compiler as _compiler
 from modeltrace.native_build import cpu_flags as _cpu_flags
 from modeltrace.native_build import native_setting
@@ -85,13 +83,10 @@ def _python_include() -> str | None:
 
 def _build(compiler: str, flags: list[str], openmp_runtime: Path | None, python_include: str | None) -> Path:
     """Compile `moments.c` into the cache (once per source, flags, compiler, OpenMP runtime and Python)."""
-    source = SOURCE.read_bytes()
     if python_include is not None:
         flags = [*flags, "-DMODELTRACE_PYTHON_MODULE", f"-I{python_include}"]
-    key = [compiler, *flags, sys.platform, str(openmp_runtime), sys.version]
-    digest = hashlib.sha256(source + " ".join(key).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"moments-{digest}.so"
-    if target.exists():
+    target, present = cached_library(SOURCE, "moments", [compiler, *flags, str(openmp_runtime)])
+    if present:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
