@@ -547,6 +547,89 @@ def test_replay_on_the_candidate_kept_from_its_trace(original: Path, tmp_path: P
         assert difference == pytest.approx(verdicts[False][path][1], rel=1e-4, abs=1e-6), path
 
 
+def capture_statistics(file: Path, out: Path) -> Path:
+    """As `capture`, with statistics only (no tensors stored)."""
+    getattr(source_map, "_location_cache", {}).clear()
+    built = build_from_file(file, None, None, 0)
+    with torch.no_grad(), ModuleCapture(built.model) as recorder:
+        built.model(*built.args, **built.kwargs)
+    return write_trace(Trace(model={"class": built.model_class, "file": str(file)}, modules=recorder.records), out)
+
+
+@pytest.mark.parametrize("bug", ["two", "residual", "none"])
+def test_the_suspects_named_during_the_comparison_are_the_finished_diffs(
+    original: Path, tmp_path: Path, bug: str
+) -> None:
+    """`diff_traces(watch=...)` names the first suspects (in finishing order) while it still compares, so that the
+    replay can start early: it names exactly `replay.suspects` of the finished diff, and only when there are
+    that many; with statistics only (decided after the comparison) it names none."""
+    from modeltrace.diff.replay import suspects
+
+    file = {
+        "two": lambda: _two_bugs(tmp_path),
+        "residual": lambda: buggy_copy(tmp_path, "residual", *BUGS["residual"][:2]),
+        "none": lambda: EXAMPLE_PACKAGE / "modeling_tiny_llama.py",
+    }[bug]()
+    candidate = capture(file, tmp_path / "full.mtrace")
+    statistics_only = capture_statistics(file, tmp_path / "statistics.mtrace")
+    fired = 0
+    for limit in (1, 2, 3, 8, 40):
+        named: list[list] = []
+        with load_reference(original) as ref, load_reference(candidate) as cand:
+            result = diff_traces(ref, cand, DiffOptions(), watch=(limit, named.append))
+            final = suspects(result, limit)
+        if len(final) == limit:
+            assert len(named) == 1 and len(named[0]) == limit
+            assert all(early is late for early, late in zip(named[0], final)), (limit, bug)
+            fired += 1
+        else:
+            assert named == [], (limit, bug)
+        named.clear()
+        with load_reference(original) as ref, load_reference(statistics_only) as cand:
+            result = diff_traces(ref, cand, DiffOptions(), watch=(limit, named.append))
+            assert named == [] and (bug == "none" or suspects(result, limit))
+    assert fired == {"two": 4, "residual": 4, "none": 0}[bug]
+
+
+def test_the_replay_starts_during_the_comparison_with_the_verdicts_of_one_after_it(
+    original: Path, tmp_path: Path, worker
+) -> None:
+    """`diff_paths(replay=True)` (the CLI, the editor, the library) starts the replay from inside the comparison;
+    its verdicts are those of a replay after the diff. An early start on calls that are not the finished diff's
+    suspects is dropped, and the diff's own suspects are replayed instead."""
+    from modeltrace.diff import ReplayRun, close_result, diff_paths, run_replay
+
+    candidate = capture(_two_bugs(tmp_path), tmp_path / "two.mtrace")
+
+    def verdicts(result) -> dict:
+        return {
+            module.candidate.path: (module.replay.status, module.replay.max_abs_diff)
+            for module in result.modules
+            if module.replay is not None
+        }
+
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand)
+        run_replay(result, worker)
+        after = verdicts(result)
+        assert result.replayed and result.replay_timing["started_during_diff"] is False and len(after) == 8
+    during = diff_paths(original, candidate, replay=True, client=worker)
+    try:
+        assert during.replay_timing["started_during_diff"] is True
+        assert verdicts(during) == after
+        assert during.first_divergence.module.candidate.path == "layers.0.self_attn.q_proj"
+    finally:
+        close_result(during)
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        run = ReplayRun(ref, cand, worker)
+        result = diff_traces(ref, cand)
+        matching = [module for module in result.modules if module.status == MATCH][:2]
+        run.start(matching)
+        run.finish(result)
+        assert result.replay_timing["started_during_diff"] is False and verdicts(result) == after
+        assert all(module.replay is None for module in matching)
+
+
 def test_a_kept_argument_changed_in_place_is_not_replayed_on() -> None:
     """A call's kept arguments are used only while they hold what the trace recorded for them."""
     from modeltrace.worker.replay import _kept_arguments_unchanged

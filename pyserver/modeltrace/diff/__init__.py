@@ -37,7 +37,7 @@ from modeltrace.diff.compare import (
     compare_arrays,
     diff_traces,
 )
-from modeltrace.diff.replay import DEFAULT_REPLAY_LIMIT, replay_unavailable, run_replay
+from modeltrace.diff.replay import DEFAULT_REPLAY_LIMIT, WHEN_POSSIBLE, ReplayRun, replay_unavailable, run_replay
 from modeltrace.diff.report import line_statuses, line_statuses_for_file, plot_data, render_text, to_json
 from modeltrace.trace.reference import load_reference
 from modeltrace.trace.tensors import LoadedTrace
@@ -50,14 +50,15 @@ def diff_paths(
     rtol: float | None = None,
     maps: list[str] | tuple[str, ...] = (),
     rel_tol: float | None = None,
-    replay: bool = False,
+    replay: bool | str = False,
     client: Any = None,
     replay_limit: int = DEFAULT_REPLAY_LIMIT,
     mapping: Path | str | None = None,
     automatic: bool = True,
 ) -> DiffResult:
     """Load both (any accepted format) and diff them, with the replay when asked (falling back, with a note,
-    where it cannot run); the tensors stay open on the result's `LoadedTrace`s until `close_result(result)`.
+    where it cannot run; `replay=WHEN_POSSIBLE`: not for a reference without full tensors, and without a note then: the editor's
+    default); the tensors stay open on the result's `LoadedTrace`s until `close_result(result)`.
     `mapping`: a mapping file (`modeltrace align`) that replaces alignment by names; `automatic`: align by
     evidence when names leave most modules unaligned."""
     parsed_maps = tuple(parse_maps(maps))
@@ -74,9 +75,16 @@ def diff_paths(
         options = DiffOptions(
             atol=atol, rtol=rtol, maps=parsed_maps, rel_tol=rel_tol, mapping=module_mapping, automatic=automatic
         )
-        result = diff_traces(loaded_reference, loaded_candidate, options)
-        if replay:
-            run_replay(result, client, replay_limit)
+        if not replay or (replay == WHEN_POSSIBLE and loaded_reference.tensors is None):
+            return diff_traces(loaded_reference, loaded_candidate, options)
+        # the replay starts as soon as the comparison has named its suspects, and runs while the rest is compared
+        replay_run = ReplayRun(loaded_reference, loaded_candidate, client, replay_limit)
+        try:
+            result = diff_traces(loaded_reference, loaded_candidate, options, watch=replay_run.watch)
+        except BaseException:
+            replay_run.abandon()
+            raise
+        replay_run.finish(result)
         return result
     except BaseException:
         loaded_reference.close()
@@ -99,6 +107,8 @@ __all__ = [
     "DiffOptions",
     "DiffResult",
     "Divergence",
+    "ReplayRun",
+    "WHEN_POSSIBLE",
     "LoadedTrace",
     "ModuleMapping",
     "ModuleResult",

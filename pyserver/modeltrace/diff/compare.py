@@ -40,11 +40,11 @@ bound the lines where the difference arises (`Divergence.lines`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import threading
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -237,8 +237,56 @@ class DiffResult:
 
 
 def _finish_key(module: ModuleResult) -> tuple[int, int]:
-    order = module.candidate.finish_order
-    return (order if order >= 0 else 1 << 60, module.candidate.index)
+    return _record_finish_key(module.candidate)
+
+
+def _record_finish_key(record: ModuleCall) -> tuple[int, int]:
+    order = record.finish_order
+    return (order if order >= 0 else 1 << 60, record.index)
+
+
+class SuspectWatch:
+    """Names the first `limit` aligned calls, in the order they finished, whose outputs differ, while the
+    comparison is still running (in call order), and hands them to `found` once: the replay can then start
+    while the rest is compared.
+
+    A call finishes after every call it made, so its place among the finished calls is decided once every call
+    before it in finishing order has been compared: the calls it made come right after it in call order, the
+    others that finished before it started before it. A call whose outputs are compared by statistics only is
+    decided after the whole comparison (`_Comparer.run_statistics`): the watch stops there, and the suspects are
+    named after the diff as usual (`replay.suspects`, which gives the same list where the watch gave one)."""
+
+    def __init__(self, records: list[ModuleCall], limit: int, found: Any) -> None:
+        self.order = sorted(range(len(records)), key=lambda position: _record_finish_key(records[position]))
+        # the last call-order position among the first k calls in finishing order
+        self.needed = list(itertools.accumulate(self.order, max))
+        self.limit = limit
+        self.found = found
+        self.differs: list[bool | None] = [None] * len(records)
+        self.results: list[ModuleResult | None] = [None] * len(records)
+        self.cursor = 0
+        self.named: list[ModuleResult] = []
+        self.active = limit > 0 and bool(records)
+
+    def compared(self, position: int, result: ModuleResult, differs: bool | None) -> None:
+        """Call `position` is compared: its outputs differ (True), do not (False), or are not decided yet (None)."""
+        if not self.active:
+            return
+        self.differs[position], self.results[position] = differs, result
+        order, needed = self.order, self.needed
+        while self.cursor < len(order) and needed[self.cursor] <= position:
+            known = order[self.cursor]
+            differs = self.differs[known]
+            if differs is None:
+                self.active = False
+                return
+            self.cursor += 1
+            if differs:
+                self.named.append(self.results[known])
+                if len(self.named) >= self.limit:
+                    self.active = False
+                    self.found(list(self.named))
+                    return
 
 
 # ------------------------------------------------------------------------------------------------ tolerances
@@ -796,7 +844,7 @@ class _Comparer:
         """mean, std, min, max, nan_count, inf_count of every summary as a (count, 6) float array."""
         count = len(summaries)
         try:
-            flat = np.fromiter(chain.from_iterable(map(_NUMBERS, summaries)), np.float64, 6 * count)
+            flat = np.fromiter(itertools.chain.from_iterable(map(_NUMBERS, summaries)), np.float64, 6 * count)
         except TypeError:  # a statistic is None (shape-only traces, empty tensors): None becomes NaN
             flat = np.array(list(map(_NUMBERS, summaries)), dtype=np.float64)
         return flat.reshape(count, 6)
@@ -969,8 +1017,15 @@ class _Comparer:
         )
 
 
-def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOptions | None = None) -> DiffResult:
-    """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns."""
+def diff_traces(
+    reference: LoadedTrace,
+    candidate: LoadedTrace,
+    options: DiffOptions | None = None,
+    watch: tuple[int, Any] | None = None,
+) -> DiffResult:
+    """Align and compare `candidate` against `reference`; raises `DiffError` when nothing aligns. `watch`:
+    (limit, found): `found(modules)` is called during the comparison with the first `limit` calls, in finishing
+    order, whose outputs differ, as soon as they are known (`SuspectWatch`; the replay starts on them)."""
     options = options or DiffOptions()
     step_notes = restrict_to_common_steps(reference, candidate)
     alignment = align_traces(reference.trace, candidate.trace, list(options.maps), options.mapping, options.automatic)
@@ -986,6 +1041,10 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
             raise DiffError(_nothing_aligns(reference, candidate))
 
     comparer = _Comparer(reference, candidate, options, 2 * len(cand_records))
+    # NOTE: only full tensors decide a call as it is compared; statistics are compared all at once at the end
+    suspect_watch = SuspectWatch(cand_records, *watch) if watch is not None and comparer.full else None
+    watched = suspect_watch.compared if suspect_watch is not None else None
+    queued_sides = comparer.queued_sides
     comparer.permuted_positions = permuted_weight_modules(reference.trace, candidate.trace, alignment)
     compare_side = comparer.side
     results: list[ModuleResult] = []
@@ -1004,6 +1063,8 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
                 else "no counterpart in the reference"
             )
             results.append(result)
+            if watched is not None:
+                watched(position, result, False)
             continue
         ref = ref_records[ref_position]
         result = ModuleResult(record, ref, aligned_by=how[position], pair=alignment.pair_of.get(position))
@@ -1011,6 +1072,13 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
         result.input_pairing = compare_side(ref.inputs, record.inputs, 2 * position)
         if ref.outputs and record.outputs:
             result.output_pairing = compare_side(ref.outputs, record.outputs, 2 * position + 1)
+            if watched is not None:
+                side = 2 * position + 1
+                leaves = comparer.special.get(side, ())
+                if any(leaf.status == MISMATCH for leaf in leaves):
+                    watched(position, result, True)
+                else:  # rows queued for the statistics are decided at the end
+                    watched(position, result, None if queued_sides and queued_sides[-1] == side else False)
         elif ref.outputs or record.outputs:
             if ref_lacks_outputs if not ref.outputs else cand_lacks_outputs:
                 side_name = "reference" if not ref.outputs else "candidate"
@@ -1023,6 +1091,9 @@ def diff_traces(reference: LoadedTrace, candidate: LoadedTrace, options: DiffOpt
                 )
         else:
             missing_outputs[position] = ""
+        if watched is not None and not (ref.outputs and record.outputs):
+            # no outputs on one side: a mismatch by structure when the candidate returns tensors (a suspect)
+            watched(position, result, bool(record.outputs) and 2 * position + 1 in comparer.structure)
 
     comparer.run_statistics()
 

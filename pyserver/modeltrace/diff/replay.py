@@ -7,6 +7,11 @@ tensor-level pairing of `pairing`) are taken from the reference, written to a sa
 forward, and at each suspect's call runs the module once more on those inputs with its own other arguments.
 Where the worker still holds the candidate from its trace (the editor's case: the diff follows the trace), it
 calls the suspects again directly on their kept arguments instead.
+The replay does not wait for the whole comparison: `diff_traces(watch=...)` names the suspects as soon as the
+calls finishing before them are compared (`compare.SuspectWatch`, full tensors on both sides), and `ReplayRun`
+sends them to the worker in a thread while the rest is compared (the kept model's direct calls then use every
+core but the diff's). Its answer is used only if the finished diff names the same suspects; otherwise those
+are replayed after it, so the start changes the time, never the verdict.
 Each replayed output is compared with the reference's output for that call by the same rule as the diff
 (`compare_pair_arrays`): a match clears the module (its outputs differ only through its inputs), a difference
 makes it a divergence on its own (`compare.decide`).
@@ -19,9 +24,12 @@ its trace: the module (or the whole replay) falls back to the plain comparison a
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import math
+import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +47,7 @@ from modeltrace.diff.compare import (
 )
 from modeltrace.diff.pairing import OVERLAP, LeafPair, _padded, pair_leaves
 from modeltrace.errors import ModelTraceError, TraceFailed
-from modeltrace.trace.tensors import DTYPE_CODES, SafetensorsFile, write_safetensors
+from modeltrace.trace.tensors import DTYPE_CODES, LoadedTrace, SafetensorsFile, write_safetensors
 from modeltrace.worker.messages import (
     DEFAULT_ATTENTION,
     DEFAULT_DTYPE,
@@ -52,6 +60,9 @@ from modeltrace.worker.messages import (
 
 
 DEFAULT_REPLAY_LIMIT = 8
+# `diff_paths(replay=WHEN_POSSIBLE)`: replay where the reference holds full tensors, and say nothing otherwise
+# (the editor's default: most references are traced with statistics only)
+WHEN_POSSIBLE = "when-possible"
 REPLAY_TIMEOUT_SECONDS = 300.0
 # NOTE: the rebuilt candidate must be the traced one: its live outputs' mean and std may differ from the trace's
 # by thread-scheduling rounding only.
@@ -72,10 +83,14 @@ _NUMPY_CODES = {
 
 def replay_unavailable(result: DiffResult) -> str | None:
     """Why the diff's candidate cannot be replayed on its reference's inputs, or None."""
-    if result.reference.tensors is None:
+    return _unavailable(result.reference, result.candidate)
+
+
+def _unavailable(reference: LoadedTrace, candidate: LoadedTrace) -> str | None:
+    if reference.tensors is None:
         return "the reference has no full tensors (trace it with --full-tensors)"
-    header = result.candidate.trace.model
-    if result.candidate.kind != "modeltrace":
+    header = candidate.trace.model
+    if candidate.kind != "modeltrace":
         return "the candidate is a transformers debugger output, not a ModelTrace trace that can be rebuilt"
     options = header.get("options") or {}
     if options.get("shape_only"):
@@ -114,11 +129,10 @@ def suspects(result: DiffResult, limit: int) -> list[ModuleResult]:
 
 
 def _input_tensors(
-    result: DiffResult, module: ModuleResult
+    store: Any, module: ModuleResult
 ) -> tuple[dict[str, tuple[str, list[int], bytes]], list[str], str | None]:
-    """({candidate input key: (dtype code, shape, bytes)} of the reference's paired inputs, keys replaced,
-    why the module cannot be replayed or None)."""
-    store = result.reference.tensors
+    """({candidate input key: (dtype code, shape, bytes)} of the reference's paired inputs (from `store`, its
+    tensors), keys replaced, why the module cannot be replayed or None)."""
     tensors: dict[str, tuple[str, list[int], bytes]] = {}
     replaced = []
     pairs = _pairs(module.input_pairing, module.reference.inputs, module.candidate.inputs)
@@ -167,9 +181,9 @@ def _input_tensors(
     return tensors, replaced, None
 
 
-def build_request(result: DiffResult, timeout: float, replay: ReplaySpec) -> TraceRequest:
+def build_request(candidate: LoadedTrace, timeout: float, replay: ReplaySpec) -> TraceRequest:
     """The worker request that rebuilds the candidate as its trace header says it was built, to replay `replay`."""
-    header = result.candidate.trace.model
+    header = candidate.trace.model
     options = header.get("options") or {}
     return TraceRequest(
         file=str(header.get("file")),
@@ -190,83 +204,187 @@ def run_replay(
 ) -> None:
     """Replay the suspects of `result` (see the module docstring) and decide again; never raises for bad
     input, says why in `result.notes` and in each module's `replay` instead. `client`: a `WorkerClient` to use
-    (the language server's); None starts one for this replay."""
-    reason = replay_unavailable(result)
-    if reason is not None:
-        result.notes.append(f"replay not used: {reason}")
-        return
-    chosen = suspects(result, limit)
-    if not chosen:
-        return
-    try:
-        _replay(result, chosen, client, timeout)
-    except Exception as error:  # noqa: BLE001 - whatever goes wrong, the plain verdict stands, with the reason
-        result.notes.append(f"replay not used: {error}")
-        for module in chosen:
-            module.replay = ReplayResult(NOT_COMPARED, f"the replay failed: {error}")
-    result.replayed = any(module.replay is not None and module.replay.status != NOT_COMPARED for module in chosen)
-    decide(result)
+    (the language server's); None starts one for this replay. (`ReplayRun` starts it during the diff.)"""
+    ReplayRun(result.reference, result.candidate, client, limit, timeout).finish(result)
 
 
-def _replay(result: DiffResult, chosen: list[ModuleResult], client: Any, timeout: float) -> None:
-    with tempfile.TemporaryDirectory(prefix="modeltrace-replay-") as folder:
-        inputs: dict[str, tuple[str, list[int], bytes]] = {}
-        targets = []
-        names: dict[str, ModuleResult] = {}
-        for number, module in enumerate(chosen):
-            tensors, replaced, why = _input_tensors(result, module)
-            if why is not None:
-                module.replay = ReplayResult(NOT_COMPARED, why)
-                continue
-            name = f"m{number}"
-            names[name] = module
-            module.replay = ReplayResult(NOT_COMPARED, "not replayed", replaced=replaced)
-            targets.append(
-                ReplayTarget(
-                    name=name,
-                    path=module.candidate.path,
-                    call_index=module.candidate.call_index,
-                    inputs={key: f"{name}/{key}" for key in tensors},
-                    expect=_kept_input_statistics(module, set(tensors)),
-                )
-            )
-            inputs.update({f"{name}/{key}": value for key, value in tensors.items()})
-        if not targets:
+class ReplayRun:
+    """One replay of a diff's suspects, started as soon as the comparison has named them.
+
+    `diff_traces(..., watch=run.watch)` calls `start` from inside the comparison with the first `limit` calls (in
+    finishing order) whose outputs differ; their inputs are taken from the reference and the worker is asked in
+    a thread, while the rest of the two traces is compared. `finish(result)` then waits for the answer, judges it
+    and decides again. Where the comparison could not name them early (statistics only), or named others than
+    the finished diff (`suspects`), `finish` replays the diff's own suspects as before: the verdict never
+    depends on the early start, only its time does. Always call `finish` (or `abandon` when the diff raised)."""
+
+    def __init__(
+        self,
+        reference: LoadedTrace,
+        candidate: LoadedTrace,
+        client: Any = None,
+        limit: int = DEFAULT_REPLAY_LIMIT,
+        timeout: float = REPLAY_TIMEOUT_SECONDS,
+    ) -> None:
+        self.reference, self.candidate = reference, candidate
+        self.client, self.limit, self.timeout = client, limit, timeout
+        self.unavailable = _unavailable(reference, candidate)
+        self._early: _Prepared | None = None
+        self._pending: concurrent.futures.Future | None = None
+
+    @property
+    def watch(self) -> tuple[int, Any] | None:
+        """`diff_traces`'s `watch` argument: None when the replay cannot run (the diff runs as it would)."""
+        return None if self.unavailable is not None else (self.limit, self.start)
+
+    def start(self, chosen: list[ModuleResult]) -> None:
+        """Take the reference's inputs of `chosen` and ask the worker, in a thread; returns at once."""
+        if self._early is not None:
             return
-        inputs_file = Path(folder) / "replay_inputs.safetensors"
-        write_safetensors(inputs_file, inputs)
-        replay = ReplaySpec(
-            inputs_file=str(inputs_file),
-            targets=tuple(targets),
-            out=str(Path(folder) / "out"),
-            candidate_trace=str(result.candidate.path),
+        try:
+            prepared = _prepare(self.reference, self.candidate, chosen, self.timeout, early=True)
+        except Exception:  # noqa: BLE001 - `finish` replays the usual way and reports what goes wrong there
+            return
+        self._early = prepared
+        if prepared.request is not None:
+            executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="modeltrace-replay")
+            self._pending = executor.submit(_ask_worker, prepared.request, self.client)
+            executor.shutdown(wait=False)
+
+    def finish(self, result: DiffResult) -> None:
+        """Judge the suspects on their replay and decide again (see `run_replay`)."""
+        if self.unavailable is not None:
+            self.abandon()
+            result.notes.append(f"replay not used: {self.unavailable}")
+            return
+        chosen = suspects(result, self.limit)
+        early = self._early
+        if early is not None and [id(module) for module in early.chosen] != [id(module) for module in chosen]:
+            self.abandon()  # named early, but not the finished diff's suspects: replay those instead
+            early = None
+        if not chosen:
+            self.abandon()
+            return
+        prepared = early
+        try:
+            if early is not None:
+                answer = self._pending.result() if self._pending is not None else None
+            else:
+                prepared = _prepare(self.reference, self.candidate, chosen, self.timeout)
+                answer = _ask_worker(prepared.request, self.client) if prepared.request is not None else None
+            if answer is not None:
+                _collect(result, prepared, answer)
+                result.replay_timing["started_during_diff"] = early is not None
+        except Exception as error:  # noqa: BLE001 - whatever goes wrong, the plain verdict stands, with the reason
+            result.notes.append(f"replay not used: {error}")
+            for module in chosen:
+                module.replay = ReplayResult(NOT_COMPARED, f"the replay failed: {error}")
+        finally:
+            if prepared is not None and prepared is not early:
+                prepared.folder.cleanup()
+            self._close()
+        result.replayed = any(module.replay is not None and module.replay.status != NOT_COMPARED for module in chosen)
+        decide(result)
+
+    def abandon(self) -> None:
+        """Forget an early start: wait for the worker's answer (the worker is not left mid-request), drop it."""
+        if self._pending is not None:
+            concurrent.futures.wait([self._pending])
+        if self._early is not None:
+            for module in self._early.chosen:
+                module.replay = None
+        self._close()
+
+    def _close(self) -> None:
+        early, self._early, self._pending = self._early, None, None
+        if early is not None:
+            early.folder.cleanup()
+
+
+@dataclass
+class _Prepared:
+    """A replay request ready for the worker: the suspects, their names in it, the folder of its files."""
+
+    chosen: list[ModuleResult]
+    names: dict[str, ModuleResult]
+    folder: tempfile.TemporaryDirectory
+    request: TraceRequest | None
+
+
+def _prepare(
+    reference: LoadedTrace, candidate: LoadedTrace, chosen: list[ModuleResult], timeout: float, early: bool = False
+) -> _Prepared:
+    """The reference's inputs of each suspect, written for the worker, and the request (None: none can run;
+    each module's `replay` says why)."""
+    folder = tempfile.TemporaryDirectory(prefix="modeltrace-replay-")
+    inputs: dict[str, tuple[str, list[int], bytes]] = {}
+    targets = []
+    names: dict[str, ModuleResult] = {}
+    for number, module in enumerate(chosen):
+        tensors, replaced, why = _input_tensors(reference.tensors, module)
+        if why is not None:
+            module.replay = ReplayResult(NOT_COMPARED, why)
+            continue
+        name = f"m{number}"
+        names[name] = module
+        module.replay = ReplayResult(NOT_COMPARED, "not replayed", replaced=replaced)
+        targets.append(
+            ReplayTarget(
+                name=name,
+                path=module.candidate.path,
+                call_index=module.candidate.call_index,
+                inputs={key: f"{name}/{key}" for key in tensors},
+                expect=_kept_input_statistics(module, set(tensors)),
+            )
         )
-        answer = _ask_worker(build_request(result, timeout, replay), client)
-        result.replay_timing = {"seconds": answer.seconds, "build_seconds": answer.build_seconds, "kept": answer.kept}
-        result.replay_timing["modules"] = {
-            names[name].candidate.path: (reply.replay_seconds, reply.live_seconds)
-            for name, reply in answer.replay.items()
-            if name in names
-        }
-        result.replay_timing["direct"] = [
-            names[name].candidate.path for name, reply in answer.replay.items() if name in names and reply.direct
-        ]
-        with SafetensorsFile(answer.outputs) as outputs:
-            problem = _rebuilt_differs(answer.replay, names)
-            for name, module in names.items():
-                reply = answer.replay.get(name) or ReplayedModule()
-                if problem is not None:
-                    module.replay = ReplayResult(NOT_COMPARED, problem, replaced=module.replay.replaced)
-                elif reply.error or not reply.ran:
-                    module.replay = ReplayResult(
-                        NOT_COMPARED,
-                        f"the module could not be replayed: {reply.error or 'not run'}",
-                        replaced=module.replay.replaced,
-                    )
-                else:
-                    module.replay = _judge(result, module, name, outputs, module.replay.replaced)
-        if problem is not None:
-            result.notes.append(f"replay not used: {problem}")
+        inputs.update({f"{name}/{key}": value for key, value in tensors.items()})
+    if not targets:
+        return _Prepared(chosen, names, folder, None)
+    inputs_file = Path(folder.name) / "replay_inputs.safetensors"
+    write_safetensors(inputs_file, inputs)
+    replay = ReplaySpec(
+        inputs_file=str(inputs_file),
+        targets=tuple(targets),
+        out=str(Path(folder.name) / "out"),
+        candidate_trace=str(candidate.path),
+        threads=_threads_beside_the_diff() if early else None,
+    )
+    return _Prepared(chosen, names, folder, build_request(candidate, timeout, replay))
+
+
+def _threads_beside_the_diff() -> int:
+    """torch's threads for calls replayed while the diff still runs: every core but the diff's."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def _collect(result: DiffResult, prepared: _Prepared, answer: ReplayAnswer) -> None:
+    """Judge each replayed module's outputs against the reference's."""
+    names = prepared.names
+    result.replay_timing = {"seconds": answer.seconds, "build_seconds": answer.build_seconds, "kept": answer.kept}
+    result.replay_timing["modules"] = {
+        names[name].candidate.path: (reply.replay_seconds, reply.live_seconds)
+        for name, reply in answer.replay.items()
+        if name in names
+    }
+    result.replay_timing["direct"] = [
+        names[name].candidate.path for name, reply in answer.replay.items() if name in names and reply.direct
+    ]
+    with SafetensorsFile(answer.outputs) as outputs:
+        problem = _rebuilt_differs(answer.replay, names)
+        for name, module in names.items():
+            reply = answer.replay.get(name) or ReplayedModule()
+            if problem is not None:
+                module.replay = ReplayResult(NOT_COMPARED, problem, replaced=module.replay.replaced)
+            elif reply.error or not reply.ran:
+                module.replay = ReplayResult(
+                    NOT_COMPARED,
+                    f"the module could not be replayed: {reply.error or 'not run'}",
+                    replaced=module.replay.replaced,
+                )
+            else:
+                module.replay = _judge(result, module, name, outputs, module.replay.replaced)
+    if problem is not None:
+        result.notes.append(f"replay not used: {problem}")
 
 
 def _kept_input_statistics(module: ModuleResult, replaced: set[str]) -> dict[str, tuple[float, ...]]:

@@ -18,9 +18,9 @@ from typing import Any
 from lsprotocol import types
 
 from modeltrace.diff import (
+    WHEN_POSSIBLE,
     close_result,
     diff_paths,
-    run_replay,
     load_reference,
     plot_data,
 )
@@ -60,13 +60,16 @@ def compute_diff(
     `replay` and a reference holding full tensors, the first modules whose outputs differ are re-run on the
     reference's inputs in `worker` (the server's trace worker, the candidate's environment; the caller holds
     the trace lock), and the verdict uses that (`diff.replay`). `mapping`: a mapping file to align by."""
-    result = diff_paths(reference, candidate, atol, rtol, maps, mapping=mapping)
-    if replay and result.reference.tensors is not None:
-        try:
-            run_replay(result, worker)
-        except BaseException:
-            close_result(result)
-            raise
+    result = diff_paths(
+        reference,
+        candidate,
+        atol,
+        rtol,
+        maps,
+        replay=WHEN_POSSIBLE if replay else False,
+        client=worker,
+        mapping=mapping,
+    )
     try:
         calls = {
             (module.candidate.path, module.candidate.call_index): CallDiff(

@@ -106,6 +106,8 @@ class ReplaySpec:
     out: str
     inputs_file: str | None = None
     candidate_trace: str | None = None
+    # torch's threads for the replayed calls (the diff still runs alongside them on the other cores); None: as is
+    threads: int | None = None
 
 
 @dataclass(frozen=True)

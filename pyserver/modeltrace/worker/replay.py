@@ -27,6 +27,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -250,7 +251,9 @@ def run_replay_job(request: TraceRequest, progress: Any, kept: KeptCandidate | N
             targets.setdefault(target.path, {})[target.call_index] = target
     if direct:
         progress(f"calling {len(direct)} modules again on the reference's inputs")
-        with torch.no_grad(), built.forward_context():
+        # NOTE: these calls run while the diff compares the rest (`ReplaySpec.threads`); a rebuild takes longer
+        # than the diff, so it and its forward keep all of torch's threads
+        with torch.no_grad(), built.forward_context(), _torch_threads(replay.threads):
             for target, (args, kwargs) in direct:
                 answer = answers[target.name]
                 answer["direct"] = True
@@ -288,6 +291,19 @@ def run_replay_job(request: TraceRequest, progress: Any, kept: KeptCandidate | N
         model_class=built.model_class,
         seconds=time.perf_counter() - started,
     )
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` (None: unchanged) for the block."""
+    previous = torch.get_num_threads()
+    if threads is not None and threads != previous:
+        torch.set_num_threads(max(1, threads))
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
 
 
 def _replay_by_forward(
