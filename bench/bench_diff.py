@@ -293,7 +293,7 @@ def bench_full(rounds: int, folder: Path) -> dict[str, float]:
 def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     from safetensors.numpy import load_file
 
-    from modeltrace.diff import close_result, diff_paths
+    from modeltrace.diff import close_result, diff_paths, run_replay
     from modeltrace.worker.client import WorkerClient
     from modeltrace.worker.messages import TraceRequest
 
@@ -301,13 +301,14 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     recipe = folder / "recipe_cand.py"
 
     def timed(
-        target: Path, worker: WorkerClient
+        target: Path, worker: WorkerClient, after: list[float] | None = None
     ) -> tuple[tuple[float, float], tuple[float, float], float, list[dict]]:
         """(read both activation tensor sets, load both + diff + replay, the median of their per-round ratio, the
         replays' timings) against candidate `target`: the two are timed back to back in each round, so that the
         ratio of one round compares like with like on a machine whose load changes between rounds. The baseline
         reads `candidate`'s tensors, the same activations as `target`'s: a trace run by the worker also stores the
-        weights, which the reference here has none of to compare with."""
+        weights, which the reference here has none of to compare with. With `after`, each round also times the
+        replay after the whole diff (as the previous release ran it) into it."""
         timings: list[dict] = []
         reads, totals = [], []
 
@@ -324,10 +325,20 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
             finally:
                 close_result(result)
 
+        def replay_after_diff() -> None:
+            with load_reference(reference) as ref, load_reference(target) as cand:
+                result = diff_traces(ref, cand, DiffOptions())
+                run_replay(result, worker)
+                assert result.replayed and not result.replay_timing["started_during_diff"], result.notes
+
+        steps = [(read_both, reads), (diff_and_replay, totals)]
+        if after is not None:
+            steps.append((replay_after_diff, after))
+            replay_after_diff()
         read_both(), diff_and_replay()  # warm-up
         timings.clear()
         for _ in range(rounds):
-            for function, times in ((read_both, reads), (diff_and_replay, totals)):
+            for function, times in steps:
                 started = time.perf_counter()
                 function()
                 times.append((time.perf_counter() - started) * 1000)
@@ -349,7 +360,8 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
                 )
             ).trace
         )
-        kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker)
+        kept_after: list[float] = []
+        kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker, kept_after)
         assert all(timing["kept"] for timing in kept_timings)
         # the CLI's case (`modeltrace diff --replay`): no trace ran in this worker, the candidate is rebuilt
         worker.trace(TraceRequest(file=str(recipe), recipe=str(recipe), timeout=600, out=str(folder / "other.mtrace")))
@@ -370,6 +382,7 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
         "kept_direct": len(best_kept["direct"]),
         "kept_started_during_diff": sum(bool(timing.get("started_during_diff")) for timing in kept_timings),
         "kept_rounds": len(kept_timings),
+        "kept_after_diff_ms": (min(kept_after), statistics.median(kept_after)),
         "replayed_modules": len(best["modules"]),
         "worker_ms": best["seconds"] * 1000,
         "rebuild_ms": best["build_seconds"] * 1000,
@@ -398,6 +411,8 @@ def markdown(stats: dict, full: dict, replay: dict | None = None) -> str:
             f"during the diff in {replay['kept_started_during_diff']} of {replay['kept_rounds']} rounds) | "
             f"{_cell(replay['kept_diff_replay_ms'])}, reading both {_cell(replay['kept_read_both_ms'])}; paired "
             f"ratio {replay['kept_ratio']:.2f}× | ≤ 3× |",
+            f"| | the same with the replay after the whole diff (the previous release), alternated with it | "
+            f"{_cell(replay['kept_after_diff_ms'])} | |",
             f"| the same, the candidate rebuilt by the worker (`modeltrace diff --replay`) | "
             f"load both + diff + replay | {_cell(replay['diff_replay_ms'])}, reading both {_cell(replay['read_both_ms'])}; "
             f"paired ratio {replay['ratio']:.2f}× | |",
