@@ -237,10 +237,12 @@ class DiffResult:
 
 
 def _finish_key(module: ModuleResult) -> tuple[int, int]:
-    return _record_finish_key(module.candidate)
+    order = module.candidate.finish_order
+    return (order if order >= 0 else 1 << 60, module.candidate.index)
 
 
 def _record_finish_key(record: ModuleCall) -> tuple[int, int]:
+    """`_finish_key` of a record (before its `ModuleResult` exists)."""
     order = record.finish_order
     return (order if order >= 0 else 1 << 60, record.index)
 
@@ -552,7 +554,6 @@ def _compare_nonfinite(x: np.ndarray, y: np.ndarray, limit: float, relative: flo
 
 
 _NUMBERS = operator.attrgetter("mean", "std", "min", "max", "nan_count", "inf_count")
-_SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
 _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
 
@@ -563,6 +564,8 @@ def permuted_weight_modules(reference: Trace, candidate: Trace, alignment: Align
     differing (the order is not the same). A converter that permutes q/k rows for an interleaved rotary does
     this on purpose; a bug that reorders features without touching weights (a rotary table concatenated the
     wrong way) is not taken for a layout."""
+    if not reference.builds or not candidate.builds:
+        return set()
     ref_builds = {build.path: build for build in reference.builds}
     cand_builds = {build.path: build for build in candidate.builds}
     found = set()
@@ -855,7 +858,9 @@ class _Comparer:
         count = len(refs)
         if not count:
             return
-        valid = np.fromiter(map(operator.eq, map(_SHAPE_DTYPE, refs), map(_SHAPE_DTYPE, cands)), bool, count)
+        # NOTE: every queued pair has equal shapes and dtypes (`in_order`, or a SAME pairing), except the rows of
+        # `stat_valid_rows`, decided below: no need to compare them again here
+        valid = np.ones(count, bool)
         ref_dtypes = list(map(_DTYPE, refs))
         if self.stat_valid_rows:  # broadcast-equivalent shapes, or floating dtypes of different precision
             rows = np.asarray(self.stat_valid_rows)
@@ -1045,7 +1050,8 @@ def diff_traces(
     suspect_watch = SuspectWatch(cand_records, *watch) if watch is not None and comparer.full else None
     watched = suspect_watch.compared if suspect_watch is not None else None
     queued_sides = comparer.queued_sides
-    comparer.permuted_positions = permuted_weight_modules(reference.trace, candidate.trace, alignment)
+    if comparer.full:  # a reordering of features is only seen (and allowed) on full tensors
+        comparer.permuted_positions = permuted_weight_modules(reference.trace, candidate.trace, alignment)
     compare_side = comparer.side
     results: list[ModuleResult] = []
     missing_outputs: dict[int, str] = {}

@@ -127,6 +127,7 @@ def _last_name(key: str) -> str:
 
 _SHAPE_DTYPE = operator.attrgetter("shape", "dtype")
 _KEY = operator.attrgetter("key")
+_KEY_SHAPE_DTYPE = operator.attrgetter("key", "shape", "dtype")
 
 
 def in_order(refs: list[TensorSummary], cands: list[TensorSummary]) -> bool:
@@ -138,6 +139,9 @@ def in_order(refs: list[TensorSummary], cands: list[TensorSummary]) -> bool:
         return False
     if len(refs) == 1:
         return refs[0].shape == cands[0].shape and refs[0].dtype == cands[0].dtype
+    # NOTE: the common case first, in one pass: the same keys, shapes and dtypes in the same order
+    if list(map(_KEY_SHAPE_DTYPE, refs)) == list(map(_KEY_SHAPE_DTYPE, cands)):
+        return True
     if list(map(_SHAPE_DTYPE, refs)) != list(map(_SHAPE_DTYPE, cands)):
         return False
     return list(map(_KEY, refs)) == list(map(_KEY, cands)) or len(
