@@ -246,10 +246,14 @@ class ReplayRun:
         except Exception:  # noqa: BLE001 - `finish` replays the usual way and reports what goes wrong there
             return
         self._early = prepared
-        if prepared.request is not None:
+        if prepared.request is None:
+            return
+        try:
             executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="modeltrace-replay")
             self._pending = executor.submit(_ask_worker, prepared.request, self.client)
             executor.shutdown(wait=False)
+        except Exception:  # noqa: BLE001 - no thread to start: `finish` replays the usual way
+            self.abandon()
 
     def finish(self, result: DiffResult) -> None:
         """Judge the suspects on their replay and decide again (see `run_replay`)."""
