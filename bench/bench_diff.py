@@ -301,14 +301,15 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
     recipe = folder / "recipe_cand.py"
 
     def timed(
-        target: Path, worker: WorkerClient, after: list[float] | None = None
+        target: Path, worker: WorkerClient, paired: dict[str, list[float]] | None = None
     ) -> tuple[tuple[float, float], tuple[float, float], float, list[dict]]:
         """(read both activation tensor sets, load both + diff + replay, the median of their per-round ratio, the
         replays' timings) against candidate `target`: the two are timed back to back in each round, so that the
         ratio of one round compares like with like on a machine whose load changes between rounds. The baseline
         reads `candidate`'s tensors, the same activations as `target`'s: a trace run by the worker also stores the
-        weights, which the reference here has none of to compare with. With `after`, each round also times the
-        replay after the whole diff (as the previous release ran it) into it."""
+        weights, which the reference here has none of to compare with. With `paired`, each round also times the
+        replay after the whole diff, as the previous release ran it (`paired["after"]`), and load both + the same
+        diff without a replay (`paired["plain"]`; `paired["added"]`: what the replay adds, round by round)."""
         timings: list[dict] = []
         reads, totals = [], []
 
@@ -331,10 +332,13 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
                 run_replay(result, worker)
                 assert result.replayed and not result.replay_timing["started_during_diff"], result.notes
 
+        def diff_without_replay() -> None:
+            close_result(diff_paths(reference, target))
+
         steps = [(read_both, reads), (diff_and_replay, totals)]
-        if after is not None:
-            steps.append((replay_after_diff, after))
-            replay_after_diff()
+        if paired is not None:
+            steps += [(diff_without_replay, paired["plain"]), (replay_after_diff, paired["after"])]
+            replay_after_diff(), diff_without_replay()
         read_both(), diff_and_replay()  # warm-up
         timings.clear()
         for _ in range(rounds):
@@ -342,6 +346,8 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
                 started = time.perf_counter()
                 function()
                 times.append((time.perf_counter() - started) * 1000)
+        if paired is not None:
+            paired["added"] = [total - plain for total, plain in zip(totals, paired["plain"])]
         ratio = statistics.median(total / read for total, read in zip(totals, reads))
         return (min(reads), statistics.median(reads)), (min(totals), statistics.median(totals)), ratio, timings
 
@@ -360,8 +366,8 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
                 )
             ).trace
         )
-        kept_after: list[float] = []
-        kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker, kept_after)
+        paired: dict[str, list[float]] = {"after": [], "plain": []}
+        kept_read, kept_total, kept_ratio, kept_timings = timed(kept_trace, worker, paired)
         assert all(timing["kept"] for timing in kept_timings)
         # the CLI's case (`modeltrace diff --replay`): no trace ran in this worker, the candidate is rebuilt
         worker.trace(TraceRequest(file=str(recipe), recipe=str(recipe), timeout=600, out=str(folder / "other.mtrace")))
@@ -382,7 +388,10 @@ def bench_replay(rounds: int, folder: Path, full: dict) -> dict:
         "kept_direct": len(best_kept["direct"]),
         "kept_started_during_diff": sum(bool(timing.get("started_during_diff")) for timing in kept_timings),
         "kept_rounds": len(kept_timings),
-        "kept_after_diff_ms": (min(kept_after), statistics.median(kept_after)),
+        "kept_after_diff_ms": (min(paired["after"]), statistics.median(paired["after"])),
+        "kept_diff_only_ms": (min(paired["plain"]), statistics.median(paired["plain"])),
+        "kept_replay_adds_ms": statistics.median(paired["added"]),
+        "kept_replayed_calls_ms": sum(replayed for replayed, _ in best_kept["modules"].values() if replayed) * 1000,
         "replayed_modules": len(best["modules"]),
         "worker_ms": best["seconds"] * 1000,
         "rebuild_ms": best["build_seconds"] * 1000,
@@ -413,6 +422,10 @@ def markdown(stats: dict, full: dict, replay: dict | None = None) -> str:
             f"ratio {replay['kept_ratio']:.2f}× | ≤ 3× |",
             f"| | the same with the replay after the whole diff (the previous release), alternated with it | "
             f"{_cell(replay['kept_after_diff_ms'])} | |",
+            f"| | load both + the same diff without replay, alternated with it; what the replay adds (median of the "
+            f"rounds' differences) against the replayed calls' own time | {_cell(replay['kept_diff_only_ms'])}; adds "
+            f"{replay['kept_replay_adds_ms']:.1f} ms, calls {replay['kept_replayed_calls_ms']:.1f} ms | adds ≤ the "
+            "calls (+ noise) |",
             f"| the same, the candidate rebuilt by the worker (`modeltrace diff --replay`) | "
             f"load both + diff + replay | {_cell(replay['diff_replay_ms'])}, reading both {_cell(replay['read_both_ms'])}; "
             f"paired ratio {replay['ratio']:.2f}× | |",
