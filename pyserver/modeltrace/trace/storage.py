@@ -322,6 +322,12 @@ class _Sharing:
         self.inputs = inputs
         self.shapes: dict[tuple[int, ...], list[int]] = {}
         self.locations: dict[tuple[str, int, int | None], SourceLocation] = {}
+        # NOTE: module paths are shared here, not with `sys.intern`: most are distinct (tens of thousands in a
+        # large trace), and the interpreter's table of interned strings grows with them and never shrinks.
+        self.paths: dict[str, str] = {}
+
+    def path(self, path: str) -> str:
+        return self.paths.setdefault(path, path)
 
     def shape(self, shape: list[int]) -> list[int]:
         return self.shapes.setdefault(tuple(shape), shape)
@@ -345,7 +351,7 @@ class _Sharing:
 
     def module(self, data: dict[str, Any]) -> ModuleCall:
         record = ModuleCall.from_json(data)
-        record.path = sys.intern(record.path)
+        record.path = self.path(record.path)
         record.class_name = sys.intern(record.class_name)
         record.defined_at = self.location(record.defined_at)
         record.called_at = self.location(record.called_at)
@@ -514,7 +520,7 @@ class _Tables:
         summary = self.summary
         return ModuleCall(
             int(index),
-            sys.intern(str(path)),
+            self.sharing.path(str(path)),
             sys.intern(str(class_name)),
             self.location(defined_at),
             self.location(called_at),
