@@ -23,7 +23,6 @@ from modeltrace.lsp import (
     recorders,
 )
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.loading import configure_heap
 
 
 def create_server() -> ModelTraceServer:
@@ -69,5 +68,4 @@ def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     # NOTE: pygls logs every message at INFO; its warnings are enough in the client's output channel.
     logging.getLogger("pygls").setLevel(logging.WARNING)
-    configure_heap()
     create_server().start_io()
