@@ -311,8 +311,10 @@ def _serve_command(arguments: argparse.Namespace) -> int:
 
     # NOTE: started from the VS Code extension's bundle: its pygls/lsprotocol come first (see `bundled`).
     add_server_libraries()
+    from modeltrace.lsp.loading import configure_heap
     from modeltrace.lsp.server import serve
 
+    configure_heap()  # NOTE: process-wide C heap settings, made once before the server starts
     serve()
     return 0
 

@@ -26,6 +26,7 @@ import modeltrace
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
+from modeltrace.lsp.wire import converter
 from modeltrace.worker.client import WorkerClient
 
 
@@ -41,7 +42,10 @@ class ModelTraceServer(LanguageServer):
 
     def __init__(self) -> None:
         super().__init__(
-            "modeltrace", modeltrace.__version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental
+            "modeltrace",
+            modeltrace.__version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            converter_factory=converter,
         )
         self.settings = Settings()
         self.workspace_trusted = True

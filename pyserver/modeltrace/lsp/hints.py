@@ -25,6 +25,7 @@ from modeltrace.lsp.markdown import line_markdown
 from modeltrace.lsp.settings import HintPlacement
 from modeltrace.lsp.steps import gradient_label, hover_markdown, step_label
 from modeltrace.lsp.store import FileHints, TracedLine
+from modeltrace.lsp.wire import CachedInlayHint
 from modeltrace.trace.lines import (
     HINT_MAX_LENGTH,
     HintDetail,
@@ -199,8 +200,9 @@ def _line_hints(
     else:
         labels = placed_labels(traced, text, detail, model_dtype, stale)
     labels.extend(_step_and_gradient_labels(ls, hints, traced, text, model_dtype))
+    # NOTE: cached hints (`FileHints.hint_cache`), serialised once (`wire`)
     return [
-        types.InlayHint(
+        CachedInlayHint(
             position=types.Position(line=line, character=_units(ls, text[: placed.column])),
             label=placed.label,
             kind=types.InlayHintKind.Type,

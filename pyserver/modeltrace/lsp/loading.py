@@ -8,6 +8,8 @@ needs inputs reads the trace file.
 from __future__ import annotations
 
 import gc
+import sys
+from typing import Any
 
 from modeltrace.lsp.store import DocumentTrace, build_document_trace
 from modeltrace.trace.relocate import SourceMatch, locate_sources, relocate
@@ -62,3 +64,47 @@ def settle_memory(loaded: DocumentTrace) -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    release_free_heap()
+
+
+# glibc's `mallopt` parameter for the number of heaps (malloc.h)
+_M_ARENA_MAX = -8
+
+
+def _glibc() -> Any | None:
+    """The C library's functions when it is glibc on Linux, else None (macOS, Windows, musl: nothing to tune)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # NOTE: imported here: only Linux servers need it
+
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def configure_heap() -> None:
+    """Keep the C heap from holding on to what loading a trace freed (call once, at the server's start).
+
+    NOTE: glibc gives each thread that allocates under contention a heap of its own, and a trace is loaded in a
+    worker thread: that heap kept ~5 MB of a 50,000-call trace's decoding buffers after loading (more or less
+    from run to run), which trimming did not return. One heap for all threads costs nothing here (Python's lock
+    serialises them anyway); a fixed `M_MMAP_THRESHOLD` returned as much but made every whole-file hint answer
+    (~300 KB) map fresh pages, 1.5 ms slower.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, 1)
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing happens).
+
+    NOTE: loading decodes the trace file through large short-lived buffers and lists; glibc keeps the pages they
+    freed (~7 MB for a 50,000-call trace) in the process for later allocations, which a server that then sits
+    idle for hours never makes. Trimming takes a few milliseconds, once per large trace.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

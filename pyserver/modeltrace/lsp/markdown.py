@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modeltrace.diff import DIVERGENCE
 from modeltrace.lsp.session import DocumentDiff
 from modeltrace.trace.lines import LineEntry, compact_shape, format_number, is_discarded, layer_label, run_count
 from modeltrace.trace.records import LineRecord, ModuleCall, TensorSummary
@@ -131,6 +130,10 @@ def line_markdown(entry: LineEntry, stale: bool) -> str:
 
 def reference_markdown(diff: DocumentDiff, calls: list[ModuleCall]) -> str:
     """The hover's "vs reference" section for a line's calls, or "" when none was compared."""
+    # NOTE: imported here: `modeltrace.diff` loads numpy (~14 MB), which the server needs only once a
+    # reference is set (and a diff exists to show).
+    from modeltrace.diff import DIVERGENCE
+
     rows = []
     for record in calls:
         compared = diff.calls.get((record.path, record.call_index))

@@ -17,14 +17,6 @@ from typing import Any
 
 from lsprotocol import types
 
-from modeltrace.diff import (
-    WHEN_POSSIBLE,
-    close_result,
-    diff_paths,
-    load_reference,
-    plot_data,
-)
-from modeltrace.diff.report import divergence_json, line_marks
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp import methods
 from modeltrace.lsp.context import ModelTraceServer
@@ -43,6 +35,8 @@ DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
 
 def load_checked_reference(path: str) -> None:
     """Open and close a reference once, so that a bad path fails when it is set, not at the next trace."""
+    from modeltrace.diff import load_reference  # NOTE: imported late: see `compute_diff`
+
     load_reference(path).close()
 
 
@@ -60,6 +54,11 @@ def compute_diff(
     `replay` and a reference holding full tensors, the first modules whose outputs differ are re-run on the
     reference's inputs in `worker` (the server's trace worker, the candidate's environment; the caller holds
     the trace lock), and the verdict uses that (`diff.replay`). `mapping`: a mapping file to align by."""
+    # NOTE: imported here, not at the top: `modeltrace.diff` loads numpy (~14 MB), which a server that only
+    # shows hints never needs; it is imported once a reference is set.
+    from modeltrace.diff import WHEN_POSSIBLE, close_result, diff_paths, plot_data
+    from modeltrace.diff.report import divergence_json, line_marks
+
     result = diff_paths(
         reference,
         candidate,

@@ -13,13 +13,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
-from modeltrace.diff.report import LineMark
 from modeltrace.lsp.store import DocumentTrace, FileHints
+
+
+if TYPE_CHECKING:
+    # NOTE: for annotations only: importing `modeltrace.diff` loads numpy (~14 MB), which a server that only
+    # shows hints never needs (`reference` imports the diff when a reference is set).
+    from modeltrace.diff.report import LineMark
 
 
 # A diagnostic and the URI of the document it was published on (a trace's failure may be in another file).

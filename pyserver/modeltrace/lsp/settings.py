@@ -16,7 +16,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from modeltrace.diff.align import parse_maps
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.lines import HintDetail
 from modeltrace.worker.messages import (
@@ -197,6 +196,10 @@ def _steps(value: Any) -> int:
 def _maps(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(item, str) for item in value):
         raise ValueError("expected a list of 'REGEX=>REPL' strings")
+    # NOTE: imported here: `modeltrace.diff` loads numpy (~14 MB), which a server that only shows hints
+    # never needs; rename maps are set by those who diff.
+    from modeltrace.diff.align import parse_maps
+
     try:
         parse_maps(list(value))
     except ModelTraceError as error:

@@ -322,6 +322,12 @@ class _Sharing:
         self.inputs = inputs
         self.shapes: dict[tuple[int, ...], list[int]] = {}
         self.locations: dict[tuple[str, int, int | None], SourceLocation] = {}
+        # NOTE: module paths are shared here, not with `sys.intern`: most are distinct (tens of thousands in a
+        # large trace), and the interpreter's table of interned strings grows with them and never shrinks.
+        self.paths: dict[str, str] = {}
+
+    def path(self, path: str) -> str:
+        return self.paths.setdefault(path, path)
 
     def shape(self, shape: list[int]) -> list[int]:
         return self.shapes.setdefault(tuple(shape), shape)
@@ -345,7 +351,7 @@ class _Sharing:
 
     def module(self, data: dict[str, Any]) -> ModuleCall:
         record = ModuleCall.from_json(data)
-        record.path = sys.intern(record.path)
+        record.path = self.path(record.path)
         record.class_name = sys.intern(record.class_name)
         record.defined_at = self.location(record.defined_at)
         record.called_at = self.location(record.called_at)
@@ -372,12 +378,23 @@ def _little_endian(values: array.array) -> array.array:
 
 
 class _Tables:
-    """The tables of a table-layout file, decoded as they stream by, and the records that point into them."""
+    """The tables of a table-layout file, decoded as they stream by, and the records that point into them.
+
+    NOTE: a summary is built the first time a record points at it, not when its table is read: with
+    `inputs=False` the calls' input summaries (half of a trace's) are never built, and the summaries that are
+    built sit next to the records that keep them instead of among thousands freed after loading, which would
+    keep the language server's memory pages from being returned (~20 MB for a 50,000-call trace).
+    """
 
     def __init__(self, sharing: _Sharing) -> None:
         self.sharing = sharing
         self.locations: list[SourceLocation] = []
-        self.summaries: list[TensorSummary] = []
+        self.summaries: list[TensorSummary | None] = []
+        self.keys: list[Any] = []
+        self.shapes: list[Any] = []
+        self.dtypes: list[Any] = []
+        self.statistics = array.array("d")
+        self.extra: dict[int, list[Any]] = {}
 
     def read_locations(self, rows: Any) -> None:
         if not isinstance(rows, list):
@@ -403,35 +420,80 @@ class _Tables:
             raise ValueError(f"summary columns of different lengths for {count} summaries")
         numbers = array.array("d")
         numbers.frombytes(statistics)
-        values = _little_endian(numbers).tolist()
+        self.statistics = _little_endian(numbers)
+        self.keys, self.shapes, self.dtypes = keys, shapes, dtypes
+        self.summaries = [None] * count
+        for row in extra:
+            index, _device, _nan_count, _inf_count, _tensor, _not_stored, *_placement = row
+            if type(index) is not int or not 0 <= index < count:
+                raise ValueError(f"summary index {index!r} is not one of the {count} summaries")
+            self.extra[index] = row
+        if self.sharing.inputs:
+            self._build_all()
+
+    def _build_all(self) -> None:
+        """Every summary at once (all are used when inputs are read): one loop, no call per summary."""
+        values = self.statistics.tolist()
         width = len(_STATISTICS)
-        sharing = self.sharing
-        for position in range(count):
+        keys, shapes, dtypes, summaries, share = (
+            self.keys,
+            self.shapes,
+            self.dtypes,
+            self.summaries,
+            self.sharing.summary,
+        )
+        for position in range(len(summaries)):
             statistics_of = [_statistic(value) for value in values[position * width : (position + 1) * width]]
-            summary = TensorSummary(
-                str(keys[position]),
-                [int(size) for size in shapes[position]],
-                str(dtypes[position]),
-                "cpu",
-                *statistics_of[:5],
-                0,
-                0,
-                statistics_of[5],
+            summaries[position] = share(
+                TensorSummary(
+                    str(keys[position]),
+                    [int(size) for size in shapes[position]],
+                    str(dtypes[position]),
+                    "cpu",
+                    *statistics_of[:5],
+                    0,
+                    0,
+                    statistics_of[5],
+                )
             )
-            self.summaries.append(sharing.summary(summary))
-        for index, device, nan_count, inf_count, tensor, not_stored, *placement in extra:
-            summary = self.summary(index)
-            if placement:  # tensor-parallel traces: how the ranks held it
-                summary.placement = placement[0]
-            summary.device = sys.intern(str(device))
-            summary.nan_count, summary.inf_count = int(nan_count), int(inf_count)
-            summary.tensor = None if tensor is None else str(tensor)
-            summary.not_stored = None if not_stored is None else str(not_stored)
+        for position in self.extra:
+            self._add_extra(summaries[position], position)  # type: ignore[arg-type]
 
     def summary(self, index: Any) -> TensorSummary:
         if type(index) is not int or not 0 <= index < len(self.summaries):
             raise ValueError(f"summary index {index!r} is not one of the {len(self.summaries)} summaries")
-        return self.summaries[index]
+        summary = self.summaries[index]
+        if summary is None:
+            summary = self.summaries[index] = self._build_summary(index)
+        return summary
+
+    def _build_summary(self, index: int) -> TensorSummary:
+        width = len(_STATISTICS)
+        statistics_of = [_statistic(value) for value in self.statistics[index * width : (index + 1) * width]]
+        summary = TensorSummary(
+            str(self.keys[index]),
+            [int(size) for size in self.shapes[index]],
+            str(self.dtypes[index]),
+            "cpu",
+            *statistics_of[:5],
+            0,
+            0,
+            statistics_of[5],
+        )
+        summary = self.sharing.summary(summary)
+        if index in self.extra:
+            self._add_extra(summary, index)
+        return summary
+
+    def _add_extra(self, summary: TensorSummary, index: int) -> None:
+        """The rare fields of a summary (device, NaN/Inf counts, stored tensor, placement) from its `extra` row."""
+        _index, device, nan_count, inf_count, tensor, not_stored, *placement = self.extra[index]
+        if placement:  # tensor-parallel traces: how the ranks held it
+            summary.placement = placement[0]
+        summary.device = sys.intern(str(device))
+        summary.nan_count, summary.inf_count = int(nan_count), int(inf_count)
+        summary.tensor = None if tensor is None else str(tensor)
+        summary.not_stored = None if not_stored is None else str(not_stored)
 
     def location(self, index: Any) -> SourceLocation | None:
         if index is None:
@@ -458,7 +520,7 @@ class _Tables:
         summary = self.summary
         return ModuleCall(
             int(index),
-            sys.intern(str(path)),
+            self.sharing.path(str(path)),
             sys.intern(str(class_name)),
             self.location(defined_at),
             self.location(called_at),

@@ -1,0 +1,107 @@
+"""A server that only shows a trace (hints, hovers, code lenses) never imports numpy: the diff machinery, which
+needs it, is imported once a reference is set (numpy is ~14 MB of the server's resident memory).
+
+The server runs with a `numpy` on its path that fails to import, so any import of it on these paths fails the
+request (or the server's start) instead of going unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from .support import (
+    SERVER_COMMAND,
+    copy_example,
+    execute,
+    initialize,
+    inlay_hints,
+    line_of,
+    open_document,
+    record_server_pushes,
+)
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+WITHOUT_NUMPY = Path(__file__).resolve().parent / "without_numpy"
+CAPTURE_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import modeltrace
+    sys.path.insert(0, sys.argv[1])
+    from tiny_llama.configuration_tiny_llama import TinyLlamaConfig
+    from tiny_llama.modeling_tiny_llama import TinyLlamaModel
+
+    torch.manual_seed(0)
+    model = TinyLlamaModel(TinyLlamaConfig()).eval()
+    with torch.no_grad(), modeltrace.capture(model, sys.argv[2], lines=True):
+        model(input_ids=torch.tensor([[1, 17, 42, 99, 5, 63, 120]]))
+""")
+
+
+@pytest_lsp.fixture(
+    scope="session",
+    config=ClientServerConfig(
+        server_command=SERVER_COMMAND,
+        server_env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(WITHOUT_NUMPY), os.environ.get("PYTHONPATH", "")]),
+        },
+    ),
+)
+async def numpy_free_client(
+    lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[None]:
+    record_server_pushes(lsp_client)
+    await initialize(
+        lsp_client,
+        {
+            "settings": {"hintDetail": "stats", "traceOnSave": False},
+            "workspaceTrusted": True,
+            "traceDirectory": str(tmp_path_factory.mktemp("numpy-free-traces")),
+        },
+    )
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_a_loaded_trace_shows_hints_hovers_and_lenses_without_numpy(
+    numpy_free_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = numpy_free_client
+    # NOTE: captured by a script (torch runs there, not in the server) from a copy of the example
+    modeling_file = copy_example(tmp_path)
+    trace = tmp_path / "captured.mtrace"
+    script = tmp_path / "capture.py"
+    script.write_text(CAPTURE_SCRIPT)
+    completed = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(trace)], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    uri = open_document(client, modeling_file)
+    loaded = await execute(client, "modelTrace.loadTrace", uri, str(trace))
+    assert loaded["ok"], loaded
+
+    hints = await inlay_hints(client, uri)
+    query_line = line_of(modeling_file, "query_states = self.q_proj(hidden_states)")
+    assert "[1,4,7,16]" in hints.get(query_line, ""), (loaded, hints)
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=query_line, character=8)
+        )
+    )
+    assert hover is not None and "layers.0.self_attn.q_proj" in hover.contents.value, hover
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    assert lenses, "no code lens on the traced model's file"
