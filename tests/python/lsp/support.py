@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,23 @@ WITHOUT_TORCH = Path(__file__).resolve().parent / "without_torch"
 SERVER_COMMAND = [sys.executable, "-m", "modeltrace", "serve"]
 # NOTE: the first trace starts the worker, which imports torch + transformers: slow on a loaded 2-core box.
 COLD_TRACE_SECONDS = 240
+
+
+# A script (run as `python SCRIPT EXAMPLE_FOLDER TRACE`) that traces the example with `modeltrace.capture`, as a
+# user's own script would, with line records.
+CAPTURE_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import modeltrace
+    sys.path.insert(0, sys.argv[1])
+    from tiny_llama.configuration_tiny_llama import TinyLlamaConfig
+    from tiny_llama.modeling_tiny_llama import TinyLlamaModel
+
+    torch.manual_seed(0)
+    model = TinyLlamaModel(TinyLlamaConfig()).eval()
+    with torch.no_grad(), modeltrace.capture(model, sys.argv[2], lines=True):
+        model(input_ids=torch.tensor([[1, 17, 42, 99, 5, 63, 120]]))
+""")
 
 
 @dataclass

@@ -7,31 +7,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
-from .support import copy_example, execute, inlay_hints, line_of, open_document, wait_until
+from .support import CAPTURE_SCRIPT, copy_example, execute, inlay_hints, line_of, open_document, wait_until
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-CAPTURE_SCRIPT = textwrap.dedent("""
-    import sys
-    import torch
-    import modeltrace
-    sys.path.insert(0, sys.argv[1])
-    from tiny_llama.configuration_tiny_llama import TinyLlamaConfig
-    from tiny_llama.modeling_tiny_llama import TinyLlamaModel
-
-    torch.manual_seed(0)
-    model = TinyLlamaModel(TinyLlamaConfig()).eval()
-    with torch.no_grad(), modeltrace.capture(model, sys.argv[2], lines=True):
-        model(input_ids=torch.tensor([[1, 17, 42, 99, 5, 63, 120]]))
-""")
 
 
 # NOTE: the script's copy of the example differs from the repository's (the server's workspace), so that its

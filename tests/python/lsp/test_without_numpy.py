@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 from .support import (
+    CAPTURE_SCRIPT,
     SERVER_COMMAND,
     copy_example,
     execute,
@@ -34,19 +34,6 @@ from .support import (
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 WITHOUT_NUMPY = Path(__file__).resolve().parent / "without_numpy"
-CAPTURE_SCRIPT = textwrap.dedent("""
-    import sys
-    import torch
-    import modeltrace
-    sys.path.insert(0, sys.argv[1])
-    from tiny_llama.configuration_tiny_llama import TinyLlamaConfig
-    from tiny_llama.modeling_tiny_llama import TinyLlamaModel
-
-    torch.manual_seed(0)
-    model = TinyLlamaModel(TinyLlamaConfig()).eval()
-    with torch.no_grad(), modeltrace.capture(model, sys.argv[2], lines=True):
-        model(input_ids=torch.tensor([[1, 17, 42, 99, 5, 63, 120]]))
-""")
 
 
 @pytest_lsp.fixture(
