@@ -6,7 +6,7 @@ No torch import: the language server uses this package. Entry points:
   (`LoadedTrace`; close it, or use it as a context manager, to release the tensors' memory map);
 - `diff_traces(reference, candidate, DiffOptions(atol, rtol, maps, rel_tol, mapping))` -> `DiffResult`, or
   `diff_paths(...)` (with `replay=True`: suspect candidate modules re-run on the reference's inputs in the
-  worker, `replay.run_replay`);
+  worker, started during the comparison, `replay.ReplayRun`; `replay.run_replay` after a finished diff);
 - `align_modules(reference_trace, candidate_trace)` -> `ModuleMapping` (automatic alignment by evidence, not
   names), `render_mapping` / `read_mapping` (the mapping file `modeltrace align` writes and `--mapping` reads);
 - `to_json(result)` (the `diff --format json` document), `render_text(result)`, `line_statuses(result)`

@@ -240,12 +240,11 @@ class DiffResult:
 
 
 def _finish_key(module: ModuleResult) -> tuple[int, int]:
-    order = module.candidate.finish_order
-    return (order if order >= 0 else 1 << 60, module.candidate.index)
+    return _record_finish_key(module.candidate)
 
 
 def _record_finish_key(record: ModuleCall) -> tuple[int, int]:
-    """`_finish_key` of a record (before its `ModuleResult` exists)."""
+    """Where a call stands in finishing order (calls without one last, in call order)."""
     order = record.finish_order
     return (order if order >= 0 else 1 << 60, record.index)
 
@@ -261,23 +260,24 @@ class SuspectWatch:
     decided after the whole comparison (`_Comparer.run_statistics`): the watch stops there, and the suspects are
     named after the diff as usual (`replay.suspects`, which gives the same list where the watch gave one)."""
 
-    def __init__(self, records: list[ModuleCall], limit: int, found: Any) -> None:
+    def __init__(self, records: list[ModuleCall], results: list[ModuleResult], limit: int, found: Any) -> None:
+        """`results`: the diff's results, one per record in call order, appended as the records are compared."""
         self.order = sorted(range(len(records)), key=lambda position: _record_finish_key(records[position]))
         # the last call-order position among the first k calls in finishing order
         self.needed = list(itertools.accumulate(self.order, max))
+        self.results = results
         self.limit = limit
         self.found = found
         self.differs: list[bool | None] = [None] * len(records)
-        self.results: list[ModuleResult | None] = [None] * len(records)
         self.cursor = 0
         self.named: list[ModuleResult] = []
         self.active = limit > 0 and bool(records)
 
-    def compared(self, position: int, result: ModuleResult, differs: bool | None) -> None:
+    def compared(self, position: int, differs: bool | None) -> None:
         """Call `position` is compared: its outputs differ (True), do not (False), or are not decided yet (None)."""
         if not self.active:
             return
-        self.differs[position], self.results[position] = differs, result
+        self.differs[position] = differs
         order, needed = self.order, self.needed
         while self.cursor < len(order) and needed[self.cursor] <= position:
             known = order[self.cursor]
@@ -1073,13 +1073,13 @@ def _diff_traces(
 
     comparer = _Comparer(reference, candidate, options, 2 * len(cand_records))
     # NOTE: only full tensors decide a call as it is compared; statistics are compared all at once at the end
-    suspect_watch = SuspectWatch(cand_records, *watch) if watch is not None and comparer.full else None
+    results: list[ModuleResult] = []
+    suspect_watch = SuspectWatch(cand_records, results, *watch) if watch is not None and comparer.full else None
     watched = suspect_watch.compared if suspect_watch is not None else None
     queued_sides = comparer.queued_sides
     if comparer.full:  # a reordering of features is only seen (and allowed) on full tensors
         comparer.permuted_positions = permuted_weight_modules(reference.trace, candidate.trace, alignment)
     compare_side = comparer.side
-    results: list[ModuleResult] = []
     missing_outputs: dict[int, str] = {}
     ref_lacks_outputs = reference.kind == "hf-debugger"
     cand_lacks_outputs = candidate.kind == "hf-debugger"
@@ -1096,7 +1096,7 @@ def _diff_traces(
             )
             results.append(result)
             if watched is not None:
-                watched(position, result, False)
+                watched(position, False)
             continue
         ref = ref_records[ref_position]
         result = ModuleResult(record, ref, aligned_by=how[position], pair=alignment.pair_of.get(position))
@@ -1108,9 +1108,9 @@ def _diff_traces(
                 side = 2 * position + 1
                 leaves = comparer.special.get(side, ())
                 if any(leaf.status == MISMATCH for leaf in leaves):
-                    watched(position, result, True)
+                    watched(position, True)
                 else:  # rows queued for the statistics are decided at the end
-                    watched(position, result, None if queued_sides and queued_sides[-1] == side else False)
+                    watched(position, None if queued_sides and queued_sides[-1] == side else False)
         elif ref.outputs or record.outputs:
             if ref_lacks_outputs if not ref.outputs else cand_lacks_outputs:
                 side_name = "reference" if not ref.outputs else "candidate"
@@ -1125,7 +1125,7 @@ def _diff_traces(
             missing_outputs[position] = ""
         if watched is not None and not (ref.outputs and record.outputs):
             # no outputs on one side: a mismatch by structure when the candidate returns tensors (a suspect)
-            watched(position, result, bool(record.outputs) and 2 * position + 1 in comparer.structure)
+            watched(position, bool(record.outputs) and 2 * position + 1 in comparer.structure)
 
     comparer.run_statistics()
 

@@ -72,6 +72,15 @@ _CLOSERS = {
 }
 _MODALITY_TYPE = {"image": 1, "video": 2, "audio": 3}
 # Config hints for the number of placeholder tokens per image, when the model cannot say.
+# The config fields that give an audio model's feature width (mel bins), most specific first.
+_FEATURE_WIDTH_NAMES = (
+    "feature_projection_input_dim",
+    "num_mel_bins",
+    "feature_size",
+    "input_feat_per_channel",
+    "n_mels",
+    "input_dim",
+)
 _IMAGE_TOKEN_HINTS = (
     "image_seq_length",
     "mm_tokens_per_image",
@@ -486,12 +495,7 @@ class InputSynthesizer:
         bins = _int(
             _first(
                 [audio, self.config, *walk_configs(self.config)],
-                "feature_projection_input_dim",
-                "num_mel_bins",
-                "feature_size",
-                "input_feat_per_channel",
-                "n_mels",
-                "input_dim",
+                *_FEATURE_WIDTH_NAMES,
                 "feature_dim",
                 "num_mels",
             ),
@@ -528,12 +532,7 @@ class InputSynthesizer:
         bins = _int(
             _first(
                 [self.audio_config, self.config],
-                "feature_projection_input_dim",
-                "num_mel_bins",
-                "feature_size",
-                "input_feat_per_channel",
-                "n_mels",
-                "input_dim",
+                *_FEATURE_WIDTH_NAMES,
             ),
             80,
         )

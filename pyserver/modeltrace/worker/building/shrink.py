@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,6 +331,11 @@ def _capped(bound: int, to: int | None = None) -> Callable[[str, Any, _Context],
     return lambda name, value, c: (bound if to is None else to) if value > bound else _KEEP
 
 
+def _core_width(names: re.Pattern, core: Collection[str]) -> Callable[[str, Any, _Context], bool]:
+    """A width field matching `names` (at `narrow`, one of the `core` names), outside per-stage models."""
+    return lambda name, _, c: bool(names.match(name)) and (not c.core_only or name in core) and not c.hierarchical
+
+
 # Widths, at `tiny` and `narrow` only (`narrow`: the core names only; per-stage models keep theirs).
 WIDTH_CAPS = (
     SizeRule(
@@ -343,9 +348,7 @@ WIDTH_CAPS = (
         "grouped key/value heads stay grouped, or as many as the heads (MHA)",
     ),
     SizeRule(
-        lambda name, _, c: (
-            bool(_HEAD_NAMES.match(name)) and (not c.core_only or name in _CORE_HEAD_NAMES) and not c.hierarchical
-        ),
+        _core_width(_HEAD_NAMES, _CORE_HEAD_NAMES),
         _capped(HEADS),
         "attention heads",
     ),
@@ -359,16 +362,12 @@ WIDTH_CAPS = (
         "head widths (MLA's rope and nope halves)",
     ),
     SizeRule(
-        lambda name, _, c: (
-            bool(_FFN_NAMES.match(name)) and (not c.core_only or name in _CORE_FFN_NAMES) and not c.hierarchical
-        ),
+        _core_width(_FFN_NAMES, _CORE_FFN_NAMES),
         _capped(FFN),
         "feed-forward widths",
     ),
     SizeRule(
-        lambda name, _, c: (
-            bool(_WIDTH_NAMES.match(name)) and (not c.core_only or name in _CORE_WIDTH_NAMES) and not c.hierarchical
-        ),
+        _core_width(_WIDTH_NAMES, _CORE_WIDTH_NAMES),
         _capped(WIDTH),
         "hidden widths",
     ),
