@@ -59,10 +59,11 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
 /** The item after a comparison with the reference. */
 export function viewForDiffResult(params: DiffResultParams): ResultView {
     const reference: string = fileName(params.reference);
+    const notes: string = noteText(params);
     if (params.match || params.divergence === null) {
         return {
             text: "$(pass) ModelTrace: matches reference",
-            tooltip: `Every compared module matches ${reference}`,
+            tooltip: `Every compared module matches ${reference}${notes}`,
             command: { command: "modelTrace.showDiffPlot", title: showDifference },
         };
     }
@@ -70,7 +71,7 @@ export function viewForDiffResult(params: DiffResultParams): ResultView {
     const where: string = divergence.path || "(root)";
     return {
         text: `$(warning) ModelTrace: diverges at ${where}`,
-        tooltip: `First divergence from ${reference}: ${where} (${divergence.className}), max abs diff ${formatDifference(divergence.maxAbsDiff)}. Click to go to the line.`,
+        tooltip: `First divergence from ${reference}: ${where} (${divergence.className}), max abs diff ${formatDifference(divergence.maxAbsDiff)}. Click to go to the line.${notes}`,
         command:
             divergence.location === null
                 ? { command: "modelTrace.showDiffPlot", title: showDifference }
@@ -86,8 +87,14 @@ export function divergenceMessage(params: DiffResultParams): string | undefined 
     const divergence = params.divergence;
     return (
         `ModelTrace: ${fileName(params.uri)} diverges from the reference at ${divergence.path || "(root)"} ` +
-        `(${divergence.className}), max abs diff ${formatDifference(divergence.maxAbsDiff)}.`
+        `(${divergence.className}), max abs diff ${formatDifference(divergence.maxAbsDiff)}.${noteText(params)}`
     );
+}
+
+/** The diff's notes (what limited it, e.g. a replay an untrusted workspace did not run), as a trailing sentence. */
+function noteText(params: DiffResultParams): string {
+    const notes: string[] = params.notes ?? [];
+    return notes.length === 0 ? "" : ` Note: ${notes.join("; ")}.`;
 }
 
 export function referenceSetMessage(reference: string): string {

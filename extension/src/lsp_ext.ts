@@ -94,6 +94,8 @@ export interface DiffResultParams {
     reference: string;
     match: boolean;
     divergence: DiffResultDivergence | null;
+    /** What limited the comparison: a replay not run and why (an untrusted workspace), statistics-only pairs, ... */
+    notes: string[];
 }
 
 /** Server → client: a document's trace was compared with its reference (after each trace, and when one is set). */

@@ -250,7 +250,12 @@ async def _trace_now(
 
 
 def _diff_summary(diff: DocumentDiff) -> dict[str, Any]:
-    return {"reference": diff.reference, "match": diff.matched, "firstDivergence": diff.divergence}
+    return {
+        "reference": diff.reference,
+        "match": diff.matched,
+        "firstDivergence": diff.divergence,
+        "notes": list(diff.notes),
+    }
 
 
 def _fail(ls: ModelTraceServer, uri: str, token: str | None, message: str) -> dict[str, Any]:

@@ -31,6 +31,9 @@ from modeltrace.trace.lines import format_number
 logger = logging.getLogger(__name__)
 
 DIFF_DIAGNOSTIC_SOURCE = "ModelTrace diff"
+UNTRUSTED_REPLAY_NOTE = (
+    "replay not run: it would run this workspace's model code, and the workspace is not trusted (plain comparison)"
+)
 
 
 def load_checked_reference(path: str) -> None:
@@ -105,6 +108,9 @@ async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> Documen
         forget_diff(ls, session)
         return None
     settings = ls.settings
+    # NOTE: the replay re-runs the candidate's modules, which imports (or rebuilds) the workspace's model code:
+    # like a trace, it needs a trusted workspace. Untrusted, the plain comparison stands and the notes say why.
+    replay = settings.diff_replay and ls.workspace_trusted
     try:
         diff = await asyncio.to_thread(
             compute_diff,
@@ -113,8 +119,8 @@ async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> Documen
             settings.diff_atol,
             settings.diff_rtol,
             settings.diff_maps,
-            settings.diff_replay,
-            ls.worker() if settings.diff_replay else None,
+            replay,
+            ls.worker() if replay else None,
             workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
         )
     except ModelTraceError as error:
@@ -128,6 +134,8 @@ async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> Documen
             f"ModelTrace: internal error while comparing with the reference ({error})", types.MessageType.Error
         )
         return None
+    if settings.diff_replay and not replay:
+        diff.notes.append(UNTRUSTED_REPLAY_NOTE)
     show_diff(ls, session, diff)
     return diff
 
@@ -188,6 +196,8 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
             "maxAbsDiff": divergence.get("max_abs_diff"),
             "location": where,
         },
+        # what limited the comparison (a replay not run and why, statistics-only pairs, maps that align nothing)
+        "notes": list(diff.notes),
     }
 
 

@@ -23,6 +23,7 @@ const diverging: DiffResultParams = {
         maxAbsDiff: 0.01073,
         location: { uri: "file:///ws/tiny_llama_port/modeling_tiny_llama_port.py", line: 150 },
     },
+    notes: [],
 };
 
 function settle(): Promise<void> {
@@ -64,6 +65,15 @@ describe("trace result feedback", () => {
         feedback.onDiffResult({ ...diverging, match: true, divergence: null });
         assert.equal(vscodeFake.warnings.length, 1);
         feedback.dispose();
+    });
+
+    it("says what limited the comparison: a replay an untrusted workspace did not run", () => {
+        const note = "replay not run: it would run this workspace's model code, and the workspace is not trusted (plain comparison)";
+        const limited: DiffResultParams = { ...diverging, notes: [note] };
+        assert.ok(divergenceMessage(limited)?.endsWith(` Note: ${note}.`));
+        assert.ok(viewForDiffResult(limited).tooltip.endsWith(` Note: ${note}.`));
+        assert.ok(viewForDiffResult({ ...limited, match: true, divergence: null }).tooltip.endsWith(` Note: ${note}.`));
+        assert.ok(!divergenceMessage(diverging)?.includes("Note:"));
     });
 
     it("says when a reference is set", () => {

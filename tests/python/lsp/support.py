@@ -116,6 +116,7 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
                     "maxAbsDiff": divergence.maxAbsDiff,
                     "location": None if divergence.location is None else divergence.location._asdict(),
                 },
+                "notes": list(params.notes),
             }
         )
 
