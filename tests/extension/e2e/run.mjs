@@ -190,7 +190,28 @@ function plantTraps(runDir, workspace, mode) {
             JSON.stringify({ "modelTrace.python": join(venvBin, "python"), "modelTrace.traceOnSave": true }, null, 2),
         );
         writeFileSync(join(workspace, "modeltrace.py"), prelude("shadow-modeltrace"));
+        traceTrapElsewhere(runDir, workspace, sentinels);
     }
+}
+
+/**
+ * A full-tensor trace of the trap package made outside the editor (as a colleague or CI would), with another seed
+ * than the committed reference, so that a diff against that reference has suspects whose replay would rebuild the
+ * trap: RUN/trap-candidate.mtrace. Making it imports the trap (its sentinels are removed afterwards).
+ */
+function traceTrapElsewhere(runDir, workspace, sentinels) {
+    const trace = join(runDir, "trap-candidate.mtrace");
+    const traced = spawnSync(
+        options.python,
+        ["-m", "modeltrace", "trace", join(workspace, "trap_llama", "modeling_tiny_llama.py"), "--full-tensors", "--seed", "1", "--out", trace],
+        { encoding: "utf8", timeout: 300_000 },
+    );
+    if (traced.status !== 0) {
+        throw new Error(`tracing the trap package for the untrusted run failed: ${traced.stderr}`);
+    }
+    rmSync(sentinels, { recursive: true, force: true });
+    mkdirSync(sentinels, { recursive: true });
+    log(`traced the trap package elsewhere: ${trace}`);
 }
 
 function codeServerEnv(runDir, mode) {
@@ -205,6 +226,8 @@ function codeServerEnv(runDir, mode) {
         MODELTRACE_E2E_EXTENSIONS_DIR: join(runDir, "extensions"),
         MODELTRACE_E2E_PYTHON: interpreterFor(mode),
         MODELTRACE_E2E_CAPTURED_TRACE: join(runDir, "captured", "example.mtrace"),
+        MODELTRACE_E2E_TRAP_TRACE: join(runDir, "trap-candidate.mtrace"),
+        MODELTRACE_E2E_REFERENCE: join(repo, "examples", "reference", "tiny_llama.mtrace"),
     };
 }
 

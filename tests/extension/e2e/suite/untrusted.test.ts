@@ -32,6 +32,25 @@ describe("ModelTrace in an untrusted workspace", () => {
         const commands: string[] = await vscode.commands.getCommands(true);
         assert.ok(commands.includes("modelTrace.trace"), "modelTrace.trace should exist (the server or the client registers it)");
 
+        // A full-tensor trace of the trap made elsewhere, loaded, against a full-tensor reference: the diff's replay
+        // would rebuild the trap (not edited yet), so only the plain comparison runs, and its notes say why.
+        const trapDocument: vscode.TextDocument = (await openInEditor(trapModelingFile)).document;
+        const loaded = (await vscode.commands.executeCommand("modelTrace.loadTrace", trapDocument.uri.toString(), process.env.MODELTRACE_E2E_TRAP_TRACE)) as
+            | { ok: boolean }
+            | undefined;
+        assert.equal(loaded?.ok, true, `Load Trace of the trap's trace failed: ${JSON.stringify(loaded)}`);
+        const compared = (await vscode.commands.executeCommand("modelTrace.setReference", trapDocument.uri.toString(), process.env.MODELTRACE_E2E_REFERENCE)) as
+            | { ok: boolean; diff: { match: boolean; notes: string[] } | null }
+            | undefined;
+        assert.equal(compared?.ok, true, `setReference failed: ${JSON.stringify(compared)}`);
+        assert.deepEqual(sentinels(), [], "the diff's replay ran the trap's code in an untrusted workspace");
+        assert.equal(compared?.diff?.match, false, `the trap's other seed should diverge: ${JSON.stringify(compared)}`);
+        assert.ok(
+            compared?.diff?.notes.some((note: string) => note.startsWith("replay not run: ")),
+            `no note that the replay did not run: ${JSON.stringify(compared?.diff?.notes)}`,
+        );
+        await vscode.commands.executeCommand("modelTrace.clear", trapDocument.uri.toString());
+
         for (const file of [modelingFile, trapModelingFile]) {
             const editor: vscode.TextEditor = await openInEditor(file);
             const document: vscode.TextDocument = editor.document;
