@@ -46,7 +46,8 @@ log "CLI: modeltrace trace annotated the example"
   --out "$BUILD/port.mtrace" > /dev/null
 status=0
 "$VENV/bin/modeltrace" diff "$REPO/examples/reference/tiny_llama.mtrace" "$BUILD/port.mtrace" > "$BUILD/diff.txt" || status=$?
-[ "$status" -eq 1 ] && grep -q "FIRST DIVERGENCE" "$BUILD/diff.txt" \
+# NOTE: the port's bug is in its attention (examples/tiny_llama_port): the divergence must name that module.
+[ "$status" -eq 1 ] && grep -q "^FIRST DIVERGENCE: layers.0.self_attn (TinyLlamaPortAttention)$" "$BUILD/diff.txt" \
   || { log "modeltrace diff of the port exited with $status:"; head -40 "$BUILD/diff.txt"; exit 1; }
 log "CLI: modeltrace diff found the port's divergence"
 "$VENV/bin/python" "$REPO/tests/package/use_api.py" "$REPO" "$BUILD"

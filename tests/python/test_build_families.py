@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -131,10 +130,10 @@ def test_shape_only_gives_the_shapes_of_a_real_run(tmp_path: Path, relative: str
 LLAMA_3_70B_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "llama_3_70b.json"
 
 
-def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
+def test_shape_only_traces_llama_3_70b_without_allocating_its_weights(tmp_path: Path) -> None:
+    # NOTE: how fast this is belongs to bench/bench_shape_only.py; here, what makes it fast: nothing is allocated.
     config = tmp_path / "config.json"
     shutil.copyfile(LLAMA_3_70B_CONFIG, config)
-    started = time.perf_counter()
     built = build_from_request(
         TraceRequest(
             file=str(MODELS / "llama" / "modeling_llama.py"),
@@ -146,14 +145,15 @@ def test_shape_only_traces_llama_3_70b_in_seconds(tmp_path: Path) -> None:
     )
     with torch.no_grad(), built.forward_context(), ModuleCapture(built.model) as capture:
         built.model(**built.kwargs)
-    seconds = time.perf_counter() - started
     assert sum(parameter.numel() for parameter in built.model.parameters()) > 69e9
+    assert {tensor.device.type for tensor in [*built.model.parameters(), *built.model.buffers()]} == {"meta"}
     layers = {record.path for record in capture.records if record.path.startswith("layers.")}
     assert "layers.79.mlp.down_proj" in layers
     (down,) = [record for record in capture.records if record.path == "layers.79.mlp.gate_proj"]
     assert down.outputs[0].shape == [1, 7, 28672] and down.outputs[0].dtype == "bfloat16"
     assert capture.records[0].outputs[0].shape == [1, 7, 8192]
-    assert seconds < 60  # ~5 s on an idle laptop core; generous for a loaded CI machine
+    # every captured output is a shape without values (a meta tensor has none to summarise)
+    assert all(summary.mean is None for record in capture.records for summary in record.outputs)
 
 
 def test_shape_only_through_the_worker(worker: WorkerClient, tmp_path: Path) -> None:

@@ -50,6 +50,16 @@ def build_inputs(model):
 """
 
 
+def _parent_pid(pid: int) -> int:
+    """The parent of a running process (Linux `/proc`; 0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # NOTE: the command name (field 2) is in parentheses and may hold spaces: fields after the last ')'
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def _recipe(tmp_path: Path, fault: str) -> Path:
     recipe = tmp_path / "recipe_faulty.py"
     recipe.write_text(RECIPE_TEMPLATE.format(fault="\n".join(f"        {line}" for line in fault.splitlines())))
@@ -65,11 +75,22 @@ def test_trace_of_the_example_and_warm_retrace(worker: WorkerClient, tmp_path: P
     assert trace.model["class"] == "TinyLlamaModel"
     assert trace.model["file"] == str(EXAMPLE_MODELING_FILE.resolve())
 
-    started = time.perf_counter()
-    again = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "b.mtrace"))
-    warm_seconds = time.perf_counter() - started
+    # The warm path, by what it does: the same worker process (which said Ready once torch was imported) serves
+    # the second trace, and runs it in a fresh child forked from itself, so torch is not imported again.
+    worker_pid = worker._process.pid
+    children: list[tuple[int, int]] = []
+
+    def note_child(message: str) -> None:
+        child = worker._child_pid
+        if child is not None and not any(pid == child for pid, _ in children):
+            children.append((child, _parent_pid(child)))
+
+    again = worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "b.mtrace"), on_progress=note_child)
     assert again.modules == result.modules
-    assert warm_seconds < 30  # a cold worker imports torch first; the warm one only forks
+    assert worker._process.pid == worker_pid, "a new worker process (importing torch again) served the second trace"
+    assert len(children) == 1, children
+    child, parent = children[0]
+    assert child != worker_pid and parent == worker_pid, (child, parent, worker_pid)
 
 
 def test_each_trace_imports_the_files_afresh(worker: WorkerClient, example_copy: Path, tmp_path: Path) -> None:

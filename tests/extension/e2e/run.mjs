@@ -34,6 +34,10 @@ const { values: options } = parseArgs({
 const node24 = process.env.E2E_NODE24 ?? join(e2eDir, "node24bin/node");
 const codeServer = process.env.E2E_CODE_SERVER ?? join(e2eDir, "code-server/node_modules/.bin/code-server");
 const mediaDir = join(repo, "media");
+// NOTE: a run keeps its screenshots in build/e2e-screenshots (artifacts); the tracked media/ (the README's
+// pictures) changes only when asked: MODELTRACE_E2E_UPDATE_MEDIA=1.
+const screenshotsDir = join(repo, "build", "e2e-screenshots");
+const updateMedia = process.env.MODELTRACE_E2E_UPDATE_MEDIA === "1";
 const modeTimeoutMs = 420_000;
 
 function log(message) {
@@ -566,11 +570,13 @@ async function checkDom(page, request, runDir) {
     const top = titlebar === null ? 0 : Math.round(titlebar.y + titlebar.height);
     const viewport = page.viewportSize();
     await page.screenshot({ path: shot, clip: { x: 0, y: top, width: viewport.width, height: viewport.height - top } });
-    if (request.mode === "trusted" && failures.length === 0 && request.media !== false) {
+    mkdirSync(screenshotsDir, { recursive: true });
+    copyFileSync(shot, join(screenshotsDir, `${request.mode}-${screenshotName}`));
+    if (updateMedia && request.mode === "trusted" && failures.length === 0 && request.media !== false) {
         copyFileSync(shot, join(mediaDir, screenshotName));
-        log(`screenshot saved to media/${screenshotName}`);
+        log(`screenshot saved to media/${screenshotName} (MODELTRACE_E2E_UPDATE_MEDIA=1)`);
     } else {
-        log(`screenshot saved to ${shot}`);
+        log(`screenshot saved to build/e2e-screenshots/${request.mode}-${screenshotName}`);
     }
     if (request.quickFix !== undefined) {
         await page.keyboard.press("Escape");
