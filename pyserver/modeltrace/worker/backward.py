@@ -3,7 +3,7 @@ gradient of every module call's outputs and inputs and of every parameter.
 
 The loss, in order of preference: the recipe's `build_loss(outputs)`; the model's own loss, with labels
 synthesised for a language-model head (`LABEL_RULES`); else the default, half the mean square of every
-differentiable floating output leaf (documented in README). Gradients are taken with tensor hooks: on each output
+differentiable floating output leaf (documented in docs/generation-and-training.md). Gradients are taken with tensor hooks: on each output
 that requires grad, and on a view of each input made as the call starts, so that an input's gradient is the one
 flowing through this call only (the residual that bypasses a block is not counted in the block's input gradient).
 A NaN/Inf or all-zero gradient (or loss) is flagged, not raised. Runs inside the worker child.

@@ -2,7 +2,7 @@
 
 Greedy and deterministic: `model.generate(..., do_sample=False, num_beams=1, use_cache=True)` with exactly N + 1
 new tokens (an end-of-sequence token does not stop it early), or the recipe's own `generate(model, inputs, steps)`
-(see README, "Recipes"). Every call of the traced model itself (the root module) starts a step, so each module
+(see docs/generation-and-training.md). Every call of the traced model itself (the root module) starts a step, so each module
 record belongs to the step it ran in; after each step the cache's key/value tensors of every layer are
 summarised (and kept whole within the size limits with `--full-tensors`). Runs inside the worker child.
 """
