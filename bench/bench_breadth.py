@@ -82,7 +82,7 @@ def reason_of(error: dict) -> str:
     return text[:220]
 
 
-# Coarse groups for the README: (pattern on "Type: message", group). The first match wins.
+# Coarse groups for docs/benchmarks.md: (pattern on "Type: message", group). The first match wins.
 _GROUPS = [
     (
         r"torchvision|torchaudio|requires the .* librar|pip install|is not installed|No module named",
@@ -244,7 +244,7 @@ def summarize(results: list[dict]) -> str:
     for reason, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
         shown = reason.replace("|", "\\|")
         lines.append(f"| {shown} | {len(names)} | {', '.join(sorted(names))} |")
-    # The same failures by family, in coarse groups, each with its one-line cause (the README's table).
+    # The same failures by family, in coarse groups, each with its one-line cause (the table of docs/benchmarks.md).
     coarse: dict[str, dict[str, str]] = defaultdict(dict)
     for name, items in families.items():
         failed = [item for item in items if not item["ok"]]

@@ -8,7 +8,7 @@ of `modeltrace diff` the module (and a line range, line or construction line) th
 Each reference is traced once per variant, each port (clean, then one bug at a time, patched in a copy) once,
 through the worker as `modeltrace trace --recipe` runs it, and diffed through the CLI (`modeltrace diff
 --format json` with the pair's `--map` rules). Variants: `full` traces with `--full-tensors`, `lines` with
-`--full-tensors --lines` (both sides). Prints the markdown table of the README and "N of M right" per variant;
+`--full-tensors --lines` (both sides). Prints the markdown table of docs/benchmarks.md and "N of M right" per variant;
 the truth check is `judge` in tests/python/ports/harness.py.
 """
 
