@@ -23,21 +23,28 @@ demo: $(PY_STAMP) $(VSIX)
 	@echo
 	@echo "Traces: build/example.mtrace build/port.mtrace   Extension: $(VSIX)  (code --install-extension $(VSIX))"
 
-test: test-python test-package test-extension
+# NOTE: each step is timed (tests/timing/step.sh) and the slowest steps and tests are printed at the end, so a
+# growing suite shows in every log; `make test` must stay under 20 minutes on 2 cores.
+STEP := tests/timing/step.sh
+
+test:
+	rm -f build/test-steps.tsv build/pytest-junit.xml
+	$(STEP) "install: venv, npm packages, the .vsix" $(MAKE) --no-print-directory $(PY_STAMP) $(VSIX)
+	$(MAKE) --no-print-directory test-python test-package test-extension; status=$$?; \
+		$(PY) tests/timing/summary.py build; exit $$status
 
 # The wheel and sdist installed into a fresh venv (pinned CPU torch only), the CLI and the API run there.
 test-package: $(PY_STAMP) $(VSIX)
-	bash tests/package/run.sh
+	$(STEP) "package: wheel in a fresh venv" bash tests/package/run.sh
 
 test-python: $(PY_STAMP)
-	$(VENV)/bin/ruff check pyserver tests bench extension/bundle_python.py
-	$(VENV)/bin/ruff format --check pyserver tests bench extension/bundle_python.py
-	$(PY) -m pytest -q
+	$(STEP) "ruff" sh -c '$(VENV)/bin/ruff check pyserver tests bench extension/bundle_python.py && \
+		$(VENV)/bin/ruff format --check pyserver tests bench extension/bundle_python.py'
+	$(STEP) "python tests (pytest)" $(PY) -m pytest -q --junitxml=build/pytest-junit.xml
 
 test-extension: $(PY_STAMP) $(VSIX)
-	npm run --silent typecheck
-	npm run --silent test:unit
-	E2E_SKIP_BUILD=1 bash tests/extension/e2e/run.sh
+	$(STEP) "typescript: typecheck and unit tests" sh -c 'npm run --silent typecheck && npm run --silent test:unit'
+	$(STEP) "real VS Code e2e (install if needed, three modes)" env E2E_SKIP_BUILD=1 bash tests/extension/e2e/run.sh
 
 install: $(PY_STAMP) $(NODE_STAMP)
 

