@@ -4,7 +4,8 @@
   synthesised for each modality (token ids, pixel values, patch grids, audio features, image tokens in a
   multimodal prompt), and traced with capture.
 - Shape-only mode (meta device) gives exactly the shapes and dtypes of a real run of the same config, and
-  a Llama-3-70B configuration traces in seconds.
+  a Llama-3-70B configuration traces on the meta device without allocating its weights (how fast:
+  bench/bench_shape_only.py).
 - A folder saved with `save_pretrained` loads as a local checkpoint; a hub id is refused, never downloaded.
 - Plain modules of a file (a decoder layer, an MLP) build from the file's config; bad input ends in one
   clear message that says what to provide.

@@ -8,7 +8,10 @@ tests/python/ports/harness.py).
 
 Each verdict is checked on two pairs of traces: full tensors (`full`), and full tensors with line records
 (`lines`). Verdicts the diff does not give yet are listed in `KNOWN_WRONG` with what it says today: they run
-as strict xfails, so a verdict that becomes right fails the run until its row is removed.
+as strict xfails, so a verdict that becomes right fails the run until its row is removed. A right verdict is
+also held to its row of `ports.claims.LINE_CLAIMS` (what the documentation's table claims: the bug's line, the
+range reported and its width, whether the line or the construction line is named exactly), so that a verdict
+that names a wider range or another line than the table says fails.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from typing import Any
 import pytest
 import torch
 from modeltrace.worker.client import WorkerClient
+from ports.claims import EXACT, EXACT_LINES_CLAIMED, LINE_CLAIMS, LineClaim, claim_mismatches
 from ports.corpus import BUGS, PAIRS, Pair, bugs_of
 from ports.harness import (
     Built,
     Case,
+    Judged,
     PortHarness,
     PreparedPort,
     Verdict,
@@ -118,6 +123,48 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     )
 
 
+def test_a_verdict_is_held_to_its_line_claim(tmp_path: Path) -> None:
+    """The claim check on made-up verdicts: the bug on line 93 of a 22-line range (76-97), claimed exactly."""
+    bug = next(bug for bug in BUGS if bug.pair == "llama" and bug.name == "softmax_scale")
+    case = Case(next(pair for pair in PAIRS if pair.name == "llama"), bug)
+    port = PreparedPort(tmp_path, tmp_path / "port.py", tmp_path / "recipe_port.py", truth_line=93)
+    here = str(port.port_file)
+    claim = LineClaim(93, (76, 97), full="range of 22 lines", with_lines="line")
+
+    def mismatches(verdict: Verdict, variant: str) -> list[str]:
+        right, why = judge(case, port, verdict)
+        assert right, why  # each of these verdicts passes the truth check: only the claim tells them apart
+        return claim_mismatches(
+            Judged(case, port, verdict, right, why, precision(case, port, verdict)), claim, variant
+        )
+
+    exact = Verdict(1, path=bug.module, lines=(here, 76, 97), line=(here, 93))
+    assert mismatches(exact, "lines") == []
+    assert mismatches(Verdict(1, path=bug.module, lines=(here, 76, 97)), "full") == []
+    # a drill-down one line off, still inside the range: right by the truth check, wrong by the claim
+    assert mismatches(Verdict(1, path=bug.module, lines=(here, 76, 97), line=(here, 94)), "lines") == [
+        "the bug's line is named as \"range of 22 lines; line 94 is not the bug's\"; the row says 'line'"
+    ]
+    assert mismatches(Verdict(1, path=bug.module, lines=(here, 70, 97), line=(here, 93)), "lines") == [
+        "the range is 70-97 (28 lines); the row says 76-97 (22 lines)"
+    ]
+    assert mismatches(exact, "full") == ["the bug's line is named as 'line'; the row says 'range of 22 lines'"]
+    moved = PreparedPort(port.folder, port.port_file, port.recipe, truth_line=92)
+    moved_verdict = Verdict(1, path=bug.module, lines=(here, 76, 97), line=(here, 92))
+    assert claim_mismatches(
+        Judged(case, moved, moved_verdict, True, "", precision(case, moved, moved_verdict)), claim, "lines"
+    ) == ["the bug is on line 92, the row says 93"]
+    with pytest.raises(ValueError, match="no line claim for the trace variant 'automatic'"):
+        claim.precision("automatic")
+
+
+def test_line_claims_cover_every_bug_and_add_up_to_the_table() -> None:
+    assert list(LINE_CLAIMS) == [case.id for case in all_cases() if case.bug is not None]
+    for variant, claimed in EXACT_LINES_CLAIMED.items():
+        exact = [case for case, claim in LINE_CLAIMS.items() if claim.precision(variant) in EXACT]
+        assert len(exact) == claimed, f"{variant}: {len(exact)} rows name the exact line, the table says {claimed}"
+
+
 def test_a_patch_whose_text_is_not_unique_is_refused() -> None:
     bug = next(bug for bug in BUGS if bug.pair == "gpt2")
     ambiguous = type(bug)(**{**bug.__dict__, "name": "ambiguous", "old": "self.proj = nn.Linear("})
@@ -187,6 +234,7 @@ def _builds(modules: dict[str, torch.nn.Module], path: str, line: int) -> bool:
 def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, variant: str) -> None:
     judged = port_harnesses[variant].judge(case)
     assert judged.right, f"{case.id}: truth {judged.truth()}, diff says {judged.verdict.located()}: {judged.why}"
+    _assert_line_claim(judged, variant)
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in all_cases()])
@@ -195,3 +243,12 @@ def test_port_verdict_aligned_automatically(port_harnesses: dict[str, PortHarnes
     diff aligns each port with its reference by evidence alone (issue 16), and localises every bug as well."""
     judged = port_harnesses["lines"].judge(case, maps=False)
     assert judged.right, f"{case.id}: truth {judged.truth()}, diff says {judged.verdict.located()}: {judged.why}"
+    _assert_line_claim(judged, "lines")
+
+
+def _assert_line_claim(judged: Judged, variant: str) -> None:
+    """A right verdict on a bug names the bug's line as exactly as its row of `LINE_CLAIMS` says."""
+    if judged.case.bug is None:
+        return
+    found = claim_mismatches(judged, LINE_CLAIMS[judged.case.id], variant)
+    assert not found, f"{judged.case.id} ({variant}): diff says {judged.verdict.located()}: " + "; ".join(found)

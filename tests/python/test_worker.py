@@ -150,13 +150,16 @@ def test_a_dying_child_becomes_an_error_and_the_worker_survives(
 
 def test_timeout_stops_an_endless_forward(worker: WorkerClient, tmp_path: Path) -> None:
     recipe = _recipe(tmp_path, "while True:\n    pass")
-    started = time.perf_counter()
+    worker_pid = worker._process.pid
+    # NOTE: the hang guard is the client's own deadline (the timeout plus HARD_TIMEOUT_GRACE_SECONDS), whose
+    # message differs ("did not answer within 3 s"): the message below says the worker's timer stopped the trace.
     with pytest.raises(TraceFailed) as failure:
         worker.trace(_request(recipe, tmp_path / "x.mtrace", recipe=str(recipe), timeout=3))
     assert failure.value.error.kind == "TimeoutError" and failure.value.error.cause == "timeout"
-    assert "3 s timeout" in failure.value.error.message
-    assert time.perf_counter() - started < 20
+    assert "the trace ran past its 3 s timeout and was stopped" in failure.value.error.message
+    # only the trace's child was stopped: the same worker process serves the next trace
     assert worker.trace(_request(EXAMPLE_MODELING_FILE, tmp_path / "after.mtrace")).modules > 0
+    assert worker._process.pid == worker_pid
 
 
 def test_cancel_from_another_thread(worker: WorkerClient, tmp_path: Path) -> None:
@@ -239,9 +242,9 @@ def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Pat
     fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
     fake_python.chmod(0o755)
     client = WorkerClient(python=str(fake_python))
-    started = time.monotonic()
     with pytest.raises(TraceFailed) as failure:
         client.trace(_request(tmp_path / "model.py", tmp_path / "out.mtrace"))
+    # NOTE: a client that waited on would end at its deadline with a TimeoutError, not this kind
     assert failure.value.error.kind == "WorkerProtocolError" and failure.value.error.cause == "protocol"
     assert expected in failure.value.error.message
-    assert time.monotonic() - started < 30 and not client.running
+    assert not client.running

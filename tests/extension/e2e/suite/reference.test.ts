@@ -149,43 +149,31 @@ describe("ModelTrace: comparing with a reference trace", () => {
             assert.equal(result?.ok, true, JSON.stringify(result));
             assert.equal(result.diff?.match, false, `an edited scaling must diverge: ${JSON.stringify(result.diff)}`);
             const call: string = "attn_output, attn_weights = attention_interface(";
-            // NOTE: the values first differ in eager_attention_forward, a helper: the drill-down names the forward's
-            // call into it as `called_from`, the line the user edited
-            const drillDown = result.diff?.firstDivergence?.line as { line: number; called_from?: { line: number } | null } | null | undefined;
-            const drilled: number | undefined = drillDown?.called_from?.line ?? drillDown?.line;
-            const callSite: string = "hidden_states, _ = self.self_attn(";
-            // The marked line in view: the edited call with the drill-down, else the attention's call site.
+            // The module: the attention, whose forward holds the edited call.
+            const divergence = result.diff?.firstDivergence;
+            assert.equal(divergence?.path, "layers.0.self_attn", `the divergence: ${JSON.stringify(divergence)}`);
+            // NOTE: the values first differ in eager_attention_forward, a helper: the line drill-down (line records
+            // inside the diverging module) names the forward's call into it as `called_from`, the line the user
+            // edited. The drill-down has shipped: a divergence without it fails here.
+            const drillDown = divergence?.line as { line: number; called_from?: { line: number } | null } | null | undefined;
+            assert.ok(drillDown, `no line drill-down in the first divergence: ${JSON.stringify(divergence)}`);
+            const drilled: number | undefined = drillDown.called_from?.line;
+            assert.ok(drilled !== undefined, `the drill-down names no calling line: ${JSON.stringify(drillDown)}`);
+            assert.equal(drilled - 1, lineOf(document, call), `the drill-down points at line ${drilled}`);
+            // The marked line in view: the edited call is the one marked.
             await vscode.window.showTextDocument(document, { preview: false });
-            const top: vscode.Position = new vscode.Position(Math.max(0, lineOf(document, drilled !== undefined ? call : callSite) - 12), 0);
+            const top: vscode.Position = new vscode.Position(Math.max(0, lineOf(document, call) - 12), 0);
             example.revealRange(new vscode.Range(top, top), vscode.TextEditorRevealType.AtTop);
             await sleep(1500);
-            if (drilled !== undefined) {
-                // The line drill-down (line records inside the diverging module): the edited call is the one marked.
-                assert.equal(drilled - 1, lineOf(document, call), `the drill-down points at line ${drilled}`);
-                const dom: DomResult = await askForDomCheck({
-                    mode: "trusted",
-                    action: "check",
-                    hints: [],
-                    gutterAt: [{ snippet: call, icon: "diff-divergence.svg" }],
-                    screenshot: "screenshot-edited-call.png",
-                    media: false,
-                });
-                assert.deepEqual(dom.failures, []);
-            } else {
-                // NOTE: without the diff's line drill-down (Divergence.line) only the module's call site is known:
-                // the attention's own call in the decoder layer carries the mark; the lead merges the drill-down.
-                hostLog(`no line drill-down in this build: the divergence is marked at ${result.diff?.firstDivergence?.path}'s call site`);
-                assert.equal(result.diff?.firstDivergence?.path, "layers.0.self_attn");
-                const dom: DomResult = await askForDomCheck({
-                    mode: "trusted",
-                    action: "check",
-                    hints: [],
-                    gutterAt: [{ snippet: callSite, icon: "diff-divergence.svg" }],
-                    screenshot: "screenshot-edited-call.png",
-                    media: false,
-                });
-                assert.deepEqual(dom.failures, []);
-            }
+            const dom: DomResult = await askForDomCheck({
+                mode: "trusted",
+                action: "check",
+                hints: [],
+                gutterAt: [{ snippet: call, icon: "diff-divergence.svg" }],
+                screenshot: "screenshot-edited-call.png",
+                media: false,
+            });
+            assert.deepEqual(dom.failures, []);
         } finally {
             await example.edit((edit: vscode.TextEditorEdit) => edit.replace(document.lineAt(scaling).range, original));
             await document.save();

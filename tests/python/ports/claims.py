@@ -1,0 +1,109 @@
+"""What the documentation claims per corpus case (the port-verdict table of docs/benchmarks.md, printed by
+bench/port_verdicts.py), as rows the verdict tests hold each verdict to, so that a less exact verdict fails.
+
+The truth check (`harness.judge`) accepts a verdict when any range it names holds the bug's line, and a range is
+often a whole `forward` (22 lines for the Llama attention): "right module" nearly implies "right line". A row
+pins, per bug, what is measured today: the bug's truth line, the line range the first divergence reports
+(start, end: its width), and how exactly each trace variant names the bug's line (`harness.precision`): `LINE`
+(the drill-down's `line` is the bug's), `CONSTRUCTION` (`built_at` is), or only a range, with the drill-down's
+other line when it names one. A verdict that becomes more exact fails too, until its row (and the table) are
+updated: the table must say what the diff does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ports.harness import Judged
+
+LINE = "line"
+CONSTRUCTION = "construction line"
+EXACT = (LINE, CONSTRUCTION)
+
+
+@dataclass(frozen=True)
+class LineClaim:
+    """One bug's row: its truth line, the range (start, end) its first divergence reports in the port file, and
+    the precision with full tensors (`full`) and with line records (`with_lines`: with and without `--map`)."""
+
+    truth_line: int
+    reported_range: tuple[int, int]
+    full: str
+    with_lines: str
+
+    @property
+    def width(self) -> int:
+        return self.reported_range[1] - self.reported_range[0] + 1
+
+    def precision(self, variant: str) -> str:
+        """The precision claimed for a trace variant of tests/python/test_port_verdicts.py."""
+        if variant not in ("full", "lines"):
+            raise ValueError(f"no line claim for the trace variant {variant!r} (known: 'full', 'lines')")
+        return self.full if variant == "full" else self.with_lines
+
+
+# case id -> its row, in the table's order (the clean ports are matches: no row)
+LINE_CLAIMS: dict[str, LineClaim] = {
+    "gpt2-causal_mask_dropped": LineClaim(
+        47, (42, 51), full="range of 10 lines", with_lines="range of 10 lines; line 48 is not the bug's"
+    ),
+    "gpt2-softmax_scale": LineClaim(46, (42, 51), full="range of 10 lines", with_lines=LINE),
+    "gpt2-final_norm_eps": LineClaim(87, (97, 97), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "gpt2-relu_for_gelu": LineClaim(62, (61, 63), full="range of 3 lines", with_lines=LINE),
+    "gpt2-mlp_residual_missing": LineClaim(76, (76, 77), full="range of 2 lines", with_lines="range of 2 lines"),
+    "gpt2-c_proj_not_transposed": LineClaim(36, (51, 51), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "gpt2-biases_not_copied": LineClaim(69, (75, 75), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "gpt2-qkv_unpacked_as_kqv": LineClaim(
+        42, (42, 51), full="range of 10 lines", with_lines="range of 10 lines; line 47 is not the bug's"
+    ),
+    "llama-causal_mask_dropped": LineClaim(
+        93, (76, 97), full="range of 22 lines", with_lines="range of 22 lines; line 94 is not the bug's"
+    ),
+    "llama-softmax_scale": LineClaim(91, (76, 97), full="range of 22 lines", with_lines=LINE),
+    "llama-rotary_halves": LineClaim(
+        83, (76, 97), full="range of 22 lines", with_lines="range of 22 lines; line 85 is not the bug's"
+    ),
+    "llama-ffn_norm_eps_layer_1": LineClaim(118, (40, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "llama-gelu_for_silu": LineClaim(108, (108, 108), full="range of 1 line", with_lines=LINE),
+    "llama-attention_residual_missing": LineClaim(
+        121, (121, 122), full="range of 2 lines", with_lines="range of 2 lines; line 122 is not the bug's"
+    ),
+    "llama-gate_up_swapped": LineClaim(103, (108, 108), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "llama-ffn_norm_not_copied": LineClaim(118, (40, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "bert-causal_mask_added": LineClaim(60, (58, 62), full="range of 5 lines", with_lines=LINE),
+    "bert-softmax_scale": LineClaim(59, (58, 62), full="range of 5 lines", with_lines=LINE),
+    "bert-embedding_norm_eps": LineClaim(37, (42, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "bert-silu_for_gelu": LineClaim(69, (73, 73), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "bert-ffn_residual_missing": LineClaim(87, (86, 87), full="range of 2 lines", with_lines=LINE),
+    "bert-query_key_swapped": LineClaim(50, (56, 56), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "bert-segment_embedding_not_copied": LineClaim(36, (42, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "bert-positions_from_one": LineClaim(40, (39, 42), full="range of 4 lines", with_lines=LINE),
+    "bert-mean_pooling": LineClaim(
+        103, (102, 103), full="range of 2 lines", with_lines="range of 2 lines; line 102 is not the bug's"
+    ),
+}
+
+# NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
+EXACT_LINES_CLAIMED = {"full": 10, "lines": 18}
+
+
+def claim_mismatches(judged: Judged, claim: LineClaim, variant: str) -> list[str]:
+    """Where a (right) verdict departs from its row: each difference said with the row's value; [] when none."""
+    port, verdict = judged.port, judged.verdict
+    found = []
+    if port.truth_line != claim.truth_line:
+        found.append(f"the bug is on line {port.truth_line}, the row says {claim.truth_line}")
+    reported = verdict.lines
+    if reported is None or Path(reported[0]).resolve() != port.port_file.resolve():
+        found.append(f"no line range in {port.port_file.name}; the row says {claim.reported_range}")
+    elif (reported[1], reported[2]) != claim.reported_range:
+        width = reported[2] - reported[1] + 1
+        found.append(
+            f"the range is {reported[1]}-{reported[2]} ({width} lines); the row says "
+            f"{claim.reported_range[0]}-{claim.reported_range[1]} ({claim.width} lines)"
+        )
+    expected = claim.precision(variant)
+    if judged.precision != expected:
+        found.append(f"the bug's line is named as {judged.precision or 'nothing'!r}; the row says {expected!r}")
+    return found
