@@ -60,8 +60,9 @@ def import_graph(root: Path = PACKAGE_ROOT, package: str = PACKAGE_NAME) -> dict
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per group of modules that import each other (Tarjan's strongly connected components), each as its
-    modules in order with the first repeated at the end; empty when the imports form no cycle."""
+    """The import cycles, each as its modules in order with the first repeated at the end: in every group of
+    modules that import each other (Tarjan's strongly connected components), the shortest cycle through each of
+    its modules, each cycle once; empty when the imports form no cycle."""
     index: dict[str, int] = {}
     lowest: dict[str, int] = {}
     stack: list[str] = []
@@ -86,12 +87,19 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for name in sorted(graph):
         if name not in index:
             connect(name)
-    return [cycle_within(group, graph) for group in sorted(groups, key=min)]
+    cycles: list[list[str]] = []
+    for group in sorted(groups, key=min):
+        for start in sorted(group):
+            cycle = shortest_cycle(start, group, graph)[:-1]
+            first = cycle.index(min(cycle))  # the same cycle found from another of its modules: one rotation
+            cycle = [*cycle[first:], *cycle[:first], min(cycle)]
+            if cycle not in cycles:
+                cycles.append(cycle)
+    return cycles
 
 
-def cycle_within(group: set[str], graph: dict[str, set[str]]) -> list[str]:
-    """A shortest import path from the group's first module back to itself, through the group only."""
-    start = min(group)
+def shortest_cycle(start: str, group: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest import path from `start` back to itself, through the modules of its group only."""
     paths = {imported: [start, imported] for imported in sorted(graph[start] & group)}
     frontier = list(paths)
     while start not in paths:
@@ -107,6 +115,8 @@ def cycle_within(group: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_cycle_finder_names_each_cycle_and_reads_every_kind_of_import(tmp_path: Path) -> None:
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    # one group, two cycles: each named
+    assert import_cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["a", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set(), "c": {"d"}, "d": {"c"}}) == [["c", "d", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
@@ -125,7 +135,10 @@ def test_the_cycle_finder_names_each_cycle_and_reads_every_kind_of_import(tmp_pa
         "sample.inner.deep": {"sample.top", "sample"},
         "sample.top": {"sample.inner.deep"},
     }
-    assert import_cycles(graph) == [["sample", "sample.top", "sample.inner.deep", "sample"]]
+    assert import_cycles(graph) == [
+        ["sample", "sample.top", "sample.inner.deep", "sample"],
+        ["sample.inner.deep", "sample.top", "sample.inner.deep"],
+    ]
 
 
 def test_the_package_modules_import_no_cycle() -> None:
