@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from modeltrace import bundled as _bundled
-
-__version__ = "0.1.0"
+from modeltrace.version import __version__
 
 # NOTE: run from the VS Code extension's bundle (no ModelTrace installed), the pure-Python fallbacks it carries
 # (msgpack) join the path after the environment's own packages; without MODELTRACE_BUNDLE this does nothing.

@@ -14,7 +14,8 @@ the worker's own assembly (`worker/assemble.py`): the `.mtrace` is the one the C
 overheads, and only torch is needed (transformers when the model is a transformers model). Every forward pass
 run inside the block, nested or repeated, is recorded: a second call of the model is the root's call 1. Any
 nn.Module works (a model defined in a notebook cell too: `lines` needs a source file, the rest does not).
-`diff` is `modeltrace diff` (`diff.diff_paths`, `diff.to_json`): no second code path for the numbers.
+`diff` is `modeltrace diff` (`diff_view.py`: `diff.diff_paths`, `diff.to_json`): no second code path for
+the numbers.
 """
 
 from __future__ import annotations
@@ -22,13 +23,19 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modeltrace.diff_view import DiffView, diff
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
+
+
+# NOTE: the library's diff lives in `diff_view.py`, below this module and the `diff` package both (the package
+# answers `modeltrace.diff(...)` too, once imported); offered here with the rest of the library
+__all__ = ["CaptureSession", "DiffView", "TraceView", "capture", "diff", "load"]
 
 
 @dataclass
@@ -206,61 +213,3 @@ def load(path: str | Path) -> TraceView:
     from modeltrace.trace.storage import read_trace
 
     return TraceView(read_trace(path), Path(path))
-
-
-@dataclass
-class DiffView:
-    """A diff: `document` is the `modeltrace diff --format json` document; `match`, `first_divergence` and
-    `modules` are read from it. In Jupyter: the verdict, the table with the first divergence highlighted, and
-    the difference per module."""
-
-    document: dict[str, Any]
-    text: str = field(repr=False, default="")
-
-    @property
-    def match(self) -> bool:
-        return bool(self.document["match"])
-
-    @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        return self.document["first_divergence"]
-
-    @property
-    def modules(self) -> list[dict[str, Any]]:
-        return self.document["modules"]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.document
-
-    def __str__(self) -> str:
-        return self.text
-
-    def _repr_html_(self) -> str:
-        from modeltrace.trace.html import diff_html
-
-        return diff_html(self.document)
-
-
-def diff(
-    reference: str | Path,
-    candidate: str | Path,
-    *,
-    atol: float | None = None,
-    rtol: float | None = None,
-    rel_tol: float | None = None,
-    maps: list[str] | tuple[str, ...] = (),
-    mapping: str | Path | None = None,
-    automatic: bool = True,
-    replay: bool = False,
-) -> DiffView:
-    """`modeltrace diff REFERENCE CANDIDATE` as an object (the same options, the same numbers). A reference
-    or candidate may be a trace folder or a transformers debugger output."""
-    from modeltrace.diff import close_result, diff_paths, render_text, to_json
-
-    result = diff_paths(
-        reference, candidate, atol, rtol, maps, rel_tol=rel_tol, replay=replay, mapping=mapping, automatic=automatic
-    )
-    try:
-        return DiffView(to_json(result), render_text(result))
-    finally:
-        close_result(result)

@@ -31,7 +31,7 @@ from modeltrace.worker.messages import (
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
 if TYPE_CHECKING:
-    from modeltrace.diff.compare import DiffResult
+    from modeltrace.diff.result import DiffResult
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from modeltrace.diff import compare, native
-from modeltrace.diff.compare import measure_arrays
+from modeltrace.diff import arrays, native
+from modeltrace.diff.arrays import measure_arrays
 
 
 def _require(found: native.Kernels | None, what: str) -> native.Kernels:
@@ -51,7 +51,7 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return under_test
 
 
-def _numpy(monkeypatch: pytest.MonkeyPatch, *arguments, **options) -> compare.ArrayComparison:
+def _numpy(monkeypatch: pytest.MonkeyPatch, *arguments, **options) -> arrays.ArrayComparison:
     with monkeypatch.context() as patch:
         patch.setattr(native, "kernels", lambda: None)
         return measure_arrays(*arguments, **options)
@@ -62,7 +62,7 @@ def _pairs(dtype: type) -> list[tuple[str, np.ndarray, np.ndarray]]:
     base = rng.standard_normal(65_536).astype(dtype)
     zeros = base.copy()
     zeros[::3] = 0  # |d| / |x| over x != 0 only
-    large = rng.standard_normal(3 * compare._BLOCK + 17).astype(dtype)  # several of numpy's blocks
+    large = rng.standard_normal(3 * arrays._BLOCK + 17).astype(dtype)  # several of numpy's blocks
     logits = (rng.standard_normal(4096) * 1e3).astype(dtype)
     return [
         ("small noise", base, base + (rng.standard_normal(base.size) * 1e-4).astype(dtype)),
@@ -151,7 +151,7 @@ def test_the_diff_kernel_loads_without_torch() -> None:
     script = (
         "import sys, numpy as np\n"
         "from modeltrace.diff import native\n"
-        "from modeltrace.diff.compare import measure_arrays\n"
+        "from modeltrace.diff.arrays import measure_arrays\n"
         "a = np.ones(1000, np.float32)\n"
         "print(native.kernels() is not None, measure_arrays(a, a * 2, 1e-3, 0.0).close, 'torch' in sys.modules)\n"
     )

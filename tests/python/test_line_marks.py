@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO_ROOT, line_of
 from modeltrace.diff import DIVERGENCE, MATCH, MISMATCH, close_result, diff_paths
-from modeltrace.diff.compare import DiffResult
+from modeltrace.diff.result import DiffResult
 from modeltrace.diff.lines import LineDivergence
 from modeltrace.diff.report import LineMark, line_marks, line_statuses
 

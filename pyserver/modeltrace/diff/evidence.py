@@ -6,18 +6,9 @@ its forward first computes a different value (`lines`).
 
 from __future__ import annotations
 
-from modeltrace.diff.compare import (
-    DIVERGENCE,
-    MATCH,
-    MISMATCH,
-    DiffResult,
-    Divergence,
-    ModuleResult,
-    _bounded,
-    _finish_key,
-    source_range,
-)
+from modeltrace.diff.divergence import bounded, source_range
 from modeltrace.diff.lines import drill_down
+from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
 from modeltrace.trace.records import SourceLocation
 
@@ -41,7 +32,7 @@ def explain(result: DiffResult) -> None:
                 for kid in result.modules
                 if kid.candidate.parent == inner.candidate.index and kid.reference is not None
             ]
-            divergence = _bounded(Divergence(inner, inputs_match=True), kids)
+            divergence = bounded(Divergence(inner, inputs_match=True), kids)
             divergence.lines = source_range(divergence)
             result.first_divergence = divergence
             own = evidence.get(inner.candidate.path)
@@ -66,7 +57,7 @@ def _built_differently_inside(
     for module in sorted(result.modules, key=lambda item: item.candidate.index):
         if module.candidate.parent in inside:
             inside.add(module.candidate.index)
-    for module in sorted(result.modules, key=_finish_key):
+    for module in sorted(result.modules, key=finish_key):
         if module is divergence.module or module.candidate.index not in inside or module.reference is None:
             continue
         differences = evidence.get(module.candidate.path)

@@ -27,13 +27,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
-
-
-if TYPE_CHECKING:  # NOTE: compare imports this module (through evidence) at run time
-    from modeltrace.diff.compare import DiffResult, Divergence
 
 
 @dataclass(frozen=True, slots=True)

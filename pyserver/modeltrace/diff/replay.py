@@ -13,8 +13,8 @@ sends them to the worker in a thread while the rest is compared (the kept model'
 core but the diff's). Its answer is used only if the finished diff names the same suspects; otherwise those
 are replayed after it, so the start changes the time, never the verdict.
 Each replayed output is compared with the reference's output for that call by the same rule as the diff
-(`compare_pair_arrays`): a match clears the module (its outputs differ only through its inputs), a difference
-makes it a divergence on its own (`compare.decide`).
+(`verdict.compare_pair_arrays`): a match clears the module (its outputs differ only through its inputs), a
+difference makes it a divergence on its own (`compare.decide`).
 
 Nothing here changes a trace (the files live in a temporary folder) and nothing raises: a reference without
 full tensors, a candidate trace that cannot be rebuilt (shape-only, no file, a source changed since it was
@@ -35,17 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from modeltrace.diff.compare import (
-    MATCH,
-    MISMATCH,
-    NOT_COMPARED,
-    DiffResult,
-    ModuleResult,
-    ReplayResult,
-    compare_pair_arrays,
-    decide,
-)
+from modeltrace.diff.compare import decide
 from modeltrace.diff.pairing import OVERLAP, LeafPair, _padded, pair_leaves
+from modeltrace.diff.result import MATCH, MISMATCH, NOT_COMPARED, DiffResult, ModuleResult, ReplayResult
+from modeltrace.diff.verdict import compare_pair_arrays
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.tensors import DTYPE_CODES, LoadedTrace, SafetensorsFile, write_safetensors
 from modeltrace.worker.messages import (

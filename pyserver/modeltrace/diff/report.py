@@ -14,10 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from modeltrace.diff.compare import (
-    DEFAULT_ATOL,
-    DEFAULT_REL_TOL,
-    DEFAULT_RTOL,
+from modeltrace.diff.align import Alignment
+from modeltrace.diff.pairing import Pairing
+from modeltrace.diff.result import (
     DIVERGENCE,
     MATCH,
     MISMATCH,
@@ -27,9 +26,8 @@ from modeltrace.diff.compare import (
     ModuleResult,
     ReplayResult,
 )
-from modeltrace.diff.align import Alignment
-from modeltrace.diff.pairing import Pairing
 from modeltrace.diff.settings import ParameterDifference, SettingDifference
+from modeltrace.diff.tolerances import DEFAULT_ATOL, DEFAULT_REL_TOL, DEFAULT_RTOL
 from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 

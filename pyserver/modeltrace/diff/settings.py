@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from modeltrace.diff.result import DiffResult
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
-
-
-if TYPE_CHECKING:  # NOTE: compare imports this package's evidence at run time; only the type is needed here
-    from modeltrace.diff.compare import DiffResult
 
 
 @dataclass(frozen=True, slots=True)

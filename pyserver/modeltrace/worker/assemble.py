@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-import modeltrace
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, begin_trace, discard_trace, write_trace
+from modeltrace.version import __version__
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.tensor_stream import TensorStream
 from modeltrace.worker.lines import LineCapture
@@ -54,7 +54,7 @@ def assemble_trace(
         model={
             **header,
             "versions": {
-                "modeltrace": modeltrace.__version__,
+                "modeltrace": __version__,
                 "torch": torch.__version__,
                 "transformers": _transformers_version(),
                 "python": platform.python_version(),

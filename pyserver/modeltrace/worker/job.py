@@ -20,7 +20,6 @@ import torch
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
-from modeltrace.worker.building.meta import TORCH_DTYPES as DTYPES
 from modeltrace.worker.building import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward
@@ -28,31 +27,13 @@ from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.messages import ReplayAnswer, TraceRequest, TraceResult, WorkerError, WorkerProtocolError
-from modeltrace.worker.replay import keep_candidate
+from modeltrace.worker.moving import move_built
+from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
 
 
 ProgressCallback = Callable[[str], None]
-
-
-def _move(built: BuiltModel, device: str, dtype_name: str) -> None:
-    dtype = DTYPES.get(dtype_name)
-    if dtype is None:
-        raise ModelTraceError(f"--dtype {dtype_name!r}: choose one of {', '.join(DTYPES)}")
-    try:
-        target = torch.device(device)
-    except RuntimeError:
-        raise ModelTraceError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
-    built.model.to(device=target, dtype=dtype)
-
-    def move(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.to(device=target, dtype=dtype) if value.is_floating_point() else value.to(target)
-        return value
-
-    built.args = tuple(move(value) for value in built.args)
-    built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
 
 
 class JobFailed(Exception):
@@ -73,8 +54,6 @@ def run_trace_job(request: TraceRequest, progress: ProgressCallback) -> TraceRes
     """Build, run and write one trace; returns its `TraceResult`. A request carrying `replay` is a replay of
     suspect modules for a diff instead (`worker/replay.py`): it writes no trace. Raises `JobFailed`."""
     if request.replay is not None:
-        from modeltrace.worker.replay import run_replay_job
-
         return run_replay_job(request, progress)
     import tempfile
 
@@ -122,7 +101,7 @@ def _run_built(
     # NOTE: a shape-only model stays on the meta device, built in the requested dtype; one loaded with a device
     # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
     if not built.shape_only and not request.device_map:
-        _move(built, request.device, request.dtype)
+        move_built(built, request.device, request.dtype)
     built_at = time.perf_counter()
     generate_steps = request.generate
     if generate_steps:

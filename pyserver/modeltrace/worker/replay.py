@@ -37,6 +37,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building import BuiltModel, build_from_request
 from modeltrace.worker.capture import forward_parameter_names, iter_tensor_leaves
 from modeltrace.worker.messages import ReplayAnswer, ReplayedModule, ReplayTarget, TraceRequest
+from modeltrace.worker.moving import move_built
 
 
 OUTPUTS_FILE = "replay_outputs.safetensors"
@@ -209,8 +210,6 @@ def run_replay_job(request: TraceRequest, progress: Any, kept: KeptCandidate | N
     """Replay the request's targets and write their outputs. With `kept` (the model of the candidate's own
     trace, still alive), a target whose call's arguments were kept is called directly, and the rest by a
     forward of the kept model; without it, the candidate is rebuilt first."""
-    from modeltrace.worker.job import _move
-
     started = time.perf_counter()
     replay = request.replay
     if replay is None:
@@ -223,7 +222,7 @@ def run_replay_job(request: TraceRequest, progress: Any, kept: KeptCandidate | N
         built = build_from_request(request)
         if built.shape_only:
             raise ModelTraceError("a shape-only trace cannot be replayed")
-        _move(built, request.device, request.dtype)
+        move_built(built, request.device, request.dtype)
     built_seconds = time.perf_counter() - started
     reference_inputs = load_file(replay.inputs_file) if replay.inputs_file else {}
     modules = dict(built.model.named_modules())

@@ -17,7 +17,6 @@ import importlib.util
 
 import torch
 
-import modeltrace
 from modeltrace.trace.records import SourceLocation
 
 
@@ -32,7 +31,9 @@ def _package_dir(name: str) -> str | None:
 
 
 _TRANSFORMERS_DIR = _package_dir("transformers") or "\0no transformers\0"
-_MODELTRACE_DIR = os.path.dirname(os.path.realpath(modeltrace.__file__)) + os.sep
+# NOTE: the modeltrace package's folder, two levels above this file (`worker/source_map.py`), found without
+# importing the package's top (it offers the library, which imports this module)
+_MODELTRACE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 # NOTE: transformers wraps modules and forwards in generic helpers (`GradientCheckpointingLayer.__call__`,
 # `capture_outputs`'s `wrapper`, `deprecate_kwarg`'s `wrapped_func`): those frames are plumbing, not the call
 # the user wrote, while real model code in transformers (modeling_*.py, `GenericFor*` heads) must stay visible.

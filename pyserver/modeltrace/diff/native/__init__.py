@@ -1,7 +1,7 @@
 """The diff's comparison kernel (`compare.c`), torch-free so that the language server can use it: compiled on
 first use with the machine's C compiler and loaded through ctypes (a call costs ~1 µs; a full-tensor diff
 makes one per tensor pair, not per element). Without a compiler, when the build fails, or with
-`MODELTRACE_NATIVE=0`, `diff/compare.py` measures with numpy and gets the same verdicts, only slower.
+`MODELTRACE_NATIVE=0`, `diff/arrays.py` measures with numpy and gets the same verdicts, only slower.
 
 `kernels()` maps a numpy dtype (float32, float64) to `(reference, candidate, rtol) -> (max |d|, max |d|/|x|,
 max |d| - rtol·|x|, max |x|, Σd², Σx², Σy², Σxy)` for two contiguous arrays of that dtype, or is None.

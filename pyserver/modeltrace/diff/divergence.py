@@ -1,0 +1,151 @@
+"""The first-divergence search: which module's own computation differs first, and which of its source lines
+hold the cause.
+
+The first divergence is the first module, in the order modules finish (innermost first), whose compared inputs
+match and whose compared outputs differ; where the reference has no outputs for a module (the transformers
+debugger keeps outputs of leaf modules only), a module whose inputs match and one of whose children receives
+differing inputs. With a replay (`diff.replay`: suspect candidate modules re-run on the reference's inputs), a
+replayed module is judged on its own: one whose replayed output matches the reference is cleared (its outputs
+differ only through its inputs), one whose replayed output differs is a divergence whatever its recorded inputs
+were. Inside the divergence, the last child whose outputs still match and the first child whose inputs differ
+bound the lines where the difference arises (`Divergence.lines`, `source_range`).
+"""
+
+from __future__ import annotations
+
+from modeltrace.diff.pairing import dtype_kind
+from modeltrace.diff.result import MATCH, MISMATCH, NONE, UNKNOWN, Divergence, ModuleResult, finish_key
+from modeltrace.trace.records import SourceRange
+
+
+def first_divergence(results: list[ModuleResult]) -> Divergence | None:
+    """The first divergence among the module results (their replays included), bounded by its children; None
+    where no module differs."""
+    children: dict[int, list[ModuleResult]] = {}
+    for result in results:
+        children.setdefault(result.candidate.parent, []).append(result)
+    ordered = sorted(results, key=finish_key)
+
+    def kids_of(result: ModuleResult) -> list[ModuleResult]:
+        return [kid for kid in children.get(result.candidate.index, []) if kid.reference is not None]
+
+    for result in ordered:
+        if result.reference is None:
+            continue
+        replay = result.replay
+        if replay is not None and replay.status == MATCH:
+            continue  # on the reference's inputs it computes the reference's outputs: not where the bug is
+        if replay is not None and replay.status == MISMATCH:
+            divergence = Divergence(result, inputs_match=True, by_replay=True)
+            return bounded(divergence, kids_of(result))
+        if result.inputs not in (MATCH, NONE):
+            continue
+        if result.outputs == MISMATCH:
+            return bounded(Divergence(result, inputs_match=True), kids_of(result))
+        if result.outputs == UNKNOWN and any(kid.inputs == MISMATCH for kid in kids_of(result)):
+            return bounded(Divergence(result, inputs_match=True, inferred=True), kids_of(result))
+    for result in ordered:
+        if result.status == MISMATCH and not (result.replay is not None and result.replay.status == MATCH):
+            return bounded(Divergence(result, inputs_match=False), kids_of(result))
+    return None
+
+
+def bounded(divergence: Divergence, kids: list[ModuleResult]) -> Divergence:
+    """`divergence` with the last of its children whose outputs still match and the first whose inputs differ."""
+    kids = sorted(kids, key=lambda kid: kid.candidate.index)
+    last_match = None
+    for kid in kids:
+        if kid.inputs == MISMATCH or (kid.replay is not None and kid.replay.status == MISMATCH):
+            divergence.first_differing_child = kid
+            break
+        if kid.outputs == MATCH or (kid.replay is not None and kid.replay.status == MATCH and kid.inputs == MATCH):
+            last_match = kid
+    divergence.last_matching_child = last_match
+    return divergence
+
+
+# ---------------------------------------------------------------------------------------- source lines
+
+
+_forward_cache: dict[tuple[str, float], dict[int, tuple[int, int]]] = {}
+_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python")
+
+
+def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
+    """{line of a class statement (and of its decorators): (first, last) line of its `forward`} of a file."""
+    import ast
+    import os
+
+    try:
+        key = (file, os.path.getmtime(file))
+    except OSError:
+        return {}
+    found = _forward_cache.get(key)
+    if found is not None:
+        return found
+    found = {}
+    try:
+        with open(file, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read(), file)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.ClassDef):
+            forward = next(
+                (
+                    item
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "forward"
+                ),
+                None,
+            )
+            if forward is not None:
+                span = (forward.lineno, forward.end_lineno or forward.lineno)
+                for line in [node.lineno, *(decorator.lineno for decorator in node.decorator_list)]:
+                    found[line] = span
+    if len(_forward_cache) > 64:
+        _forward_cache.clear()
+    _forward_cache[key] = found
+    return found
+
+
+def _derivable(last_match: ModuleResult, first_differing: ModuleResult | None) -> bool:
+    """Whether the first differing child's differing inputs can have been computed from the last matching
+    child's outputs: not when every one of them is of another kind (integer position ids against floating
+    hidden states: they were computed from something else, possibly before that call)."""
+    if first_differing is None:
+        return True
+    differing = {leaf.key for leaf in first_differing.input_leaves if leaf.status == MISMATCH}
+    kinds = {dtype_kind(summary.dtype) for summary in first_differing.candidate.inputs if summary.key in differing}
+    produced = {dtype_kind(summary.dtype) for summary in last_match.candidate.outputs}
+    return not kinds or not produced or bool(kinds & produced)
+
+
+def source_range(divergence: Divergence) -> SourceRange | None:
+    """The smallest range of candidate lines known to hold the cause: inside the diverging module's `forward`,
+    from the call of the last child whose outputs still match to the call of the first child whose inputs
+    differ (or the forward's first / last line; the first line too when the differing inputs are of a kind
+    the matching child does not produce, see `_derivable`). A module whose class lives in an installed library (a torch
+    `nn.LayerNorm`) is not where the candidate's code went wrong: its call line is the range (its arguments, or
+    how it was built: see `built_at`)."""
+    record = divergence.module.candidate
+    defined = record.defined_at
+    if defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS):
+        called = record.called_at
+        return SourceRange(called.file, called.line, called.line) if called is not None else None
+    span = _forward_ranges(defined.file).get(defined.line) if defined is not None else None
+    after = divergence.last_matching_child.candidate.called_at if divergence.last_matching_child else None
+    if after is not None and not _derivable(divergence.last_matching_child, divergence.first_differing_child):
+        after = None  # the differing values come from elsewhere: they may be computed before that call
+    before = divergence.first_differing_child.candidate.called_at if divergence.first_differing_child else None
+    if span is not None:
+        first, last = span
+        file = defined.file
+        start = after.line if after is not None and after.file == file and first <= after.line <= last else first
+        end = before.line if before is not None and before.file == file and first <= before.line <= last else last
+        if start > end:
+            start, end = first, last
+        return SourceRange(file, start, end)
+    if after is not None and before is not None and after.file == before.file and after.line <= before.line:
+        return SourceRange(after.file, after.line, before.line)
+    return None

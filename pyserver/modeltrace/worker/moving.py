@@ -1,0 +1,34 @@
+"""A built model and its example inputs moved to the request's `--device` and `--dtype`: the trace (`job`) and
+the replay (`replay`) both do it, after the build.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from modeltrace.errors import ModelTraceError
+from modeltrace.worker.building import BuiltModel
+from modeltrace.worker.building.meta import TORCH_DTYPES as DTYPES
+
+
+def move_built(built: BuiltModel, device: str, dtype_name: str) -> None:
+    """Move the model to `device` in `dtype_name`, and its example inputs with it (integer inputs keep their
+    dtype); a dtype or device torch does not know is a `ModelTraceError` naming the option."""
+    dtype = DTYPES.get(dtype_name)
+    if dtype is None:
+        raise ModelTraceError(f"--dtype {dtype_name!r}: choose one of {', '.join(DTYPES)}")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise ModelTraceError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
+    built.model.to(device=target, dtype=dtype)
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(device=target, dtype=dtype) if value.is_floating_point() else value.to(target)
+        return value
+
+    built.args = tuple(move(value) for value in built.args)
+    built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
