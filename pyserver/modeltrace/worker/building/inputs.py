@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.building.shrink import HIDDEN_WIDTH_NAMES, walk_configs
+from modeltrace.worker.building.config_tree import walk_configs
+from modeltrace.worker.building.sizes import HIDDEN_WIDTH_NAMES
 
 
 SEQUENCE_LENGTH = 7
