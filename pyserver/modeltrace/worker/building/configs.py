@@ -1,9 +1,10 @@
 """Configs: the class a model is built from, its defaults, a config.json read as it is, and repairs of a tree.
 
-Shrinking the defaults is `shrink.py`; this module finds the config class (the model's `config_class`, else the
-one the file's base model or imports name), builds its defaults (again with what its own validation says a
-field must be, when it rejects them), reads `--config`, sets the attention implementation on every config of
-the tree, and lends a sub-config a field another config of the tree has (`lend_attribute`).
+Shrinking the defaults is `shrink.py` (its rows: `shrink_rules.py`, `shrink_steps.py`); this module finds the
+config class (the model's `config_class`, else the one the file's base model or imports name), builds its
+defaults (again with what its own validation says a field must be, when it rejects them), reads `--config`, sets
+the attention implementation on every config of the tree, and lends a sub-config a field another config of the
+tree has (`lend_attribute`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from modeltrace.worker.building.configs import (
     set_attention,
     shrink_config,
 )
-from modeltrace.worker.building.inputs import BATCH_SIZE, SEQUENCE_LENGTH, sub_config
+from modeltrace.worker.building.input_spec import BATCH_SIZE, SEQUENCE_LENGTH, sub_config
 from modeltrace.worker.building.meta import TORCH_DTYPES, meta_inputs
 from modeltrace.worker.building.sizes import HIDDEN_WIDTH_NAMES, WIDTH
 from modeltrace.worker.building.source import module_classes

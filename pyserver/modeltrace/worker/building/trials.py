@@ -23,7 +23,8 @@ from torch import nn
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building.config_tree import walk_configs
 from modeltrace.worker.building.configs import NO_ATTRIBUTE, error_line, lend_attribute
-from modeltrace.worker.building.inputs import InputSpec, InputSynthesizer, InputVariant
+from modeltrace.worker.building.input_spec import InputSpec, InputVariant
+from modeltrace.worker.building.inputs import InputSynthesizer
 
 # NOTE: a variant is run again at most this many times after repairs (each repair must change something).
 MAX_RUNS_PER_VARIANT = 3
