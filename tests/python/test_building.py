@@ -21,7 +21,8 @@ import torch
 import transformers
 
 from modeltrace.worker.building import BuildSpec, InputSpec, InputSynthesizer, build_from_request
-from modeltrace.worker.building import inputs as synthesis
+from modeltrace.worker.building import input_forms
+from modeltrace.worker.building.input_spec import BATCH_SIZE, SEQUENCE_LENGTH
 from modeltrace.worker.building.strategies import choose_strategy
 
 from conftest import EXAMPLE_MODELING_FILE
@@ -75,7 +76,7 @@ def test_the_same_spec_gives_the_same_tensors_and_a_repair_is_a_new_spec() -> No
     assert variant.name == "text"
     first, again = synthesizer.build(variant.spec), synthesizer.build(variant.spec)
     assert torch.equal(first["input_ids"], again["input_ids"])
-    assert first["input_ids"].shape == (synthesis.BATCH_SIZE, synthesis.SEQUENCE_LENGTH)
+    assert first["input_ids"].shape == (BATCH_SIZE, SEQUENCE_LENGTH)
 
     # A layer that wants 11 positions: the repair is a spec with that prompt length; the old spec still gives 7.
     error = RuntimeError("The size of tensor a (7) must match the size of tensor b (11) at non-singleton dimension 1")
@@ -96,14 +97,14 @@ def test_a_companion_input_row_is_made_for_a_model_that_takes_it(monkeypatch: py
     synthesizer = InputSynthesizer(model, model.config, seed=0)
     spec = next(synthesizer.variants()).spec
     assert "position_ids" not in synthesizer.build(spec)
-    row = synthesis.CompanionInput(
+    row = input_forms.CompanionInput(
         lambda synth, inputs: synth.takes("position_ids") and "input_ids" in inputs,
         lambda synth, inputs, draw: {"position_ids": torch.arange(inputs["input_ids"].shape[1]).unsqueeze(0)},
         "a family whose forward wants explicit positions",
     )
-    monkeypatch.setattr(synthesis, "COMPANION_INPUTS", (*synthesis.COMPANION_INPUTS, row))
+    monkeypatch.setattr(input_forms, "COMPANION_INPUTS", (*input_forms.COMPANION_INPUTS, row))
     inputs = synthesizer.build(spec)
-    assert inputs["position_ids"].tolist() == [list(range(synthesis.SEQUENCE_LENGTH))]
+    assert inputs["position_ids"].tolist() == [list(range(SEQUENCE_LENGTH))]
     with torch.no_grad():
         model(**inputs)
 
@@ -114,6 +115,6 @@ def test_the_traced_inputs_are_those_of_the_variant_that_ran() -> None:
     built = build_from_file(MODELS / "csm" / "modeling_csm.py", None, None, seed=0)
     assert built.notes["inputs"] == "text (codebooks last)"
     assert any("codebooks first" in failure for failure in built.notes["failed_candidates"])
-    assert built.kwargs["input_ids"].shape == (synthesis.BATCH_SIZE, synthesis.SEQUENCE_LENGTH, 32)
+    assert built.kwargs["input_ids"].shape == (BATCH_SIZE, SEQUENCE_LENGTH, 32)
     with torch.no_grad():
         built.model(**built.kwargs)

@@ -1,11 +1,11 @@
 """Candidates of the shrunk strategy: shrink levels × input variants, tried in order, the first that runs kept.
 
 No rule set fits several hundred model families, so the builder tries candidates: the shrink levels of
-`shrink.shrink_candidates` (`tiny` to the config as it is; the size rules are the rows of `shrink.py`) and, for
-each model that builds, the input variants of `inputs.py` (every modality the model takes down to text alone;
-the family layouts are the rows of `inputs.py`), run by `trials.py`. When none runs, the first candidate that
-built is returned, so that the trace fails where the model fails, with a note that says what to provide
-instead (`--recipe`, `--config`).
+`shrink.shrink_candidates` (`tiny` to the config as it is; the size rules are the rows of `shrink_rules.py`)
+and, for each model that builds, the input variants of `inputs.py` (every modality the model takes down to text
+alone; the family layouts are the rows of `input_forms.py`), run by `trials.py`. When none runs, the first
+candidate that built is returned, so that the trace fails where the model fails, with a note that says what to
+provide instead (`--recipe`, `--config`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building import shrink as shrinking
 from modeltrace.worker.building.built import BuiltModel, built_model
 from modeltrace.worker.building.configs import set_attention
-from modeltrace.worker.building.inputs import InputSynthesizer, InputVariant
+from modeltrace.worker.building.input_spec import InputVariant
+from modeltrace.worker.building.inputs import InputSynthesizer
 from modeltrace.worker.building.trials import (
     Attempt,
     Ran,

@@ -1,9 +1,10 @@
 """Configs: the class a model is built from, its defaults, a config.json read as it is, and repairs of a tree.
 
-Shrinking the defaults is `shrink.py`; this module finds the config class (the model's `config_class`, else the
-one the file's base model or imports name), builds its defaults (again with what its own validation says a
-field must be, when it rejects them), reads `--config`, sets the attention implementation on every config of
-the tree, and lends a sub-config a field another config of the tree has (`lend_attribute`).
+Shrinking the defaults is `shrink.py` (its rows: `shrink_rules.py`, `shrink_steps.py`); this module finds the
+config class (the model's `config_class`, else the one the file's base model or imports name), builds its
+defaults (again with what its own validation says a field must be, when it rejects them), reads `--config`, sets
+the attention implementation on every config of the tree, and lends a sub-config a field another config of the
+tree has (`lend_attribute`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building import shrink as shrinking
+from modeltrace.worker.building.config_tree import safe_getattr, walk_configs
 from modeltrace.worker.building.source import HUB_ID, choose_model_class, refuse_hub_id
 
 
@@ -146,7 +148,7 @@ def shrink_config(config_class: type, defaults: Any, file: Path) -> Any:
 def set_attention(config: Any, attention: str) -> None:
     """The attention implementation on every config of the tree; mixtures of experts run their eager loop
     too (the readable reference code, and the one that runs on any device and dtype, the meta device included)."""
-    for node in shrinking.walk_configs(config):
+    for node in walk_configs(config):
         for name, value in (("_attn_implementation", attention), ("_experts_implementation", "eager")):
             try:
                 setattr(node, name, value)
@@ -164,13 +166,13 @@ def lend_attribute(config: Any, error: BaseException) -> bool:
     if not isinstance(error, AttributeError) or match is None:
         return False
     owner_name, attribute = match.groups()
-    nodes = list(shrinking.walk_configs(config))
+    nodes = list(walk_configs(config))
     owners = [node for node in nodes if type(node).__name__ == owner_name]
     value = None
     for node in nodes:
         if node in owners:
             continue
-        found = shrinking.safe_getattr(node, attribute)
+        found = safe_getattr(node, attribute)
         if found is None:
             found = next(
                 (item[attribute] for item in vars(node).values() if isinstance(item, dict) and attribute in item), None

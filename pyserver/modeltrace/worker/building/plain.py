@@ -26,8 +26,9 @@ from modeltrace.worker.building.configs import (
     set_attention,
     shrink_config,
 )
-from modeltrace.worker.building.inputs import BATCH_SIZE, SEQUENCE_LENGTH, sub_config
+from modeltrace.worker.building.input_spec import BATCH_SIZE, SEQUENCE_LENGTH, sub_config
 from modeltrace.worker.building.meta import TORCH_DTYPES, meta_inputs
+from modeltrace.worker.building.sizes import HIDDEN_WIDTH_NAMES, WIDTH
 from modeltrace.worker.building.source import module_classes
 
 
@@ -131,11 +132,11 @@ def _construct_plain(model_class: type, config: Any, file: Path) -> nn.Module:
 
 
 def _hidden_size(config: Any) -> int:
-    for name in (*shrinking.HIDDEN_WIDTH_NAMES, "dim"):
+    for name in (*HIDDEN_WIDTH_NAMES, "dim"):
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    return shrinking.WIDTH
+    return WIDTH
 
 
 def _plain_inputs(module: ModuleType, model: nn.Module, config: Any, seed: int, file: Path) -> dict[str, Any]:

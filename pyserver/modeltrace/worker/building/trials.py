@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
-from modeltrace.worker.building import shrink as shrinking
+from modeltrace.worker.building.config_tree import walk_configs
 from modeltrace.worker.building.configs import NO_ATTRIBUTE, error_line, lend_attribute
-from modeltrace.worker.building.inputs import InputSpec, InputSynthesizer, InputVariant
+from modeltrace.worker.building.input_spec import InputSpec, InputVariant
+from modeltrace.worker.building.inputs import InputSynthesizer
 
 # NOTE: a variant is run again at most this many times after repairs (each repair must change something).
 MAX_RUNS_PER_VARIANT = 3
@@ -118,7 +119,7 @@ def _give_token_id(
     match = NO_ATTRIBUTE.search(str(error))
     if not isinstance(error, AttributeError) or match is None or not match.group(2).endswith("_token_id"):
         return None
-    owners = [node for node in shrinking.walk_configs(synthesizer.config) if type(node).__name__ == match.group(1)]
+    owners = [node for node in walk_configs(synthesizer.config) if type(node).__name__ == match.group(1)]
     if not owners:
         return None
     token = int(synthesizer.text_tokens(synthesizer.draw(), 1)[0])
