@@ -16,9 +16,6 @@ from conftest import REPO_ROOT
 PACKAGE_ROOT = REPO_ROOT / "pyserver" / "modeltrace"
 PACKAGE_NAME = "modeltrace"
 LONGEST_FILE = 900
-# NOTE: split by another change of issue 29, under way; the test fails once one of them is short (or gone), so
-# that its entry is dropped here then, and the rule holds for every file from that moment
-SPLIT_UNDER_WAY = {"worker/building/inputs.py", "worker/building/shrink.py"}
 
 
 def module_name(path: Path, root: Path = PACKAGE_ROOT, package: str = PACKAGE_NAME) -> str:
@@ -154,11 +151,9 @@ def test_no_source_file_is_over_900_lines() -> None:
         for path in PACKAGE_ROOT.rglob("*.py")
     }
     assert len(lengths) > 50
-    split = sorted(path for path in SPLIT_UNDER_WAY if lengths.get(path, 0) <= LONGEST_FILE)
-    assert split == [], f"split now: drop {split} from SPLIT_UNDER_WAY"
     too_long = {
         path: length
         for path, length in sorted(lengths.items())
-        if length > LONGEST_FILE and path not in SPLIT_UNDER_WAY
+        if length > LONGEST_FILE
     }
     assert too_long == {}, f"files over {LONGEST_FILE} lines (split them where their parts are separate ideas)"
