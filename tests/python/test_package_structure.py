@@ -151,9 +151,5 @@ def test_no_source_file_is_over_900_lines() -> None:
         for path in PACKAGE_ROOT.rglob("*.py")
     }
     assert len(lengths) > 50
-    too_long = {
-        path: length
-        for path, length in sorted(lengths.items())
-        if length > LONGEST_FILE
-    }
+    too_long = {path: length for path, length in sorted(lengths.items()) if length > LONGEST_FILE}
     assert too_long == {}, f"files over {LONGEST_FILE} lines (split them where their parts are separate ideas)"
