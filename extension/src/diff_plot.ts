@@ -9,6 +9,7 @@ const margin = { left: 64, right: 24, top: 36, bottom: 56 };
 export const statusColors: Readonly<Record<LineDiffStatus, string>> = {
     match: "#2ea043",
     mismatch: "#d97706",
+    inherited: "#8b8b8b",
     divergence: "#e5322d",
     not_compared: "#8b8b8b",
 };

@@ -1,21 +1,23 @@
 // Gutter icons from `modelTrace/lineStatus`: one cached decoration type per diff status (as rust-analyzer
 // does), the latest statuses kept per document and drawn again whenever an editor on it becomes visible.
-// Each mark's hover says what decides it (the call and its layer), from the server's message.
+// Each mark's hover says what decides it (the call and its layer), from the server's message. A difference a line
+// only inherits through its inputs gets its own quiet mark (a grey ring with a down arrow), neither green nor orange.
 import type * as vscode from "vscode";
 import type { LineDiffStatus, LineStatus, LineStatusParams } from "./lsp_ext";
 import * as vscodeapi from "./vscodeapi";
 
-export const diffStatuses: readonly LineDiffStatus[] = ["match", "mismatch", "divergence", "not_compared"];
+export const diffStatuses: readonly LineDiffStatus[] = ["match", "mismatch", "inherited", "divergence", "not_compared"];
 
 /** The icon in media/ for each status. */
 export const gutterIcons: Readonly<Record<LineDiffStatus, string>> = {
     match: "diff-match.svg",
     mismatch: "diff-mismatch.svg",
+    inherited: "diff-inherited.svg",
     divergence: "diff-divergence.svg",
     not_compared: "diff-not-compared.svg",
 };
 
-/** The overview ruler (scroll bar) marks the lines that differ; matching lines stay quiet. */
+/** The overview ruler (scroll bar) marks the lines where a difference arises; matching and inherited lines stay quiet. */
 const rulerColors: Readonly<Partial<Record<LineDiffStatus, string>>> = {
     mismatch: "rgba(217, 119, 6, 0.8)",
     divergence: "rgba(229, 50, 45, 0.9)",

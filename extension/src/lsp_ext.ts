@@ -59,12 +59,13 @@ export interface StatusParams {
 /** Server → client: what the server is doing, for the language status item. */
 export const status = new lc.NotificationType<StatusParams>("modelTrace/status");
 
-export type LineDiffStatus = "match" | "mismatch" | "divergence" | "not_compared";
+/** "inherited": the line's calls differ only through their inputs (the difference starts earlier). */
+export type LineDiffStatus = "match" | "mismatch" | "inherited" | "divergence" | "not_compared";
 
 export interface LineStatus {
     /** 0-based line in the document. */
     line: number;
-    /** The worst status of the line's calls (divergence > mismatch > match > not_compared). */
+    /** The most telling status of the line's calls (divergence > mismatch > inherited > match > not_compared). */
     status: LineDiffStatus;
     /** What decides the mark (the call, its layer, how the line's other calls compare): the mark's hover. */
     message?: string;

@@ -1,5 +1,6 @@
-"""Gutter marks of a diff (`diff.report.line_marks`): each line marked by its worst call, with the call and layer
-that decide it, and the line the diff drilled down to (`Divergence.line`) marked as the divergence.
+"""Gutter marks of a diff (`diff.report.line_marks`): each line marked by the call that says most about where the
+difference starts (a difference only inherited through the inputs is `inherited`, not orange), with the call and
+layer that decide it, and the line the diff drilled down to (`Divergence.line`) marked as the divergence.
 
 The example port (a real porting bug in its attention) is traced with full tensors and diffed against the
 committed reference trace of the original.
@@ -17,7 +18,7 @@ from conftest import REPO_ROOT, line_of
 from modeltrace.diff import DIVERGENCE, MATCH, MISMATCH, close_result, diff_paths
 from modeltrace.diff.result import DiffResult
 from modeltrace.diff.lines import LineDivergence
-from modeltrace.diff.report import LineMark, line_marks, line_statuses
+from modeltrace.diff.report import INHERITED, LineMark, line_marks, line_statuses
 
 
 PORT = REPO_ROOT / "examples" / "tiny_llama_port" / "modeling_tiny_llama_port.py"
@@ -36,7 +37,7 @@ def port_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_each_line_is_marked_by_its_worst_call_and_says_which(port_trace: Path) -> None:
+def test_each_line_is_marked_by_where_the_difference_starts_and_says_which_call(port_trace: Path) -> None:
     result = diff_paths(REFERENCE, port_trace)
     try:
         marks = line_marks(result)
@@ -47,12 +48,29 @@ def test_each_line_is_marked_by_its_worst_call_and_says_which(port_trace: Path) 
         assert attention.message.startswith(
             "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention), max abs diff 0.0107"
         )
-        # Layer 0's q_proj matches; layer 1's differs only because its inputs already do: both said.
+        # Layer 0's q_proj matches; layer 1's differs only because its inputs already do: inherited, both said.
         query = marks[(file, line_of(PORT, "query_states = self.q_proj("))]
-        assert query.status == MISMATCH
-        assert "layers.1.self_attn.q_proj" in query.message and "its inputs already differ" in query.message
+        assert query.status == INHERITED
+        assert query.message.startswith("Differs only through its inputs: layers.1.self_attn.q_proj")
+        assert "its inputs already differ" in query.message
         assert query.message.endswith("other calls on this line: 1 match (layers.0.self_attn.q_proj)")
         assert marks[(file, line_of(PORT, "inputs_embeds = self.embed_tokens(input_ids)"))].status == MATCH
+        # The lines of the decoder layer that run before the attention are not orange: layer 0 matches there,
+        # layer 1 only inherits layer 0's difference; so are the lines after it, which only carry it on.
+        for before in ("hidden_states = self.input_layernorm(", "hidden_states = self.post_attention_layernorm("):
+            assert marks[(file, line_of(PORT, before))].status == INHERITED, before
+        assert marks[(file, line_of(PORT, "hidden_states = self.norm("))].status == INHERITED
+        # The decoder layer's call: layer 0's inputs match and its outputs differ, so the difference arises in
+        # it (orange), and the message says so; layer 1 is named as inherited.
+        layer = marks[(file, line_of(PORT, "hidden_states = decoder_layer("))]
+        assert layer.status == MISMATCH
+        assert layer.message.startswith("Differs from the reference: layers.0, max abs diff")
+        assert "the difference arises inside it" in layer.message
+        assert layer.message.endswith("other calls on this line: 1 inherited (layers.1)")
+        # Only the decoder layer's call (which holds the bug) is orange in the whole file.
+        assert [key for key, mark in marks.items() if mark.status == MISMATCH] == [
+            (file, line_of(PORT, "hidden_states = decoder_layer("))
+        ]
     finally:
         close_result(result)
 

@@ -16,7 +16,8 @@ No torch import: the language server uses this package. Entry points:
 - `align_modules(reference_trace, candidate_trace)` -> `ModuleMapping` (automatic alignment by evidence, not
   names), `render_mapping` / `read_mapping` (the mapping file `modeltrace align` writes and `--mapping` reads);
 - `to_json(result)` (the `diff --format json` document), `render_text(result)`, `line_statuses(result)`
-  (per (file, line) of the candidate: "divergence" / "mismatch" / "match" / "not_compared"), and
+  (per (file, line) of the candidate: "divergence" / "mismatch" / "inherited" / "match" / "not_compared"; a line
+  status only, `INHERITED`: its calls differ only through their inputs), and
   `plot_data(result)` (max abs difference per module in the order calls finished, and per layer).
 """
 
@@ -34,7 +35,7 @@ from modeltrace.diff.compare import diff_traces
 from modeltrace.diff.mapping import read_mapping, render_mapping
 from modeltrace.diff.paths import close_result, diff_paths
 from modeltrace.diff.replay import WHEN_POSSIBLE, ReplayRun, replay_unavailable, run_replay
-from modeltrace.diff.report import line_statuses, line_statuses_for_file, plot_data, render_text, to_json
+from modeltrace.diff.report import INHERITED, line_statuses, line_statuses_for_file, plot_data, render_text, to_json
 from modeltrace.diff.result import (
     DIVERGENCE,
     MATCH,
@@ -53,6 +54,7 @@ from modeltrace.trace.tensors import LoadedTrace
 
 __all__ = [
     "DIVERGENCE",
+    "INHERITED",
     "MATCH",
     "MISMATCH",
     "NOT_COMPARED",

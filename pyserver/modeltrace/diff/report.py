@@ -2,7 +2,8 @@
 
 `to_json` follows DESIGN.md (`{"match", "first_divergence", "modules"}`, plus alignment details);
 `render_text` is the terminal report; `line_marks` / `line_statuses` give each (file, line) of the candidate that
-called a module the worst status of its calls and what decides it, for gutters; `plot_data` gives the max abs
+called a module the most telling status of its calls and what decides it, for gutters (a difference a call only
+inherits through its inputs is `inherited`, quieter than one that starts there); `plot_data` gives the max abs
 difference of every module in the order the calls finished, and per numbered layer, for the plot of error per layer.
 """
 
@@ -32,6 +33,12 @@ from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 
 STATUS_RANK = {NOT_COMPARED: 0, MATCH: 1, MISMATCH: 2, DIVERGENCE: 3}
+# A line status only (gutters, `modelTrace/lineStatus`): the call's outputs differ, but only because its inputs
+# already did (or its replay on the reference's inputs matches): the difference starts earlier, not on this line.
+INHERITED = "inherited"
+# NOTE: a line is decided by the call that says most about where the difference starts: a divergence, then a
+# call that differs on its own, then an inherited difference, then a match.
+LINE_RANK = {NOT_COMPARED: 0, MATCH: 1, INHERITED: 2, MISMATCH: 3, DIVERGENCE: 4}
 
 
 def _number(value: float | None) -> float | None:
@@ -361,9 +368,9 @@ def _label(record) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LineMark:
-    """What a gutter mark says about one source line of the candidate: the worst `status` of the calls made there
-    (divergence > mismatch > match > not_compared), and `message`, its hover: the call that decides it (the
-    layer) and how the line's other calls compare."""
+    """What a gutter mark says about one source line of the candidate: the most telling `status` of the calls
+    made there (divergence > mismatch > inherited > match > not_compared, see `line_status`), and `message`, its
+    hover: the call that decides it (the layer) and how the line's other calls compare."""
 
     status: str
     message: str
@@ -374,36 +381,62 @@ def _call_name(module: ModuleResult) -> str:
     return (record.path or "(root)") + (f"#{record.call_index}" if record.call_index else "")
 
 
-def _mark_message(worst: ModuleResult, calls: list[ModuleResult]) -> str:
-    name, difference = _call_name(worst), _format_number(worst.max_abs_diff)
-    if worst.status == DIVERGENCE:
-        text = f"First divergence from the reference: {name} ({worst.candidate.class_name}), max abs diff {difference}"
-        text += "; its inputs match, its outputs differ" if worst.inputs != MISMATCH else ""
-    elif worst.status == MISMATCH:
+def line_status(module: ModuleResult) -> str:
+    """The status one call gives its line: a mismatch whose difference comes only from its inputs (inputs
+    already differ and no replay shows it differing on its own, or a replay on the reference's inputs that
+    matches) is `INHERITED`; every other status is the module's own."""
+    if module.status != MISMATCH:
+        return module.status
+    replay = module.replay
+    if replay is not None and replay.status == MATCH:
+        return INHERITED
+    if module.inputs == MISMATCH and not (replay is not None and replay.status == MISMATCH):
+        return INHERITED
+    return MISMATCH
+
+
+def _mark_message(decider: ModuleResult, calls: list[ModuleResult]) -> str:
+    name, difference = _call_name(decider), _format_number(decider.max_abs_diff)
+    status = line_status(decider)
+    if status == DIVERGENCE:
+        text = (
+            f"First divergence from the reference: {name} ({decider.candidate.class_name}), max abs diff {difference}"
+        )
+        text += "; its inputs match, its outputs differ" if decider.inputs != MISMATCH else ""
+    elif status == MISMATCH:
         text = f"Differs from the reference: {name}, max abs diff {difference}"
-        if worst.inputs == MISMATCH:
-            text += " (its inputs already differ: the difference comes from earlier)"
-    elif worst.status == MATCH:
+        text += "; its inputs match, so the difference arises inside it" if decider.inputs == MATCH else ""
+    elif status == INHERITED:
+        text = f"Differs only through its inputs: {name}, max abs diff {difference}"
+        text += (
+            " (a replay on the reference's inputs matches)"
+            if decider.replay is not None and decider.replay.status == MATCH
+            else " (its inputs already differ: the difference comes from earlier)"
+        )
+    elif status == MATCH:
         text = f"Matches the reference: {name}, max abs diff {difference}"
     else:
-        text = f"Not compared with the reference: {name}" + (f" ({worst.reason})" if worst.reason else "")
-    others = [module for module in calls if module is not worst]
+        text = f"Not compared with the reference: {name}" + (f" ({decider.reason})" if decider.reason else "")
+    others = [module for module in calls if module is not decider]
     if others:
         counts: dict[str, list[str]] = {}
         for module in others:
-            counts.setdefault(module.status, []).append(_call_name(module))
+            counts.setdefault(line_status(module), []).append(_call_name(module))
         text += "; other calls on this line: " + ", ".join(
             f"{len(names)} {status.replace('_', ' ')} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
-            for status, names in sorted(counts.items(), key=lambda item: -STATUS_RANK[item[0]])
+            for status, names in sorted(counts.items(), key=lambda item: -LINE_RANK[item[0]])
         )
     return text
 
 
 def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
-    """Per (file, 1-based line) of the candidate: the gutter mark of the line, decided by its worst call.
+    """Per (file, 1-based line) of the candidate: the gutter mark of the line, decided by the call that says most
+    about where the difference starts (`line_status`: a difference inherited through the inputs does not make a
+    line orange, so lines that run before the bug keep the status of the calls that precede it).
 
     When the diff drilled down to a line inside the diverging module (`first_divergence.line`, from line
-    records), that line is marked as the divergence too: it is the edited line, not only the call site."""
+    records), that line is marked as the divergence too: it is the edited line, not only the call site; a
+    setting or parameter built differently marks the line that assigned it."""
     by_line: dict[tuple[str, int], list[ModuleResult]] = {}
     for module in result.modules:
         location = module.candidate.called_at
@@ -412,8 +445,8 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
     marks: dict[tuple[str, int], LineMark] = {}
     for key, calls in by_line.items():
         # NOTE: max keeps the first of equal ranks: calls are in call order, so layer 0 decides before layer 1.
-        worst = max(calls, key=lambda module: STATUS_RANK[module.status])
-        marks[key] = LineMark(worst.status, _mark_message(worst, calls))
+        decider = max(calls, key=lambda module: LINE_RANK[line_status(module)])
+        marks[key] = LineMark(line_status(decider), _mark_message(decider, calls))
     # NOTE: the divergence's first differing line, and the line that built it differently, are where the bug is
     divergence = result.first_divergence
     drilled = divergence.line if divergence is not None else None
@@ -443,8 +476,8 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
 
 
 def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
-    """Per (file, line) of the candidate where modules are called: the worst status of the calls made there
-    (divergence > mismatch > match > not_compared); see `line_marks` for the message of each."""
+    """Per (file, line) of the candidate where modules are called: the most telling status of the calls made
+    there (divergence > mismatch > inherited > match > not_compared); see `line_marks` for the message of each."""
     return {key: mark.status for key, mark in line_marks(result).items()}
 
 

@@ -22,8 +22,15 @@ describe("diff gutters", () => {
             { line: 1, status: "match" },
             { line: 3, status: "match" },
             { line: -1, status: "mismatch" },
+            { line: 4, status: "inherited" },
         ]);
-        assert.deepEqual(Object.fromEntries(grouped), { match: [1, 9], mismatch: [], divergence: [3], not_compared: [] });
+        assert.deepEqual(Object.fromEntries(grouped), {
+            match: [1, 9],
+            mismatch: [],
+            inherited: [4],
+            divergence: [3],
+            not_compared: [],
+        });
     });
 
     it("decorates visible editors of the document with one cached decoration type per status", () => {
@@ -39,18 +46,24 @@ describe("diff gutters", () => {
                 { line: 5, status: "divergence" },
                 { line: 6, status: "mismatch" },
                 { line: 7, status: "not_compared" },
+                { line: 8, status: "inherited" },
                 { line: 99, status: "match" },
             ],
         });
 
-        assert.equal(vscodeFake.decorationTypes.length, 4);
+        assert.equal(vscodeFake.decorationTypes.length, 5);
         const byIcon = new Map([...editor.decorations].map(([type, lines]) => [iconOf(type), lines]));
         assert.deepEqual(Object.fromEntries(byIcon), {
             [`/ext/media/${gutterIcons.match}`]: [2],
             [`/ext/media/${gutterIcons.mismatch}`]: [6],
+            [`/ext/media/${gutterIcons.inherited}`]: [8],
             [`/ext/media/${gutterIcons.divergence}`]: [5],
             [`/ext/media/${gutterIcons.not_compared}`]: [7],
         });
+        // An inherited difference has its own icon, neither the match's nor the mismatch's, and no ruler mark.
+        assert.equal(new Set(Object.values(gutterIcons)).size, Object.keys(gutterIcons).length);
+        const inherited = vscodeFake.decorationTypes.find((type) => iconOf(type).endsWith(gutterIcons.inherited));
+        assert.equal(inherited?.options.overviewRulerColor, undefined);
         assert.equal(other.decorations.size, 0);
 
         // Each mark's hover says what decides it; without a message, the status in words.
@@ -59,14 +72,15 @@ describe("diff gutters", () => {
             5: "**ModelTrace** · divergence against the reference",
             6: "**ModelTrace** · mismatch against the reference",
             7: "**ModelTrace** · not compared against the reference",
+            8: "**ModelTrace** · inherited against the reference",
         });
 
         gutters.show({ uri: "file:///ws/modeling_port.py", lines: [{ line: 3, status: "match" }] });
-        assert.equal(vscodeFake.decorationTypes.length, 4, "decoration types are created once and reused");
-        assert.deepEqual([...editor.decorations.values()], [[3], [], [], []]);
+        assert.equal(vscodeFake.decorationTypes.length, 5, "decoration types are created once and reused");
+        assert.deepEqual([...editor.decorations.values()], [[3], [], [], [], []]);
 
         gutters.clear();
-        assert.deepEqual([...editor.decorations.values()], [[], [], [], []]);
+        assert.deepEqual([...editor.decorations.values()], [[], [], [], [], []]);
         gutters.dispose();
         assert.ok(vscodeFake.decorationTypes.every((type) => type.disposed));
     });

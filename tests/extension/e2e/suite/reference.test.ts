@@ -79,9 +79,13 @@ describe("ModelTrace: comparing with a reference trace", () => {
             mode: "trusted",
             action: "check",
             hints: [],
-            // NOTE: every line of the decoder layer also runs in layer 1, downstream of the divergence: orange or red
-            gutterIcons: ["diff-divergence.svg", "diff-mismatch.svg"],
-            gutterAt: [{ snippet: "hidden_states, _ = self.self_attn(", icon: "diff-divergence.svg" }],
+            // NOTE: the decoder layer's other lines only inherit the difference (layer 1, or after the attention)
+            gutterIcons: ["diff-divergence.svg", "diff-inherited.svg"],
+            gutterAt: [
+                { snippet: "hidden_states, _ = self.self_attn(", icon: "diff-divergence.svg" },
+                // runs before the attention: layer 0 matches there, layer 1 inherits: not orange
+                { snippet: "hidden_states = self.input_layernorm(", icon: "diff-inherited.svg" },
+            ],
             gutterHover: {
                 snippet: "hidden_states, _ = self.self_attn(",
                 includes: "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention)",
