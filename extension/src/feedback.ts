@@ -51,8 +51,21 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
                 tooltip: params.message,
                 command: undefined,
             };
-        case "stale":
-            return undefined;
+        case "stale": {
+            // NOTE: a stale trace no longer says "✓": what the editor shows is the last trace's, until the next one.
+            const model: string | undefined = params.message?.split(":")[0];
+            return {
+                text: `$(history) ModelTrace: ${model !== undefined && model !== "" ? `${model} ` : ""}(stale)`,
+                tooltip:
+                    `${params.message ?? "The code changed since the last trace"}. ` +
+                    "Hints, gutters and diagnostics show that trace until the next one: click to trace again.",
+                command: {
+                    command: "modelTrace.trace",
+                    title: "Trace Again",
+                    ...(params.uri !== undefined ? { arguments: [params.uri] } : {}),
+                },
+            };
+        }
     }
 }
 

@@ -69,6 +69,8 @@ export interface LineStatus {
     status: LineDiffStatus;
     /** What decides the mark (the call, its layer, how the line's other calls compare): the mark's hover. */
     message?: string;
+    /** The code changed since the trace (the mark moved with its unchanged line; its message says so too). */
+    stale?: boolean;
 }
 
 export interface LineStatusParams {

@@ -56,6 +56,9 @@ class ModelTraceServer(LanguageServer):
         self.trace_lock = asyncio.Lock()
         self._worker: WorkerClient | None = None
         self._path_cache: dict[str, str | None] = {}
+        # The latest text of each open document, by path: what gutter marks and diagnostics on it refer to, and
+        # what the next edit is diffed against to move them (`stale`).
+        self.followed_text: dict[str, list[str]] = {}
 
     @property
     def references(self) -> Mapping[str, str]:

@@ -1,7 +1,9 @@
-"""Document sync: hints follow each edit, a changed trace is marked stale, a closed document is its file again.
+"""Document sync: hints, gutter marks and diagnostics follow each edit, a changed trace is marked stale, a closed
+document is its file again.
 
 pygls has already applied a change when `didChange` arrives; the hints still refer to the text before it
-(`FileHints.lines`), so the diff between the two moves them.
+(`FileHints.lines`), gutter marks and diagnostics to the text last seen (`followed_text`), so the diff between the
+two moves them (`stale`: marks and diagnostics on changed lines are dropped, the others say they are stale).
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ from lsprotocol import types
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.publish import ServerState, notify_status
 from modeltrace.lsp.remap import split_lines
+from modeltrace.lsp.stale import follow_shown
 from modeltrace.lsp.store import read_lines
 
 
-def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None) -> None:
-    """Move the document's hints to `lines`; any change makes its trace stale."""
+def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None, closed: bool = False) -> None:
+    """Move the document's hints, gutter marks and diagnostics to `lines`; any change makes its trace stale."""
     path = ls.document_path(uri)
+    if path is not None and lines is not None:
+        previous = ls.followed_text.pop(path, None) if closed else ls.followed_text.get(path)
+        if not closed:
+            ls.followed_text[path] = lines
+        follow_shown(ls, path, previous, lines)
     hints = ls.sessions.hints(path) if path else None
     if hints is None or lines is None or not hints.follow(lines):
         return
@@ -43,4 +51,4 @@ def did_close(ls: ModelTraceServer, params: types.DidCloseTextDocumentParams) ->
     ls.parsed.pop(uri, None)
     path = ls.document_path(uri)
     if path is not None:
-        _follow(ls, uri, read_lines(path))
+        _follow(ls, uri, read_lines(path), closed=True)

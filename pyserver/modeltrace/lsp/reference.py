@@ -160,6 +160,8 @@ def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff
         current = current_lines[file].get(line, line - 1)
         by_file.setdefault(file, []).append({"line": current, "status": mark.status, "message": mark.message})
     for file, lines in by_file.items():
+        # NOTE: kept as sent, so that an edit moves them with their lines and marks them stale (`stale`)
+        diff.shown[file] = {item["line"]: item for item in lines}
         notify_line_marks(ls, file, sorted(lines, key=lambda item: item["line"]))
     if previous is not None:
         for file in previous.files - set(by_file):

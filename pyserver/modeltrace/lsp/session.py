@@ -66,6 +66,8 @@ class DocumentDiff:
     plot: dict[str, Any]
     matched: bool
     notes: list[str] = field(default_factory=list)
+    # The marks as last sent, by file and 0-based line of the file's current text (`stale` moves them on edits).
+    shown: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def files(self) -> set[str]:

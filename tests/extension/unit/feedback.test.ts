@@ -43,6 +43,19 @@ describe("trace result feedback", () => {
         // Compared with a reference: the diff result's view (sent before) stays.
         assert.equal(viewForTraceStatus({ state: "idle", message: "TinyLlamaPortModel: 30 module calls on 64 lines (1.0 s); differs from the reference" }), undefined);
         assert.equal(viewForTraceStatus({ state: "error", message: "ModelTrace: boom" })?.text, "$(error) ModelTrace: trace failed");
+        // An edit makes the trace stale: the item says so (no "✓" left), and a click traces the document again.
+        const stale = viewForTraceStatus({
+            state: "stale",
+            message: "TinyLlamaModel: the code changed since the last trace",
+            uri: "file:///ws/modeling_tiny_llama.py",
+        });
+        assert.equal(stale?.text, "$(history) ModelTrace: TinyLlamaModel (stale)");
+        assert.match(stale?.tooltip ?? "", /^TinyLlamaModel: the code changed since the last trace\. /);
+        assert.deepEqual(stale?.command, {
+            command: "modelTrace.trace",
+            title: "Trace Again",
+            arguments: ["file:///ws/modeling_tiny_llama.py"],
+        });
         const view = viewForDiffResult(diverging);
         assert.equal(view.text, "$(warning) ModelTrace: diverges at layers.0.self_attn");
         assert.match(view.tooltip, /tiny_llama\.mtrace: layers\.0\.self_attn \(TinyLlamaPortAttention\), max abs diff 0\.01073/);

@@ -94,7 +94,12 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
             {
                 "uri": params.uri,
                 "lines": [
-                    {"line": item.line, "status": item.status, "message": getattr(item, "message", None)}
+                    {
+                        "line": item.line,
+                        "status": item.status,
+                        "message": getattr(item, "message", None),
+                        **({"stale": True} if getattr(item, "stale", False) else {}),
+                    }
                     for item in params.lines
                 ],
             }
