@@ -235,6 +235,49 @@ def test_port_in_another_file_names_its_first_differing_line(worker, original: P
         assert not any(module.settings or module.parameters for module in result.modules)
 
 
+SCALING_LINE = "self.scaling = self.head_dim**-0.5"
+
+
+def _port_copy(tmp_path: Path, old: str, new: str) -> Path:
+    target = tmp_path / "tiny_llama_port"
+    shutil.copytree(PORT_FILE.parent, target, ignore=shutil.ignore_patterns("__pycache__"))
+    modeling = target / PORT_FILE.name
+    source = modeling.read_text()
+    assert source.count(old) == 1
+    modeling.write_text(source.replace(old, new))
+    return modeling
+
+
+def test_a_setting_computed_in_init_is_named_at_the_line_that_assigns_it(
+    worker, original: Path, tmp_path: Path
+) -> None:
+    edited = _port_copy(tmp_path, SCALING_LINE, "self.scaling = self.head_dim**-0.25")
+    assigned = line_of(edited, "self.scaling = self.head_dim**-0.25")
+    built = line_of(edited, "self.self_attn = TinyLlamaPortAttention(")
+    candidate = _trace(worker, edited, tmp_path / "scaling.mtrace")
+    # the construction record: the attention's own `__init__` line for the setting it computes; none for one that
+    # only keeps a constructor argument (`self.variance_epsilon = eps`: the parent's line chose it)
+    builds = {build.path: build for build in read_trace(candidate).builds}
+    assert builds["layers.0.self_attn"].assigned_at["scaling"].line == assigned
+    assert builds["layers.0.self_attn"].built_at.line == built
+    assert "variance_epsilon" not in builds["layers.0.input_layernorm"].assigned_at
+    with load_reference(original) as ref, load_reference(candidate) as cand:
+        result = diff_traces(ref, cand, DiffOptions())
+        divergence = result.first_divergence
+        assert divergence.module.candidate.path == "layers.0.self_attn"
+        (setting,) = [item for item in divergence.settings if item.name == "scaling"]
+        assert (setting.reference, setting.candidate) == (0.25, 0.5)
+        assert setting.assigned_at.file == str(edited.resolve()) and setting.assigned_at.line == assigned
+        assert to_json(result)["first_divergence"]["settings"][0]["assigned_at"]["line"] == assigned
+        text = render_text(result)
+        assert f"scaling 0.25 (reference) vs 0.5 (candidate), assigned at {edited.resolve()}:{assigned}" in text
+        assert "built at" not in text.split("scaling 0.25", 1)[1].splitlines()[0]
+        statuses = line_statuses(result)
+        assert statuses[(str(edited.resolve()), assigned)] == DIVERGENCE
+        # the parent's line built the attention as the original does: not where the bug is
+        assert statuses.get((str(edited.resolve()), built)) != DIVERGENCE
+
+
 def test_identical_traces_have_no_evidence(worker, original: Path, tmp_path: Path) -> None:
     again = _trace(worker, EXAMPLE_PACKAGE / "modeling_tiny_llama.py", tmp_path / "again.mtrace")
     with load_reference(original) as ref, load_reference(again) as cand:

@@ -436,7 +436,8 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
 
     When the diff drilled down to a line inside the diverging module (`first_divergence.line`, from line
     records), that line is marked as the divergence too: it is the edited line, not only the call site; a
-    setting or parameter built differently marks the line that assigned it."""
+    setting its `__init__` computes differently marks the line that assigns it, a setting passed in or a
+    parameter built differently the parent's line that built the module."""
     by_line: dict[tuple[str, int], list[ModuleResult]] = {}
     for module in result.modules:
         location = module.candidate.called_at
@@ -463,11 +464,20 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
                 f"The first difference inside {_call_name(divergence.module)} comes from this call: {what} differs "
                 f"at {_short(drilled.file)}:{drilled.line}, max abs diff {_format_number(drilled.max_abs_diff)}",
             )
-    if divergence is not None and divergence.built_at is not None and (divergence.settings or divergence.parameters):
+    if divergence is None:
+        return marks
+    # NOTE: a setting its `__init__` computes (`self.scaling = ...`) is wrong on that line; one passed in by the
+    # parent, and the parameters, on the parent's line that built the module.
+    for setting in divergence.settings:
+        if setting.assigned_at is not None:
+            marks[(setting.assigned_at.file, setting.assigned_at.line)] = LineMark(
+                DIVERGENCE,
+                f"{_call_name(divergence.module)} was built differently: {_setting(setting)}, assigned here",
+            )
+    passed = [setting for setting in divergence.settings if setting.assigned_at is None]
+    if divergence.built_at is not None and (passed or divergence.parameters):
         built = "; ".join(
-            [*(_setting(item) for item in divergence.settings), *(_parameter(item) for item in divergence.parameters)][
-                :3
-            ]
+            [*(_setting(item) for item in passed), *(_parameter(item) for item in divergence.parameters)][:3]
         )
         marks[(divergence.built_at.file, divergence.built_at.line)] = LineMark(
             DIVERGENCE, f"{_call_name(divergence.module)} was built differently here: {built}"
@@ -718,7 +728,8 @@ def evidence_text(result: DiffResult, limit: int = 6) -> list[str]:
             lines.append(f"  first differing line  {_short(line.file)}:{line.line}: {line.reason}")
         built = f", built at {_where(divergence.built_at)}" if divergence.built_at is not None else ""
         for difference in divergence.settings:
-            lines.append(f"  {difference.path or '(root)'}: {_setting(difference)}{built}")
+            where = f", assigned at {_where(difference.assigned_at)}" if difference.assigned_at is not None else built
+            lines.append(f"  {difference.path or '(root)'}: {_setting(difference)}{where}")
         for difference in divergence.parameters:
             lines.append(f"  {difference.path or '(root)'}: {_parameter(difference)}{built}")
     shown = {divergence.module.candidate.path} if divergence is not None else set()

@@ -29,13 +29,16 @@ from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocatio
 @dataclass(frozen=True, slots=True)
 class SettingDifference:
     """A setting that differs: `name` normalised (`eps`), the values of each side, and which module (`path`,
-    the candidate's) and which names on each side (`note`: "variance_epsilon vs eps") when they differ."""
+    the candidate's) and which names on each side (`note`: "variance_epsilon vs eps") when they differ;
+    `assigned_at`, the line of the candidate's `__init__` that assigned it when the trace knows it (where the
+    setting is fixed, rather than the parent's line that built the module)."""
 
     name: str
     reference: Any
     candidate: Any
     path: str = ""
     note: str | None = None
+    assigned_at: SourceLocation | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -46,6 +49,8 @@ class SettingDifference:
         }
         if self.note:
             data["note"] = self.note
+        if self.assigned_at is not None:
+            data["assigned_at"] = self.assigned_at.to_json()
         return data
 
 
@@ -266,7 +271,8 @@ def compare_settings(reference: ModuleBuild, candidate: ModuleBuild) -> list[Set
             continue  # said by the activation row above
         if not _same_value(ref_value, cand_value):
             note = f"{ref_name} vs {cand_name}" if ref_name != cand_name else None
-            differences.append(SettingDifference(name, ref_value, cand_value, candidate.path, note))
+            assigned_at = candidate.assigned_at.get(cand_name)
+            differences.append(SettingDifference(name, ref_value, cand_value, candidate.path, note, assigned_at))
     return differences
 
 

@@ -172,13 +172,20 @@ def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff
 
 def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> dict[str, Any]:
     """`modelTrace/diffResult`: whether the document's trace matches its reference and, when not, where to look
-    (the line that first differs inside the diverging module when known, else the module's call site)."""
+    (the line that assigns a setting built differently, else the line that first differs inside the diverging
+    module when known, else the module's call site)."""
     divergence = diff.divergence
     where = None
     if divergence is not None:
         drilled = divergence.get("line") or {}
+        # NOTE: a setting its `__init__` computes differently is the cause: "Go to Line" goes to its assignment
+        assigned = next(
+            (item["assigned_at"] for item in divergence.get("settings") or [] if item.get("assigned_at")), None
+        )
         location = (
-            {"file": drilled["file"], "line": drilled["line"]}
+            assigned
+            if assigned
+            else {"file": drilled["file"], "line": drilled["line"]}
             if drilled.get("file") and drilled.get("line")
             else divergence.get("called_at")
         )
@@ -258,15 +265,26 @@ def _evidence_message(divergence: dict[str, Any]) -> str:
     line = divergence.get("line")
     if line:
         parts.append(f"first differing line: {line['reason']}")
+    # NOTE: a setting its `__init__` computes names the line that assigns it; the others the parent's line
+    settings = divergence.get("settings") or []
+    assigned = [
+        f"{item['name']} {item['reference']!r} (reference) vs {item['candidate']!r} (candidate), assigned at line "
+        f"{item['assigned_at']['line']}"
+        for item in settings
+        if item.get("assigned_at")
+    ]
     differences = [
         f"{item['name']} {item['reference']!r} (reference) vs {item['candidate']!r} (candidate)"
-        for item in divergence.get("settings") or []
+        for item in settings
+        if not item.get("assigned_at")
     ]
     differences += [f"{item['name']} {item['status']}" for item in divergence.get("parameters") or []]
     if differences:
         built_at = divergence.get("built_at")
         where = f", built at line {built_at['line']}" if built_at else ""
-        parts.append("built differently: " + "; ".join(differences) + where)
+        assigned.append("; ".join(differences) + where)
+    if assigned:
+        parts.append("built differently: " + "; ".join(assigned))
     return "".join(f"; {part}" for part in parts)
 
 

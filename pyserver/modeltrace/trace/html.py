@@ -109,13 +109,16 @@ def _divergence(divergence: dict[str, Any]) -> str:
             )
         )
     built_at = divergence.get("built_at")
-    if built_at and divergence.get("settings"):
+    if divergence.get("settings") and (built_at or any(item.get("assigned_at") for item in divergence["settings"])):
+        # NOTE: a setting its `__init__` computes is located at its assignment, the others at the parent's line
         settings = ", ".join(
             f"{html.escape(str(item['name']))} {html.escape(str(item['reference']))} → "
             f"{html.escape(str(item['candidate']))}"
+            + (f" ({_location(item['assigned_at'])})" if item.get("assigned_at") else "")
             for item in divergence["settings"]
         )
-        rows.append(("built differently", f"{settings} ({_location(built_at)})"))
+        passed = any(not item.get("assigned_at") for item in divergence["settings"])
+        rows.append(("built differently", settings + (f" ({_location(built_at)})" if built_at and passed else "")))
     if divergence.get("reason"):
         rows.append(("why", html.escape(str(divergence["reason"]))))
     body = "".join(

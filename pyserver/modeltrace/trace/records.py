@@ -284,7 +284,9 @@ class ModuleBuild:
     settings by name: the `name=value` fields of its `extra_repr()` and its public scalar attributes (eps,
     bias, in_features, variance_epsilon, scaling...), values being numbers, strings, booleans, None or lists
     of those. `qualified_class` is `module.qualname` of its class. `parameters` are its own parameters and
-    buffers (not its children's).
+    buffers (not its children's). `assigned_at` gives, for the settings its class's own `__init__` (or a base's,
+    in model code) assigns (`self.scaling = ...`), the line that assigns it (optional in the file: older traces
+    have none).
     """
 
     path: str
@@ -293,9 +295,10 @@ class ModuleBuild:
     built_at: SourceLocation | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     parameters: list[ParameterRecord] = field(default_factory=list)
+    assigned_at: dict[str, SourceLocation] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "path": self.path,
             "class": self.class_name,
             "qualified_class": self.qualified_class,
@@ -303,6 +306,9 @@ class ModuleBuild:
             "settings": self.settings,
             "parameters": [parameter.to_json() for parameter in self.parameters],
         }
+        if self.assigned_at:
+            data["assigned_at"] = {name: location.to_json() for name, location in self.assigned_at.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModuleBuild:
@@ -316,7 +322,17 @@ class ModuleBuild:
             built_at=SourceLocation.from_json(data.get("built_at")),
             settings={str(name): value for name, value in settings.items()},
             parameters=[ParameterRecord.from_json(item) for item in data.get("parameters") or []],
+            assigned_at=_assignments(data.get("assigned_at"), data.get("path")),
         )
+
+
+def _assignments(data: Any, path: Any) -> dict[str, SourceLocation]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"assigned_at of module {path!r} must be a map, not {type(data).__name__}")
+    found = {str(name): SourceLocation.from_json(location) for name, location in data.items()}
+    return {name: location for name, location in found.items() if location is not None}
 
 
 @dataclass(slots=True)

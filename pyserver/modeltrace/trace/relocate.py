@@ -139,6 +139,8 @@ def relocate(trace: Trace, matches: Iterable[SourceMatch]) -> None:
         move(record.defined_at)
     for build in trace.builds:
         move(build.built_at)
+        for location in build.assigned_at.values():
+            move(location)
     for line_record in trace.lines:
         line_record.file = moved.get(line_record.file, line_record.file)
     if trace.model.get("file") in moved:

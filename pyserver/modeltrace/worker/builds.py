@@ -7,7 +7,9 @@ and the first frame of model code above the hook (`source_map.caller_location`, 
 call sites) is that assignment; items of a `ModuleList` are registered inside torch and land on the line that
 built the list. After the forward, `record_builds` reads each module's settings (the `name=value` fields of
 `extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers (statistics,
-a small sample of fixed positions and the same positions of the transpose), which `diff/settings.py` compares.
+a small sample of fixed positions and the same positions of the transpose), which `diff/settings.py` compares;
+for each setting its class's `__init__` assigns, the line that assigns it (`assignments`), where a setting built
+differently is fixed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
+from modeltrace.worker.assignments import assignment_lines
 from modeltrace.worker.stats import summarize
 
 
@@ -98,14 +101,17 @@ def _record_builds(
             parent, name = parents[path]
             built_at = constructions.location_of(parent, name)
         module_class = type(module)
+        settings = module_settings(module)
+        assigned = assignment_lines(module_class)
         builds.append(
             ModuleBuild(
                 path=path,
                 class_name=module_class.__name__,
                 qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
                 built_at=built_at,
-                settings=module_settings(module),
+                settings=settings,
                 parameters=_parameters(module, path, seen, keep_tensor),
+                assigned_at={name: assigned[name] for name in settings if name in assigned},
             )
         )
     return builds

@@ -58,6 +58,11 @@ def real_path(filename: str) -> str:
     return cached
 
 
+def is_torch_file(path: str) -> bool:
+    """A file of torch or of modeltrace itself (a real path): no line there is the user's model code."""
+    return path.startswith(_TORCH_DIR) or path.startswith(_MODELTRACE_DIR)
+
+
 def _is_plumbing(code: CodeType) -> bool:
     filename = code.co_filename
     kind = _file_kind_cache.get(filename)
