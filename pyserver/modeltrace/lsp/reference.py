@@ -60,7 +60,7 @@ def compute_diff(
     # NOTE: imported here, not at the top: `modeltrace.diff` loads numpy (~14 MB), which a server that only
     # shows hints never needs; it is imported once a reference is set.
     from modeltrace.diff import WHEN_POSSIBLE, close_result, diff_paths, plot_data
-    from modeltrace.diff.report import divergence_json, line_marks
+    from modeltrace.diff.report import divergence_json, line_marks, line_status
 
     result = diff_paths(
         reference,
@@ -74,8 +74,10 @@ def compute_diff(
     )
     try:
         calls = {
+            # NOTE: a call's status as its gutter says it: a difference only inherited through the inputs is
+            # "inherited" in the hover too
             (module.candidate.path, module.candidate.call_index): CallDiff(
-                module.status,
+                line_status(module),
                 module.check,
                 module.max_abs_diff,
                 module.max_rel_diff,

@@ -43,7 +43,8 @@ class LastRequest:
 
 @dataclass(frozen=True, slots=True)
 class CallDiff:
-    """The comparison of one module call, as a hover shows it."""
+    """The comparison of one module call, as a hover shows it (`status` as its gutter says it: `inherited` for a
+    difference that only comes through its inputs)."""
 
     status: str
     check: str | None
