@@ -65,7 +65,7 @@ export type LineDiffStatus = "match" | "mismatch" | "inherited" | "divergence" |
 export interface LineStatus {
     /** 0-based line in the document. */
     line: number;
-    /** The most telling status of the line's calls (divergence > mismatch > inherited > match > not_compared). */
+    /** The most telling status of the line's calls (divergence > mismatch > match > inherited > not_compared). */
     status: LineDiffStatus;
     /** What decides the mark (the call, its layer, how the line's other calls compare): the mark's hover. */
     message?: string;

@@ -48,17 +48,22 @@ def test_each_line_is_marked_by_where_the_difference_starts_and_says_which_call(
         assert attention.message.startswith(
             "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention), max abs diff 0.0107"
         )
-        # Layer 0's q_proj matches; layer 1's differs only because its inputs already do: inherited, both said.
+        # Layer 0's q_proj matches: the line's code is right (green); layer 1's differs only because its inputs
+        # already do (inherited), which the message says too.
         query = marks[(file, line_of(PORT, "query_states = self.q_proj("))]
-        assert query.status == INHERITED
-        assert query.message.startswith("Differs only through its inputs: layers.1.self_attn.q_proj")
-        assert "its inputs already differ" in query.message
-        assert query.message.endswith("other calls on this line: 1 match (layers.0.self_attn.q_proj)")
+        assert query.status == MATCH
+        assert query.message.startswith("Matches the reference: layers.0.self_attn.q_proj")
+        assert query.message.endswith("other calls on this line: 1 inherited (layers.1.self_attn.q_proj)")
+        # A line whose every call only inherits the difference says so, with the first of them.
+        output = marks[(file, line_of(PORT, "attn_output = self.o_proj(attn_output)"))]
+        assert output.status == INHERITED
+        assert output.message.startswith("Differs only through its inputs: layers.0.self_attn.o_proj")
+        assert "its inputs already differ" in output.message
         assert marks[(file, line_of(PORT, "inputs_embeds = self.embed_tokens(input_ids)"))].status == MATCH
-        # The lines of the decoder layer that run before the attention are not orange: layer 0 matches there,
-        # layer 1 only inherits layer 0's difference; so are the lines after it, which only carry it on.
-        for before in ("hidden_states = self.input_layernorm(", "hidden_states = self.post_attention_layernorm("):
-            assert marks[(file, line_of(PORT, before))].status == INHERITED, before
+        # The lines of the decoder layer that run before the attention are green: layer 0 matches there, layer 1
+        # only inherits layer 0's difference; the lines after it, which only carry the difference on, are inherited.
+        assert marks[(file, line_of(PORT, "hidden_states = self.input_layernorm("))].status == MATCH
+        assert marks[(file, line_of(PORT, "hidden_states = self.post_attention_layernorm("))].status == INHERITED
         assert marks[(file, line_of(PORT, "hidden_states = self.norm("))].status == INHERITED
         # The decoder layer's call: layer 0's inputs match and its outputs differ, so the difference arises in
         # it (orange), and the message says so; layer 1 is named as inherited.

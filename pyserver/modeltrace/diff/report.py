@@ -36,9 +36,11 @@ STATUS_RANK = {NOT_COMPARED: 0, MATCH: 1, MISMATCH: 2, DIVERGENCE: 3}
 # A line status only (gutters, `modelTrace/lineStatus`): the call's outputs differ, but only because its inputs
 # already did (or its replay on the reference's inputs matches): the difference starts earlier, not on this line.
 INHERITED = "inherited"
-# NOTE: a line is decided by the call that says most about where the difference starts: a divergence, then a
-# call that differs on its own, then an inherited difference, then a match.
-LINE_RANK = {NOT_COMPARED: 0, MATCH: 1, INHERITED: 2, MISMATCH: 3, DIVERGENCE: 4}
+# NOTE: a line is decided by what it says about its own code: a divergence, then a call that differs on its own,
+# then a match (the code gave the reference's values on the reference's inputs, in some call), then an inherited
+# difference. So the lines that run before the bug stay green in the layer that holds it, and the difference is
+# seen to start at the bug's line: the first red or orange mark in the order the lines run.
+LINE_RANK = {NOT_COMPARED: 0, INHERITED: 1, MATCH: 2, MISMATCH: 3, DIVERGENCE: 4}
 
 
 def _number(value: float | None) -> float | None:
@@ -369,7 +371,7 @@ def _label(record) -> str:
 @dataclass(frozen=True, slots=True)
 class LineMark:
     """What a gutter mark says about one source line of the candidate: the most telling `status` of the calls
-    made there (divergence > mismatch > inherited > match > not_compared, see `line_status`), and `message`, its
+    made there (divergence > mismatch > match > inherited > not_compared, see `line_status`), and `message`, its
     hover: the call that decides it (the layer) and how the line's other calls compare."""
 
     status: str
@@ -487,7 +489,7 @@ def line_marks(result: DiffResult) -> dict[tuple[str, int], LineMark]:
 
 def line_statuses(result: DiffResult) -> dict[tuple[str, int], str]:
     """Per (file, line) of the candidate where modules are called: the most telling status of the calls made
-    there (divergence > mismatch > inherited > match > not_compared); see `line_marks` for the message of each."""
+    there (divergence > mismatch > match > inherited > not_compared); see `line_marks` for the message of each."""
     return {key: mark.status for key, mark in line_marks(result).items()}
 
 

@@ -73,24 +73,29 @@ async def test_the_port_diverges_from_its_reference_in_the_attention(client: Lan
     statuses = await wait_until(lambda: statuses_since(client, sent, uri))
     assert statuses[attention] == "divergence"
     assert statuses[line_of(modeling_file, "inputs_embeds = self.embed_tokens(input_ids)")] == "match"
-    # Lines that run before the attention (layer 0 matches there) or only carry its difference on are not orange:
-    # their difference is inherited; only the decoder layer's call, which holds the bug, is.
-    assert statuses[line_of(modeling_file, "hidden_states = self.input_layernorm(")] == "inherited"
+    # Lines that run before the attention are green (layer 0 matches there; layer 1 only inherits), those that only
+    # carry its difference on are inherited; only the decoder layer's call, which holds the bug, is orange.
+    assert statuses[line_of(modeling_file, "hidden_states = self.input_layernorm(")] == "match"
     assert statuses[line_of(modeling_file, "hidden_states = self.post_attention_layernorm(")] == "inherited"
     assert [line for line, status in statuses.items() if status == "mismatch"] == [
         line_of(modeling_file, "hidden_states = decoder_layer(")
     ]
     assert set(statuses.values()) <= {"match", "mismatch", "inherited", "divergence", "not_compared"}
-    # Each mark says which call decides it: layer 0's q_proj matches, layer 1's differs because its inputs do.
+    # Each mark says which call decides it: layer 0's q_proj matches; layer 1's, which differs because its inputs
+    # do, is named too.
     messages = messages_since(client, sent, uri)
     assert messages[attention].startswith(
         "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention), max abs diff 0.0107"
     )
     query = line_of(modeling_file, "query_states = self.q_proj(")
-    assert statuses[query] == "inherited"
-    assert messages[query].startswith("Differs only through its inputs: layers.1.self_attn.q_proj, max abs diff ")
-    assert "(its inputs already differ: the difference comes from earlier)" in messages[query]
-    assert messages[query].endswith("other calls on this line: 1 match (layers.0.self_attn.q_proj)")
+    assert statuses[query] == "match"
+    assert messages[query].startswith("Matches the reference: layers.0.self_attn.q_proj, max abs diff ")
+    assert messages[query].endswith("other calls on this line: 1 inherited (layers.1.self_attn.q_proj)")
+    output = line_of(modeling_file, "attn_output = self.o_proj(attn_output)")
+    assert statuses[output] == "inherited"
+    assert messages[output].startswith("Differs only through its inputs: layers.0.self_attn.o_proj, max abs diff ")
+    # NOTE: the editor's diff replays its suspects on the reference's inputs: o_proj's replay matches
+    assert "(a replay on the reference's inputs matches)" in messages[output]
     # The client hears the result once, with where to look.
     (result_sent,) = [params for params in client.recorder.diff_results if params["uri"] == uri]
     assert result_sent["match"] is False and result_sent["reference"] == str(REFERENCE)

@@ -79,12 +79,14 @@ describe("ModelTrace: comparing with a reference trace", () => {
             mode: "trusted",
             action: "check",
             hints: [],
-            // NOTE: the decoder layer's other lines only inherit the difference (layer 1, or after the attention)
-            gutterIcons: ["diff-divergence.svg", "diff-inherited.svg"],
+            // NOTE: the decoder layer's lines before the attention match in layer 0 (green); those after it only
+            // inherit the difference (grey)
+            gutterIcons: ["diff-divergence.svg", "diff-match.svg", "diff-inherited.svg"],
             gutterAt: [
                 { snippet: "hidden_states, _ = self.self_attn(", icon: "diff-divergence.svg" },
-                // runs before the attention: layer 0 matches there, layer 1 inherits: not orange
-                { snippet: "hidden_states = self.input_layernorm(", icon: "diff-inherited.svg" },
+                // runs before the attention: layer 0 matches there, layer 1 inherits: green, not orange
+                { snippet: "hidden_states = self.input_layernorm(", icon: "diff-match.svg" },
+                { snippet: "hidden_states = self.post_attention_layernorm(", icon: "diff-inherited.svg" },
             ],
             gutterHover: {
                 snippet: "hidden_states, _ = self.self_attn(",
