@@ -200,6 +200,10 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 async def _trace_now(
     ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
 ) -> dict[str, Any]:
+    if not ls.workspace_trusted:
+        # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
+        # (trace-on-save queues behind a running trace).
+        return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
     name = _model_to_build(ls, uri, path, model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"
