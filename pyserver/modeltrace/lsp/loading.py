@@ -40,7 +40,9 @@ def load_trace_here(
         trace = read_trace(trace_path, inputs=False)
         matches = locate_sources(trace, roots, open_texts)
         relocate(trace, matches)
-        loaded = build_document_trace(owner, uri, trace_path, trace)
+        # NOTE: only the files found here are read; a recorded path found nowhere here is never opened.
+        found = {match.found for match in matches if match.found is not None}
+        loaded = build_document_trace(owner, uri, trace_path, trace, readable=found.__contains__)
     finally:
         if was_enabled:
             gc.enable()
