@@ -1317,10 +1317,11 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
     if found is not None:
         return found
     found = {}
+    from modeltrace.trace.source_files import UnreadableSource, read_source_text
+
     try:
-        with open(file, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), file)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        tree = ast.parse(read_source_text(file), file)
+    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
         tree = None
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.ClassDef):

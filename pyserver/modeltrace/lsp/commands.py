@@ -24,7 +24,7 @@ from modeltrace.errors import TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
-from modeltrace.lsp.loading import load_trace, load_trace_here, settle_memory
+from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
@@ -220,7 +220,7 @@ async def _trace_now(
 
     try:
         result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode), on_progress)
-        loaded = await asyncio.to_thread(load_trace, path, uri, result.trace)
+        loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -358,10 +358,12 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
         if (document_path := ls.uri_to_path(document_uri)) is not None
     }
     try:
-        loaded, matches = await asyncio.to_thread(
-            load_trace_here, path, uri, trace_path, [root for root in roots if root], open_texts
+        loaded, matches = await run_load(
+            trace_path, load_trace_here, path, uri, trace_path, [root for root in roots if root], open_texts
         )
     except TraceFormatError as error:
+        # NOTE: what the refused load had read is garbage now; its pages go back to the system
+        release_free_heap()
         return _refuse(ls, f"ModelTrace: {error}")
     session = ls.sessions.open(path, uri)
     shown = [match for match in matches if match.found in loaded.files]
@@ -440,8 +442,9 @@ async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
         return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
     reference = workspace_path(ls, text)
     try:
-        await asyncio.to_thread(load_checked_reference, reference)
+        await run_load(reference, load_checked_reference, reference)
     except (TraceFormatError, OSError) as error:
+        release_free_heap()
         return _refuse(ls, f"ModelTrace: cannot use {reference} as a reference: {error}")
     return await _use_reference(ls, uri, ls.sessions.owner_of(path), reference)
 

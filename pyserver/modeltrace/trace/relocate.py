@@ -84,19 +84,23 @@ def _common_tail(first: str, second: str) -> int:
     return count
 
 
-def locate_sources(trace: Trace, roots: Iterable[str | Path], open_texts: Mapping[str, str]) -> list[SourceMatch]:
+def locate_sources(
+    trace: Trace, roots: Iterable[str | Path], open_texts: Mapping[str, str], libraries: Iterable[str | Path] = ()
+) -> list[SourceMatch]:
     """Find each source file the trace's records name, searching the open documents (`{path: text}`) and the
     files under `roots`; see the module docstring for the order.
 
     NOTE: the paths a trace names are data: a recorded path outside `roots` (`/etc/passwd`, another user's home)
-    is never read here, as if it did not exist; only the open documents and the files under `roots` are.
+    is never read here, as if it did not exist; only the open documents and the files under `roots` are (and,
+    at their recorded path only, those under `libraries`: the installed packages' public code, never searched).
     """
     recorded_hashes = trace.model.get("source_hashes")
     hashes: dict[str, str] = dict(recorded_hashes) if isinstance(recorded_hashes, dict) else {}
     recorded_files = sorted(trace.files())
     open_by_hash = {text_sha256(text): path for path, text in open_texts.items()}
     roots = list(roots)
-    hashes_here = {file: file_sha256(file) if is_inside(file, roots) else None for file in recorded_files}
+    readable = [*roots, *libraries]
+    hashes_here = {file: file_sha256(file) if is_inside(file, readable) else None for file in recorded_files}
     pending = {
         Path(file).name for file in recorded_files if hashes.get(file) is None or hashes_here[file] != hashes[file]
     }

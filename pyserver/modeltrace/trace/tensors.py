@@ -18,6 +18,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -77,11 +78,14 @@ class SafetensorsFile:
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorInfo] = {}
         try:
-            size = self.path.stat().st_size
+            status = self.path.stat()
         except FileNotFoundError:
             raise TraceFormatError(f"{self.path}: no such tensor file") from None
         except OSError as error:
             raise TraceFormatError(f"{self.path}: cannot be read ({error.strerror})") from None
+        if not stat.S_ISREG(status.st_mode):
+            raise TraceFormatError(f"{self.path}: not a regular file, refused as a tensor file")
+        size = status.st_size
         if size < 8:
             raise TraceFormatError(f"{self.path}: truncated safetensors file ({size} bytes)")
         with open(self.path, "rb") as handle:
@@ -318,13 +322,18 @@ class LoadedTrace:
 
 
 def file_size_checked(path: Path, limit: int, what: str) -> int:
-    """The size of `path`, raising a `TraceFormatError` when it is missing or over `limit` bytes."""
+    """The size of `path`, raising a `TraceFormatError` when it is missing, not a regular file or over `limit`
+    bytes."""
     try:
-        size = os.stat(path).st_size
+        status = os.stat(path)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such {what}") from None
     except OSError as error:
         raise TraceFormatError(f"{path}: cannot be read ({error.strerror})") from None
+    # NOTE: a FIFO never ends a read, a device such as /dev/zero never ends one either (and says size 0)
+    if not stat.S_ISREG(status.st_mode):
+        raise TraceFormatError(f"{path}: not a regular file, refused as a {what}")
+    size = status.st_size
     if size > limit:
         raise TraceFormatError(f"{path}: {size} bytes is over the {limit}-byte limit for a {what}")
     return size
