@@ -66,8 +66,9 @@ def _files_named(roots: Iterable[Path], names: set[str]) -> dict[str, list[str]]
                 seen += 1
                 if name in found:
                     path = os.path.realpath(os.path.join(folder, name))
-                    # NOTE: a link in the folder to a file outside it (`/etc/passwd`) is not the folder's file
-                    if path not in found[name] and is_inside(path, [root]):
+                    # NOTE: a link in the folder to a file outside it (`/etc/passwd`) is not the folder's file,
+                    # nor is a FIFO or a device a source file
+                    if path not in found[name] and is_inside(path, [root]) and os.path.isfile(path):
                         found[name].append(path)
             if seen > MAX_FILES_SEARCHED:
                 return found

@@ -1,0 +1,147 @@
+"""The server against hostile files: loads that name special files are refused at once and never hold up the
+loads after them, a debugger output linked to `/dev/zero` is refused as a reference, damaged traces are refused
+with one line, and a request that fails answers one line (never a traceback).
+
+Run against the server without torch and with an untrusted workspace: reading runs no code, so all of this works
+there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import msgpack
+import pytest
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError
+from pytest_lsp import LanguageClient
+
+from modeltrace.errors import TraceFormatError
+from modeltrace.lsp.server import answered
+from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
+from modeltrace.trace.storage import TRACE_FILE, write_trace
+
+from .support import execute, open_document
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+REFERENCE = Path(__file__).resolve().parents[3] / "examples" / "reference" / "tiny_llama.mtrace"
+
+
+def _trace_naming(folder: Path, source: Path, digest: str) -> Path:
+    summary = TensorSummary(key="0", shape=[1, 4], dtype="float32", mean=0.0, std=1.0, min=-1.0, max=1.0)
+    record = ModuleCall(
+        index=0,
+        path="layer",
+        class_name="Layer",
+        defined_at=SourceLocation(str(source), 2),
+        called_at=SourceLocation(str(source), 2, 4),
+        call_index=0,
+        parent=-1,
+        finish_order=0,
+        inputs=[summary],
+        outputs=[summary],
+    )
+    model = {"class": "Model", "file": str(source), "source_hashes": {str(source): digest}}
+    return write_trace(Trace(model=model, modules=[record]), folder)
+
+
+async def test_loads_naming_a_fifo_never_hold_up_the_loads_after_them(
+    restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = restricted_client
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    document = workspace / "modeling.py"
+    document.write_text("import torch\nhidden = layer(x)\n")
+    fifo = workspace / "modeling_fifo.py"
+    os.mkfifo(fifo)
+    # NOTE: the old server read each recorded file whole to hash it: a FIFO there blocked a thread of the shared
+    # pool for good, and a handful of such loads blocked every later load, diff and trace.
+    hostile = _trace_naming(tmp_path / "fifo.mtrace", fifo, "0" * 64)
+    uri = open_document(client, document)
+
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(execute(client, "modelTrace.loadTrace", uri, str(hostile)) for _ in range(12))), 60
+    )
+
+    for answer in answers:
+        assert answer["ok"], answer
+        assert answer["files"] == [{"recorded": str(fifo), "path": None, "how": "not found", "changed": False}]
+    digest = hashlib.sha256(document.read_bytes()).hexdigest()
+    good = _trace_naming(tmp_path / "good.mtrace", document, digest)
+    answer = await execute(client, "modelTrace.loadTrace", uri, str(good), timeout=30)
+    assert answer["modelFile"] == str(document.resolve()), answer
+    await execute(client, "modelTrace.clear", uri)
+
+
+async def test_a_debugger_output_linked_to_dev_zero_is_refused_as_a_reference(
+    restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = restricted_client
+    debugger = tmp_path / "debugger"
+    debugger.mkdir()
+    (debugger / "Model_SUMMARY.json").symlink_to("/dev/zero")
+    document = tmp_path / "modeling.py"
+    document.write_text("x = 1\n")
+    uri = open_document(client, document)
+
+    answer = await execute(client, "modelTrace.setReference", uri, str(debugger), timeout=30)
+
+    assert answer == {
+        "ok": False,
+        "message": f"ModelTrace: cannot use {debugger} as a reference: {debugger / 'Model_SUMMARY.json'}: not a "
+        "regular file, refused as a transformers debugger output",
+    }
+
+
+async def test_a_damaged_trace_is_refused_in_one_line_naming_the_record(
+    restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = restricted_client
+    document = msgpack.unpackb((REFERENCE / TRACE_FILE).read_bytes(), raw=False, strict_map_key=False)
+    # a statistic given as "": the old server loaded it, and every hover on that line answered a traceback
+    document["modules"][3]["outputs"][0]["mean"] = ""
+    damaged = tmp_path / "damaged.mtrace"
+    damaged.mkdir()
+    (damaged / TRACE_FILE).write_bytes(msgpack.packb(document, use_bin_type=True))
+    source = tmp_path / "modeling.py"
+    source.write_text("x = 1\n")
+    uri = open_document(client, source)
+
+    answer = await execute(client, "modelTrace.loadTrace", uri, str(damaged))
+
+    assert answer["ok"] is False
+    assert "\n" not in answer["message"]
+    assert answer["message"].startswith(f"ModelTrace: {damaged / TRACE_FILE}: module call 3 (")
+    assert "statistic mean is '', not a number" in answer["message"]
+
+
+async def test_a_hint_resolve_with_absurd_data_is_answered(restricted_client: LanguageClient) -> None:
+    # (5,000 digits: Python refuses to convert so long a number, which answered a traceback)
+    hint = types.InlayHint(position=types.Position(line=0, character=0), label="x", data="1" * 5000 + ":1")
+    resolved = await asyncio.wait_for(restricted_client.inlay_hint_resolve_async(hint), 30)
+    assert resolved.label == "x"
+
+
+async def test_a_failing_request_answers_one_line() -> None:
+    def broken(ls: object, params: object) -> None:
+        raise ValueError("first line\nsecond line")
+
+    async def refused(ls: object, *arguments: object) -> None:
+        raise TraceFormatError("/x.mtrace: damaged")
+
+    with pytest.raises(JsonRpcInternalError) as internal:
+        answered("textDocument/hover", broken)(None, None)
+    assert internal.value.message == "ModelTrace: internal error in textDocument/hover (ValueError: first line)"
+    assert internal.value.data is None
+    with pytest.raises(JsonRpcException) as failed:
+        await answered("modelTrace.loadTrace", refused)(None, "uri")
+    assert (failed.value.code, failed.value.message) == (
+        types.LSPErrorCodes.RequestFailed,
+        "ModelTrace: /x.mtrace: damaged",
+    )
