@@ -627,8 +627,13 @@ def write_debugger_output(loaded: LoadedTrace, directory: Path | str, use_repr: 
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise TraceFormatError(f"{directory}: exists and is not a folder")
-    directory.mkdir(parents=True, exist_ok=True)
-    return _Writer(loaded, directory, use_repr).write()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return _Writer(loaded, directory, use_repr).write()
+    except OSError as error:
+        # NOTE: `/proc/x`, a read-only folder, a full disk: what failed to be written where, not a traceback
+        reason = (error.strerror or str(error)).lower()
+        raise TraceFormatError(f"cannot write the debugger output to {directory}: {reason}") from None
 
 
 __all__ = [

@@ -115,10 +115,30 @@ def write_trace(
         if write_extra is not None:
             write_extra(temporary)
         _swap_into_place(temporary, destination)
+    except OSError as error:
+        # NOTE: a full disk, a quota, a read-only folder: said as what failed to be written where (the earlier
+        # trace at `destination` is untouched: only the temporary folder was written)
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise write_error(destination, error) from None
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return destination
+
+
+def write_error(destination: Path, error: OSError) -> ModelTraceError:
+    """`cannot write the trace to X: no space left on device` for an `OSError` met writing a trace."""
+    reason = (error.strerror or str(error)).lower()
+    return ModelTraceError(f"cannot write the trace to {destination}: {reason}")
+
+
+def check_destination(destination: Path | str) -> None:
+    """Refuse, before any work, a trace destination that exists and is not a folder (a file, `/dev/full`)."""
+    path = Path(destination)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ModelTraceError(
+            f"cannot write the trace to {path}: not a directory (a trace is a folder; choose another --out)"
+        )
 
 
 def _write_file(path: Path, payload: bytes, durable: bool) -> None:
@@ -303,6 +323,7 @@ def _swap_into_place(temporary: Path, destination: Path) -> None:
     except OSError:
         if not os.path.lexists(destination):
             raise
+    check_destination(destination)
     if not (destination / TRACE_FILE).exists() and any(destination.iterdir()):
         raise TraceFormatError(f"{destination}: exists and is not a trace folder; refusing to replace it")
     previous = destination.with_name(f".{destination.name}.old-{uuid.uuid4().hex[:8]}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import msgpack
@@ -20,6 +21,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInternalError
 from pytest_lsp import LanguageClient
 
 from modeltrace.errors import TraceFormatError
+from modeltrace.lsp.loading import MAX_LOADS_RUNNING, LoadRefused, run_load
 from modeltrace.lsp.server import answered
 from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
 from modeltrace.trace.storage import TRACE_FILE, write_trace
@@ -145,3 +147,23 @@ async def test_a_failing_request_answers_one_line() -> None:
         types.LSPErrorCodes.RequestFailed,
         "ModelTrace: /x.mtrace: damaged",
     )
+
+
+async def test_a_load_that_hangs_is_answered_at_its_timeout_and_holds_no_shared_thread() -> None:
+    release = threading.Event()
+    try:
+        with pytest.raises(LoadRefused, match=r"/hung.mtrace: not loaded within 0.2 s"):
+            await run_load("/hung.mtrace", release.wait, timeout=0.2)
+        # the shared pool is free: other work runs while the hung load still holds its own thread
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 5) == "free"
+        hung = [
+            asyncio.ensure_future(run_load("/hung.mtrace", release.wait, timeout=30))
+            for _ in range(MAX_LOADS_RUNNING - 1)
+        ]
+        await asyncio.sleep(0.1)
+        with pytest.raises(LoadRefused, match="earlier loads are still running"):
+            await run_load("/next.mtrace", lambda: None)
+    finally:
+        release.set()
+    assert all(await asyncio.gather(*hung))
+    assert await run_load("/next.mtrace", lambda: "loaded") == "loaded"
