@@ -649,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModelTraceError as error:
         print(f"modeltrace: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        # NOTE: the file system refused a path (a name over 255 characters, a permission): a message, not a bug
+        reason = (error.strerror or str(error)).lower()
+        print(f"modeltrace: {error.filename or 'a file'}: {reason}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("modeltrace: interrupted", file=sys.stderr)
         return 2

@@ -130,3 +130,60 @@ def test_bytes_after_the_document_are_refused(tmp_path: Path) -> None:
         handle.write(msgpack.packb({"schema": "forged"}))
     with pytest.raises(TraceFormatError, match="data after the end of the document"):
         read_trace(folder)
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # near msgpack's own depth limit (1024): `show --format json` ended in a RecursionError
+        (_nested(1000), "header field model: nested more than 32 deep"),
+        (b"\x00\x01", "header field model: a bytes value, not JSON data"),
+    ],
+    ids=["deep", "bytes"],
+)
+def test_a_header_that_is_not_plain_data_is_refused(tmp_path: Path, extra: Any, message: str) -> None:
+    document = _legacy_document()
+    document["model"] = {**document["model"], "extra": extra}
+    folder = tmp_path / "header.mtrace"
+    folder.mkdir()
+    (folder / TRACE_FILE).write_bytes(msgpack.packb(document, use_bin_type=True))
+    with pytest.raises(TraceFormatError, match=message):
+        read_trace(folder)
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (b"[" * 50_000 + b"]" * 50_000, "corrupt safetensors header \\(nested too deeply\\)"),
+        (b'{"x": {"dtype": "F32", "shape": [Infinity], "data_offsets": [0, 4]}}', "shape \\[inf\\]"),
+        (b'{"x": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}}', "shape \\[1.5\\]"),
+        (b'{"x": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4]}}', "offsets \\[0.0, 4\\]"),
+        (b'{"x": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}}', "unknown dtype 'F33'"),
+    ],
+    ids=["nested", "infinity", "float-shape", "float-offset", "unknown-code"],
+)
+def test_a_damaged_safetensors_header_is_refused(tmp_path: Path, header: bytes, message: str) -> None:
+    import struct
+
+    from modeltrace.trace.tensors import SafetensorsFile
+
+    path = tmp_path / "tensors.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(TraceFormatError, match=message):
+        SafetensorsFile(path)
+
+
+def test_a_path_component_over_255_characters_is_a_message(tmp_path: Path) -> None:
+    from modeltrace.trace.reference import load_reference
+
+    too_long = tmp_path / ("a" * 300 + ".mtrace")
+    for read in (read_trace, load_reference):
+        with pytest.raises(TraceFormatError, match="cannot be read \\(file name too long\\)"):
+            read(too_long)

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 from modeltrace.errors import ModelTraceError, TraceFormatError
-from modeltrace.trace.validation import validate_trace
+from modeltrace.trace.validation import validate_header, validate_trace
 from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 
 
@@ -584,8 +584,12 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     """
     path = Path(path)
     trace_file = path if path.name == TRACE_FILE else path / TRACE_FILE
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such trace")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such trace") from None
+    except OSError as error:  # a name over 255 characters, a folder without permission, a link loop
+        raise TraceFormatError(f"{path}: cannot be read ({(error.strerror or str(error)).lower()})") from None
     if not trace_file.is_file():
         raise TraceFormatError(f"{path}: not a trace folder (no {TRACE_FILE} inside)")
     size = trace_file.stat().st_size
@@ -634,6 +638,9 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     schema = document.get("schema")
     if schema != SCHEMA:
         raise TraceFormatError(f"{trace_file}: trace schema {schema!r}; this ModelTrace reads {SCHEMA!r}")
+    validate_header(
+        {key: value for key, value in document.items() if key not in ("modules", "lines")}, str(trace_file)
+    )
     try:
         # NOTE: the header goes through `Trace.from_json`, so this reader follows the format as it grows.
         trace = Trace.from_json({**document, "modules": [], "lines": []})

@@ -47,6 +47,11 @@ SAFETENSORS_DTYPES: dict[str, tuple[Any, int, str]] = {
     "U8": (np.uint8, 1, "uint8"),
     "BOOL": (np.bool_, 1, "bool"),
 }
+# Every dtype code of the safetensors format (0.6): a code outside it is damage. Those without a NumPy dtype
+# above (float8, complex) are kept as bytes and compared by their statistics.
+SAFETENSORS_CODES = frozenset(
+    {*SAFETENSORS_DTYPES, "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"}
+)
 DTYPE_CODES = {name: code for code, (_, _, name) in SAFETENSORS_DTYPES.items()}
 # NOTE: a header describes tensors, it is never this large; a bigger one is corrupt or hostile.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -100,6 +105,8 @@ class SafetensorsFile:
                 header = json.loads(header_bytes)
             except (UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise TraceFormatError(f"{self.path}: corrupt safetensors header ({error})") from None
+            except RecursionError:
+                raise TraceFormatError(f"{self.path}: corrupt safetensors header (nested too deeply)") from None
             self._data_start = 8 + header_size
             data_size = size - self._data_start
             self._parse_header(header, data_size)
@@ -116,12 +123,18 @@ class SafetensorsFile:
                 continue
             try:
                 code = entry["dtype"]
-                shape = tuple(int(size) for size in entry["shape"])
-                begin, end = (int(offset) for offset in entry["data_offsets"])
+                shape = tuple(entry["shape"])
+                begin, end = entry["data_offsets"]
             except (KeyError, TypeError, ValueError):
                 raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}") from None
-            if any(size < 0 for size in shape) or not 0 <= begin <= end:
-                raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}")
+            # NOTE: sizes and offsets as the file holds them: a 1.5 or an Infinity is damage, not a number to round
+            if not all(type(number) is int and number >= 0 for number in (*shape, begin, end)) or begin > end:
+                raise TraceFormatError(
+                    f"{self.path}: corrupt safetensors entry {name!r} (shape {entry['shape']!r}, "
+                    f"offsets {entry['data_offsets']!r})"
+                )
+            if code not in SAFETENSORS_CODES:
+                raise TraceFormatError(f"{self.path}: safetensors entry {name!r} has an unknown dtype {code!r}")
             if end > data_size:
                 raise TraceFormatError(
                     f"{self.path}: truncated safetensors file ({name!r} ends at byte {end} of {data_size})"

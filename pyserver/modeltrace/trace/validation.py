@@ -200,6 +200,33 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
+# NOTE: the header's deepest map in a real trace is 4 levels down (a tensor-parallel placement); a document nested
+# hundreds deep is damage, and would exhaust the recursion of whatever walks it later (`show --format json`).
+MAX_HEADER_DEPTH = 32
+
+
+def validate_header(header: dict[str, Any], file: str) -> None:
+    """Refuse a header (the document but its record tables) that is not plain JSON data: only maps with string
+    keys, arrays, strings, numbers, booleans and null, at most `MAX_HEADER_DEPTH` deep (walked without
+    recursion); bytes (`show --format json` cannot print them) or a nesting near msgpack's limit are damage."""
+    pending: list[tuple[Any, int, str]] = [(value, 1, str(key)) for key, value in header.items()]
+    while pending:
+        value, depth, where = pending.pop()
+        if depth > MAX_HEADER_DEPTH:
+            raise TraceFormatError(f"{file}: header field {where}: nested more than {MAX_HEADER_DEPTH} deep")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise TraceFormatError(f"{file}: header field {where}: key {key!r} is not a string")
+                pending.append((item, depth + 1, where))
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1, where) for item in value)
+        elif value is not None and not isinstance(value, (str, int, float)):
+            raise TraceFormatError(
+                f"{file}: header field {where}: a {type(value).__name__} value, not JSON data (string, number, ...)"
+            )
+
+
 def validate_trace(trace: Trace, file: str) -> None:
     """Raise a `TraceFormatError` naming `file`, the record and the fault when `trace` breaks the schema."""
     checker = _Checker(file)
