@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from modeltrace.errors import TraceFormatError
+from modeltrace.trace.validation import validate_trace
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.tensors import (
     DebuggerTensors,
@@ -243,6 +244,8 @@ class _Reader:
             },
             modules=self.records,
         )
+        # NOTE: the same schema as a trace's (dtype names known, shapes sizes, statistics numbers)
+        validate_trace(trace, str(self.file))
         has_tensors = bool(self.store.arrays or self.store.files)
         return LoadedTrace(
             trace=trace,

@@ -76,8 +76,8 @@ class _Checker:
             and summary.dtype in DTYPE_NAMES
             and type(summary.nan_count) is int
             and type(summary.inf_count) is int
-            and summary.nan_count >= 0
-            and summary.inf_count >= 0
+            and 0 <= summary.nan_count <= MAX_ELEMENTS
+            and 0 <= summary.inf_count <= MAX_ELEMENTS
             and type(summary.mean) in _NUMBER_TYPES
             and type(summary.std) in _NUMBER_TYPES
             and type(summary.min) in _NUMBER_TYPES
@@ -115,7 +115,7 @@ class _Checker:
             if value is not None and type(value) not in (float, int):
                 raise self.fail(where, f"statistic {name} is {value!r}, not a number")
         for name in ("nan_count", "inf_count"):
-            if not _is_count(getattr(summary, name)):
+            if not _is_count(getattr(summary, name)) or getattr(summary, name) > MAX_ELEMENTS:
                 raise self.fail(where, f"{name} {getattr(summary, name)!r} is not a count")
         for name in ("tensor", "not_stored"):
             if getattr(summary, name) is not None and not isinstance(getattr(summary, name), str):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 import threading
+from collections import Counter
 from pathlib import Path
 
 import msgpack
@@ -167,3 +169,38 @@ async def test_a_load_that_hangs_is_answered_at_its_timeout_and_holds_no_shared_
         release.set()
     assert all(await asyncio.gather(*hung))
     assert await run_load("/next.mtrace", lambda: "loaded") == "loaded"
+
+
+async def test_the_load_methods_answer_every_damaged_trace_in_one_line(
+    restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    # A seeded handful of the fuzz suite's damage (`test_hostile_fuzz`) through the real server: each load and each
+    # reference is taken or refused in one line, and the server goes on answering.
+    client = restricted_client
+    source = tmp_path / "modeling.py"
+    source.write_text("x = 1\n")
+    uri = open_document(client, source)
+    original = (REFERENCE / TRACE_FILE).read_bytes()
+    generator = random.Random(28)
+    figures = Counter()
+    for case in range(16):
+        data = bytearray(original)
+        if case % 2:
+            for _ in range(generator.randint(1, 6)):
+                data[generator.randrange(len(data))] = generator.randrange(256)
+        else:
+            del data[generator.randrange(len(data)) :]
+        folder = tmp_path / f"fuzz-{case}.mtrace"
+        folder.mkdir()
+        (folder / TRACE_FILE).write_bytes(bytes(data))
+        for command in ("modelTrace.loadTrace", "modelTrace.setReference"):
+            answer = await execute(client, command, uri, str(folder), timeout=30)
+            figures["accepted" if answer["ok"] else "refused"] += 1
+            if not answer["ok"]:
+                assert answer["message"].startswith("ModelTrace: ") and "\n" not in answer["message"], answer
+    print(
+        f"\nserver fuzz: {sum(figures.values())} loads, {figures['refused']} refused, {figures['accepted']} accepted"
+    )
+    # still answering
+    assert (await execute(client, "modelTrace.loadTrace", uri, str(REFERENCE)))["ok"]
+    await execute(client, "modelTrace.clear", uri)
