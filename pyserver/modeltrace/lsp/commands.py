@@ -133,6 +133,19 @@ class _Cancellation:
             self.worker.cancel()
 
 
+def _cancel_with_the_request(ls: ModelTraceServer, cancellation: _Cancellation) -> None:
+    """Stop the trace when the client cancels the request that asked for it (`$/cancelRequest`).
+
+    NOTE: pygls runs a command inside its `workspace/executeCommand` handler and, on `$/cancelRequest`, cancels
+    only the future it answers the client with: the command itself ran on, and the worker with it (the request
+    was answered "canceled" at once, and the next trace waited for this one). The progress bar's cancel and this
+    one now stop the worker the same way.
+    """
+    answer = ls.protocol._request_futures.get(ls.protocol.msg_id)  # NOTE: pygls keeps no public handle on it
+    if answer is not None:
+        answer.add_done_callback(lambda future: cancellation.cancel() if future.cancelled() else None)
+
+
 async def _begin_progress(ls: ModelTraceServer, message: str, cancellation: _Cancellation) -> str | None:
     """Create and begin a work-done progress when the client supports it; its token, or None."""
     window = ls.client_capabilities.window
@@ -210,6 +223,7 @@ async def _trace_now(
     loop = asyncio.get_running_loop()
     worker = ls.worker()
     cancellation = _Cancellation(worker)
+    _cancel_with_the_request(ls, cancellation)
     token = await _begin_progress(ls, f"tracing {name}", cancellation)
     notify_status(ls, ServerState.TRACING, f"tracing {name}", uri)
 
