@@ -9,10 +9,12 @@ there.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import os
 import random
 import threading
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInternalError
 from pytest_lsp import LanguageClient
 
 from modeltrace.errors import TraceFormatError
-from modeltrace.lsp.loading import MAX_LOADS_RUNNING, LoadRefused, run_load
+from modeltrace.lsp.loading import MAX_LOADS_RUNNING, LoadRefused, load_trace_here, run_load
 from modeltrace.lsp.server import answered
 from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
 from modeltrace.trace.storage import TRACE_FILE, write_trace
@@ -204,3 +206,44 @@ async def test_the_load_methods_answer_every_damaged_trace_in_one_line(
     # still answering
     assert (await execute(client, "modelTrace.loadTrace", uri, str(REFERENCE)))["ok"]
     await execute(client, "modelTrace.clear", uri)
+
+
+async def test_a_refused_load_leaves_nothing_behind(tmp_path: Path) -> None:
+    # A large trace damaged in its last record is decoded whole before the check refuses it: all it took must go.
+    summary = TensorSummary(key="0", shape=[1, 4], dtype="float32", mean=0.0, std=1.0, min=-1.0, max=1.0)
+    records = [
+        ModuleCall(
+            index=index,
+            path=f"layers.{index}",
+            class_name="Layer",
+            defined_at=SourceLocation("/m.py", 1 + index % 500),
+            called_at=SourceLocation("/m.py", 600 + index % 500, 4),
+            call_index=0,
+            parent=index - 1,
+            finish_order=index,
+            inputs=[summary],
+            outputs=[TensorSummary(key=str(index), shape=[1, index], dtype="float32", mean=float(index))],
+        )
+        for index in range(20_000)
+    ]
+    folder = write_trace(Trace(model={"class": "Model", "file": "/m.py"}, modules=records), tmp_path / "big.mtrace")
+    document = msgpack.unpackb((folder / TRACE_FILE).read_bytes(), raw=False, strict_map_key=False)
+    document["modules"][-1][6] = 10**9  # the last call's parent: no such call
+    (folder / TRACE_FILE).write_bytes(msgpack.packb(document, use_bin_type=True))
+    del document, records
+    document_path = tmp_path / "modeling.py"
+    document_path.write_text("x = 1\n")
+
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        with pytest.raises(TraceFormatError, match="parent 1000000000 is not an earlier call"):
+            await run_load(str(folder), load_trace_here, str(document_path), "file:///m", str(folder), [], {})
+        gc.collect()
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before > 10 * 1024 * 1024, "the load did not decode the trace: this test could not fail"
+    # NOTE: what stays is the interpreter's table of interned strings, grown by the keys (~1 MB); the old code
+    # kept the whole decoded trace (29 MB) alive in the failed load's frames.
+    assert after - before < 2 * 1024 * 1024
