@@ -129,12 +129,19 @@ async def test_an_untrusted_workspace_compares_with_a_full_tensor_reference_with
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"modelTrace": {"workspaceTrusted": False}})
     )
-    statuses_before = len(client.recorder.statuses)
+    statuses_before, messages_before = len(client.recorder.statuses), len(client.messages)
     client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
-    # NOTE: messages are handled in order: once this answer is back, a trace the save started has said "tracing".
-    assert await execute(client, "modelTrace.trace", uri) == {"ok": False, "message": UNTRUSTED_MESSAGE}
+    # NOTE: messages are handled in order: once this answer is back, a trace the save started has begun (and
+    # been refused, with a message, by the gate further down if the save's own gate let it through).
+    await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=0, character=0)
+        )
+    )
     await asyncio.sleep(1)
     assert "tracing" not in [status["state"] for status in client.recorder.statuses[statuses_before:]]
+    assert [message.message for message in client.messages[messages_before:]] == []
+    assert await execute(client, "modelTrace.trace", uri) == {"ok": False, "message": UNTRUSTED_MESSAGE}
 
 
 async def test_the_worker_is_refused_to_an_untrusted_workspace_whatever_asks_for_it() -> None:
