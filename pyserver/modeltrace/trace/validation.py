@@ -239,7 +239,8 @@ def validate_trace(trace: Trace, file: str) -> None:
     hashes = trace.model.get("source_hashes")
     if hashes is not None and not (
         isinstance(hashes, dict)
-        and all(isinstance(key, str) and isinstance(value, str) for key, value in hashes.items())
+        # NOTE: None for a file that could not be read when captured (a notebook cell's "<ipython-input-…>")
+        and all(isinstance(key, str) and (value is None or isinstance(value, str)) for key, value in hashes.items())
     ):
         raise checker.fail("header", "source_hashes is not a map of paths to hashes")
     count = len(trace.modules)
