@@ -146,3 +146,27 @@ def test_a_write_that_fails_says_so_and_keeps_the_earlier_trace(tmp_path: Path) 
     assert completed.stdout.strip() == f"cannot write the trace to {destination}: file too large"
     assert (destination / TRACE_FILE).read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kept.mtrace"]
+
+
+def test_tensors_that_fail_to_be_written_during_the_forward_say_so(tmp_path: Path) -> None:
+    # Full tensors are streamed into the trace's temporary folder while the model runs: a failed write there was
+    # reported as "forward raised OSError"; it is a write that failed, said as such.
+    temporary = tmp_path / ".port.mtrace.tmp-1-abcd"
+    temporary.mkdir()
+    script = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from modeltrace.errors import ModelTraceError
+        from modeltrace.trace.tensors import StreamingSafetensorsWriter
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        writer = StreamingSafetensorsWriter(Path({str(temporary)!r}))
+        try:
+            writer.write("0/outputs/", "F32", [32768], memoryview(bytes(4 * 32768)))
+            writer.close()
+        except ModelTraceError as error:
+            print(error)
+    """)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == f"cannot write the trace's tensors into {tmp_path}: file too large"

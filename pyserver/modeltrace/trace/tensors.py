@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from modeltrace.errors import TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.records import Trace
 
 
@@ -406,6 +406,18 @@ class StreamingSafetensorsWriter:
 
     def write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
         """Append one tensor: `data` its little-endian row-major bytes (any buffer: written without a copy)."""
+        try:
+            self._write(name, code, shape, data)
+        except OSError as error:
+            raise self._write_error(error) from None
+
+    def _write_error(self, error: OSError) -> ModelTraceError:
+        # NOTE: a full disk during the forward pass is a write that failed, not the model's `forward` failing
+        # (the folder is the trace's temporary one, next to its destination)
+        reason = (error.strerror or str(error)).lower()
+        return ModelTraceError(f"cannot write the trace's tensors into {self.folder.parent}: {reason}")
+
+    def _write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
         length = data.nbytes
         entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
         # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
@@ -445,7 +457,10 @@ class StreamingSafetensorsWriter:
 
     def close(self) -> None:
         """Write the last shard's header; the files are complete safetensors files from here on."""
-        self._close_shard()
+        try:
+            self._close_shard()
+        except OSError as error:
+            raise self._write_error(error) from None
 
     def abort(self) -> None:
         """Close without completing (the caller deletes the temporary folder)."""
