@@ -24,9 +24,10 @@ from modeltrace.trace.storage import read_trace
 
 T = TypeVar("T")
 
-# NOTE: a 50,000-call trace loads in ~1 s; a load still running after this is answered as failed (its thread
-# cannot be stopped: it finishes on its own, and what it read is dropped then).
-LOAD_TIMEOUT_SECONDS = 60.0
+# NOTE: a 50,000-call trace (12 MB) loads in ~0.5 s, one at the 2 GB size limit in ~2 minutes; a load still
+# running after this is answered as failed (its thread cannot be stopped: it finishes on its own, and what it
+# read is dropped then). Files that never end a read (FIFOs, devices) are refused before any read.
+LOAD_TIMEOUT_SECONDS = 300.0
 # Loads whose thread still runs (hung on a slow disk, say) beyond which a new load is refused at once.
 MAX_LOADS_RUNNING = 8
 
