@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.trace.listing import render_listing
-from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
+from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
 from modeltrace.worker.messages import (
     ATTENTION_IMPLEMENTATIONS,
     DEFAULT_ATTENTION,
@@ -43,6 +43,7 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
+    check_destination(out)
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
     if follow and not arguments.lines:
         raise ModelTraceError("--follow names files whose lines are captured: add --lines")
@@ -123,6 +124,7 @@ def _parallel_trace_command(arguments: argparse.Namespace) -> int:
     if arguments.lines:
         raise ModelTraceError("--lines is not supported with --nproc yet: tensor-parallel traces record module calls")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
+    check_destination(out)
     request = TraceRequest(
         file=str(file),
         out=str(out),
@@ -176,6 +178,39 @@ def _megabytes(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of megabytes >= 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (NaN and inf are refused: nothing would ever stop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds > 0")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    """An argparse type: a finite tolerance >= 0 (a negative one fails identical traces, inf passes any bug)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite tolerance >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number from 0 to 1")
     return value
 
 
@@ -284,7 +319,11 @@ def _align_command(arguments: argparse.Namespace) -> int:
             f"confidence {arguments.threshold}; are they traces of the same model?"
         )
     if arguments.out:
-        Path(arguments.out).write_text(text, encoding="utf-8")
+        try:
+            Path(arguments.out).write_text(text, encoding="utf-8")
+        except OSError as error:
+            reason = (error.strerror or str(error)).lower()
+            raise ModelTraceError(f"cannot write the mapping to {arguments.out}: {reason}") from None
         fused = sum(1 for pair in mapping.pairs if pair.fused)
         print(
             f"# {len(mapping.pairs)} module pairs ({fused} fused), {len(mapping.leftovers)} unaligned: "
@@ -471,7 +510,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--dtype", default=DEFAULT_DTYPE, help=", ".join(DTYPE_NAMES[:-1]) + f" or {DTYPE_NAMES[-1]}")
     trace.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default: 0)")
     trace.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS", help="stop the trace after this"
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="stop the trace after this",
     )
     trace.add_argument("--out", metavar="DIR", help="where to write the trace (default: ./FILE_STEM.mtrace)")
     trace.add_argument("--format", choices=("text", "json"), default="text")
@@ -510,10 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
     diff = commands.add_parser("diff", help="compare a candidate trace with a reference, find the first divergence")
     diff.add_argument("reference", help="a trace folder or a transformers debugger output (folder or JSON)")
     diff.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
-    diff.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: 1e-3)")
+    diff.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance (default: 1e-3)")
     diff.add_argument(
         "--rtol",
-        type=float,
+        type=_tolerance,
         default=None,
         help="relative tolerance (default: 0; 1e-3 for float16, 1.6e-2 for bfloat16)",
     )
@@ -532,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--no-auto-align", action="store_true", help="align by paths and --map only, never by evidence")
     diff.add_argument(
         "--rel-tol",
-        type=float,
+        type=_tolerance,
         default=None,
         dest="rel_tol",
         help="relative error ‖a-b‖/‖ref‖ allowed (default: float32 1e-4, float16 2e-3, bfloat16 2e-2)",
@@ -551,7 +594,10 @@ def build_parser() -> argparse.ArgumentParser:
     align.add_argument("candidate", help="a trace folder or a transformers debugger output (folder or JSON)")
     align.add_argument("--out", metavar="FILE", help="write the mapping here (default: standard output)")
     align.add_argument(
-        "--threshold", type=float, default=0.5, help="pairs below this confidence are left unaligned (default: 0.5)"
+        "--threshold",
+        type=_fraction,
+        default=0.5,
+        help="pairs below this confidence are left unaligned (default: 0.5)",
     )
     align.add_argument("--format", choices=("text", "json"), default="text")
     align.set_defaults(handler=_align_command)
@@ -580,7 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also build and run the model (output_hidden_states/attentions) for problems only a run shows",
     )
     check.add_argument("--model", metavar="CLASS", help="with --run: the class to build")
-    check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="with --run: stop after this")
+    check.add_argument(
+        "--timeout", type=_seconds, default=300.0, metavar="SECONDS", help="with --run: stop after this"
+    )
     check.add_argument("--format", choices=("text", "json"), default="text")
     check.set_defaults(handler=_check_command)
 
@@ -600,6 +648,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ModelTraceError as error:
         print(f"modeltrace: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        # NOTE: the file system refused a path (a name over 255 characters, a permission): a message, not a bug
+        reason = (error.strerror or str(error)).lower()
+        print(f"modeltrace: {error.filename or 'a file'}: {reason}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("modeltrace: interrupted", file=sys.stderr)

@@ -124,16 +124,21 @@ def test_a_safetensors_entry_claiming_more_than_the_file_holds_is_refused(tmp_pa
         SafetensorsFile(path)
 
 
-def test_a_debugger_shape_far_larger_than_its_values_is_kept_as_numbers(tmp_path: Path) -> None:
-    huge = {
-        "shape": "torch.Size([100000000000, 100000000000])",
-        "dtype": "torch.float32",
-        "value": ["tensor([[1.0]])"],
-        "mean": "tensor(1.)",
-    }
+def _debugger_file_with_shape(tmp_path: Path, shape: str) -> Path:
+    huge = {"shape": shape, "dtype": "torch.float32", "value": ["tensor([[1.0]])"], "mean": "tensor(1.)"}
     file = tmp_path / "Model_SUMMARY.json"
     file.write_text(json.dumps({"module_path": "Model (top-level)", "outputs": huge, "children": []}))
-    loaded = read_debugger_output(file)
+    return file
+
+
+def test_a_debugger_shape_far_larger_than_its_values_is_kept_as_numbers(tmp_path: Path) -> None:
+    loaded = read_debugger_output(_debugger_file_with_shape(tmp_path, "torch.Size([100000, 100000])"))
     (summary,) = loaded.trace.modules[0].outputs
-    assert summary.shape == [10**11, 10**11] and summary.mean == 1.0
+    assert summary.shape == [10**5, 10**5] and summary.mean == 1.0
     assert loaded.tensors is None  # the one printed value does not make a tensor of that shape
+
+
+def test_a_debugger_shape_no_tensor_could_have_is_refused(tmp_path: Path) -> None:
+    file = _debugger_file_with_shape(tmp_path, "torch.Size([100000000000, 100000000000])")
+    with pytest.raises(TraceFormatError, match="100000000000 is not a size"):
+        read_debugger_output(file)

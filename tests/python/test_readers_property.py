@@ -44,7 +44,9 @@ mutation = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(change=mutation)
 def test_mutated_trace_files_read_or_fail_cleanly(tmp_path: Path, change: tuple) -> None:
     data = bytearray(_valid_bytes(tmp_path))
@@ -69,7 +71,7 @@ def test_mutated_trace_files_read_or_fail_cleanly(tmp_path: Path, change: tuple)
         assert isinstance(trace, Trace)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     document=st.recursive(
         st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=8),
@@ -88,7 +90,7 @@ def test_arbitrary_documents_with_the_right_schema_fail_cleanly(tmp_path_factory
         pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     tables=st.lists(
         st.recursive(

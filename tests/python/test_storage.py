@@ -8,7 +8,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from modeltrace.errors import TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace import storage
 from modeltrace.trace.records import LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 from modeltrace.trace.storage import TRACE_FILE, read_trace, write_trace
@@ -44,7 +44,7 @@ def test_replacement_is_atomic_and_a_failed_write_keeps_the_old_trace(tmp_path: 
         (folder / "tensors.safetensors").write_bytes(b"partial")
         raise OSError("disk full")
 
-    with pytest.raises(OSError):
+    with pytest.raises(ModelTraceError, match=f"cannot write the trace to {destination}: disk full"):
         write_trace(_trace("New"), destination, crash)
     assert read_trace(destination).model["class"] == "Old"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a.mtrace"]

@@ -46,6 +46,11 @@ class RenameMap:
             pattern = re.compile(regex)
         except re.error as error:
             raise ModelTraceError(f"--map {text!r}: invalid regular expression ({error})") from None
+        if nested_repetition(regex):
+            raise ModelTraceError(
+                f"--map {text!r}: a repetition inside a repetition (like '(a+)+') can take exponential time on "
+                "some paths; write it without the outer one (for example '(a+)' or '[a.]+')"
+            )
         try:
             pattern.sub(replacement, "")
         except (re.error, IndexError) as error:
@@ -57,6 +62,43 @@ class RenameMap:
             return self.pattern.sub(self.replacement, path)
         except (re.error, IndexError) as error:
             raise ModelTraceError(f"--map {self.text!r}: cannot rewrite {path!r} ({error})") from None
+
+
+def nested_repetition(regex: str) -> bool:
+    """Whether `regex` repeats something that itself repeats (`(a+)+`, `(\\w*\\.)*x`): the shape of pattern on
+    which Python's backtracking engine can take exponential time (`^(([a-z_.0-9])+)+X$` on a long path hangs).
+
+    NOTE: read from the standard library's own parse tree of the pattern; a pattern it cannot parse was refused
+    by `re.compile` already.
+    """
+    from re import _constants as constants, _parser as parser  # type: ignore[attr-defined]
+
+    repeats = {constants.MAX_REPEAT, constants.MIN_REPEAT}
+
+    def walk(items: object, inside_repeat: bool) -> bool:
+        for operator, value in items:  # type: ignore[attr-defined]
+            if operator in repeats:
+                _low, high, body = value
+                repeating = high > 1
+                if inside_repeat and repeating:
+                    return True
+                if walk(body, inside_repeat or repeating):
+                    return True
+            elif operator == constants.SUBPATTERN:
+                if walk(value[-1], inside_repeat):
+                    return True
+            elif operator == constants.BRANCH:
+                if any(walk(branch, inside_repeat) for branch in value[1]):
+                    return True
+            elif operator in (constants.ASSERT, constants.ASSERT_NOT):
+                if walk(value[1], inside_repeat):
+                    return True
+            elif operator == constants.ATOMIC_GROUP:
+                if walk(value, inside_repeat):
+                    return True
+        return False
+
+    return walk(parser.parse(regex), False)
 
 
 def parse_maps(texts: list[str] | tuple[str, ...] | None) -> list[RenameMap]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from modeltrace.diff.pairing import dtype_kind
 from modeltrace.diff.result import MATCH, MISMATCH, NONE, UNKNOWN, Divergence, ModuleResult, finish_key
 from modeltrace.trace.records import SourceRange
+from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
 
 def first_divergence(results: list[ModuleResult]) -> Divergence | None:
@@ -85,9 +86,8 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
         return found
     found = {}
     try:
-        with open(file, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), file)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        tree = ast.parse(read_source_text(file), file)
+    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
         tree = None
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.ClassDef):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from modeltrace.diff.result import DiffResult, Divergence
@@ -139,9 +138,11 @@ def _function_span(file: str, def_line: int) -> tuple[int, int] | None:
     neither), or None where the file cannot be read or parsed."""
     import ast
 
+    from modeltrace.trace.source_files import UnreadableSource, read_source_text
+
     try:
-        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = ast.parse(read_source_text(file))
+    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= def_line <= (

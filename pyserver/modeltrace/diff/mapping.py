@@ -28,6 +28,7 @@ import numpy as np
 from modeltrace.diff.auto_align import DEFAULT_THRESHOLD, Leftover, ModuleMapping, ModulePair, pooled_moments
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
+from modeltrace.trace.source_files import UnreadableSource, read_source_text
 from modeltrace.trace.tensors import TensorStore
 
 
@@ -71,9 +72,10 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
     """Parse a mapping file, checking every path against the traces; errors name the file and line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ModelTraceError(f"{path}: cannot read the mapping file ({error})") from None
+        # NOTE: read as a source file is (a regular file, bounded): a FIFO or /dev/zero given as --mapping is refused
+        text = read_source_text(path)
+    except UnreadableSource as error:
+        raise ModelTraceError(f"cannot read the mapping file: {error}") from None
     ref_paths = {record.path for record in reference.modules}
     cand_paths = {record.path for record in candidate.modules}
     pairs: list[ModulePair] = []

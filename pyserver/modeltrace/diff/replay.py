@@ -25,7 +25,6 @@ its trace: the module (or the whole replay) falls back to the plain comparison a
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import math
 import os
 import tempfile
@@ -100,10 +99,9 @@ def _unavailable(reference: LoadedTrace, candidate: LoadedTrace) -> str | None:
 
 
 def _sha256(file: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
-    except OSError:
-        return None
+    from modeltrace.trace.source_files import source_sha256
+
+    return source_sha256(file)
 
 
 def _pairs(pairing_for: Any, refs: list, cands: list) -> list[LeafPair]:

@@ -7,6 +7,7 @@ No logic beyond the records' own properties: the comparison (`compare`), the fir
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,13 @@ class DiffOptions:
     rel_tol: float | None = None
     mapping: ModuleMapping | None = None
     automatic: bool = True
+
+    def __post_init__(self) -> None:
+        # NOTE: a negative tolerance makes identical traces diverge, NaN compares false with everything and inf
+        # says MATCH on any bug: each is refused where it enters, named as the user wrote it.
+        for name, value in (("atol", self.atol), ("rtol", self.rtol), ("rel-tol", self.rel_tol)):
+            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+                raise ModelTraceError(f"--{name} {value!r}: expected a finite tolerance >= 0")
 
 
 @dataclass(slots=True)

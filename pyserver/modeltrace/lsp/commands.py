@@ -24,7 +24,7 @@ from modeltrace.errors import TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
-from modeltrace.lsp.loading import load_trace, load_trace_here, settle_memory
+from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
@@ -133,6 +133,19 @@ class _Cancellation:
             self.worker.cancel()
 
 
+def _cancel_with_the_request(ls: ModelTraceServer, cancellation: _Cancellation) -> None:
+    """Stop the trace when the client cancels the request that asked for it (`$/cancelRequest`).
+
+    NOTE: pygls runs a command inside its `workspace/executeCommand` handler and, on `$/cancelRequest`, cancels
+    only the future it answers the client with: the command itself ran on, and the worker with it (the request
+    was answered "canceled" at once, and the next trace waited for this one). The progress bar's cancel and this
+    one now stop the worker the same way.
+    """
+    answer = ls.protocol._request_futures.get(ls.protocol.msg_id)  # NOTE: pygls keeps no public handle on it
+    if answer is not None:
+        answer.add_done_callback(lambda future: cancellation.cancel() if future.cancelled() else None)
+
+
 async def _begin_progress(ls: ModelTraceServer, message: str, cancellation: _Cancellation) -> str | None:
     """Create and begin a work-done progress when the client supports it; its token, or None."""
     window = ls.client_capabilities.window
@@ -200,12 +213,17 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 async def _trace_now(
     ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
 ) -> dict[str, Any]:
+    if not ls.workspace_trusted:
+        # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
+        # (trace-on-save queues behind a running trace).
+        return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
     name = _model_to_build(ls, uri, path, model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"
     loop = asyncio.get_running_loop()
     worker = ls.worker()
     cancellation = _Cancellation(worker)
+    _cancel_with_the_request(ls, cancellation)
     token = await _begin_progress(ls, f"tracing {name}", cancellation)
     notify_status(ls, ServerState.TRACING, f"tracing {name}", uri)
 
@@ -216,7 +234,7 @@ async def _trace_now(
 
     try:
         result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode), on_progress)
-        loaded = await asyncio.to_thread(load_trace, path, uri, result.trace)
+        loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -354,10 +372,12 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
         if (document_path := ls.uri_to_path(document_uri)) is not None
     }
     try:
-        loaded, matches = await asyncio.to_thread(
-            load_trace_here, path, uri, trace_path, [root for root in roots if root], open_texts
+        loaded, matches = await run_load(
+            trace_path, load_trace_here, path, uri, trace_path, [root for root in roots if root], open_texts
         )
     except TraceFormatError as error:
+        # NOTE: what the refused load had read is garbage now; its pages go back to the system
+        release_free_heap()
         return _refuse(ls, f"ModelTrace: {error}")
     session = ls.sessions.open(path, uri)
     shown = [match for match in matches if match.found in loaded.files]
@@ -436,8 +456,9 @@ async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
         return _refuse(ls, f"ModelTrace: {uri} is not a file on disk")
     reference = workspace_path(ls, text)
     try:
-        await asyncio.to_thread(load_checked_reference, reference)
+        await run_load(reference, load_checked_reference, reference)
     except (TraceFormatError, OSError) as error:
+        release_free_heap()
         return _refuse(ls, f"ModelTrace: cannot use {reference} as a reference: {error}")
     return await _use_reference(ls, uri, ls.sessions.owner_of(path), reference)
 

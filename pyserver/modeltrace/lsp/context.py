@@ -26,6 +26,7 @@ import modeltrace
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
+from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.wire import converter
 from modeltrace.worker.client import WorkerClient
 
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
+
+
+class UntrustedWorkspace(ModelTraceError):
+    """The worker was asked for while the workspace is not trusted: whatever would use it runs the workspace's
+    code (a trace imports the model file; a replay rebuilds the model from it)."""
 
 
 class ModelTraceServer(LanguageServer):
@@ -66,7 +72,16 @@ class ModelTraceServer(LanguageServer):
         return self.sessions.references()
 
     def worker(self) -> WorkerClient:
-        """The trace worker for the current `python` setting (started by its first trace)."""
+        """The trace worker for the current `python` setting (started by its first trace).
+
+        Every path that runs the workspace's code goes through here (a trace of any kind, the diff's replay), so
+        this is the one gate that holds whatever feature asks: untrusted, it raises `UntrustedWorkspace`. The
+        features check trust first to say so in their own words; this catches any that would not.
+        """
+        if not self.workspace_trusted:
+            raise UntrustedWorkspace(
+                "ModelTrace: this would run the workspace's model code, and the workspace is not trusted"
+            )
         if self._worker is None:
             self._worker = WorkerClient(python=self.settings.python, on_log=self._worker_log)
         return self._worker

@@ -260,7 +260,9 @@ def _model_dtype(model: dict) -> str | None:
 def resolve_inlay_hint(ls: ModelTraceServer, hint: types.InlayHint) -> types.InlayHint:
     """Add the hover table as the tooltip (computed only for the hint the user points at)."""
     key, _, line = str(hint.data).partition(":")
-    if not (key.isdigit() and line.isdigit()):
+    # NOTE: the data is the client's echo of ours ("key:line"); anything else, an absurdly long number
+    # included (int() refuses 4,300 digits), gets the hint back as it came.
+    if not (key.isdigit() and line.isdigit() and len(key) < 20 and len(line) < 20):
         return hint
     hints = ls.sessions.hints_by_key(int(key))
     traced = hints.by_trace_line.get(int(line)) if hints else None

@@ -7,9 +7,14 @@ imports another, so this is the one module that knows them all. Nothing here imp
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError
 
 from modeltrace.lsp import (
     codelens,
@@ -22,11 +27,59 @@ from modeltrace.lsp import (
     plot,
     recorders,
 )
+from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.context import ModelTraceServer
 
 
+logger = logging.getLogger(__name__)
+
+
+def one_line_error(name: str, error: Exception) -> JsonRpcException:
+    """The answer to a request whose handler raised `error`: one line, no traceback (that goes to the log).
+
+    A `ModelTraceError` (a bad file, a bad argument) is the request failing as the user asked it
+    (`RequestFailed`); anything else is a bug in ModelTrace (`InternalError`), named by its type and first line.
+    """
+    if isinstance(error, ModelTraceError):
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return JsonRpcException(
+            message if message.startswith("ModelTrace") else f"ModelTrace: {message}",
+            code=types.LSPErrorCodes.RequestFailed,
+        )
+    logger.error("%s failed inside ModelTrace", name, exc_info=error)
+    first_line = next(iter(str(error).strip().splitlines()), "")
+    return JsonRpcInternalError(f"ModelTrace: internal error in {name} ({type(error).__name__}: {first_line[:200]})")
+
+
+def answered(name: str, handler: Callable[..., Any]) -> Callable[..., Any]:
+    """`handler` (a request's) with its failures answered by `one_line_error`, never a traceback."""
+    if asyncio.iscoroutinefunction(handler):
+
+        @functools.wraps(handler)
+        async def answer_async(*arguments: Any) -> Any:
+            try:
+                return await handler(*arguments)
+            except JsonRpcException:
+                raise
+            except Exception as error:  # noqa: BLE001 - every failure becomes one line
+                raise one_line_error(name, error) from None
+
+        return answer_async
+
+    @functools.wraps(handler)
+    def answer(*arguments: Any) -> Any:
+        try:
+            return handler(*arguments)
+        except JsonRpcException:
+            raise
+        except Exception as error:  # noqa: BLE001 - every failure becomes one line
+            raise one_line_error(name, error) from None
+
+    return answer
+
+
 def create_server() -> ModelTraceServer:
-    """A server with every feature registered."""
+    """A server with every feature registered; each request's failure is answered in one line (`answered`)."""
     server = ModelTraceServer()
     server.feature(types.INITIALIZE)(configuration.initialize)
     server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(configuration.did_change_configuration)
@@ -34,20 +87,28 @@ def create_server() -> ModelTraceServer:
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(documents.did_change)
     server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(documents.did_close)
     server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))(commands.trace_on_save)
-    server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=True))(hints.inlay_hints)
-    server.feature(types.INLAY_HINT_RESOLVE)(hints.resolve_inlay_hint)
-    server.feature(types.TEXT_DOCUMENT_HOVER)(hover.hover)
-    server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))(codelens.code_lenses)
-    server.command(methods.TRACE)(commands.trace_command)
-    server.command(methods.CLEAR)(commands.clear_command)
-    server.command(methods.TRACE_GENERATE)(commands.trace_generate_command)
-    server.command(methods.TRACE_BACKWARD)(commands.trace_backward_command)
-    server.command(methods.LOAD_TRACE)(commands.load_trace_command)
-    server.command(methods.SET_REFERENCE)(commands.set_reference_command)
-    server.command(methods.PIN_REFERENCE)(commands.pin_reference_command)
-    server.feature(methods.DIFF_PLOT)(plot.diff_plot)
-    server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(recorders.document_diagnostics)
-    server.feature(types.TEXT_DOCUMENT_CODE_ACTION, recorders.CODE_ACTION_OPTIONS)(recorders.code_actions)
+    server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=True))(
+        answered(types.TEXT_DOCUMENT_INLAY_HINT, hints.inlay_hints)
+    )
+    server.feature(types.INLAY_HINT_RESOLVE)(answered(types.INLAY_HINT_RESOLVE, hints.resolve_inlay_hint))
+    server.feature(types.TEXT_DOCUMENT_HOVER)(answered(types.TEXT_DOCUMENT_HOVER, hover.hover))
+    server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))(
+        answered(types.TEXT_DOCUMENT_CODE_LENS, codelens.code_lenses)
+    )
+    server.command(methods.TRACE)(answered(methods.TRACE, commands.trace_command))
+    server.command(methods.CLEAR)(answered(methods.CLEAR, commands.clear_command))
+    server.command(methods.TRACE_GENERATE)(answered(methods.TRACE_GENERATE, commands.trace_generate_command))
+    server.command(methods.TRACE_BACKWARD)(answered(methods.TRACE_BACKWARD, commands.trace_backward_command))
+    server.command(methods.LOAD_TRACE)(answered(methods.LOAD_TRACE, commands.load_trace_command))
+    server.command(methods.SET_REFERENCE)(answered(methods.SET_REFERENCE, commands.set_reference_command))
+    server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
+    server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
+    server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
+        answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
+    )
+    server.feature(types.TEXT_DOCUMENT_CODE_ACTION, recorders.CODE_ACTION_OPTIONS)(
+        answered(types.TEXT_DOCUMENT_CODE_ACTION, recorders.code_actions)
+    )
     server.feature(types.SHUTDOWN)(_shutdown)
     return server
 

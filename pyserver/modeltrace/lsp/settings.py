@@ -119,8 +119,8 @@ def _boolean(value: Any) -> bool:
 
 def _seconds(value: Any) -> float:
     seconds = float(value)
-    if seconds <= 0:
-        raise ValueError("expected a positive number of seconds")
+    if not 0 < seconds < float("inf"):  # NOTE: NaN fails this too
+        raise ValueError("expected a finite number of seconds > 0")
     return seconds
 
 
@@ -141,8 +141,8 @@ def _tolerance(value: Any) -> float | None:
     if value is None:
         return None
     tolerance = float(value)
-    if tolerance < 0:
-        raise ValueError("expected a tolerance >= 0")
+    if not 0 <= tolerance < float("inf"):  # NOTE: NaN fails this too
+        raise ValueError("expected a finite tolerance >= 0")
     return tolerance
 
 

@@ -8,15 +8,15 @@ trace's line numbers (fixed) and by their current 0-based line in the document (
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from lsprotocol import types
 
 from modeltrace.lsp.remap import remap_lines, split_lines
 from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
 from modeltrace.trace.records import Trace
+from modeltrace.trace.source_files import MAX_SOURCE_LINES, UnreadableSource, read_source_text
 
 
 @dataclass(slots=True)
@@ -96,22 +96,29 @@ class DocumentTrace:
 
 
 def read_lines(path: str) -> list[str] | None:
-    """A file's lines as LSP numbers them, or None when it cannot be read (deleted, not text)."""
+    """A source file's lines as LSP numbers them, or None when it is not read (deleted, not text, not a regular
+    file, too large: `source_files`)."""
     try:
-        return split_lines(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return split_lines(read_source_text(path))
+    except UnreadableSource:
         return None
 
 
-def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> DocumentTrace:
-    """Index a trace by file and line (CPU work: run it off the event loop)."""
+def build_document_trace(
+    owner: str, uri: str, trace_path: str, trace: Trace, readable: Callable[[str], bool] | None = None
+) -> DocumentTrace:
+    """Index a trace by file and line (CPU work: run it off the event loop). Only the files that `readable`
+    accepts (all by default) are read: a loaded trace's others are indexed without their text."""
     files: dict[str, FileHints] = {}
     for path, entries in index_module_calls(trace).items():
         by_trace_line = {line: TracedLine(entry) for line, entry in entries.items()}
         # NOTE: the worker traced the file as it was on disk; the hints start from that text and follow
         # edits from there (an open document with unsaved changes is remapped right after loading).
-        lines = read_lines(path)
+        lines = read_lines(path) if readable is None or readable(path) else None
         if lines is None:
+            # NOTE: a text of empty lines stands in for a file not read; a record past any source file's length
+            # (line 3e8 of a hostile trace) is dropped rather than padded to (gigabytes of list).
+            by_trace_line = {line: traced for line, traced in by_trace_line.items() if line <= MAX_SOURCE_LINES}
             lines = [""] * (max(by_trace_line, default=0) + 1)
         files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
     return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from modeltrace.errors import TraceFormatError
+from modeltrace.trace.validation import validate_trace
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.tensors import (
     DebuggerTensors,
@@ -243,6 +244,8 @@ class _Reader:
             },
             modules=self.records,
         )
+        # NOTE: the same schema as a trace's (dtype names known, shapes sizes, statistics numbers)
+        validate_trace(trace, str(self.file))
         has_tensors = bool(self.store.arrays or self.store.files)
         return LoadedTrace(
             trace=trace,
@@ -627,8 +630,13 @@ def write_debugger_output(loaded: LoadedTrace, directory: Path | str, use_repr: 
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise TraceFormatError(f"{directory}: exists and is not a folder")
-    directory.mkdir(parents=True, exist_ok=True)
-    return _Writer(loaded, directory, use_repr).write()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return _Writer(loaded, directory, use_repr).write()
+    except OSError as error:
+        # NOTE: `/proc/x`, a read-only folder, a full disk: what failed to be written where, not a traceback
+        reason = (error.strerror or str(error)).lower()
+        raise TraceFormatError(f"cannot write the debugger output to {directory}: {reason}") from None
 
 
 __all__ = [

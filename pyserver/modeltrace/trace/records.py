@@ -72,17 +72,18 @@ class TensorSummary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSummary:
         return cls(
-            key=str(data["key"]),
-            shape=[int(size) for size in data["shape"]],
-            dtype=str(data["dtype"]),
-            device=str(data.get("device", "cpu")),
+            key=data["key"],
+            # NOTE: as decoded (a shape 1.5 must not become 1): `trace.validation` checks what a file held
+            shape=list(data["shape"]),
+            dtype=data["dtype"],
+            device=data.get("device", "cpu"),
             mean=data.get("mean"),
             std=data.get("std"),
             min=data.get("min"),
             max=data.get("max"),
             abs_max=data.get("abs_max"),
-            nan_count=int(data.get("nan_count") or 0),
-            inf_count=int(data.get("inf_count") or 0),
+            nan_count=data.get("nan_count") or 0,
+            inf_count=data.get("inf_count") or 0,
             positive_fraction=data.get("positive_fraction"),
             tensor=data.get("tensor"),
             not_stored=data.get("not_stored"),
@@ -108,7 +109,7 @@ class SourceLocation:
     def from_json(cls, data: dict[str, Any] | None) -> SourceLocation | None:
         if data is None:
             return None
-        return cls(file=str(data["file"]), line=int(data["line"]), column=data.get("column"))
+        return cls(file=data["file"], line=data["line"], column=data.get("column"))
 
 
 @dataclass(slots=True)
@@ -174,14 +175,14 @@ class ModuleCall:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModuleCall:
         return cls(
-            index=int(data["index"]),
-            path=str(data["path"]),
-            class_name=str(data["class"]),
+            index=data["index"],
+            path=data["path"],
+            class_name=data["class"],
             defined_at=SourceLocation.from_json(data.get("defined_at")),
             called_at=SourceLocation.from_json(data.get("called_at")),
-            call_index=int(data.get("call_index", 0)),
-            parent=int(data.get("parent", -1)),
-            finish_order=int(data.get("finish_order", -1)),
+            call_index=data.get("call_index", 0),
+            parent=data.get("parent", -1),
+            finish_order=data.get("finish_order", -1),
             call_site=data.get("call_site"),
             inputs=[TensorSummary.from_json(item) for item in data.get("inputs", [])],
             outputs=[TensorSummary.from_json(item) for item in data.get("outputs", [])],
@@ -218,12 +219,12 @@ class LineRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LineRecord:
         return cls(
-            file=str(data["file"]),
-            line=int(data["line"]),
-            name=str(data["name"]),
-            call_index=int(data.get("call_index", 0)),
+            file=data["file"],
+            line=data["line"],
+            name=data["name"],
+            call_index=data.get("call_index", 0),
             tensor=TensorSummary.from_json(data["tensor"]),
-            module_call=int(data.get("module_call", -1)),
+            module_call=data.get("module_call", -1),
         )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modeltrace.trace.records import SourceLocation, Trace
+from modeltrace.trace.source_files import is_inside, source_sha256
 
 
 # NOTE: a search walks the workspace once per load; folders that hold no user source are skipped, and the walk
@@ -50,10 +51,8 @@ def text_sha256(text: str) -> str:
 
 
 def file_sha256(path: str | Path) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
+    """The sha256 of a source file (read as `source_files` reads them: regular files only, bounded), else None."""
+    return source_sha256(path)
 
 
 def _files_named(roots: Iterable[Path], names: set[str]) -> dict[str, list[str]]:
@@ -67,7 +66,9 @@ def _files_named(roots: Iterable[Path], names: set[str]) -> dict[str, list[str]]
                 seen += 1
                 if name in found:
                     path = os.path.realpath(os.path.join(folder, name))
-                    if path not in found[name]:
+                    # NOTE: a link in the folder to a file outside it (`/etc/passwd`) is not the folder's file,
+                    # nor is a FIFO or a device a source file
+                    if path not in found[name] and is_inside(path, [root]) and os.path.isfile(path):
                         found[name].append(path)
             if seen > MAX_FILES_SEARCHED:
                 return found
@@ -84,13 +85,23 @@ def _common_tail(first: str, second: str) -> int:
     return count
 
 
-def locate_sources(trace: Trace, roots: Iterable[str | Path], open_texts: Mapping[str, str]) -> list[SourceMatch]:
+def locate_sources(
+    trace: Trace, roots: Iterable[str | Path], open_texts: Mapping[str, str], libraries: Iterable[str | Path] = ()
+) -> list[SourceMatch]:
     """Find each source file the trace's records name, searching the open documents (`{path: text}`) and the
-    files under `roots`; see the module docstring for the order."""
-    hashes: dict[str, str] = dict(trace.model.get("source_hashes") or {})
+    files under `roots`; see the module docstring for the order.
+
+    NOTE: the paths a trace names are data: a recorded path outside `roots` (`/etc/passwd`, another user's home)
+    is never read here, as if it did not exist; only the open documents and the files under `roots` are (and,
+    at their recorded path only, those under `libraries`: the installed packages' public code, never searched).
+    """
+    recorded_hashes = trace.model.get("source_hashes")
+    hashes: dict[str, str] = dict(recorded_hashes) if isinstance(recorded_hashes, dict) else {}
     recorded_files = sorted(trace.files())
     open_by_hash = {text_sha256(text): path for path, text in open_texts.items()}
-    hashes_here = {file: file_sha256(file) for file in recorded_files}
+    roots = list(roots)
+    readable = [*roots, *libraries]
+    hashes_here = {file: file_sha256(file) if is_inside(file, readable) else None for file in recorded_files}
     pending = {
         Path(file).name for file in recorded_files if hashes.get(file) is None or hashes_here[file] != hashes[file]
     }

@@ -34,6 +34,7 @@ from typing import Any
 import msgpack
 
 from modeltrace.errors import ModelTraceError, TraceFormatError
+from modeltrace.trace.validation import validate_header, validate_trace
 from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
 
 
@@ -114,10 +115,30 @@ def write_trace(
         if write_extra is not None:
             write_extra(temporary)
         _swap_into_place(temporary, destination)
+    except OSError as error:
+        # NOTE: a full disk, a quota, a read-only folder: said as what failed to be written where (the earlier
+        # trace at `destination` is untouched: only the temporary folder was written)
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise write_error(destination, error) from None
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return destination
+
+
+def write_error(destination: Path, error: OSError) -> ModelTraceError:
+    """`cannot write the trace to X: no space left on device` for an `OSError` met writing a trace."""
+    reason = (error.strerror or str(error)).lower()
+    return ModelTraceError(f"cannot write the trace to {destination}: {reason}")
+
+
+def check_destination(destination: Path | str) -> None:
+    """Refuse, before any work, a trace destination that exists and is not a folder (a file, `/dev/full`)."""
+    path = Path(destination)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ModelTraceError(
+            f"cannot write the trace to {path}: not a directory (a trace is a folder; choose another --out)"
+        )
 
 
 def _write_file(path: Path, payload: bytes, durable: bool) -> None:
@@ -302,6 +323,7 @@ def _swap_into_place(temporary: Path, destination: Path) -> None:
     except OSError:
         if not os.path.lexists(destination):
             raise
+    check_destination(destination)
     if not (destination / TRACE_FILE).exists() and any(destination.iterdir()):
         raise TraceFormatError(f"{destination}: exists and is not a trace folder; refusing to replace it")
     previous = destination.with_name(f".{destination.name}.old-{uuid.uuid4().hex[:8]}")
@@ -400,7 +422,7 @@ class _Tables:
         if not isinstance(rows, list):
             raise ValueError("locations must be an array")
         for file, line, column in rows:
-            location = SourceLocation(str(file), int(line), None if column is None else int(column))
+            location = SourceLocation(file, line, column)
             self.locations.append(self.sharing.location(location))
 
     def read_summaries(self, columns: Any) -> None:
@@ -446,9 +468,9 @@ class _Tables:
             statistics_of = [_statistic(value) for value in values[position * width : (position + 1) * width]]
             summaries[position] = share(
                 TensorSummary(
-                    str(keys[position]),
-                    [int(size) for size in shapes[position]],
-                    str(dtypes[position]),
+                    keys[position],
+                    list(shapes[position]),
+                    dtypes[position],
                     "cpu",
                     *statistics_of[:5],
                     0,
@@ -470,10 +492,11 @@ class _Tables:
     def _build_summary(self, index: int) -> TensorSummary:
         width = len(_STATISTICS)
         statistics_of = [_statistic(value) for value in self.statistics[index * width : (index + 1) * width]]
+        # NOTE: values as decoded, not coerced (a shape 1.5 must not become 1): `validation` checks them all
         summary = TensorSummary(
-            str(self.keys[index]),
-            [int(size) for size in self.shapes[index]],
-            str(self.dtypes[index]),
+            self.keys[index],
+            list(self.shapes[index]),
+            self.dtypes[index],
             "cpu",
             *statistics_of[:5],
             0,
@@ -490,10 +513,10 @@ class _Tables:
         _index, device, nan_count, inf_count, tensor, not_stored, *placement = self.extra[index]
         if placement:  # tensor-parallel traces: how the ranks held it
             summary.placement = placement[0]
-        summary.device = sys.intern(str(device))
-        summary.nan_count, summary.inf_count = int(nan_count), int(inf_count)
-        summary.tensor = None if tensor is None else str(tensor)
-        summary.not_stored = None if not_stored is None else str(not_stored)
+        summary.device = sys.intern(device) if isinstance(device, str) else device
+        summary.nan_count, summary.inf_count = nan_count, inf_count
+        summary.tensor = tensor
+        summary.not_stored = not_stored
 
     def location(self, index: Any) -> SourceLocation | None:
         if index is None:
@@ -518,16 +541,18 @@ class _Tables:
             *device,
         ) = row
         summary = self.summary
+        if not isinstance(path, str) or not isinstance(class_name, str):
+            raise ValueError(f"module call {index!r}: path and class must be strings")
         return ModuleCall(
-            int(index),
-            self.sharing.path(str(path)),
-            sys.intern(str(class_name)),
+            index,
+            self.sharing.path(path),
+            sys.intern(class_name),
             self.location(defined_at),
             self.location(called_at),
-            int(call_index),
-            int(parent),
-            int(finish_order),
-            None if call_site is None else int(call_site),
+            call_index,
+            parent,
+            finish_order,
+            call_site,
             [summary(position) for position in inputs] if self.sharing.inputs else _NO_INPUTS,
             [summary(position) for position in outputs],
             str(device[0]) if device else None,
@@ -538,10 +563,10 @@ class _Tables:
         file, line, name, call_index, tensor, *rest = row
         if len(rest) > 1:
             raise ValueError(f"line record with {len(row)} fields")
-        module_call = int(rest[0]) if rest else -1
-        return LineRecord(
-            sys.intern(str(file)), int(line), sys.intern(str(name)), int(call_index), self.summary(tensor), module_call
-        )
+        module_call = rest[0] if rest else -1
+        if not isinstance(file, str) or not isinstance(name, str):
+            raise ValueError(f"line record of {file!r}: file and name must be strings")
+        return LineRecord(sys.intern(file), line, sys.intern(name), call_index, self.summary(tensor), module_call)
 
 
 def _statistic(value: float) -> float | None:
@@ -559,8 +584,12 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     """
     path = Path(path)
     trace_file = path if path.name == TRACE_FILE else path / TRACE_FILE
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such trace")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such trace") from None
+    except OSError as error:  # a name over 255 characters, a folder without permission, a link loop
+        raise TraceFormatError(f"{path}: cannot be read ({(error.strerror or str(error)).lower()})") from None
     if not trace_file.is_file():
         raise TraceFormatError(f"{path}: not a trace folder (no {TRACE_FILE} inside)")
     size = trace_file.stat().st_size
@@ -595,6 +624,12 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
                     tables.read_summaries(unpacker.unpack())
                 else:
                     document[key] = unpacker.unpack()
+            try:
+                unpacker.skip()
+            except msgpack.OutOfData:
+                pass
+            else:
+                raise TraceFormatError(f"{trace_file}: damaged trace (data after the end of the document)")
     except (msgpack.UnpackException, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
         raise TraceFormatError(f"{trace_file}: corrupt or truncated trace ({type(error).__name__}: {error})") from None
     except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -603,6 +638,9 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     schema = document.get("schema")
     if schema != SCHEMA:
         raise TraceFormatError(f"{trace_file}: trace schema {schema!r}; this ModelTrace reads {SCHEMA!r}")
+    validate_header(
+        {key: value for key, value in document.items() if key not in ("modules", "lines")}, str(trace_file)
+    )
     try:
         # NOTE: the header goes through `Trace.from_json`, so this reader follows the format as it grows.
         trace = Trace.from_json({**document, "modules": [], "lines": []})
@@ -612,6 +650,7 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
         raise TraceFormatError(f"{trace_file}: malformed trace (modules and lines must be arrays)")
     trace.modules = document.get("modules", [])
     trace.lines = document.get("lines", [])
+    validate_trace(trace, str(trace_file))
     return trace
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from modeltrace.errors import TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.records import Trace
 
 
@@ -46,6 +47,11 @@ SAFETENSORS_DTYPES: dict[str, tuple[Any, int, str]] = {
     "U8": (np.uint8, 1, "uint8"),
     "BOOL": (np.bool_, 1, "bool"),
 }
+# Every dtype code of the safetensors format (0.6): a code outside it is damage. Those without a NumPy dtype
+# above (float8, complex) are kept as bytes and compared by their statistics.
+SAFETENSORS_CODES = frozenset(
+    {*SAFETENSORS_DTYPES, "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"}
+)
 DTYPE_CODES = {name: code for code, (_, _, name) in SAFETENSORS_DTYPES.items()}
 # NOTE: a header describes tensors, it is never this large; a bigger one is corrupt or hostile.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -77,11 +83,14 @@ class SafetensorsFile:
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorInfo] = {}
         try:
-            size = self.path.stat().st_size
+            status = self.path.stat()
         except FileNotFoundError:
             raise TraceFormatError(f"{self.path}: no such tensor file") from None
         except OSError as error:
             raise TraceFormatError(f"{self.path}: cannot be read ({error.strerror})") from None
+        if not stat.S_ISREG(status.st_mode):
+            raise TraceFormatError(f"{self.path}: not a regular file, refused as a tensor file")
+        size = status.st_size
         if size < 8:
             raise TraceFormatError(f"{self.path}: truncated safetensors file ({size} bytes)")
         with open(self.path, "rb") as handle:
@@ -96,6 +105,8 @@ class SafetensorsFile:
                 header = json.loads(header_bytes)
             except (UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise TraceFormatError(f"{self.path}: corrupt safetensors header ({error})") from None
+            except RecursionError:
+                raise TraceFormatError(f"{self.path}: corrupt safetensors header (nested too deeply)") from None
             self._data_start = 8 + header_size
             data_size = size - self._data_start
             self._parse_header(header, data_size)
@@ -112,12 +123,18 @@ class SafetensorsFile:
                 continue
             try:
                 code = entry["dtype"]
-                shape = tuple(int(size) for size in entry["shape"])
-                begin, end = (int(offset) for offset in entry["data_offsets"])
+                shape = tuple(entry["shape"])
+                begin, end = entry["data_offsets"]
             except (KeyError, TypeError, ValueError):
                 raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}") from None
-            if any(size < 0 for size in shape) or not 0 <= begin <= end:
-                raise TraceFormatError(f"{self.path}: corrupt safetensors entry {name!r}")
+            # NOTE: sizes and offsets as the file holds them: a 1.5 or an Infinity is damage, not a number to round
+            if not all(type(number) is int and number >= 0 for number in (*shape, begin, end)) or begin > end:
+                raise TraceFormatError(
+                    f"{self.path}: corrupt safetensors entry {name!r} (shape {entry['shape']!r}, "
+                    f"offsets {entry['data_offsets']!r})"
+                )
+            if code not in SAFETENSORS_CODES:
+                raise TraceFormatError(f"{self.path}: safetensors entry {name!r} has an unknown dtype {code!r}")
             if end > data_size:
                 raise TraceFormatError(
                     f"{self.path}: truncated safetensors file ({name!r} ends at byte {end} of {data_size})"
@@ -318,13 +335,18 @@ class LoadedTrace:
 
 
 def file_size_checked(path: Path, limit: int, what: str) -> int:
-    """The size of `path`, raising a `TraceFormatError` when it is missing or over `limit` bytes."""
+    """The size of `path`, raising a `TraceFormatError` when it is missing, not a regular file or over `limit`
+    bytes."""
     try:
-        size = os.stat(path).st_size
+        status = os.stat(path)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such {what}") from None
     except OSError as error:
         raise TraceFormatError(f"{path}: cannot be read ({error.strerror})") from None
+    # NOTE: a FIFO never ends a read, a device such as /dev/zero never ends one either (and says size 0)
+    if not stat.S_ISREG(status.st_mode):
+        raise TraceFormatError(f"{path}: not a regular file, refused as a {what}")
+    size = status.st_size
     if size > limit:
         raise TraceFormatError(f"{path}: {size} bytes is over the {limit}-byte limit for a {what}")
     return size
@@ -384,6 +406,18 @@ class StreamingSafetensorsWriter:
 
     def write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
         """Append one tensor: `data` its little-endian row-major bytes (any buffer: written without a copy)."""
+        try:
+            self._write(name, code, shape, data)
+        except OSError as error:
+            raise self._write_error(error) from None
+
+    def _write_error(self, error: OSError) -> ModelTraceError:
+        # NOTE: a full disk during the forward pass is a write that failed, not the model's `forward` failing
+        # (the folder is the trace's temporary one, next to its destination)
+        reason = (error.strerror or str(error)).lower()
+        return ModelTraceError(f"cannot write the trace's tensors into {self.folder.parent}: {reason}")
+
+    def _write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
         length = data.nbytes
         entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
         # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
@@ -423,7 +457,10 @@ class StreamingSafetensorsWriter:
 
     def close(self) -> None:
         """Write the last shard's header; the files are complete safetensors files from here on."""
-        self._close_shard()
+        try:
+            self._close_shard()
+        except OSError as error:
+            raise self._write_error(error) from None
 
     def abort(self) -> None:
         """Close without completing (the caller deletes the temporary folder)."""

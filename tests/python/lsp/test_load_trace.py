@@ -4,6 +4,7 @@ found by name, marked stale, with a note on the file saying so."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,11 @@ from pathlib import Path
 
 import pytest
 from lsprotocol import types
+from pygls.uris import from_fs_path
 from pytest_lsp import LanguageClient
+
+from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
+from modeltrace.trace.storage import write_trace
 
 from .support import CAPTURE_SCRIPT, copy_example, execute, inlay_hints, line_of, open_document, wait_until
 
@@ -108,3 +113,42 @@ async def test_an_edited_copy_is_found_by_name_and_said_to_have_changed(
             ]
         )
     )
+
+
+async def test_a_trace_naming_a_file_outside_the_workspace_gets_nothing_of_it(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    # A hostile trace names /etc/passwd as its model file, with the file's true hash: the old server answered
+    # `modelFile: /etc/passwd` (which the extension then opens) and indexed the file's text.
+    system_file = Path("/etc/passwd")
+    if not system_file.is_file():
+        pytest.skip("no /etc/passwd here")
+    summary = TensorSummary(key="0", shape=[1, 4], dtype="float32", mean=0.0, std=1.0, min=-1.0, max=1.0)
+    record = ModuleCall(
+        index=0,
+        path="layer",
+        class_name="Layer",
+        defined_at=SourceLocation(str(system_file), 1),
+        called_at=SourceLocation(str(system_file), 1, 0),
+        call_index=0,
+        parent=-1,
+        finish_order=0,
+        inputs=[summary],
+        outputs=[summary],
+    )
+    digest = hashlib.sha256(system_file.read_bytes()).hexdigest()
+    model = {"class": "Model", "file": str(system_file), "source_hashes": {str(system_file): digest}}
+    trace = write_trace(Trace(model=model, modules=[record]), tmp_path / "hostile.mtrace")
+    document = tmp_path / "workspace" / "modeling.py"
+    document.parent.mkdir()
+    document.write_text("x = 1\n")
+    uri = open_document(client, document)
+
+    result = await execute(client, "modelTrace.loadTrace", uri, str(trace))
+
+    assert result["ok"], result
+    assert result["modelFile"] is None
+    assert result["files"] == [{"recorded": str(system_file), "path": None, "how": "not found", "changed": False}]
+    assert from_fs_path(str(system_file)) not in client.diagnostics
+    await execute(client, "modelTrace.clear", uri)
+    client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))

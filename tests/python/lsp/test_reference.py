@@ -194,6 +194,11 @@ async def test_diff_settings_take_tolerances_and_rename_maps_and_skip_bad_values
     assert (settings.diff_atol, settings.diff_rtol, settings.diff_maps) == (1e-4, 0.0, (r"h\.(\d+)=>layers.\1",))
     unchanged = settings.updated({"diffAtol": -1, "diffMaps": ["no arrow"]})
     assert (unchanged.diff_atol, unchanged.diff_maps) == (1e-4, (r"h\.(\d+)=>layers.\1",))
+    # NaN compares false with everything, inf passes any bug, a map with nested repetition can hang the diff
+    for bad in ({"diffAtol": float("nan")}, {"diffRtol": float("inf")}, {"diffMaps": ["^(([a-z_.0-9])+)+X$=>y"]}):
+        kept = settings.updated(bad)
+        assert (kept.diff_atol, kept.diff_rtol, kept.diff_maps) == (1e-4, 0.0, (r"h\.(\d+)=>layers.\1",)), bad
+    assert Settings().updated({"timeout": float("nan")}).timeout == Settings().timeout
 
 
 async def test_an_independently_named_port_aligns_and_its_hover_names_the_reference(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
 from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import LanguageClient
 
 from modeltrace.lsp.hints import STALE_SUFFIX
@@ -118,6 +120,42 @@ async def test_cancelling_the_progress_stops_the_trace(client: LanguageClient, t
     assert result == {"ok": False, "message": "ModelTrace: trace cancelled", "cancelled": True}
     assert client.progress_reports[token][-1] == types.WorkDoneProgressEnd(message="cancelled")
     assert client.recorder.statuses[-1]["state"] == "idle"
+
+
+async def test_a_cancel_request_for_the_trace_stops_its_worker(client: LanguageClient, tmp_path: Path) -> None:
+    modeling_file = copy_example(tmp_path)
+    uri = open_document(client, modeling_file)
+    inject_into_mlp_forward(client, modeling_file, uri, "import time; time.sleep(60)")
+    known = set(client.progress_reports)
+    request_id = f"trace-to-cancel-{uuid.uuid4()}"
+    trace = asyncio.ensure_future(
+        client.protocol.send_request_async(
+            types.WORKSPACE_EXECUTE_COMMAND,
+            types.ExecuteCommandParams(command="modelTrace.trace", arguments=[uri]),
+            msg_id=request_id,
+        )
+    )
+    token = await wait_until(
+        lambda: next(
+            (
+                token
+                for token, reports in client.progress_reports.items()
+                if token not in known and any(report.kind == "report" for report in reports)
+            ),
+            None,
+        )
+    )
+
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=request_id))
+
+    with pytest.raises(JsonRpcRequestCancelled):
+        await asyncio.wait_for(trace, 30)
+    # (the old server answered "canceled" at once and traced on: its progress ended with the trace's summary)
+    await wait_until(lambda: client.progress_reports[token][-1] == types.WorkDoneProgressEnd(message="cancelled"), 30)
+    # The worker stopped: the next trace runs now, not after the 60 s the cancelled one would have slept.
+    started = asyncio.get_running_loop().time()
+    assert (await execute(client, "modelTrace.trace", client.example_uri, timeout=40))["ok"]
+    assert asyncio.get_running_loop().time() - started < 40
 
 
 async def test_the_server_never_imports_torch(client: LanguageClient) -> None:

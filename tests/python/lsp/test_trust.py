@@ -9,6 +9,7 @@ trusted, the same steps do write it (so the check can fail).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
+from modeltrace.lsp.commands import UNTRUSTED_MESSAGE
+from modeltrace.lsp.context import ModelTraceServer, UntrustedWorkspace
 from modeltrace.lsp.reference import UNTRUSTED_REPLAY_NOTE
 
 from .support import (
@@ -107,10 +110,8 @@ async def test_an_untrusted_workspace_compares_with_a_full_tensor_reference_with
     assert UNTRUSTED_REPLAY_NOTE in client.recorder.diff_results[-1]["notes"]
     # Saving the file (trace-on-save is on) runs nothing either.
     client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
-    assert await execute(client, "modelTrace.trace", uri) == {
-        "ok": False,
-        "message": "ModelTrace: tracing runs this workspace's model code; trust the workspace to enable it",
-    }
+    for command in ("modelTrace.trace", "modelTrace.traceGenerate", "modelTrace.traceBackward"):
+        assert await execute(client, command, uri) == {"ok": False, "message": UNTRUSTED_MESSAGE}, command
     assert sorted(path.name for path in sentinels.iterdir()) == []
 
     # Trusted, the same reference is replayed: the replay rebuilds the candidate, importing its file.
@@ -121,3 +122,34 @@ async def test_an_untrusted_workspace_compares_with_a_full_tensor_reference_with
     assert trusted["ok"], trusted
     assert UNTRUSTED_REPLAY_NOTE not in trusted["diff"]["notes"]
     assert any(path.name.startswith("modeling-import-") for path in sentinels.iterdir()), "the replay imported nothing"
+
+    # A trace while trusted makes the next save repeat it; once trust is withdrawn, saving traces nothing.
+    traced_here = await execute(client, "modelTrace.trace", uri, timeout=COLD_TRACE_SECONDS)
+    assert traced_here["ok"], traced_here
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"workspaceTrusted": False}})
+    )
+    statuses_before, messages_before = len(client.recorder.statuses), len(client.messages)
+    client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
+    # NOTE: messages are handled in order: once this answer is back, a trace the save started has begun (and
+    # been refused, with a message, by the gate further down if the save's own gate let it through).
+    await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=0, character=0)
+        )
+    )
+    await asyncio.sleep(1)
+    assert "tracing" not in [status["state"] for status in client.recorder.statuses[statuses_before:]]
+    assert [message.message for message in client.messages[messages_before:]] == []
+    assert await execute(client, "modelTrace.trace", uri) == {"ok": False, "message": UNTRUSTED_MESSAGE}
+
+
+async def test_the_worker_is_refused_to_an_untrusted_workspace_whatever_asks_for_it() -> None:
+    # The one gate below every feature's own check: a feature that forgot to check trust still runs nothing.
+    server = ModelTraceServer()
+    server.workspace_trusted = False
+    with pytest.raises(UntrustedWorkspace, match="not trusted"):
+        server.worker()
+    server.workspace_trusted = True
+    assert server.worker() is server.worker()
+    server.close_worker()
