@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, read_trace
 from modeltrace.worker.messages import (
@@ -42,6 +43,9 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
+    if is_modular_file(file) and not arguments.recipe:
+        # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
+        resolve_generated(file)
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
     if follow and not arguments.lines:
@@ -400,7 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     trace = commands.add_parser("trace", help="trace a modeling file and print it annotated")
-    trace.add_argument("file", help="the modeling file (modeling_*.py) to trace and annotate")
+    trace.add_argument(
+        "file",
+        help="the modeling file (modeling_*.py) to trace and annotate; a modular file (modular_*.py) runs as its "
+        "generated modeling file and is annotated from it",
+    )
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
     trace.add_argument("--config", metavar="PATH", help="a config.json (or folder) to use as it is, unshrunk")

@@ -73,7 +73,7 @@ def resolve_generated(modular: str | Path) -> Path:
         f"transformers checkout run `{regenerate_command(path)}`"
     )
     if not twin.is_file():
-        raise ModelTraceError(f"{path}: its generated twin {twin} does not exist; {advice}", str(path), None)
+        raise ModelTraceError(f"{path}: its generated twin {twin} does not exist; {advice}")
     try:
         ast.parse(twin.read_text(encoding="utf-8"), filename=str(twin))
     except SyntaxError as error:
