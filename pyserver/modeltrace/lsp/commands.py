@@ -20,7 +20,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
-from modeltrace.errors import TraceFailed, TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
@@ -30,6 +30,7 @@ from modeltrace.lsp.reference import forget_diff, load_checked_reference, update
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
 from modeltrace.lsp.store import DocumentTrace
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
@@ -200,6 +201,12 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 async def _trace_now(
     ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
 ) -> dict[str, Any]:
+    if is_modular_file(path):
+        # NOTE: a modular file runs as its generated twin; without a usable one no worker needs to start
+        try:
+            resolve_generated(path)
+        except ModelTraceError as error:
+            return _fail(ls, uri, None, f"ModelTrace: {error}")
     name = _model_to_build(ls, uri, path, model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"

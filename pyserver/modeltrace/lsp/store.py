@@ -15,6 +15,9 @@ from pathlib import Path
 from lsprotocol import types
 
 from modeltrace.lsp.remap import remap_lines, split_lines
+from modeltrace.modular.annotate import modular_entries
+from modeltrace.modular.mapping import map_modular_file
+from modeltrace.modular.twins import modular_twin
 from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
 from modeltrace.trace.records import Trace
 
@@ -103,10 +106,30 @@ def read_lines(path: str) -> list[str] | None:
         return None
 
 
+def modular_hints(owner: str, generated: str, entries: dict[int, LineEntry]) -> FileHints | None:
+    """The hints of the modular file a traced generated file was written from (`modular_x.py` beside
+    `modeling_x.py`): its twin lines' entries on the modular lines that map onto them (`modular/`); None without
+    a modular file, or when one of the two does not parse (nothing maps)."""
+    modular = modular_twin(generated)
+    if modular is None:
+        return None
+    try:
+        mapping = map_modular_file(modular)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    lines = read_lines(str(modular))
+    if lines is None:
+        return None
+    by_trace_line = {line: TracedLine(entry) for line, entry in modular_entries(mapping, entries).items()}
+    return FileHints(path=str(modular), owner=owner, by_trace_line=by_trace_line, lines=lines)
+
+
 def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> DocumentTrace:
-    """Index a trace by file and line (CPU work: run it off the event loop)."""
+    """Index a trace by file and line (CPU work: run it off the event loop). A traced generated file's modular
+    file (`modular_x.py` beside `modeling_x.py`) gets the hints of the lines it maps onto."""
     files: dict[str, FileHints] = {}
-    for path, entries in index_module_calls(trace).items():
+    index = index_module_calls(trace)
+    for path, entries in index.items():
         by_trace_line = {line: TracedLine(entry) for line, entry in entries.items()}
         # NOTE: the worker traced the file as it was on disk; the hints start from that text and follow
         # edits from there (an open document with unsaved changes is remapped right after loading).
@@ -114,4 +137,8 @@ def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) ->
         if lines is None:
             lines = [""] * (max(by_trace_line, default=0) + 1)
         files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
+    for path, entries in index.items():
+        hints = modular_hints(owner, path, entries)
+        if hints is not None and hints.path not in files:
+            files[hints.path] = hints
     return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)

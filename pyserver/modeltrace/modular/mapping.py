@@ -176,8 +176,10 @@ def _renames(modular: _Source, modular_path: Path) -> dict[str, str]:
         renames.setdefault(parent.upper(), model.upper())
     model_folder = modular_path.stem[len(twin_rule(modular_path).modular_prefix) :] if twin_rule(modular_path) else ""
     for node in modular.tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module and "." in node.module:
-            folder = node.module.split(".")[0]
+        # NOTE: `from ..llama.modeling_llama import` (a parent model); not `from ...utils.x import`
+        parts = node.module.split(".") if isinstance(node, ast.ImportFrom) and node.module else []
+        if isinstance(node, ast.ImportFrom) and node.level == 2 and len(parts) == 2 and parts[1].endswith(parts[0]):
+            folder = parts[0]
             if folder != model_folder and model_folder:
                 renames.setdefault(folder, model_folder)
                 if model_prefix:

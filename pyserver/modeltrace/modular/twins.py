@@ -59,6 +59,17 @@ def generated_path(modular: str | Path) -> Path:
     return path.with_name(rule.generated_prefix + path.name[len(rule.modular_prefix) :])
 
 
+def modular_twin(generated: str | Path) -> Path | None:
+    """The modular file a generated file (`modeling_x.py`) was written from, when it sits beside it."""
+    path = Path(generated)
+    for rule in TWIN_RULES:
+        if path.name.startswith(rule.generated_prefix) and path.suffix == ".py":
+            modular = path.with_name(rule.modular_prefix + path.name[len(rule.generated_prefix) :])
+            if modular.is_file():
+                return modular
+    return None
+
+
 def regenerate_command(modular: str | Path) -> str:
     return REGENERATE_COMMAND.format(path=modular)
 
