@@ -37,7 +37,7 @@ _BLANK = re.compile(r"\s+")
 @dataclass(frozen=True)
 class InheritedMethod:
     """A method a modular class inherits unchanged: the converter copied it from `parent` into the generated
-    class, at `generated_start`..`generated_end` (1-based, inclusive)."""
+    class, at `generated_start` (its `def` line) to `generated_end` (1-based, inclusive)."""
 
     class_name: str
     method: str
@@ -488,14 +488,13 @@ def map_modular(
             for name, twin_method in generated_methods.items():
                 if name in modular_methods or parent is None:
                     continue
-                start = min([twin_method.lineno, *(decorator.lineno for decorator in twin_method.decorator_list)])
                 result.inherited.append(
                     InheritedMethod(
                         class_name=node.name,
                         method=name,
                         parent=parent,
                         class_line=node.lineno,
-                        generated_start=start,
+                        generated_start=twin_method.lineno,
                         generated_end=twin_method.end_lineno or twin_method.lineno,
                     )
                 )
