@@ -47,6 +47,10 @@ class FileHints:
     key: int = 0
     by_line: dict[int, TracedLine] = field(default_factory=dict)
     sorted_lines: list[int] = field(default_factory=list)
+    # A modular file's hints (`modular_hints`): the generated file they come from, and its traced lines' modular
+    # lines (generated trace line -> modular trace lines), so that marks on the generated lines reach them too.
+    twin: str | None = None
+    from_twin: dict[int, list[int]] = field(default_factory=dict)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
     # Keyed by (detail, placement, stale, line, gradient hints): a line may have several hints (one per assigned name).
     hint_cache: dict[tuple[HintDetail, str, bool, int, bool], list[types.InlayHint]] = field(default_factory=dict)
@@ -97,6 +101,15 @@ class DocumentTrace:
     def call_count(self) -> int:
         return len(self.trace.modules)
 
+    def modular_lines(self, file: str, trace_line: int) -> list[tuple[str, int]]:
+        """(modular file, its trace line) for each modular line that maps onto `file`'s `trace_line`."""
+        return [
+            (hints.path, modular_line)
+            for hints in self.files.values()
+            if hints.twin == file
+            for modular_line in hints.from_twin.get(trace_line, ())
+        ]
+
 
 def read_lines(path: str) -> list[str] | None:
     """A file's lines as LSP numbers them, or None when it cannot be read (deleted, not text)."""
@@ -121,7 +134,14 @@ def modular_hints(owner: str, generated: str, entries: dict[int, LineEntry]) -> 
     if lines is None:
         return None
     by_trace_line = {line: TracedLine(entry) for line, entry in modular_entries(mapping, entries).items()}
-    return FileHints(path=str(modular), owner=owner, by_trace_line=by_trace_line, lines=lines)
+    return FileHints(
+        path=str(modular),
+        owner=owner,
+        by_trace_line=by_trace_line,
+        lines=lines,
+        twin=generated,
+        from_twin=mapping.modular_lines(),
+    )
 
 
 def build_document_trace(owner: str, uri: str, trace_path: str, trace: Trace) -> DocumentTrace:

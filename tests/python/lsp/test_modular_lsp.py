@@ -14,7 +14,7 @@ from lsprotocol import types
 from pygls.uris import from_fs_path
 from pytest_lsp import LanguageClient
 
-from .support import COLD_TRACE_SECONDS, execute, inlay_hints, line_of, open_document
+from .support import COLD_TRACE_SECONDS, execute, inlay_hints, line_of, open_document, wait_until
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -134,3 +134,46 @@ async def test_an_out_of_date_or_missing_generated_file_is_a_warning_on_the_modu
     # NOTE: the twin is read from disk at each pull: deleting it is seen without an edit of the modular file
     [missing] = await pulled_diagnostics(client, stale_uri)
     assert "modeling_qwen3.py does not exist" in missing.message
+
+
+def warnings(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
+    return [diagnostic for diagnostic in client.diagnostics.get(uri, []) if diagnostic.source == "ModelTrace diff"]
+
+
+async def test_a_diff_puts_its_marks_and_its_divergence_on_the_modular_lines(
+    client: LanguageClient, modular_trace: tuple[Path, str, dict], tmp_path: Path
+) -> None:
+    """A port written as a modular file, diffed against the original: a q_norm built with another epsilon (in the
+    modular file and, regenerated, in its twin) diverges at the modular line that calls it."""
+    _, _, reference = modular_trace
+    folder = copy_model_folder("qwen3", tmp_path)
+    original = "self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)"
+    for name in ("modular_qwen3.py", "modeling_qwen3.py"):
+        source = (folder / name).read_text()
+        assert source.count(original) == 1, name
+        (folder / name).write_text(source.replace(original, original.replace("config.rms_norm_eps", "0.5")))
+    modular = folder / "modular_qwen3.py"
+    uri = open_document(client, modular)
+    assert await pulled_diagnostics(client, uri) == []
+    sent = len(client.recorder.line_statuses)
+    assert (await execute(client, "modelTrace.setReference", uri, reference["trace"]))["ok"]
+    result = await execute(client, "modelTrace.trace", uri, timeout=COLD_TRACE_SECONDS)
+    assert result["ok"] and result["diff"]["match"] is False
+    assert result["diff"]["firstDivergence"]["path"] == "layers.0.self_attn.q_norm"
+    query = line_of(modular, "query_states = self.q_norm(self.q_proj(hidden_states)")
+
+    def statuses_of(document: str) -> dict[int, str] | None:
+        marks = [params for params in client.recorder.line_statuses[sent:] if params["uri"] == document]
+        return {item["line"]: item["status"] for item in marks[-1]["lines"]} if marks else None
+
+    statuses = await wait_until(lambda: statuses_of(uri))
+    assert statuses[query] == "divergence"
+    # every modular line shows the mark of its generated twin line
+    generated = folder / "modeling_qwen3.py"
+    generated_statuses = await wait_until(lambda: statuses_of(from_fs_path(str(generated))))
+    for statement in ("key_states = self.k_norm(", "value_states = self.v_proj(", "attn_output = self.o_proj("):
+        assert statuses[line_of(modular, statement)] == generated_statuses[line_of(generated, statement)], statement
+    assert len(statuses) >= 4
+    (warning,) = await wait_until(lambda: warnings(client, uri))
+    assert warning.range.start.line == query
+    assert warning.message.startswith("First divergence from the reference: layers.0.self_attn.q_norm (Qwen3RMSNorm)")
