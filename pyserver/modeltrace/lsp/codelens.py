@@ -14,7 +14,7 @@ from lsprotocol import types
 from modeltrace.lsp import methods
 from modeltrace.lsp.classes import trace_arguments
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.modular import inherited_lenses
+from modeltrace.lsp.modular import generated_classes, inherited_lenses
 
 
 def _line_range(line: int, column: int, length: int) -> types.Range:
@@ -30,11 +30,14 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
     if path is None:
         return []
     classes = ls.document_classes(uri)
+    # NOTE: a modular file's base model is often only in its generated twin (`Qwen3Model`): its other classes are
+    # traced through that one, as in the generated file
+    models = generated_classes(ls, uri) or classes
     lenses = [
         types.CodeLens(
             range=_line_range(cls.line, cls.column, len(cls.name)),
             command=types.Command(
-                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, classes)
+                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, models)
             ),
         )
         for cls in classes

@@ -24,6 +24,7 @@ from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
+from modeltrace.lsp.modular import generated_classes
 from modeltrace.lsp.loading import load_trace, load_trace_here, settle_memory
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
@@ -195,7 +196,7 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
     """What the progress says is being traced: the class asked for, else the file's base model."""
     if model:
         return model
-    return base_model_name(ls.document_classes(uri)) or Path(path).name
+    return base_model_name(generated_classes(ls, uri) or ls.document_classes(uri)) or Path(path).name
 
 
 async def _trace_now(

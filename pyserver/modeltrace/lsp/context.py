@@ -160,3 +160,5 @@ class ParsedDocument:
     recorders: tuple[int | None, str, Analysis] | None = None
     # (what it was computed from, the map or None) of a modular document (`lsp.modular`)
     modular: tuple[MapKey, ModularMap | None] | None = None
+    # (modification time, module classes) of a modular document's generated twin (`lsp.modular`)
+    generated_classes: tuple[int, list[ModuleClass]] | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
+from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.modular.mapping import InheritedMethod, ModularMap, map_modular, sibling_definitions
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
@@ -60,6 +61,28 @@ def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
     return mapping
 
 
+def generated_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass] | None:
+    """The module classes of an open modular document's generated twin (where its base model is: a modular file
+    often leaves `XModel` to the converter); None for any other document or without a twin that parses."""
+    path = ls.document_path(uri)
+    if path is None or not is_modular_file(path):
+        return None
+    twin = generated_path(path)
+    try:
+        mtime = twin.stat().st_mtime_ns
+    except OSError:
+        return None
+    parsed = ls.parsed_document(uri)
+    if parsed.generated_classes is not None and parsed.generated_classes[0] == mtime:
+        return parsed.generated_classes[1]
+    try:
+        classes = find_module_classes(twin.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    parsed.generated_classes = (mtime, classes)
+    return classes
+
+
 def _generated_name(mapping: ModularMap) -> str:
     return Path(mapping.generated).name
 
@@ -97,8 +120,7 @@ def _inherited_markdown(mapping: ModularMap, inherited: list[InheritedMethod]) -
 
 
 def class_hover(ls: ModelTraceServer, uri: str, line: int) -> str | None:
-    """Markdown for a modular class line (0-based): the methods it inherits, with links into the generated file;
-    and the generated line of any mapped line."""
+    """Markdown for a modular class line (0-based): the methods it inherits, with links into the generated file."""
     mapping = document_map(ls, uri)
     if mapping is None:
         return None
