@@ -333,7 +333,20 @@ def _check_command(arguments: argparse.Namespace) -> int:
         source = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ModelTraceError(f"{arguments.file}: cannot read: {error}") from error
-    analysis = analyze_source(source, str(file))
+    modular = is_modular_file(file)
+    if modular:
+        from modeltrace.modular.recorders import analyze_modular
+
+        # NOTE: what runs is the generated twin: it is checked, its problems shown on the modular lines
+        resolve_generated(file)
+        if arguments.fix:
+            raise ModelTraceError(
+                f"{arguments.file}: --fix edits the generated file, which transformers' converter overwrites: fix "
+                "the modular file by hand (the problems name the class and entry), then regenerate"
+            )
+        analysis = analyze_modular(source, file)
+    else:
+        analysis = analyze_source(source, str(file))
     if analysis.module is None:
         raise ModelTraceError(f"{arguments.file}: {analysis.notes[0] if analysis.notes else 'not analysed'}")
     fixed = []
@@ -342,7 +355,7 @@ def _check_command(arguments: argparse.Namespace) -> int:
         analysis = analyze_source(file.read_text(encoding="utf-8"), str(file))
     problems = [p.to_json() for p in analysis.problems]
     if arguments.run:
-        problems.extend(_run_evidence(file, arguments.model, arguments.timeout))
+        problems.extend(_run_evidence(file, arguments.model, arguments.timeout, modular))
     if arguments.format == "json":
         document = {
             "problems": problems,
@@ -371,9 +384,13 @@ def _check_command(arguments: argparse.Namespace) -> int:
     return 1 if any(p.get("severity") != "hint" for p in problems) else 0
 
 
-def _run_evidence(file: Path, model: str | None, timeout: float) -> list[dict]:
-    """Problems only a run shows, from `modeltrace.worker.recorders_run` in a subprocess (it imports torch)."""
+def _run_evidence(file: Path, model: str | None, timeout: float, modular: bool = False) -> list[dict]:
+    """Problems only a run shows, from `modeltrace.worker.recorders_run` in a subprocess (it imports torch). A
+    modular file runs as its generated twin; its problems name the generated lines."""
     import subprocess
+
+    if modular:
+        file = resolve_generated(file)
 
     command = [sys.executable, "-m", "modeltrace.worker.recorders_run", str(file.resolve())]
     if model:

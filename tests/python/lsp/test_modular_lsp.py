@@ -177,3 +177,26 @@ async def test_a_diff_puts_its_marks_and_its_divergence_on_the_modular_lines(
     (warning,) = await wait_until(lambda: warnings(client, uri))
     assert warning.range.start.line == query
     assert warning.message.startswith("First divergence from the reference: layers.0.self_attn.q_norm (Qwen3RMSNorm)")
+
+
+async def test_recorder_problems_of_the_generated_twin_sit_on_the_modular_file(
+    restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = restricted_client
+    folder = copy_model_folder("qwen3", tmp_path)
+    generated = folder / "modeling_qwen3.py"
+    generated.write_text(generated.read_text().replace('        "attentions": Qwen3Attention,\n', "", 1))
+    uri = open_document(client, folder / "modular_qwen3.py")
+    (problem,) = [item for item in await pulled_diagnostics(client, uri) if item.source == "ModelTrace recorders"]
+    assert problem.code == "missing-recorder" and problem.range.start.line == 0
+    assert "declare `_can_record_outputs` in Qwen3PreTrainedModel here, then regenerate modeling_qwen3.py" in (
+        problem.message
+    )
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=problem.range,
+            context=types.CodeActionContext(diagnostics=[problem], only=[types.CodeActionKind.QuickFix]),
+        )
+    )
+    assert not actions
