@@ -29,7 +29,8 @@ from modeltrace.modular.twins import generated_path, regenerate_command, twin_ru
 # NOTE: a line the converter rewrote a little (a rename this module does not know, a default changed) still gets
 # its twin's hints when the two lines are this similar; it does not count as matching for staleness.
 SIMILAR_LINE_RATIO = 0.8
-# A class-name prefix followed by the rest of a CamelCase name, an underscore or a digit-free word end.
+# A parent prefix is renamed where the name goes on with a capital or an underscore (`LlamaAttention`,
+# `LLAMA_INPUTS`) or ends (`llama`), never inside another word (`Llamas`).
 _IDENTIFIER_TAIL = r"(?=[A-Z_]|\b)"
 _BLANK = re.compile(r"\s+")
 
