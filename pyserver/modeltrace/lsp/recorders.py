@@ -14,6 +14,7 @@ import logging
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.modular import document_map
 from modeltrace.modular.recorders import analyze_modular
 from modeltrace.modular.twins import is_modular_file
 from modeltrace.recorders import analyze_source
@@ -41,7 +42,11 @@ def _analysis(ls: ModelTraceServer, uri: str) -> tuple[str, Analysis] | None:
     cached = parsed.recorders
     if cached is None or cached[0] != document.version or cached[1] != source:
         # NOTE: a modular file is checked as its generated twin (`modular.recorders`), read from disk each version
-        analysis = analyze_modular(source, path) if is_modular_file(path) else analyze_source(source, path)
+        analysis = (
+            analyze_modular(source, path, document_map(ls, uri))
+            if is_modular_file(path)
+            else analyze_source(source, path)
+        )
         cached = parsed.recorders = (document.version, source, analysis)
     return cached[1], cached[2]
 

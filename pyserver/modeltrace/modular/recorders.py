@@ -40,9 +40,10 @@ def _moved(problem: Problem, mapping: ModularMap, reverse: dict[int, list[int]],
     return dataclasses.replace(problem, line=line, message=message, recorder=None, extra={})
 
 
-def analyze_modular(modular_source: str, modular_path: str | Path) -> Analysis:
-    """The recorder analysis of a modular file: its generated twin's, with the problems on modular lines. A note
-    instead when the twin is missing or either file does not parse."""
+def analyze_modular(modular_source: str, modular_path: str | Path, mapping: ModularMap | None = None) -> Analysis:
+    """The recorder analysis of a modular file: its generated twin's, with the problems on modular lines (`mapping`:
+    the map of this source, when the caller has it). A note instead when the twin is missing or either file does not
+    parse."""
     path = Path(modular_path)
     twin = generated_path(path)
     try:
@@ -52,10 +53,11 @@ def analyze_modular(modular_source: str, modular_path: str | Path) -> Analysis:
             str(path), {}, set(), [], [], [f"not analysed: its generated twin {twin} cannot be read ({error})"]
         )
     analysis = analyze_source(generated_source, str(twin))
-    try:
-        mapping = map_modular(modular_source, generated_source, path, twin, sibling_definitions(path))
-    except SyntaxError as error:
-        return Analysis(str(path), {}, set(), [], [], [f"not analysed: syntax error at line {error.lineno}"])
+    if mapping is None:
+        try:
+            mapping = map_modular(modular_source, generated_source, path, twin, sibling_definitions(path))
+        except SyntaxError as error:
+            return Analysis(str(path), {}, set(), [], [], [f"not analysed: syntax error at line {error.lineno}"])
     reverse = mapping.modular_lines()
     problems = [_moved(problem, mapping, reverse, twin.name) for problem in analysis.problems]
     return Analysis(
