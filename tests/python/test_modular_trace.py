@@ -69,6 +69,14 @@ def test_a_modular_file_traces_its_model_and_prints_its_own_lines_annotated(tmp_
         "# `forward`: inherited from `LlamaRotaryEmbedding.forward`" in listing
         and f"modeling_apertus.py:{forward_line}" in listing
     ), listing.splitlines()[rotary - 1 : rotary + 6]
+    # a `super().forward(...)` line says where the parent body the converter inlined for it runs
+    call = line_of(modular, "return super().forward(**super_kwargs)")
+    rows = listing.splitlines()
+    note = rows[rows.index(listing_line(listing, call)) + 1].strip()
+    assert note.startswith("# runs the parent's body, inlined: modeling_apertus.py:"), note
+    first, last = (int(number) for number in note.rsplit(":", 1)[1].split("-"))
+    inlined = generated.read_text().splitlines()[first - 1 : last]
+    assert any("logits = self.lm_head(hidden_states)" in text for text in inlined)
     trace = json.loads(run_cli("show", str(out), "--format", "json", cwd=tmp_path).stdout)
     assert trace["model"]["file"] == str(generated.resolve())
     assert trace["model"]["modular"] == str(modular.resolve())

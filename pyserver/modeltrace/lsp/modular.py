@@ -16,6 +16,7 @@ from pygls.uris import from_fs_path
 
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.modular.annotate import inlined_note
 from modeltrace.modular.mapping import InheritedMethod, ModularMap, map_modular, sibling_definitions
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
 
@@ -88,7 +89,8 @@ def _generated_name(mapping: ModularMap) -> str:
 
 
 def inherited_lenses(ls: ModelTraceServer, uri: str) -> list[types.CodeLens]:
-    """A lens on each modular class line per method it inherits unchanged, opening the generated method."""
+    """A lens on each modular class line per method it inherits unchanged, opening the generated method, and one on
+    each `super()` call line, opening the parent body inlined there."""
     mapping = document_map(ls, uri)
     if mapping is None:
         return []
@@ -106,6 +108,21 @@ def inherited_lenses(ls: ModelTraceServer, uri: str) -> list[types.CodeLens]:
                 ),
             )
         )
+    # NOTE: a `super().forward(...)` line stands for the parent body the converter inlined: a lens opens it
+    for modular_line in sorted(mapping.lines):
+        note = inlined_note(mapping, modular_line)
+        if note is not None:
+            line = modular_line - 1
+            lenses.append(
+                types.CodeLens(
+                    range=types.Range(types.Position(line, 0), types.Position(line, 0)),
+                    command=types.Command(
+                        title=f"↳ {note}",
+                        command=GO_TO_LINE,
+                        arguments=[generated_uri, mapping.generated_lines(modular_line)[0] - 1],
+                    ),
+                )
+            )
     return lenses
 
 

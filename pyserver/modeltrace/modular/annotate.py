@@ -27,13 +27,26 @@ def modular_entries(mapping: ModularMap, generated_entries: dict[int, LineEntry]
     return entries
 
 
+def inlined_note(mapping: ModularMap, modular_line: int) -> str | None:
+    """ "runs the parent's body, inlined: modeling_x.py:40-63" for a `super()` call line (1-based), else None."""
+    generated = mapping.generated_lines(modular_line)
+    if len(generated) < 2:
+        return None
+    return f"runs the parent's body, inlined: {Path(mapping.generated).name}:{generated[0]}-{generated[-1]}"
+
+
 def inherited_notes(mapping: ModularMap) -> dict[int, list[str]]:
-    """Modular class line (1-based) -> "`forward`: inherited from `LlamaAttention.forward`, 24 lines:
-    modeling_x.py:66" for each method the class inherits unchanged."""
+    """Modular line (1-based) -> notes on what runs there without being written there: on a class line, "`forward`:
+    inherited from `LlamaAttention.forward`, 24 lines: modeling_x.py:66" for each method the class inherits
+    unchanged; on a `super().forward(...)` line, where the inlined parent body is."""
     generated_name = Path(mapping.generated).name
     notes: dict[int, list[str]] = {}
     for inherited in mapping.inherited:
         notes.setdefault(inherited.class_line, []).append(
             f"`{inherited.method}`: {inherited.describe(generated_name)}"
         )
+    for modular_line in sorted(mapping.lines):
+        note = inlined_note(mapping, modular_line)
+        if note is not None:
+            notes.setdefault(modular_line, []).append(note)
     return notes

@@ -102,6 +102,12 @@ async def test_modular_classes_have_trace_lenses_and_lenses_for_what_they_inheri
     assert title.endswith(f" lines: modeling_qwen3.py:{norm_forward + 1}")
     # it opens the generated method (the client's `modelTrace.goToLine`: URI, 0-based line)
     assert list(forward_lens.command.arguments) == [from_fs_path(str(generated)), norm_forward]
+    # the `super().forward(...)` line of the head opens the parent body inlined for it
+    call = line_of(modular, "return super().forward(**super_kwargs)")
+    (inlined,) = [lens for lens in lenses if lens.range.start.line == call]
+    assert inlined.command.title.startswith("↳ runs the parent's body, inlined: modeling_qwen3.py:")
+    first = int(inlined.command.title.rsplit(":", 1)[1].split("-")[0])
+    assert list(inlined.command.arguments) == [from_fs_path(str(generated)), first - 1]
     # hovering the class line lists them too, traced or not
     hover = await hover_text(client, uri, norm)
     assert hover is not None and "`forward`: inherited from `Qwen2RMSNorm.forward`" in hover
