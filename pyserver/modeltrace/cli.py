@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
 from modeltrace.worker.messages import (
@@ -42,6 +43,9 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
+    if is_modular_file(file) and not arguments.recipe:
+        # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
+        resolve_generated(file)
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     check_destination(out)
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
@@ -368,7 +372,20 @@ def _check_command(arguments: argparse.Namespace) -> int:
         source = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ModelTraceError(f"{arguments.file}: cannot read: {error}") from error
-    analysis = analyze_source(source, str(file))
+    modular = is_modular_file(file)
+    if modular:
+        from modeltrace.modular.recorders import analyze_modular
+
+        # NOTE: what runs is the generated twin: it is checked, its problems shown on the modular lines
+        resolve_generated(file)
+        if arguments.fix:
+            raise ModelTraceError(
+                f"{arguments.file}: --fix edits the generated file, which transformers' converter overwrites: fix "
+                "the modular file by hand (the problems name the class and entry), then regenerate"
+            )
+        analysis = analyze_modular(source, file)
+    else:
+        analysis = analyze_source(source, str(file))
     if analysis.module is None:
         raise ModelTraceError(f"{arguments.file}: {analysis.notes[0] if analysis.notes else 'not analysed'}")
     fixed = []
@@ -377,7 +394,7 @@ def _check_command(arguments: argparse.Namespace) -> int:
         analysis = analyze_source(file.read_text(encoding="utf-8"), str(file))
     problems = [p.to_json() for p in analysis.problems]
     if arguments.run:
-        problems.extend(_run_evidence(file, arguments.model, arguments.timeout))
+        problems.extend(_run_evidence(file, arguments.model, arguments.timeout, modular))
     if arguments.format == "json":
         document = {
             "problems": problems,
@@ -406,9 +423,13 @@ def _check_command(arguments: argparse.Namespace) -> int:
     return 1 if any(p.get("severity") != "hint" for p in problems) else 0
 
 
-def _run_evidence(file: Path, model: str | None, timeout: float) -> list[dict]:
-    """Problems only a run shows, from `modeltrace.worker.recorders_run` in a subprocess (it imports torch)."""
+def _run_evidence(file: Path, model: str | None, timeout: float, modular: bool = False) -> list[dict]:
+    """Problems only a run shows, from `modeltrace.worker.recorders_run` in a subprocess (it imports torch). A
+    modular file runs as its generated twin; its problems name the generated lines."""
     import subprocess
+
+    if modular:
+        file = resolve_generated(file)
 
     command = [sys.executable, "-m", "modeltrace.worker.recorders_run", str(file.resolve())]
     if model:
@@ -439,7 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     trace = commands.add_parser("trace", help="trace a modeling file and print it annotated")
-    trace.add_argument("file", help="the modeling file (modeling_*.py) to trace and annotate")
+    trace.add_argument(
+        "file",
+        help="the modeling file (modeling_*.py) to trace and annotate; a modular file (modular_*.py) runs as its "
+        "generated modeling file and is annotated from it",
+    )
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
     trace.add_argument("--config", metavar="PATH", help="a config.json (or folder) to use as it is, unshrunk")

@@ -1,6 +1,7 @@
 """Code lenses: "▶ Trace forward" above each `nn.Module` class ("▶ Trace generate" above a class that derives from
 `GenerationMixin`,
-"▶ Trace forward + backward" above a model class), "✕ Clear trace" once the document has hints.
+"▶ Trace forward + backward" above a model class), "✕ Clear trace" once the document has hints, and in a modular
+file "↳ forward: inherited from `LlamaAttention.forward`, …" for each method a class inherits (`modular`).
 
 Classes are found statically (`classes`), so lenses work in untrusted workspaces and before any trace. While
 the user types code that does not parse, the lenses of the last version that did stay in place.
@@ -13,6 +14,7 @@ from lsprotocol import types
 from modeltrace.lsp import methods
 from modeltrace.lsp.classes import trace_arguments
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.modular import generated_classes, inherited_lenses
 
 
 def _line_range(line: int, column: int, length: int) -> types.Range:
@@ -28,11 +30,14 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
     if path is None:
         return []
     classes = ls.document_classes(uri)
+    # NOTE: a modular file's base model is often only in its generated twin (`Qwen3Model`): its other classes are
+    # traced through that one, as in the generated file
+    models = generated_classes(ls, uri) or classes
     lenses = [
         types.CodeLens(
             range=_line_range(cls.line, cls.column, len(cls.name)),
             command=types.Command(
-                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, classes)
+                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, models)
             ),
         )
         for cls in classes
@@ -58,6 +63,8 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
                 ),
             )
         )
+    # NOTE: a modular file's classes run methods written elsewhere: a lens per inherited method opens it
+    lenses.extend(inherited_lenses(ls, uri))
     loaded = ls.sessions.trace_showing(path)
     if loaded is not None:
         # NOTE: next to the lens of the class that was traced, when it is in this document; else at the top.

@@ -20,16 +20,18 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
-from modeltrace.errors import TraceFailed, TraceFormatError
+from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
+from modeltrace.lsp.modular import generated_classes
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
 from modeltrace.lsp.store import DocumentTrace
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
@@ -207,7 +209,7 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
     """What the progress says is being traced: the class asked for, else the file's base model."""
     if model:
         return model
-    return base_model_name(ls.document_classes(uri)) or Path(path).name
+    return base_model_name(generated_classes(ls, uri) or ls.document_classes(uri)) or Path(path).name
 
 
 async def _trace_now(
@@ -217,6 +219,12 @@ async def _trace_now(
         # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
         # (trace-on-save queues behind a running trace).
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
+    if is_modular_file(path):
+        # NOTE: a modular file runs as its generated twin; without a usable one no worker needs to start
+        try:
+            resolve_generated(path)
+        except ModelTraceError as error:
+            return _fail(ls, uri, None, f"ModelTrace: {error}")
     name = _model_to_build(ls, uri, path, model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"

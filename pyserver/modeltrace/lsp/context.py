@@ -32,6 +32,8 @@ from modeltrace.worker.client import WorkerClient
 
 
 if TYPE_CHECKING:
+    from modeltrace.lsp.modular import MapKey
+    from modeltrace.modular.mapping import ModularMap
     from modeltrace.recorders.static import Analysis
 
 
@@ -174,3 +176,7 @@ class ParsedDocument:
     classes: tuple[int | None, list[ModuleClass]] | None = None
     # (version, source, recorder analysis) of `lsp.recorders`
     recorders: tuple[int | None, str, Analysis] | None = None
+    # (what it was computed from, the map or None) of a modular document (`lsp.modular`)
+    modular: tuple[MapKey, ModularMap | None] | None = None
+    # (modification time, module classes) of a modular document's generated twin (`lsp.modular`)
+    generated_classes: tuple[int, list[ModuleClass]] | None = None

@@ -1,4 +1,5 @@
-"""Recorder problems (`_can_record_outputs`) as pull diagnostics, and their quick fixes as code actions.
+"""Recorder problems (`_can_record_outputs`) as pull diagnostics, and their quick fixes as code actions (a modular
+file's are its generated twin's, on the modular lines, without quick fixes: `modular.recorders`).
 
 Static only (stdlib `ast` to read, libcst to edit; no model run), so it works in untrusted workspaces too. Diagnostics are served through
 `textDocument/diagnostic` (the client pulls them on open and on each change) so that they never replace the
@@ -13,6 +14,9 @@ import logging
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.modular import document_map
+from modeltrace.modular.recorders import analyze_modular
+from modeltrace.modular.twins import is_modular_file
 from modeltrace.recorders import analyze_source
 from modeltrace.recorders.static import Analysis, Problem
 
@@ -27,16 +31,23 @@ logger = logging.getLogger(__name__)
 
 def _analysis(ls: ModelTraceServer, uri: str) -> tuple[str, Analysis] | None:
     """The document's source and its analysis, once per version (kept with the open document: `context`)."""
-    if ls.document_path(uri) is None:
+    path = ls.document_path(uri)
+    if path is None:
         return None
     document = ls.workspace.get_text_document(uri)
     source = document.source
-    if "capture_outputs" not in source and "_can_record_outputs" not in source:
+    if "capture_outputs" not in source and "_can_record_outputs" not in source and not is_modular_file(path):
         return source, Analysis(None, {}, set(), [], [], [])
     parsed = ls.parsed_document(uri)
     cached = parsed.recorders
     if cached is None or cached[0] != document.version or cached[1] != source:
-        cached = parsed.recorders = (document.version, source, analyze_source(source, ls.uri_to_path(uri)))
+        # NOTE: a modular file is checked as its generated twin (`modular.recorders`), read from disk each version
+        analysis = (
+            analyze_modular(source, path, document_map(ls, uri))
+            if is_modular_file(path)
+            else analyze_source(source, path)
+        )
+        cached = parsed.recorders = (document.version, source, analysis)
     return cached[1], cached[2]
 
 

@@ -156,11 +156,15 @@ def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff
     previous, session.diff = session.diff, diff
     by_file: dict[str, list[dict[str, Any]]] = {}
     current_lines: dict[str, dict[int, int]] = {}
-    for (file, line), mark in diff.statuses.items():
-        if file not in current_lines:
-            current_lines[file] = _current_lines(ls, file)
-        current = current_lines[file].get(line, line - 1)
-        by_file.setdefault(file, []).append({"line": current, "status": mark.status, "message": mark.message})
+    loaded = session.trace
+    for (traced_file, traced_line), mark in diff.statuses.items():
+        # NOTE: a generated file's marks also go on the modular lines that map onto it (`modular`)
+        twins = loaded.modular_lines(traced_file, traced_line) if loaded is not None else []
+        for file, line in [(traced_file, traced_line), *twins]:
+            if file not in current_lines:
+                current_lines[file] = _current_lines(ls, file)
+            current = current_lines[file].get(line, line - 1)
+            by_file.setdefault(file, []).append({"line": current, "status": mark.status, "message": mark.message})
     for file, lines in by_file.items():
         # NOTE: kept as sent, so that an edit moves them with their lines and marks them stale (`stale`)
         diff.shown[file] = {item["line"]: item for item in lines}
@@ -168,7 +172,7 @@ def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff
     if previous is not None:
         for file in previous.files - set(by_file):
             notify_line_marks(ls, file, [])
-    publish_divergence(ls, session, divergence_diagnostic(ls, diff.divergence))
+    publish_divergence(ls, session, divergence_diagnostic(ls, diff.divergence, session))
     ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, session.uri, diff))
 
 
@@ -222,13 +226,20 @@ def forget_diff(ls: ModelTraceServer, session: DocumentSession) -> None:
     publish_divergence(ls, session, None)
 
 
-def divergence_diagnostic(ls: ModelTraceServer, divergence: dict[str, Any] | None) -> Located | None:
+def divergence_diagnostic(
+    ls: ModelTraceServer, divergence: dict[str, Any] | None, session: DocumentSession | None = None
+) -> Located | None:
     """`(uri, Warning)` at the first divergence's first differing line when the diff found one (line records on
-    both sides), else at its call site, with its numbers and what differs in how it was built; None without one."""
+    both sides), else at its call site, with its numbers and what differs in how it was built; None without one.
+    A traced modular file gets it on its line that maps onto that generated line, when one does."""
     called_at = (divergence or {}).get("line") or (divergence or {}).get("called_at")
     if divergence is None or not called_at or not called_at.get("file"):
         return None
     file, trace_line = called_at["file"], int(called_at["line"])
+    if session is not None and session.trace is not None:
+        owned = [twin for twin in session.trace.modular_lines(file, trace_line) if twin[0] == session.trace.owner]
+        if owned:
+            file, trace_line = owned[0]
     line = _current_lines(ls, file).get(trace_line, trace_line - 1)
     document = ls.open_document(file)
     lines = split_lines(document.source) if document is not None else (read_lines(file) or [])

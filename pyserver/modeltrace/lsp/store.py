@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from lsprotocol import types
 
 from modeltrace.lsp.remap import remap_lines, split_lines
+from modeltrace.modular.annotate import modular_entries
+from modeltrace.modular.mapping import map_modular_file
+from modeltrace.modular.twins import modular_twin
 from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
 from modeltrace.trace.records import Trace
 from modeltrace.trace.source_files import MAX_SOURCE_LINES, UnreadableSource, read_source_text
@@ -44,6 +47,10 @@ class FileHints:
     key: int = 0
     by_line: dict[int, TracedLine] = field(default_factory=dict)
     sorted_lines: list[int] = field(default_factory=list)
+    # A modular file's hints (`modular_hints`): the generated file they come from, and its traced lines' modular
+    # lines (generated trace line -> modular trace lines), so that marks on the generated lines reach them too.
+    twin: str | None = None
+    from_twin: dict[int, list[int]] = field(default_factory=dict)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
     # Keyed by (detail, placement, stale, line, gradient hints): a line may have several hints (one per assigned name).
     hint_cache: dict[tuple[HintDetail, str, bool, int, bool], list[types.InlayHint]] = field(default_factory=dict)
@@ -94,6 +101,15 @@ class DocumentTrace:
     def call_count(self) -> int:
         return len(self.trace.modules)
 
+    def modular_lines(self, file: str, trace_line: int) -> list[tuple[str, int]]:
+        """(modular file, its trace line) for each modular line that maps onto `file`'s `trace_line`."""
+        return [
+            (hints.path, modular_line)
+            for hints in self.files.values()
+            if hints.twin == file
+            for modular_line in hints.from_twin.get(trace_line, ())
+        ]
+
 
 def read_lines(path: str) -> list[str] | None:
     """A source file's lines as LSP numbers them, or None when it is not read (deleted, not text, not a regular
@@ -104,13 +120,40 @@ def read_lines(path: str) -> list[str] | None:
         return None
 
 
+def modular_hints(owner: str, generated: str, entries: dict[int, LineEntry]) -> FileHints | None:
+    """The hints of the modular file a traced generated file was written from (`modular_x.py` beside
+    `modeling_x.py`): its twin lines' entries on the modular lines that map onto them (`modular/`); None without
+    a modular file, or when one of the two does not parse (nothing maps)."""
+    modular = modular_twin(generated)
+    if modular is None:
+        return None
+    try:
+        mapping = map_modular_file(modular)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    lines = read_lines(str(modular))
+    if lines is None:
+        return None
+    by_trace_line = {line: TracedLine(entry) for line, entry in modular_entries(mapping, entries).items()}
+    return FileHints(
+        path=str(modular),
+        owner=owner,
+        by_trace_line=by_trace_line,
+        lines=lines,
+        twin=generated,
+        from_twin=mapping.modular_lines(),
+    )
+
+
 def build_document_trace(
     owner: str, uri: str, trace_path: str, trace: Trace, readable: Callable[[str], bool] | None = None
 ) -> DocumentTrace:
     """Index a trace by file and line (CPU work: run it off the event loop). Only the files that `readable`
-    accepts (all by default) are read: a loaded trace's others are indexed without their text."""
+    accepts (all by default) are read: a loaded trace's others are indexed without their text. A traced generated
+    file's modular file (`modular_x.py` beside `modeling_x.py`) gets the hints of the lines it maps onto."""
     files: dict[str, FileHints] = {}
-    for path, entries in index_module_calls(trace).items():
+    index = index_module_calls(trace)
+    for path, entries in index.items():
         by_trace_line = {line: TracedLine(entry) for line, entry in entries.items()}
         # NOTE: the worker traced the file as it was on disk; the hints start from that text and follow
         # edits from there (an open document with unsaved changes is remapped right after loading).
@@ -121,4 +164,11 @@ def build_document_trace(
             by_trace_line = {line: traced for line, traced in by_trace_line.items() if line <= MAX_SOURCE_LINES}
             lines = [""] * (max(by_trace_line, default=0) + 1)
         files[path] = FileHints(path=path, owner=owner, by_trace_line=by_trace_line, lines=lines)
+    for path, entries in index.items():
+        # NOTE: only beside a generated file that may be read (a loaded trace names paths: they are data)
+        if readable is not None and not readable(path):
+            continue
+        hints = modular_hints(owner, path, entries)
+        if hints is not None and hints.path not in files:
+            files[hints.path] = hints
     return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)

@@ -19,6 +19,7 @@ import torch
 
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.building import BuiltModel, build_from_request
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
@@ -55,21 +56,31 @@ def run_trace_job(request: TraceRequest, progress: ProgressCallback) -> TraceRes
     suspect modules for a diff instead (`worker/replay.py`): it writes no trace. Raises `JobFailed`."""
     if request.replay is not None:
         return run_replay_job(request, progress)
+    import dataclasses
     import tempfile
 
+    # NOTE: a modular file runs as the file transformers generates from it (`modular/twins.py`): the build, the
+    # line capture and the trace's `file` are the generated twin's; the header keeps the modular file
+    modular = None
+    if request.file and not request.recipe and is_modular_file(request.file):
+        modular = str(Path(request.file).resolve())
+        request = dataclasses.replace(request, file=str(resolve_generated(modular)))
     # NOTE: where accelerate writes the weights of a `--device-map` run it offloads to disk (those the
     # checkpoint's own safetensors cannot serve); removed when the trace is written or has failed
     offload_folder = tempfile.mkdtemp(prefix="modeltrace-offload-") if request.device_map else None
     try:
-        return _run_trace(request, progress, offload_folder)
+        result = _run_trace(request, progress, offload_folder, modular)
     finally:
         if offload_folder is not None:
             import shutil
 
             shutil.rmtree(offload_folder, ignore_errors=True)
+    return result
 
 
-def _run_trace(request: TraceRequest, progress: ProgressCallback, offload_folder: str | None) -> TraceResult:
+def _run_trace(
+    request: TraceRequest, progress: ProgressCallback, offload_folder: str | None, modular: str | None = None
+) -> TraceResult:
     started = time.perf_counter()
     source = request.recipe or request.file
     if request.generate and request.backward:
@@ -85,7 +96,7 @@ def _run_trace(request: TraceRequest, progress: ProgressCallback, offload_folder
     except Exception as error:
         raise JobFailed(error, "build") from error
     try:
-        return _run_built(request, progress, built, constructions, started)
+        return _run_built(request, progress, built, constructions, started, modular)
     except Exception as error:
         # NOTE: a failure from here on names the class that ran, and what to provide instead of a guessed build
         raise JobFailed(error, "forward", built.model_class, built.notes.get("unverified")) from error
@@ -97,6 +108,7 @@ def _run_built(
     built: BuiltModel,
     constructions: ConstructionRecorder,
     started: float,
+    modular: str | None = None,
 ) -> TraceResult:
     # NOTE: a shape-only model stays on the meta device, built in the requested dtype; one loaded with a device
     # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
@@ -176,6 +188,7 @@ def _run_built(
         {
             "class": built.model_class,
             "file": real_path(request.file),
+            **({"modular": real_path(modular)} if modular else {}),
             "recipe": real_path(request.recipe) if request.recipe else None,
             "config": built.config,
             "inputs": [summary.to_json() for summary in _input_summaries(built)],

@@ -19,6 +19,7 @@ from types import ModuleType
 from torch import nn
 
 from modeltrace.errors import ModelTraceError
+from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.rules import base_model_order, pick_base_model
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -110,7 +111,8 @@ def _mount_package(name: str, top: Path) -> None:
 
 
 def import_user_file(path: Path) -> ModuleType:
-    """Import a modeling file as its package sees it, so relative imports (`.configuration_x`) work.
+    """Import a modeling file as its package sees it, so relative imports (`.configuration_x`) work; a modular
+    file (`modular_x.py`) is its generated twin (`modeling_x.py`).
 
     The topmost folder of the chain of packages (folders with `__init__.py`) above the file is put on
     `sys.path` and the file imported under its dotted name; a file outside any package is imported by stem.
@@ -123,6 +125,10 @@ def import_user_file(path: Path) -> ModuleType:
         raise ModelTraceError(f"{path}: no such file")
     if path.suffix != ".py":
         raise ModelTraceError(f"{path}: not a Python file")
+    if is_modular_file(path):
+        # NOTE: modular source only means something through transformers' converter (`nn.Module.__init__()` without
+        # `self`, `del` of inherited attributes): what runs is the generated twin beside it (`modular/twins.py`)
+        path = resolve_generated(path)
     parts = [path.stem]
     folder = path.parent
     while (folder / "__init__.py").is_file():

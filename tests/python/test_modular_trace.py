@@ -1,0 +1,122 @@
+"""`modeltrace trace modular_<name>.py`: a modular file traces as the generated modeling file beside it, and the CLI
+prints the modular file annotated with what its generated twin's lines produced.
+
+Each trace runs in its own interpreter on a model folder copied out of the installed transformers (importing the
+copy replaces `transformers.models.<name>` in that process).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import transformers
+
+from conftest import line_of
+
+
+MODELS = Path(transformers.__file__).resolve().parent / "models"
+
+
+def copy_model_folder(name: str, destination: Path) -> Path:
+    folder = destination / name
+    shutil.copytree(MODELS / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "modeltrace", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=cwd,
+    )
+
+
+def listing_line(listing: str, number: int) -> str:
+    """The listing's row of source line `number` (rows start with the right-aligned line number)."""
+    for row in listing.splitlines():
+        head = row.lstrip()
+        if head.split(" ", 1)[0] == str(number):
+            return row
+    raise AssertionError(f"line {number} not in the listing")
+
+
+def test_a_modular_file_traces_its_model_and_prints_its_own_lines_annotated(tmp_path: Path) -> None:
+    folder = copy_model_folder("apertus", tmp_path)
+    modular = folder / "modular_apertus.py"
+    generated = folder / "modeling_apertus.py"
+    out = tmp_path / "apertus.mtrace"
+    completed = run_cli("trace", str(modular), "--lines", "--out", str(out), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    listing = completed.stdout
+    header = listing.splitlines()[0]
+    # built from the model's own config (ApertusConfig, from the modular file), by running the generated file
+    assert header.startswith(f"# ApertusModel traced from {modular.resolve()} (run as its generated twin")
+    assert "modeling_apertus.py" in header
+    # lines of the modular file carry their generated twin's hints
+    attention_norm = line_of(modular, "hidden_states = self.attention_layernorm(hidden_states)")
+    assert "# [1, 7, " in listing_line(listing, attention_norm)
+    # methods a class inherits unchanged are named with where they run
+    rotary = line_of(modular, "class ApertusRotaryEmbedding(LlamaRotaryEmbedding):")
+    forward_line = line_of(generated, "def forward(self, x, position_ids", occurrence=0)
+    assert (
+        "# `forward`: inherited from `LlamaRotaryEmbedding.forward`" in listing
+        and f"modeling_apertus.py:{forward_line}" in listing
+    ), listing.splitlines()[rotary - 1 : rotary + 6]
+    # a `super().forward(...)` line says where the parent body the converter inlined for it runs
+    call = line_of(modular, "return super().forward(**super_kwargs)")
+    rows = listing.splitlines()
+    note = rows[rows.index(listing_line(listing, call)) + 1].strip()
+    assert note.startswith("# runs the parent's body, inlined: modeling_apertus.py:"), note
+    first, last = (int(number) for number in note.rsplit(":", 1)[1].split("-"))
+    inlined = generated.read_text().splitlines()[first - 1 : last]
+    assert any("logits = self.lm_head(hidden_states)" in text for text in inlined)
+    trace = json.loads(run_cli("show", str(out), "--format", "json", cwd=tmp_path).stdout)
+    assert trace["model"]["file"] == str(generated.resolve())
+    assert trace["model"]["modular"] == str(modular.resolve())
+    config = trace["model"]["config"]
+    assert config.get("model_type") == "apertus", config.get("model_type")
+    # `show` prints the modular file by default, the generated one on request
+    shown = run_cli("show", str(out), cwd=tmp_path).stdout
+    assert shown.splitlines()[0] == header
+    shown_generated = run_cli("show", str(out), "--file", str(generated), cwd=tmp_path).stdout
+    assert shown_generated.splitlines()[0].startswith(f"# ApertusModel traced from {generated.resolve()}:")
+
+
+def test_a_modular_file_without_its_generated_twin_is_refused_with_the_command(tmp_path: Path) -> None:
+    folder = copy_model_folder("qwen3", tmp_path)
+    (folder / "modeling_qwen3.py").unlink()
+    before = sorted(path.name for path in folder.iterdir())
+    completed = run_cli("trace", str(folder / "modular_qwen3.py"), "--out", str(tmp_path / "q.mtrace"), cwd=tmp_path)
+    assert completed.returncode == 2
+    modular = (folder / "modular_qwen3.py").resolve()
+    assert f"{folder.resolve() / 'modeling_qwen3.py'} does not exist" in completed.stderr
+    assert f"python utils/modular_model_converter.py --files_to_parse {modular}" in completed.stderr
+    assert sorted(path.name for path in folder.iterdir()) == before
+    assert not (tmp_path / "q.mtrace").exists()
+
+
+def test_an_out_of_date_generated_file_is_said_in_the_listing(tmp_path: Path) -> None:
+    folder = copy_model_folder("qwen3", tmp_path)
+    modular = folder / "modular_qwen3.py"
+    out = tmp_path / "q.mtrace"
+    completed = run_cli("trace", str(modular), "--out", str(out), cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "out of date" not in completed.stdout
+    source = modular.read_text()
+    modular.write_text(
+        source.replace("attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2")
+    )
+    shown = run_cli("show", str(out), cwd=tmp_path).stdout
+    edited = line_of(modular, "attn_output = self.o_proj(attn_output) * 2")
+    assert (
+        f"# note: modeling_qwen3.py is out of date with modular_qwen3.py: line {edited} (Qwen3Attention.forward)"
+        in shown
+    )
+    assert f"python utils/modular_model_converter.py --files_to_parse {modular.resolve()}" in shown
