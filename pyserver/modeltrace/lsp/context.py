@@ -32,7 +32,6 @@ from modeltrace.worker.client import WorkerClient
 
 
 if TYPE_CHECKING:
-    from modeltrace.lsp.modular import MapKey
     from modeltrace.modular.mapping import ModularMap
     from modeltrace.recorders.static import Analysis
 
@@ -167,6 +166,16 @@ class ModelTraceServer(LanguageServer):
             self.workspace_inlay_hint_refresh(None)
         if workspace.code_lens is not None and workspace.code_lens.refresh_support:
             self.workspace_code_lens_refresh(None)
+
+
+@dataclass(frozen=True, slots=True)
+class MapKey:
+    """What a modular document's map was computed from (`lsp.modular`): its version and text, and its generated
+    twin's modification time."""
+
+    version: int | None
+    source: str
+    twin_mtime_ns: int
 
 
 @dataclass(slots=True)

@@ -8,14 +8,13 @@ version. A trace's hints reach the modular lines through the same map (`store.mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
-from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.context import MapKey, ModelTraceServer
 from modeltrace.modular.annotate import inlined_note
 from modeltrace.modular.mapping import InheritedMethod, ModularMap, map_modular, sibling_definitions
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
@@ -23,15 +22,6 @@ from modeltrace.modular.twins import generated_path, is_modular_file, regenerate
 SOURCE = "ModelTrace modular"
 # NOTE: a client command (`extension.ts`): opens a document at a 0-based line; any other client shows the title.
 GO_TO_LINE = "modelTrace.goToLine"
-
-
-@dataclass(frozen=True, slots=True)
-class MapKey:
-    """What a document's map was computed from: its version and text, and its twin's modification time."""
-
-    version: int | None
-    source: str
-    twin_mtime_ns: int
 
 
 def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:

@@ -14,7 +14,7 @@ import logging
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.modular import document_map
+from modeltrace.lsp.modular import document_map, staleness_diagnostics
 from modeltrace.modular.recorders import analyze_modular
 from modeltrace.modular.twins import is_modular_file
 from modeltrace.recorders import analyze_source
@@ -76,8 +76,10 @@ def _diagnostic(source: str, problem: Problem) -> types.Diagnostic:
 def document_diagnostics(
     ls: ModelTraceServer, params: types.DocumentDiagnosticParams
 ) -> types.FullDocumentDiagnosticReport:
+    """The pulled (static) diagnostics: recorder problems, and a modular file's out-of-date generated twin."""
     found = _analysis(ls, params.text_document.uri)
     items = [] if found is None else [_diagnostic(found[0], p) for p in found[1].problems]
+    items.extend(staleness_diagnostics(ls, params.text_document.uri))
     return types.FullDocumentDiagnosticReport(items=items)
 
 

@@ -24,7 +24,6 @@ from modeltrace.lsp import (
     hints,
     hover,
     methods,
-    modular,
     plot,
     recorders,
 )
@@ -105,22 +104,13 @@ def create_server() -> ModelTraceServer:
     server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
     server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
-        answered(types.TEXT_DOCUMENT_DIAGNOSTIC, _document_diagnostics)
+        answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
     )
     server.feature(types.TEXT_DOCUMENT_CODE_ACTION, recorders.CODE_ACTION_OPTIONS)(
         answered(types.TEXT_DOCUMENT_CODE_ACTION, recorders.code_actions)
     )
     server.feature(types.SHUTDOWN)(_shutdown)
     return server
-
-
-def _document_diagnostics(
-    ls: ModelTraceServer, params: types.DocumentDiagnosticParams
-) -> types.FullDocumentDiagnosticReport:
-    """The pulled (static) diagnostics: recorder problems, and a modular file's out-of-date generated twin."""
-    report = recorders.document_diagnostics(ls, params)
-    report.items.extend(modular.staleness_diagnostics(ls, params.text_document.uri))
-    return report
 
 
 def _shutdown(ls: ModelTraceServer, params: None) -> None:

@@ -244,6 +244,7 @@ async def test_a_refused_load_leaves_nothing_behind(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak - before > 10 * 1024 * 1024, "the load did not decode the trace: this test could not fail"
-    # NOTE: what stays is the interpreter's table of interned strings, grown by the keys (~1 MB); the old code
-    # kept the whole decoded trace (29 MB) alive in the failed load's frames.
-    assert after - before < 2 * 1024 * 1024
+    # NOTE: what stays is the interpreter's table of interned strings, grown by the keys (~1 MB), and whatever
+    # another thread of the test process allocated meanwhile (tracemalloc counts every thread); the old code kept
+    # the whole decoded trace (29 MB) alive in the failed load's frames.
+    assert after - before < 8 * 1024 * 1024
