@@ -186,6 +186,34 @@ describe("ModelTrace in a trusted workspace", () => {
         await vscode.window.showTextDocument(editor.document);
     });
 
+    it("traces a modular file through its generated twin and shows the twin's hints on the modular lines", async () => {
+        // copied/qwen3/modular_qwen3.py: Qwen3Attention overrides forward; Qwen3Model is only in the generated file.
+        const modular: vscode.TextEditor = await openInEditor("copied/qwen3/modular_qwen3.py");
+        const document: vscode.TextDocument = modular.document;
+        const line: number = lineOf(document, "query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape))");
+        const started: number = Date.now();
+        const result = (await vscode.commands.executeCommand("modelTrace.trace", document.uri.toString())) as { ok: boolean; message?: string };
+        assert.equal(result?.ok, true, `tracing the modular file failed: ${JSON.stringify(result)}`);
+        let hints: vscode.InlayHint[] = [];
+        while (Date.now() - started < traceTimeoutMs) {
+            hints = (await inlayHints(document)).filter((hint) => hint.position.line === line);
+            if (hints.length > 0) {
+                break;
+            }
+            await sleep(500);
+        }
+        hostLog(`modular qwen3 traced in ${((Date.now() - started) / 1000).toFixed(1)} s; query_states: ${hints.map(labelText).join(" ")}`);
+        assert.deepEqual(hints.map(labelText), [": [1,4,7,16]"]);
+        // the methods a modular class inherits unchanged are named, with where their generated lines are
+        const lenses = (await vscode.commands.executeCommand("vscode.executeCodeLensProvider", document.uri)) as vscode.CodeLens[];
+        const titles: string[] = lenses.map((lens) => lens.command?.title ?? "");
+        assert.ok(
+            titles.some((title) => /inherited from `\w+\.forward`, \d+ lines: modeling_qwen3\.py:\d+/.test(title)),
+            `no inherited-method lens on modular_qwen3.py: ${JSON.stringify(titles)}`,
+        );
+        await vscode.window.showTextDocument(editor.document);
+    });
+
     it("imports the traced file: tracing the trap package writes its sentinel (the untrusted suite's check can fail)", async () => {
         assert.deepEqual(sentinels().filter((name) => name.startsWith("modeling-import-")), [], "the trap ran before it was traced");
         const trap: vscode.TextEditor = await openInEditor(trapModelingFile);
