@@ -49,6 +49,8 @@ if [ ! -x "$CODE_SERVER_BIN" ] || [ "$(cat "$CODE_SERVER_DIR/.installed" 2>/dev/
     npm install --no-save --no-audit --no-fund --loglevel=error "code-server@$CODE_SERVER_VERSION")
   echo "$CODE_SERVER_VERSION" > "$CODE_SERVER_DIR/.installed"
 fi
+# NOTE: the by-hand driver (shared/ux/driver.mjs) looks for code-server in the checkout's .e2e/
+ln -sfn "$CODE_SERVER_DIR" "$E2E/code-server"
 
 # The bundled mode's interpreter: torch and transformers (pinned), nothing of ModelTrace.
 # NOTE: keyed by the lock file, whose transformers pin it installs.
