@@ -29,19 +29,42 @@ def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> Located | No
     uri = file_uri(ls, file)
     lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
     text = lines[line - 1] if line - 1 < len(lines) else ""
-    start = len(text) - len(text.lstrip())
     first_line = next(iter(error.message.strip().splitlines()), "")
     kind = error.kind
-    units = ls.workspace.position_codec.client_num_units
     return uri, types.Diagnostic(
-        range=types.Range(
-            start=types.Position(line=line - 1, character=units(text[:start])),
-            end=types.Position(line=line - 1, character=units(text)),
-        ),
+        range=_line_range(ls, text, line),
         message=f"{kind}: {first_line}" if first_line else kind,
         severity=types.DiagnosticSeverity.Error,
         source=DIAGNOSTIC_SOURCE,
+        related_information=_callers(ls, error) or None,
     )
+
+
+def _line_range(ls: ModelTraceServer, text: str, line: int) -> types.Range:
+    """The range of a 1-based line's code (its text without the indentation)."""
+    units = ls.workspace.position_codec.client_num_units
+    start = len(text) - len(text.lstrip())
+    return types.Range(
+        start=types.Position(line=line - 1, character=units(text[:start])),
+        end=types.Position(line=line - 1, character=units(text)),
+    )
+
+
+def _callers(ls: ModelTraceServer, error: WorkerError) -> list[types.DiagnosticRelatedInformation]:
+    """The user's lines that called into the failing one, nearest first: the nearest passed the arguments the
+    error is about (an edit that passes the wrong tensor fails further in, where the tensor is used)."""
+    related = []
+    for frame in error.callers:
+        document = ls.open_document(frame.file)
+        lines = split_lines(document.source) if document is not None else (read_lines(frame.file) or [])
+        text = lines[frame.line - 1] if 0 < frame.line <= len(lines) else ""
+        related.append(
+            types.DiagnosticRelatedInformation(
+                location=types.Location(uri=file_uri(ls, frame.file), range=_line_range(ls, text, frame.line)),
+                message=f"called from {frame.function}, line {frame.line}: {text.strip()}",
+            )
+        )
+    return related
 
 
 def publish_failure(ls: ModelTraceServer, owner: str, error: WorkerError) -> None:

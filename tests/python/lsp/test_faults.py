@@ -176,3 +176,37 @@ async def test_trace_process_killed_from_outside(client: LanguageClient, tmp_pat
 
     assert not result["ok"] and "killed" in result["message"], result
     await _assert_unharmed(client, example_hints, shown)
+
+
+async def test_a_code_error_every_input_set_hits_is_said_as_such_and_names_the_call_that_passed_the_tensor(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    # An edit that passes the MLP half the hidden width: the matmul inside the MLP raises, at every size and
+    # with every input set. It is the code, not the inputs, and the edited call line is named.
+    modeling_file = copy_example(tmp_path)
+    edited = _break_file(
+        "hidden_states = self.mlp(hidden_states)", "hidden_states = self.mlp(hidden_states[..., :32])"
+    )
+    call_line = edited(modeling_file)
+    uri = open_document(client, modeling_file)
+    raising_line = line_of(modeling_file, "gate = self.activation(self.gate_proj(hidden_states))")
+
+    result = await execute(client, "modelTrace.trace", uri)
+
+    assert not result["ok"], result
+    message = result["message"]
+    assert message.startswith("ModelTrace: TinyLlamaModel.forward raised RuntimeError: mat1 and mat2 shapes"), message
+    assert (
+        f"fails with this error at line {raising_line + 1} of modeling_tiny_llama.py, called from line "
+        f"{call_line + 1}: an error in the code, not in the inputs"
+    ) in message, message
+    assert "ran unaided" not in message
+    (diagnostic,) = await wait_until(lambda: client.diagnostics.get(uri))
+    assert diagnostic.range.start.line == raising_line
+    # Nearest caller first: the edited line, then the model's loop over its layers that called it.
+    nearest, *further = diagnostic.related_information
+    assert nearest.location.uri == uri and nearest.location.range.start.line == call_line, nearest
+    assert nearest.message == (
+        f"called from forward, line {call_line + 1}: hidden_states = self.mlp(hidden_states[..., :32])"
+    )
+    assert further and all(item.location.uri == uri and item.location.range.start.line > call_line for item in further)
