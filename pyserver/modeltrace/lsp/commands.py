@@ -23,7 +23,7 @@ from pygls.uris import from_fs_path, to_fs_path
 from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
+from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, editor_wording, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.modular import generated_classes
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
@@ -187,6 +187,8 @@ def _request(
         backward=mode == "backward",
         shape_only=settings.shape_only,
         checkpoint=settings.checkpoint,
+        recipe=workspace_path(ls, settings.recipe) if settings.recipe else None,
+        config=workspace_path(ls, settings.config) if settings.config else None,
         device_map=settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
         full_tensors=(full_tensors or path in ls.references) and not settings.shape_only,
@@ -321,10 +323,8 @@ def _report_failure(
         ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
     # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
-    return {
-        **_fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}"),
-        "cause": error.cause,
-    }
+    message = _worker_start_message(error, python) or f"ModelTrace: {editor_wording(str(failure))}"
+    return {**_fail(ls, uri, token, message), "cause": error.cause}
 
 
 def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrace, notes: list[Located]) -> None:

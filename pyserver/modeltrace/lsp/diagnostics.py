@@ -6,6 +6,8 @@ changed files were published, so that the next trace (or a clear) removes them, 
 
 from __future__ import annotations
 
+import re
+
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
@@ -17,6 +19,27 @@ from modeltrace.worker.messages import WorkerError
 
 
 DIAGNOSTIC_SOURCE = "ModelTrace"
+
+# The worker's advice names the CLI's options; in the editor each names the setting that does the same. Rows:
+# (the CLI's words, the editor's), the more specific first; each applies once to what the rows before left.
+EDITOR_WORDING: tuple[tuple[str, str], ...] = (
+    (r"pass --config or --recipe", "set modelTrace.config to a config.json or modelTrace.recipe to a recipe"),
+    (r"pass --config with a small(er)? config\.json", r"set modelTrace.config to a small\1 config.json"),
+    (r"pass --recipe\b", "set modelTrace.recipe to a recipe"),
+    (r"pass --model CLASS", "use the ▶ Trace forward lens of the class to trace"),
+    (r"pass --shape-only", "turn on modelTrace.shapeOnly"),
+    (r"--config with a small(er)? config\.json", r"modelTrace.config set to a small\1 config.json"),
+    (r"--recipe\b", "modelTrace.recipe set to a recipe"),
+    (r"--config\b", "modelTrace.config"),
+    (r"--shape-only\b", "modelTrace.shapeOnly"),
+)
+
+
+def editor_wording(message: str) -> str:
+    """`message` with the CLI options it advises named as the editor's settings (`EDITOR_WORDING`)."""
+    for pattern, replacement in EDITOR_WORDING:
+        message = re.sub(pattern, replacement, message)
+    return message
 
 
 def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> Located | None:
@@ -33,7 +56,7 @@ def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> Located | No
     kind = error.kind
     return uri, types.Diagnostic(
         range=_line_range(ls, text, line),
-        message=f"{kind}: {first_line}" if first_line else kind,
+        message=editor_wording(f"{kind}: {first_line}" if first_line else kind),
         severity=types.DiagnosticSeverity.Error,
         source=DIAGNOSTIC_SOURCE,
         related_information=_callers(ls, error) or None,

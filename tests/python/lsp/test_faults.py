@@ -201,6 +201,8 @@ async def test_a_code_error_every_input_set_hits_is_said_as_such_and_names_the_c
         f"{call_line + 1}: an error in the code, not in the inputs"
     ) in message, message
     assert "ran unaided" not in message
+    # Should the inputs be at fault after all, the editor's setting is named, not a command-line flag.
+    assert "set modelTrace.recipe to a recipe" in message and "--recipe" not in message, message
     (diagnostic,) = await wait_until(lambda: client.diagnostics.get(uri))
     assert diagnostic.range.start.line == raising_line
     # Nearest caller first: the edited line, then the model's loop over its layers that called it.
