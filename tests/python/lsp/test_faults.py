@@ -212,3 +212,24 @@ async def test_a_code_error_every_input_set_hits_is_said_as_such_and_names_the_c
         f"called from forward, line {call_line + 1}: hidden_states = self.mlp(hidden_states[..., :32])"
     )
     assert further and all(item.location.uri == uri and item.location.range.start.line > call_line for item in further)
+
+    # Two lines added at the top: the error and its calling lines move with their lines.
+    broken = modeling_file.read_text()
+    _replace_document(client, uri, 2, "# one\n# two\n" + broken)
+    (moved,) = await wait_until(
+        lambda: [item for item in client.diagnostics.get(uri, []) if item.range.start.line == raising_line + 2]
+    )
+    assert moved.related_information[0].location.range.start.line == call_line + 2
+    # The call that passed the wrong tensor fixed (the line that raised is untouched): the error leaves at once.
+    fixed = broken.replace("self.mlp(hidden_states[..., :32])", "self.mlp(hidden_states)")
+    _replace_document(client, uri, 3, "# one\n# two\n" + fixed)
+    await wait_until(lambda: not client.diagnostics.get(uri))
+
+
+def _replace_document(client: LanguageClient, uri: str, version: int, text: str) -> None:
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+        )
+    )
