@@ -44,13 +44,15 @@ const traceCommands: ReadonlySet<string> = new Set<string>([
     serverCommands.traceBackward,
 ]);
 
-/** The reference a `setReference` / `pinReference` result says was set, else undefined. */
+/** The reference a `setReference` / `pinReference` result says was set, else undefined (also when the result
+ * carries a `message`: the server has told the user already, as `pinReference` does to say what the reference
+ * holds, full tensors or statistics only). */
 export function referenceSetBy(command: string, result: unknown): string | undefined {
     if (!referenceCommands.has(command) || typeof result !== "object" || result === null) {
         return undefined;
     }
-    const { ok, reference } = result as { ok?: unknown; reference?: unknown };
-    return ok === true && typeof reference === "string" ? reference : undefined;
+    const { ok, reference, message } = result as { ok?: unknown; reference?: unknown; message?: unknown };
+    return ok === true && typeof reference === "string" && typeof message !== "string" ? reference : undefined;
 }
 
 /** languageclient `middleware.executeCommand`; `onReferenceSet` hears of a reference the command set. */

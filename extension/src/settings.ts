@@ -40,6 +40,10 @@ export interface ModelTraceSettings {
     checkpoint: string;
     /** With a checkpoint: accelerate's device map ("auto", or JSON); "" means one device. */
     deviceMap: string;
+    /** A recipe file (build_model(), build_inputs(model)) traces are built with; relative: the workspace's; "" none. */
+    recipe: string;
+    /** A small config.json traces build the model from; relative: the workspace's; "" the shrunk defaults. */
+    config: string;
     /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
     diffAtol: number | null;
     diffRtol: number | null;
@@ -77,6 +81,8 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     shapeOnly: false,
     checkpoint: "",
     deviceMap: "",
+    recipe: "",
+    config: "",
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
@@ -125,6 +131,8 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const shapeOnly: unknown = configuration.get("shapeOnly");
     const checkpoint: unknown = configuration.get("checkpoint");
     const deviceMap: unknown = configuration.get("deviceMap");
+    const recipe: unknown = configuration.get("recipe");
+    const config: unknown = configuration.get("config");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
     const diffMapping: unknown = configuration.get("diffMapping");
@@ -152,6 +160,8 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         shapeOnly: typeof shapeOnly === "boolean" ? shapeOnly : defaultSettings.shapeOnly,
         checkpoint: typeof checkpoint === "string" ? checkpoint.trim() : defaultSettings.checkpoint,
         deviceMap: typeof deviceMap === "string" ? deviceMap.trim() : defaultSettings.deviceMap,
+        recipe: typeof recipe === "string" ? recipe.trim() : defaultSettings.recipe,
+        config: typeof config === "string" ? config.trim() : defaultSettings.config,
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],

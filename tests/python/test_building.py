@@ -24,6 +24,7 @@ from modeltrace.worker.building import BuildSpec, InputSpec, InputSynthesizer, b
 from modeltrace.worker.building import input_forms
 from modeltrace.worker.building.input_spec import BATCH_SIZE, SEQUENCE_LENGTH
 from modeltrace.worker.building.strategies import choose_strategy
+from modeltrace.worker.building.trials import Attempt, code_error, lines_in_file
 
 from conftest import EXAMPLE_MODELING_FILE
 
@@ -118,3 +119,28 @@ def test_the_traced_inputs_are_those_of_the_variant_that_ran() -> None:
     assert built.kwargs["input_ids"].shape == (BATCH_SIZE, SEQUENCE_LENGTH, 32)
     with torch.no_grad():
         built.model(**built.kwargs)
+
+
+def test_a_code_error_is_the_same_error_at_the_same_lines_of_the_file_for_every_input_set(tmp_path: Path) -> None:
+    # The lines of the traced file in a real traceback, innermost first: the line that raised, then its caller.
+    modeling = tmp_path / "modeling_broken.py"
+    modeling.write_text("def inner(x):\n    return x @ x\n\n\ndef outer(x):\n    return inner(x[..., :2])\n")
+    namespace: dict = {}
+    exec(compile(modeling.read_text(), str(modeling), "exec"), namespace)  # noqa: S102 - the test's own file
+    with pytest.raises(RuntimeError) as caught:
+        namespace["outer"](torch.ones(3, 4))
+    lines = lines_in_file(caught.value, modeling)
+    assert lines == (2, 6)
+    assert lines_in_file(caught.value, tmp_path / "other.py") == () and lines_in_file(caught.value, None) == ()
+
+    same = [
+        Attempt("default", "-", "config rejected: too small"),  # built nothing: not an input set that ran
+        Attempt("default", "input_ids", "RuntimeError: mat1 and mat2 shapes (7x32 and 64x128)", lines),
+        Attempt("tiny", "inputs_embeds", "RuntimeError: mat1 and mat2 shapes (7x16 and 32x64)", lines),
+    ]
+    assert code_error(same) is same[1]
+    # Another place, another error, or no line of the file: the inputs may be at fault; said as before.
+    assert code_error([*same, Attempt("tiny", "x", same[1].error, (9, 6))]) is None
+    assert code_error([*same, Attempt("tiny", "x", "IndexError: index 7 is out of range", lines)]) is None
+    assert code_error([Attempt("default", "input_ids", same[1].error)]) is None
+    assert code_error([same[0]]) is None

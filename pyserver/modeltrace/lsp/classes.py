@@ -36,6 +36,10 @@ class ModuleClass:
     has_forward: bool = True
     # NOTE: it or a base of the file derives from transformers' `GenerationMixin`: a "Trace generate" lens
     generates: bool = False
+    # NOTE: a plain module whose own `__init__` takes no config and which names no `config_class`
+    # (`TinyBlock(dim, hidden)`): the worker builds plain modules from a config class only, so on its own (no
+    # model in the file to run it inside) only a recipe builds it
+    needs_recipe: bool = False
 
     @property
     def is_abstract_model(self) -> bool:
@@ -92,6 +96,27 @@ def _class_definitions(body: list[ast.stmt]) -> list[ast.ClassDef]:
     return found
 
 
+def _needs_recipe(definition: ast.ClassDef) -> bool:
+    """Whether the class defines an `__init__` that takes no config and names no `config_class` (see `ModuleClass`)."""
+    names_config_class = any(
+        isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(isinstance(target, ast.Name) and target.id == "config_class" for target in _targets(node))
+        for node in definition.body
+    )
+    init = next(
+        (node for node in definition.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"), None
+    )
+    if init is None or names_config_class:
+        return False
+    arguments = init.args
+    names = [argument.arg for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)][1:]
+    return not any(name == "config" or name.endswith("_config") for name in names)
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return node.targets if isinstance(node, ast.Assign) else [node.target]
+
+
 def find_module_classes(source: str) -> list[ModuleClass]:
     """The module classes of a Python source, in source order; raises SyntaxError for unparsable code."""
     tree = ast.parse(source)
@@ -120,7 +145,10 @@ def find_module_classes(source: str) -> list[ModuleClass]:
             # NOTE: `lineno` is the `class` line (decorators come before it); ast does not locate the name.
             line = definition.lineno - 1
             column = max(lines[line].find(definition.name, definition.col_offset), 0)
-            known[definition.name] = ModuleClass(definition.name, line, column, is_model, has_forward, generates)
+            needs_recipe = not is_model and _needs_recipe(definition)
+            known[definition.name] = ModuleClass(
+                definition.name, line, column, is_model, has_forward, generates, needs_recipe
+            )
     return list(known.values())
 
 

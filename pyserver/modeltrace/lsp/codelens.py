@@ -12,7 +12,7 @@ from __future__ import annotations
 from lsprotocol import types
 
 from modeltrace.lsp import methods
-from modeltrace.lsp.classes import trace_arguments
+from modeltrace.lsp.classes import ModuleClass, base_model_name, trace_arguments
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.modular import generated_classes, inherited_lenses
 
@@ -22,6 +22,19 @@ def _line_range(line: int, column: int, length: int) -> types.Range:
         start=types.Position(line=line, character=column),
         end=types.Position(line=line, character=column + length),
     )
+
+
+# NOTE: the lens of a class only a recipe builds stays (it is how the user learns that the class can be traced,
+# and clicking it says what to give), but its title says what it needs, before a click that can only fail
+NEEDS_RECIPE_TITLE = "▶ Trace forward (needs modelTrace.recipe)"
+
+
+def _trace_title(ls: ModelTraceServer, cls: ModuleClass, models: list[ModuleClass]) -> str:
+    """The "Trace forward" lens title: said to need a recipe when only one can build the class (no recipe set,
+    and no model in the file to run it inside)."""
+    if cls.needs_recipe and not ls.settings.recipe and base_model_name(models) is None:
+        return NEEDS_RECIPE_TITLE
+    return "▶ Trace forward"
 
 
 def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[types.CodeLens]:
@@ -37,7 +50,7 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
         types.CodeLens(
             range=_line_range(cls.line, cls.column, len(cls.name)),
             command=types.Command(
-                title="▶ Trace forward", command=methods.TRACE, arguments=trace_arguments(uri, cls, models)
+                title=_trace_title(ls, cls, models), command=methods.TRACE, arguments=trace_arguments(uri, cls, models)
             ),
         )
         for cls in classes

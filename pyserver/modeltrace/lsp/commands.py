@@ -23,7 +23,7 @@ from pygls.uris import from_fs_path, to_fs_path
 from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, publish_failure, show_trace_diagnostics
+from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, editor_wording, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.modular import generated_classes
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
@@ -33,7 +33,7 @@ from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, L
 from modeltrace.lsp.store import DocumentTrace
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
-from modeltrace.trace.storage import TRACE_SUFFIX
+from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
 from modeltrace.worker.client import WorkerClient
 from modeltrace.worker import messages
 
@@ -105,16 +105,16 @@ async def _trace_command(ls: ModelTraceServer, mode: str, *arguments: Any) -> di
 
 
 async def run_trace(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
+    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
 ) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
-    "generate" or "backward"."""
+    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it)."""
     session = ls.sessions.open(path, uri)
     session.last_request = LastRequest(uri=uri, model=model, mode=mode)
     session.waiting = True
     async with ls.trace_lock:
         session.waiting = False
-        return await _trace_now(ls, uri, path, model, mode)
+        return await _trace_now(ls, uri, path, model, mode, full_tensors)
 
 
 class _Cancellation:
@@ -175,7 +175,9 @@ def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None
     ls.work_done_progress.tokens.pop(token, None)
 
 
-def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward") -> messages.TraceRequest:
+def _request(
+    ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+) -> messages.TraceRequest:
     settings = ls.settings
     return messages.TraceRequest(
         file=path,
@@ -185,9 +187,11 @@ def _request(ls: ModelTraceServer, path: str, model: str | None, mode: str = "fo
         backward=mode == "backward",
         shape_only=settings.shape_only,
         checkpoint=settings.checkpoint,
+        recipe=workspace_path(ls, settings.recipe) if settings.recipe else None,
+        config=workspace_path(ls, settings.config) if settings.config else None,
         device_map=settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
-        full_tensors=path in ls.references and not settings.shape_only,
+        full_tensors=(full_tensors or path in ls.references) and not settings.shape_only,
         # NOTE: the diff against that reference follows, and its replay runs on the model this trace keeps alive
         keep_for_replay=path in ls.references and settings.diff_replay and not settings.shape_only,
         max_tensor_mb=settings.max_tensor_mb,
@@ -213,7 +217,7 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 
 
 async def _trace_now(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward"
+    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
 ) -> dict[str, Any]:
     if not ls.workspace_trusted:
         # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
@@ -241,7 +245,7 @@ async def _trace_now(
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
     try:
-        result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode), on_progress)
+        result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode, full_tensors), on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
@@ -319,10 +323,8 @@ def _report_failure(
         ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
     # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
-    return {
-        **_fail(ls, uri, token, _worker_start_message(error, python) or f"ModelTrace: {failure}"),
-        "cause": error.cause,
-    }
+    message = _worker_start_message(error, python) or f"ModelTrace: {editor_wording(str(failure))}"
+    return {**_fail(ls, uri, token, message), "cause": error.cause}
 
 
 def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrace, notes: list[Located]) -> None:
@@ -494,8 +496,44 @@ def _copy_trace(source: str, destination: Path) -> None:
     shutil.copytree(source, destination)
 
 
+# NOTE: what a statistics-only reference means for the user, said wherever such a reference is pinned
+STATISTICS_ONLY = (
+    "a statistics-only reference: the diff compares each call's shape, mean, std, min and max, not every value, "
+    "so a small difference can pass unseen and the first divergence is placed less precisely"
+)
+
+
+def _tensors_held(loaded: DocumentTrace) -> tuple[str, str | None]:
+    """What a trace holds for a diff: "full" (every tensor), "partial" (some not stored: over a size limit) or
+    "statistics" (no tensors); and, when not full, why."""
+    options = loaded.trace.model.get("options") or {}
+    if options.get("shape_only"):
+        return "statistics", "the trace is shape-only (modelTrace.shapeOnly or a checkpoint on the meta device)"
+    if not tensors_paths(Path(loaded.trace_path)):
+        return "statistics", "the trace kept no full tensors"
+    skipped = loaded.trace.model.get("tensors_not_stored")
+    if skipped:
+        return "partial", f"{skipped} tensor(s) were over modelTrace.maxTensorMB / modelTrace.maxTraceMB"
+    return "full", None
+
+
+def _why_not_retraced(ls: ModelTraceServer, loaded: DocumentTrace) -> str | None:
+    """Why the document cannot be traced again with full tensors before pinning, or None when it can."""
+    if not ls.workspace_trusted:
+        return "the workspace is not trusted, so it cannot be traced again with full tensors"
+    if ls.settings.shape_only or (loaded.trace.model.get("options") or {}).get("shape_only"):
+        return "shape-only traces keep no values (modelTrace.shapeOnly or a checkpoint on the meta device)"
+    if not Path(loaded.owner).is_file():
+        return f"{loaded.owner} is not on disk to trace again"
+    return None
+
+
 async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
-    """`modelTrace.pinReference [uri]`: keep the document's current trace as its reference."""
+    """`modelTrace.pinReference [uri]`: keep the document's current trace as its reference.
+
+    A trace without full tensors (a plain trace keeps statistics only) is traced again with full tensors first
+    when it can be (trusted workspace, not shape-only), so that the reference compares every value; otherwise the
+    statistics are pinned and the answer (`tensors`, `message`) and the notification say so."""
     uri = arguments[0] if arguments else None
     path = ls.uri_to_path(uri) if isinstance(uri, str) else None
     if path is None:
@@ -503,13 +541,46 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     loaded = ls.sessions.trace_showing(path)
     if loaded is None:
         return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
+    retraced = False
+    held, why = _tensors_held(loaded)
+    blocked = _why_not_retraced(ls, loaded) if held == "statistics" else None
+    if held == "statistics" and blocked is not None:
+        why = blocked
+    elif held == "statistics":
+        session = ls.sessions.showing(path)
+        request = session.last_request if session is not None else None
+        result = await run_trace(
+            ls,
+            request.uri if request is not None else loaded.uri,
+            loaded.owner,
+            request.model if request is not None else None,
+            request.mode if request is not None else "forward",
+            full_tensors=True,
+        )
+        if not result.get("ok"):
+            # NOTE: the failed trace said why (message, diagnostic); nothing is pinned from a trace no longer shown
+            return {**result, "message": f"ModelTrace: nothing pinned: {result.get('message')}"}
+        loaded = ls.sessions.trace_showing(path) or loaded
+        retraced = True
+        held, why = _tensors_held(loaded)
     pinned = pinned_path_for(ls, loaded.owner)
     async with ls.trace_lock:
         try:
             await asyncio.to_thread(_copy_trace, loaded.trace_path, pinned)
         except OSError as error:
             return _refuse(ls, f"ModelTrace: cannot copy the trace {loaded.trace_path} to {pinned}: {error}")
-    return await _use_reference(ls, str(uri), loaded.owner, str(pinned))
+    answer = await _use_reference(ls, str(uri), loaded.owner, str(pinned))
+    name = Path(loaded.owner).name
+    if held == "full":
+        message = f"ModelTrace: pinned {name} as its reference with full tensors" + (
+            " (traced again with full tensors to pin it)" if retraced else ""
+        )
+        ls.show_message(message, types.MessageType.Info)
+    else:
+        kind = "a reference with some tensors missing" if held == "partial" else STATISTICS_ONLY
+        message = f"ModelTrace: pinned {name} as {kind} ({why})"
+        ls.show_message(message, types.MessageType.Warning)
+    return {**answer, "tensors": held, "retraced": retraced, "message": message}
 
 
 def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams) -> None:

@@ -101,7 +101,12 @@ class ModelTraceServer(LanguageServer):
         previous, self.settings = self.settings, settings
         if settings.python != previous.python:
             self.close_worker()
-        if (settings.hint_detail, settings.hint_placement) != (previous.hint_detail, previous.hint_placement):
+        # NOTE: the recipe setting changes the "Trace forward" lens of a class only a recipe builds
+        if (settings.hint_detail, settings.hint_placement, bool(settings.recipe)) != (
+            previous.hint_detail,
+            previous.hint_placement,
+            bool(previous.recipe),
+        ):
             self.refresh_views()
 
     def uri_to_path(self, uri: str) -> str | None:

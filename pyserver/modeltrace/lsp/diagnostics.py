@@ -6,6 +6,8 @@ changed files were published, so that the next trace (or a clear) removes them, 
 
 from __future__ import annotations
 
+import re
+
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
@@ -18,6 +20,27 @@ from modeltrace.worker.messages import WorkerError
 
 DIAGNOSTIC_SOURCE = "ModelTrace"
 
+# The worker's advice names the CLI's options; in the editor each names the setting that does the same. Rows:
+# (the CLI's words, the editor's), the more specific first; each applies once to what the rows before left.
+EDITOR_WORDING: tuple[tuple[str, str], ...] = (
+    (r"pass --config or --recipe", "set modelTrace.config to a config.json or modelTrace.recipe to a recipe"),
+    (r"pass --config with a small(er)? config\.json", r"set modelTrace.config to a small\1 config.json"),
+    (r"pass --recipe\b", "set modelTrace.recipe to a recipe"),
+    (r"pass --model CLASS", "use the ▶ Trace forward lens of the class to trace"),
+    (r"pass --shape-only", "turn on modelTrace.shapeOnly"),
+    (r"--config with a small(er)? config\.json", r"modelTrace.config set to a small\1 config.json"),
+    (r"--recipe\b", "modelTrace.recipe set to a recipe"),
+    (r"--config\b", "modelTrace.config"),
+    (r"--shape-only\b", "modelTrace.shapeOnly"),
+)
+
+
+def editor_wording(message: str) -> str:
+    """`message` with the CLI options it advises named as the editor's settings (`EDITOR_WORDING`)."""
+    for pattern, replacement in EDITOR_WORDING:
+        message = re.sub(pattern, replacement, message)
+    return message
+
 
 def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> Located | None:
     """`(uri, diagnostic)` for a worker error located in a file, or None when it has no location."""
@@ -29,19 +52,42 @@ def failure_diagnostic(ls: ModelTraceServer, error: WorkerError) -> Located | No
     uri = file_uri(ls, file)
     lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
     text = lines[line - 1] if line - 1 < len(lines) else ""
-    start = len(text) - len(text.lstrip())
     first_line = next(iter(error.message.strip().splitlines()), "")
     kind = error.kind
-    units = ls.workspace.position_codec.client_num_units
     return uri, types.Diagnostic(
-        range=types.Range(
-            start=types.Position(line=line - 1, character=units(text[:start])),
-            end=types.Position(line=line - 1, character=units(text)),
-        ),
-        message=f"{kind}: {first_line}" if first_line else kind,
+        range=_line_range(ls, text, line),
+        message=editor_wording(f"{kind}: {first_line}" if first_line else kind),
         severity=types.DiagnosticSeverity.Error,
         source=DIAGNOSTIC_SOURCE,
+        related_information=_callers(ls, error) or None,
     )
+
+
+def _line_range(ls: ModelTraceServer, text: str, line: int) -> types.Range:
+    """The range of a 1-based line's code (its text without the indentation)."""
+    units = ls.workspace.position_codec.client_num_units
+    start = len(text) - len(text.lstrip())
+    return types.Range(
+        start=types.Position(line=line - 1, character=units(text[:start])),
+        end=types.Position(line=line - 1, character=units(text)),
+    )
+
+
+def _callers(ls: ModelTraceServer, error: WorkerError) -> list[types.DiagnosticRelatedInformation]:
+    """The user's lines that called into the failing one, nearest first: the nearest passed the arguments the
+    error is about (an edit that passes the wrong tensor fails further in, where the tensor is used)."""
+    related = []
+    for frame in error.callers:
+        document = ls.open_document(frame.file)
+        lines = split_lines(document.source) if document is not None else (read_lines(frame.file) or [])
+        text = lines[frame.line - 1] if 0 < frame.line <= len(lines) else ""
+        related.append(
+            types.DiagnosticRelatedInformation(
+                location=types.Location(uri=file_uri(ls, frame.file), range=_line_range(ls, text, frame.line)),
+                message=f"called from {frame.function}, line {frame.line}: {text.strip()}",
+            )
+        )
+    return related
 
 
 def publish_failure(ls: ModelTraceServer, owner: str, error: WorkerError) -> None:

@@ -80,6 +80,10 @@ class Settings:
     # checkpoint folder (saved with save_pretrained) to load instead of a shrunk random-weight config.
     shape_only: bool = False
     checkpoint: str | None = None
+    # A recipe (`build_model()`, `build_inputs(model)`) and a config.json that traces are built with, as the CLI's
+    # `--recipe` / `--config`; a relative path is the workspace's. None: the unaided build.
+    recipe: str | None = None
+    config: str | None = None
     # With a checkpoint: accelerate's device map (`auto`, or a JSON object / file), as `--device-map`.
     device_map: str | None = None
     # "Trace generate": decode steps after the prefill; backward traces: a gradient hint after each line's value.
@@ -230,6 +234,8 @@ _SETTINGS = {
     "diffMapping": ("diff_mapping", _optional_path),
     "shapeOnly": ("shape_only", _boolean),
     "checkpoint": ("checkpoint", _checkpoint),
+    "recipe": ("recipe", _optional_path),
+    "config": ("config", _optional_path),
     "deviceMap": ("device_map", _device_map),
     "generateSteps": ("generate_steps", _steps),
     "gradientHints": ("gradient_hints", _boolean),

@@ -76,7 +76,7 @@ def _follow_diagnostics(
         if located is None or ls.uri_to_path(located[0]) != path:
             return located
         touched.add(located[0])
-        diagnostic = _moved(located[1], old, new)
+        diagnostic = _moved(located[1], old, new, located[0])
         return (located[0], diagnostic) if diagnostic is not None else None
 
     touched: set[str] = set()
@@ -87,19 +87,39 @@ def _follow_diagnostics(
     return touched
 
 
-def _moved(diagnostic: types.Diagnostic, old: list[str], new: list[str]) -> types.Diagnostic | None:
-    """The diagnostic on the new text, said to be stale; None when a line it covers changed."""
+def _moved(
+    diagnostic: types.Diagnostic, old: list[str], new: list[str], uri: str | None = None
+) -> types.Diagnostic | None:
+    """The diagnostic on the new text, said to be stale; None when a line it covers changed, or one of its related
+    lines in the same document (`uri`): a failure's calling lines, where the fix of a code error often is."""
     start, end = diagnostic.range.start, diagnostic.range.end
-    moved = remap_lines({line: line for line in range(start.line, end.line + 1)}, old, new)
-    if len(moved) != end.line - start.line + 1:
+    related = [item for item in diagnostic.related_information or [] if item.location.uri == uri]
+    lines = {*range(start.line, end.line + 1), *(item.location.range.start.line for item in related)}
+    moved = remap_lines({line: line for line in lines}, old, new)
+    if len(moved) != len(lines):
         return None
     by_old = {old_line: new_line for new_line, old_line in moved.items()}
     message = diagnostic.message if diagnostic.message.endswith(STALE_NOTE) else diagnostic.message + STALE_NOTE
     return attrs.evolve(
         diagnostic,
-        range=types.Range(
-            start=types.Position(line=by_old[start.line], character=start.character),
-            end=types.Position(line=by_old[end.line], character=end.character),
-        ),
+        range=_shifted(diagnostic.range, by_old),
         message=message,
+        related_information=[
+            attrs.evolve(item, location=attrs.evolve(item.location, range=_shifted(item.location.range, by_old)))
+            if item in related
+            else item
+            for item in diagnostic.related_information
+        ]
+        if diagnostic.related_information
+        else diagnostic.related_information,
+    )
+
+
+def _shifted(where: types.Range, by_old: dict[int, int]) -> types.Range:
+    """`where` on the new text: each end on its line's new number (a range on one line, as diagnostics here are)."""
+    start_line = by_old[where.start.line]
+    end_line = by_old.get(where.end.line, start_line + where.end.line - where.start.line)
+    return types.Range(
+        start=types.Position(line=start_line, character=where.start.character),
+        end=types.Position(line=end_line, character=where.end.character),
     )

@@ -27,7 +27,14 @@ from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
 from modeltrace.worker.generation import check_can_generate, choose_generating_class, run_generation
 from modeltrace.worker.lines import LineCapture
-from modeltrace.worker.messages import ReplayAnswer, TraceRequest, TraceResult, WorkerError, WorkerProtocolError
+from modeltrace.worker.messages import (
+    CodeFrame,
+    ReplayAnswer,
+    TraceRequest,
+    TraceResult,
+    WorkerError,
+    WorkerProtocolError,
+)
 from modeltrace.worker.moving import move_built
 from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import real_path
@@ -277,7 +284,7 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
     if isinstance(error, JobFailed):
         phase, model_class, advice, error = error.phase, error.model_class, error.advice, error.error
     roots = [str(Path(name).resolve().parent) for name in (request.file, request.recipe) if name] if request else []
-    file, line = None, None
+    file, line, callers = None, None, ()
     if isinstance(error, SyntaxError) and error.filename:
         file, line = real_path(error.filename), error.lineno
     elif isinstance(error, ModelTraceError):
@@ -290,6 +297,12 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
         chosen = inside_user_code[-1] if inside_user_code else (frames[-1] if frames else None)
         if chosen is not None:
             file, line = real_path(chosen.filename), chosen.lineno
+        # NOTE: the line that raised is often not the one at fault: its callers name the arguments' source
+        callers = tuple(
+            CodeFrame(file=real_path(frame.filename), line=frame.lineno, function=frame.name)
+            for frame in reversed(inside_user_code[:-1])
+            if frame.lineno
+        )
     if isinstance(error, WorkerProtocolError):
         kind, cause = "WorkerProtocolError", "protocol"
     elif isinstance(error, ModelTraceError):
@@ -305,6 +318,7 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
         model_class=model_class,
         advice=advice,
         traceback="".join(traceback.format_exception(error)),
+        callers=callers,
     )
 
 

@@ -250,10 +250,20 @@ class ReplayAnswer(Message):
 
 
 @dataclass(frozen=True)
+class CodeFrame:
+    """A frame of a failure's traceback in the user's code: the file, the line it was at, its function."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
 class WorkerError(Message):
     """Why a trace failed: `cause` (what the CLI and the editor decide on), `kind` (the exception type, or the
     worker's own name for what happened: `TimeoutError`, `Cancelled`, `WorkerCrashed`...), the message, and
-    the place in the user's code (`file`, `line`) when there is one.
+    the place in the user's code (`file`, `line`) when there is one, and `callers`: the frames of the user's code
+    that led there, nearest caller first (the line that passed the arguments the error is about).
 
     `model_class` names the class that was being run, `advice` what to provide instead when the unaided build
     settled for a model and inputs that never ran; `detail` is the underlying reason on its own (the import
@@ -273,6 +283,7 @@ class WorkerError(Message):
     traceback: str | None = None
     signal: str | None = None
     exit_code: int | None = None
+    callers: tuple[CodeFrame, ...] = ()
 
 
 REQUESTS: tuple[type[Message], ...] = (TraceRequest, Cancel, Shutdown, Ping)

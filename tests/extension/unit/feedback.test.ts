@@ -93,6 +93,9 @@ describe("trace result feedback", () => {
         const feedback = new TraceFeedback();
         assert.equal(referenceSetBy("modelTrace.pinReference", { ok: true, reference: "/t/a-reference.mtrace" }), "/t/a-reference.mtrace");
         assert.equal(referenceSetBy("modelTrace.setReference", { ok: false, message: "bad" }), undefined);
+        // The server said what the pinned reference holds (full tensors or statistics only): no second message.
+        const pinned = { ok: true, reference: "/t/a-reference.mtrace", tensors: "full", message: "ModelTrace: pinned a.py" };
+        assert.equal(referenceSetBy("modelTrace.pinReference", pinned), undefined);
         assert.equal(referenceSetBy("modelTrace.trace", { ok: true, reference: "/t/x" }), undefined);
         feedback.onReferenceSet("/t/a-reference.mtrace");
         assert.deepEqual(vscodeFake.informations, [

@@ -27,6 +27,8 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.shapeOnly", true);
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
         vscodeFake.settings.set("modelTrace.deviceMap", " auto ");
+        vscodeFake.settings.set("modelTrace.recipe", " recipes/block.py ");
+        vscodeFake.settings.set("modelTrace.config", " /configs/tiny.json ");
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
         vscodeFake.settings.set("modelTrace.diffMaps", ["h\\.(\\d+)=>layers.\\1"]);
@@ -56,6 +58,8 @@ describe("settings", () => {
                 shapeOnly: true,
                 checkpoint: "/models/tiny-llama",
                 deviceMap: "auto",
+                recipe: "recipes/block.py",
+                config: "/configs/tiny.json",
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],

@@ -114,3 +114,64 @@ async def test_lenses_of_a_file_that_does_not_parse_stay_as_they_were(client: La
     after = await code_lenses(client, uri)
     assert [lens.command.arguments for lens in after] == [lens.command.arguments for lens in before]
     assert len([lens for lens in after if lens.command.command == "modelTrace.trace"]) == 8
+
+
+TINY_BLOCK = """import torch
+from torch import nn
+
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        hidden = torch.relu(self.up(x))
+        return self.down(hidden)
+"""
+
+TINY_BLOCK_RECIPE = """import torch
+
+from block import TinyBlock
+
+
+def build_model():
+    return TinyBlock(8, 16)
+
+
+def build_inputs(model):
+    return {"x": torch.randn(2, 3, 8)}
+"""
+
+
+async def test_a_module_only_a_recipe_builds_says_so_on_its_lens_and_traces_with_the_recipe_setting(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    block = tmp_path / "block.py"
+    block.write_text(TINY_BLOCK)
+    (tmp_path / "recipe_block.py").write_text(TINY_BLOCK_RECIPE)
+    uri = open_document(client, block)
+
+    (lens,) = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.trace"]
+    assert lens.command.title == "▶ Trace forward (needs modelTrace.recipe)"
+    failed = await execute(client, "modelTrace.trace", *lens.command.arguments)
+    # The advice names the editor's setting, not a command-line flag.
+    assert not failed["ok"] and "modelTrace.recipe" in failed["message"], failed
+    assert "--recipe" not in failed["message"] and "--config" not in failed["message"]
+
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"recipe": str(tmp_path / "recipe_block.py")}})
+    )
+    try:
+        (lens,) = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.trace"]
+        assert lens.command.title == "▶ Trace forward"
+        traced = await execute(client, "modelTrace.trace", *lens.command.arguments)
+        assert traced["ok"] and traced["modelClass"] == "TinyBlock", traced
+        hints = await inlay_hints(client, uri)
+        assert "[2,3,16]" in hints[line_of(block, "hidden = torch.relu(")], hints
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"recipe": ""}})
+        )
+        assert (await execute(client, "modelTrace.clear", uri))["ok"]

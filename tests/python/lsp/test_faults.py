@@ -176,3 +176,60 @@ async def test_trace_process_killed_from_outside(client: LanguageClient, tmp_pat
 
     assert not result["ok"] and "killed" in result["message"], result
     await _assert_unharmed(client, example_hints, shown)
+
+
+async def test_a_code_error_every_input_set_hits_is_said_as_such_and_names_the_call_that_passed_the_tensor(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    # An edit that passes the MLP half the hidden width: the matmul inside the MLP raises, at every size and
+    # with every input set. It is the code, not the inputs, and the edited call line is named.
+    modeling_file = copy_example(tmp_path)
+    edited = _break_file(
+        "hidden_states = self.mlp(hidden_states)", "hidden_states = self.mlp(hidden_states[..., :32])"
+    )
+    call_line = edited(modeling_file)
+    uri = open_document(client, modeling_file)
+    raising_line = line_of(modeling_file, "gate = self.activation(self.gate_proj(hidden_states))")
+
+    result = await execute(client, "modelTrace.trace", uri)
+
+    assert not result["ok"], result
+    message = result["message"]
+    assert message.startswith("ModelTrace: TinyLlamaModel.forward raised RuntimeError: mat1 and mat2 shapes"), message
+    assert (
+        f"fails with this error at line {raising_line + 1} of modeling_tiny_llama.py, called from line "
+        f"{call_line + 1}: an error in the code, not in the inputs"
+    ) in message, message
+    assert "ran unaided" not in message
+    # Should the inputs be at fault after all, the editor's setting is named, not a command-line flag.
+    assert "set modelTrace.recipe to a recipe" in message and "--recipe" not in message, message
+    (diagnostic,) = await wait_until(lambda: client.diagnostics.get(uri))
+    assert diagnostic.range.start.line == raising_line
+    # Nearest caller first: the edited line, then the model's loop over its layers that called it.
+    nearest, *further = diagnostic.related_information
+    assert nearest.location.uri == uri and nearest.location.range.start.line == call_line, nearest
+    assert nearest.message == (
+        f"called from forward, line {call_line + 1}: hidden_states = self.mlp(hidden_states[..., :32])"
+    )
+    assert further and all(item.location.uri == uri and item.location.range.start.line > call_line for item in further)
+
+    # Two lines added at the top: the error and its calling lines move with their lines.
+    broken = modeling_file.read_text()
+    _replace_document(client, uri, 2, "# one\n# two\n" + broken)
+    (moved,) = await wait_until(
+        lambda: [item for item in client.diagnostics.get(uri, []) if item.range.start.line == raising_line + 2]
+    )
+    assert moved.related_information[0].location.range.start.line == call_line + 2
+    # The call that passed the wrong tensor fixed (the line that raised is untouched): the error leaves at once.
+    fixed = broken.replace("self.mlp(hidden_states[..., :32])", "self.mlp(hidden_states)")
+    _replace_document(client, uri, 3, "# one\n# two\n" + fixed)
+    await wait_until(lambda: not client.diagnostics.get(uri))
+
+
+def _replace_document(client: LanguageClient, uri: str, version: int, text: str) -> None:
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+        )
+    )

@@ -154,6 +154,14 @@ async def test_a_pinned_trace_is_the_reference_of_the_next_trace(client: Languag
 
     assert pinned["ok"] and pinned["diff"]["match"] is True
     assert pinned["reference"].endswith("-reference.mtrace") and Path(pinned["reference"], "trace.msgpack").is_file()
+    # A plain trace keeps statistics only: pinning traced the file again with full tensors and pinned those.
+    assert pinned["tensors"] == "full" and pinned["retraced"] is True, pinned
+    assert Path(pinned["reference"], "tensors.safetensors").is_file()
+    assert pinned["message"] == (
+        "ModelTrace: pinned modeling_tiny_llama.py as its reference with full tensors "
+        "(traced again with full tensors to pin it)"
+    )
+    assert client.messages[-1].message == pinned["message"]
     assert set((await wait_until(lambda: statuses_since(client, sent, uri))).values()) == {"match"}
     assert warnings(client, uri) == []
 
@@ -176,6 +184,36 @@ async def test_a_pinned_trace_is_the_reference_of_the_next_trace(client: Languag
     assert (await execute(client, "modelTrace.clear", uri))["ok"]
     assert await wait_until(lambda: statuses_since(client, sent, uri) == {})
     assert await wait_until(lambda: warnings(client, uri) == [])
+
+
+async def test_pinning_where_no_full_tensors_can_be_had_says_it_is_a_statistics_only_reference(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    modeling_file = copy_example(tmp_path)
+    uri = open_document(client, modeling_file)
+    assert (await execute(client, "modelTrace.trace", uri))["ok"]
+    # Untrusted, the file cannot be traced again with full tensors: what there is gets pinned, and said to be weaker.
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"workspaceTrusted": False}})
+    )
+    try:
+        pinned = await execute(client, "modelTrace.pinReference", uri)
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"workspaceTrusted": True}})
+        )
+
+    assert pinned["ok"] and pinned["tensors"] == "statistics" and pinned["retraced"] is False, pinned
+    assert not Path(pinned["reference"], "tensors.safetensors").exists()
+    assert pinned["message"] == (
+        "ModelTrace: pinned modeling_tiny_llama.py as a statistics-only reference: the diff compares each call's "
+        "shape, mean, std, min and max, not every value, so a small difference can pass unseen and the first "
+        "divergence is placed less precisely (the workspace is not trusted, so it cannot be traced again with full "
+        "tensors)"
+    )
+    assert client.messages[-1].message == pinned["message"]
+    assert client.messages[-1].type == types.MessageType.Warning
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
 
 
 async def test_pinning_needs_a_trace(client: LanguageClient, tmp_path: Path) -> None:

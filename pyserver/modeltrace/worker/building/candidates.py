@@ -28,6 +28,7 @@ from modeltrace.worker.building.inputs import InputSynthesizer
 from modeltrace.worker.building.trials import (
     Attempt,
     Ran,
+    code_error,
     construct,
     count_parameters_on_meta,
     first_running_inputs,
@@ -102,7 +103,7 @@ def build_shrunk(
         synthesizer = InputSynthesizer(model, config, seed)
         failed_before = len(attempts)
         ran = first_running_inputs(
-            model, synthesizer, contextlib.nullcontext, deadline, attempts, level, always_try=True
+            model, synthesizer, contextlib.nullcontext, deadline, attempts, level, always_try=True, file=file
         )
         if ran is None and same_failure(attempts[failed_before:], previous_failures):
             # The same programming error at two sizes (a NameError, a missing attribute): a bug, not a size.
@@ -122,15 +123,27 @@ def build_shrunk(
         raise _no_candidate(model_class, defaults, file, first, attempts)
     notes = {"shrink": first.level, "failed_candidates": [attempt.describe() for attempt in attempts]}
     tried = len({(attempt.level, attempt.inputs) for attempt in attempts})
-    notes["unverified"] = (
-        f"no shrunk {type(defaults).__name__} and synthesised input set ran unaided ({tried} tried); pass --recipe "
-        "with build_model() and build_inputs(model), or --config with a small config.json"
-    )
+    notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code_error(attempts))
     # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.
     model = construct(model_class, first.config, seed, file)
     synthesizer = InputSynthesizer(model, first.config, seed)
     ran = Ran(first.variant, first.variant.spec, synthesizer)
     return built_model(model, model_class, first.config, ran, synthesizer, notes)
+
+
+def _unverified(config_name: str, file: Path, tried: int, code: Attempt | None) -> str:
+    """What the failure of a build that never ran says after the error: a code error when every input set failed
+    the same way at the same lines of the file (then what to provide, should the inputs be at fault after all),
+    else that no shrunk config and input set ran, and what to provide."""
+    provide = "pass --recipe with build_model() and build_inputs(model), or --config with a small config.json"
+    if code is not None:
+        called = f", called from line {code.lines[1]}" if len(code.lines) > 1 else ""
+        return (
+            f"every shrunk {config_name} and synthesised input set ({tried} tried) fails with this error at line "
+            f"{code.lines[0]} of {file.name}{called}: an error in the code, not in the inputs (if the inputs are at "
+            f"fault after all, {provide})"
+        )
+    return f"no shrunk {config_name} and synthesised input set ran unaided ({tried} tried); {provide}"
 
 
 def _no_candidate(

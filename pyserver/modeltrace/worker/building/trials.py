@@ -10,8 +10,10 @@ new input spec (or, for a config repair, a new synthesiser over the repaired con
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +39,33 @@ class Attempt:
     level: str
     inputs: str
     error: str
+    # NOTE: the lines of the traced file in the error's traceback, innermost first (the line that raised, then
+    # the lines that called into it): the same error at the same lines for every input set is the code's.
+    lines: tuple[int, ...] = ()
 
     def describe(self) -> str:
         return f"{self.level} / {self.inputs}: {self.error}"
+
+
+def lines_in_file(error: BaseException, file: Path | None) -> tuple[int, ...]:
+    """The lines of `file` in `error`'s traceback, innermost first; empty without a file."""
+    if file is None:
+        return ()
+    target = os.path.realpath(file)
+    frames = traceback.extract_tb(error.__traceback__)
+    return tuple(
+        frame.lineno for frame in reversed(frames) if frame.lineno and os.path.realpath(frame.filename) == target
+    )
+
+
+def code_error(attempts: list[Attempt]) -> Attempt | None:
+    """The attempt that stands for all when every input set that ran failed with the same error (numbers aside:
+    sizes change with the level) at the same lines of the traced file: an error in the code, not in the inputs."""
+    ran = [attempt for attempt in attempts if attempt.inputs != "-"]
+    if not ran or not ran[0].lines:
+        return None
+    signatures = {(re.sub(r"\d+", "N", attempt.error), attempt.lines) for attempt in ran}
+    return ran[0] if len(signatures) == 1 else None
 
 
 def count_parameters_on_meta(build: Callable[[], nn.Module]) -> int | None:
@@ -210,9 +236,11 @@ def first_running_inputs(
     attempts: list[Attempt],
     level: str,
     always_try: bool,
+    file: Path | None = None,
 ) -> Ran | None:
-    """The first input variant `model` runs with (after repairs), or None; each failure is added to `attempts`.
-    With `always_try` False a single variant is taken without a trial run."""
+    """The first input variant `model` runs with (after repairs), or None; each failure is added to `attempts`
+    (with the lines of `file`, the traced file, where it was raised). With `always_try` False a single variant is
+    taken without a trial run."""
     variants = list(synthesizer.variants())
     if not variants:
         attempts.append(Attempt(level, "-", f"forward needs {', '.join(synthesizer.missing())}"))
@@ -232,7 +260,8 @@ def first_running_inputs(
             except Exception as error:  # noqa: BLE001 - the next candidate may run
                 repaired = _repaired(synthesizer, variant, spec, kwargs, error)
                 if repaired is None:
-                    attempts.append(Attempt(level, variant.name, f"{type(error).__name__}: {error_line(error)}"))
+                    message = f"{type(error).__name__}: {error_line(error)}"
+                    attempts.append(Attempt(level, variant.name, message, lines_in_file(error, file)))
                     break
                 if repaired[0] is not synthesizer:
                     synthesizer = repaired[0]
