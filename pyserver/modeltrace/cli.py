@@ -33,6 +33,7 @@ from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_
 
 if TYPE_CHECKING:
     from modeltrace.diff.result import DiffResult
+    from modeltrace.recorders.static import Analysis
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
@@ -378,12 +379,9 @@ def _check_command(arguments: argparse.Namespace) -> int:
 
         # NOTE: what runs is the generated twin: it is checked, its problems shown on the modular lines
         resolve_generated(file)
-        if arguments.fix:
-            raise ModelTraceError(
-                f"{arguments.file}: --fix edits the generated file, which transformers' converter overwrites: fix "
-                "the modular file by hand (the problems name the class and entry), then regenerate"
-            )
         analysis = analyze_modular(source, file)
+        if arguments.fix:
+            return _fix_modular(file, source, analysis, arguments)
     else:
         analysis = analyze_source(source, str(file))
     if analysis.module is None:
@@ -421,6 +419,47 @@ def _check_command(arguments: argparse.Namespace) -> int:
             print(f"{arguments.file}: no recorder problems ({len(analysis.uses)} model(s) with @capture_outputs)")
     # hints (the file does not show the entry is wrong) do not fail the check
     return 1 if any(p.get("severity") != "hint" for p in problems) else 0
+
+
+def _fix_modular(file: Path, source: str, analysis: Analysis, arguments: argparse.Namespace) -> int:
+    """`check --fix` on a modular file: the fixes are written into the modular file (never the generated one, which
+    the converter overwrites); the problems left are those of the generated file until it is regenerated."""
+    from modeltrace.modular.fixes import ModularFixError, generated_problem, modular_fixes
+    from modeltrace.modular.twins import regenerate_command
+    from modeltrace.recorders.fixes import write_atomically
+
+    wanted = [problem for problem in analysis.problems if generated_problem(problem) is not None]
+    try:
+        fixed, applied = modular_fixes(source, file, wanted)
+    except ModularFixError as error:
+        raise ModelTraceError(f"{arguments.file}: --fix: {error}") from error
+    if applied and fixed != source:
+        write_atomically(file, fixed)
+    left = [problem for problem in analysis.problems if problem not in applied]
+    notes = (
+        [
+            f"the fixes are in the modular file; regenerate the generated file from a transformers checkout: "
+            f"`{regenerate_command(file.resolve())}`"
+        ]
+        if applied
+        else []
+    )
+    if arguments.format == "json":
+        document = {
+            "problems": [p.to_json() for p in left],
+            "fixed": [p.to_json() for p in applied],
+            "notes": [*analysis.notes, *notes],
+        }
+        json.dump(document, sys.stdout)
+        sys.stdout.write("\n")
+        return 1 if any(problem.severity != "hint" for problem in left) else 0
+    for problem in applied:
+        print(f"{arguments.file}:{problem.line}: fixed {problem.code}: {problem.message}")
+    for problem in left:
+        print(f"{arguments.file}:{problem.line}: {problem.code}: {problem.message}")
+    for note in notes:
+        print(f"{arguments.file}: note: {note}")
+    return 1 if any(problem.severity != "hint" for problem in left) else 0
 
 
 def _run_evidence(file: Path, model: str | None, timeout: float, modular: bool = False) -> list[dict]:
@@ -644,7 +683,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="check the _can_record_outputs of a modeling file (static)")
     check.add_argument("file", help="the modeling file (modeling_*.py) to check")
-    check.add_argument("--fix", action="store_true", help="write the fixes into the file")
+    check.add_argument(
+        "--fix",
+        action="store_true",
+        help="write the fixes into the file (a modular file's into the modular file; then regenerate)",
+    )
     check.add_argument(
         "--run",
         action="store_true",

@@ -205,4 +205,16 @@ async def test_recorder_problems_of_the_generated_twin_sit_on_the_modular_file(
             context=types.CodeActionContext(diagnostics=[problem], only=[types.CodeActionKind.QuickFix]),
         )
     )
-    assert not actions
+    # the quick fix edits the modular file (a new Qwen3PreTrainedModel holding the full declaration) and says
+    # that the generated file must be regenerated; the generated file is left as it is
+    (action,) = actions
+    assert action.title == (
+        "Record 'attentions' with Qwen3Attention in the modular file (then regenerate: python "
+        f"utils/modular_model_converter.py --files_to_parse {folder / 'modular_qwen3.py'})"
+    )
+    (edits,) = action.edit.changes.values()
+    assert list(action.edit.changes) == [uri]
+    inserted = "".join(edit.new_text for edit in edits)
+    assert "class Qwen3PreTrainedModel(Qwen2PreTrainedModel):" in inserted
+    assert '"attentions": Qwen3Attention,' in inserted and '"hidden_states": Qwen3DecoderLayer,' in inserted
+    assert "from ..qwen2.modeling_qwen2 import Qwen2PreTrainedModel" in inserted
