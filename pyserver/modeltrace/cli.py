@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
-from modeltrace.modular.twins import is_modular_file, resolve_generated
+from modeltrace.modular.twins import generated_path, is_modular_file, resolve_generated
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
 from modeltrace.worker.messages import (
@@ -44,10 +44,12 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
-    if is_modular_file(file) and not arguments.recipe:
+    out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
+    if arguments.regenerate:
+        file = _regenerated_copy(file)
+    elif is_modular_file(file) and not arguments.recipe:
         # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
         resolve_generated(file)
-    out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     check_destination(out)
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
     if follow and not arguments.lines:
@@ -87,6 +89,26 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
         print(f"# trace written to {result.trace} ({result.seconds:.2f} s)", file=sys.stderr)
     return 0
+
+
+def _regenerated_copy(file: Path) -> Path:
+    """`trace --regenerate`: the modular file's folder copied to a temporary folder and its generated twin written
+    there by the transformers checkout's converter (`modular/regenerate.py`); the copy of the modular file, to
+    trace. The user's generated file is never written."""
+    from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
+
+    if not is_modular_file(file):
+        raise ModelTraceError(f"{file}: --regenerate is for a modular file (modular_<name>.py)")
+    checkout = find_checkout(file)
+    if checkout is None:
+        raise ModelTraceError(no_checkout_message(file))
+    print(f"# regenerating {file.name} with {checkout}'s converter into a temporary folder", file=sys.stderr)
+    copy = regenerate_copy(file, checkout)
+    print(
+        f"# traced the regenerated copy {copy} (your {generated_path(file).name} is left as it is)",
+        file=sys.stderr,
+    )
+    return copy
 
 
 def _existing_file(text: str, option: str) -> Path:
@@ -503,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
         "file",
         help="the modeling file (modeling_*.py) to trace and annotate; a modular file (modular_*.py) runs as its "
         "generated modeling file and is annotated from it",
+    )
+    trace.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="for a modular file whose generated file is out of date: regenerate it into a temporary folder with "
+        "the converter of the transformers checkout above it, and trace that (the generated file is not touched)",
     )
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
