@@ -121,7 +121,12 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
     first, last = params.range.start.line + 1, params.range.end.line + 1
     path = ls.document_path(uri)
     if path is not None and is_modular_file(path):
-        return _modular_actions(uri, path, source, analysis, first, last)
+        from modeltrace.lsp.regenerate import regenerate_actions
+
+        return [
+            *_modular_actions(uri, path, source, analysis, first, last),
+            *regenerate_actions(ls, uri, path, first, last),
+        ]
     actions = []
     fixable = [p for p in analysis.problems if p.fix_json() is not None]
     for problem in fixable:
