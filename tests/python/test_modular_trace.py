@@ -124,6 +124,8 @@ def test_an_out_of_date_generated_file_is_said_in_the_listing(tmp_path: Path) ->
         in shown
     )
     assert f"python utils/modular_model_converter.py --files_to_parse {modular.resolve()}" in shown
+    # outside a transformers checkout there is no converter to offer
+    assert "--regenerate" not in shown
 
 
 def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Path) -> None:
@@ -141,6 +143,11 @@ def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Pat
             "attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2"
         )
     )
+    # traced as it is, the listing says the generated file is out of date, and how to trace a regenerated copy
+    as_it_is = run_cli("trace", str(modular), "--out", str(tmp_path / "stale.mtrace"), cwd=tmp_path)
+    assert as_it_is.returncode == 0, as_it_is.stderr
+    assert "# note: modeling_qwen3.py is out of date with modular_qwen3.py" in as_it_is.stdout
+    assert f"`modeltrace trace {modular.resolve()} --regenerate`" in as_it_is.stdout
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     temporary = tmp_path / "temporary"
     temporary.mkdir()
@@ -161,7 +168,7 @@ def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Pat
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
     # the edited line ran, from the regenerated file, and carries its hint; nothing is out of date
     edited = line_of(modular, "attn_output = self.o_proj(attn_output) * 2")
-    assert "out of date" not in completed.stdout
+    assert "out of date" not in completed.stdout and "--regenerate" not in completed.stdout
     assert "# " in listing_line(completed.stdout, edited).split("* 2", 1)[1]
 
 

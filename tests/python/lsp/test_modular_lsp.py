@@ -139,6 +139,7 @@ async def test_an_out_of_date_or_missing_generated_file_is_a_warning_on_the_modu
     assert stale.severity == types.DiagnosticSeverity.Warning
     assert f"line {edited + 1} (Qwen3Attention.forward) is not in modeling_qwen3.py" in stale.message
     assert f"python utils/modular_model_converter.py --files_to_parse {stale_modular}" in stale.message
+    assert "quick fix" not in stale.message  # no transformers checkout here: nothing to regenerate with
     (stale_copy / "modeling_qwen3.py").unlink()
     # NOTE: the twin is read from disk at each pull: deleting it is seen without an edit of the modular file
     [missing] = await pulled_diagnostics(client, stale_uri)
@@ -260,6 +261,7 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporar
     stale, actions = await stale_actions(client)
     (action,) = actions
     assert action.title == "Regenerate into a temporary folder and trace"
+    assert stale.message.endswith("; or regenerate it into a temporary folder and trace that (quick fix)")
     # NOTE: lsprotocol reads a CodeAction that carries a command as a Command (the union `Command | CodeAction`
     # is told apart by the `command` key), its `command` the CodeAction's command object, printed
     command = ast.literal_eval(action.command) if isinstance(action, types.Command) else action.command
