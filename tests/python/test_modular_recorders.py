@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import shutil
 import subprocess
 import sys
@@ -132,4 +133,38 @@ def test_an_inherited_declaration_goes_into_the_modular_class_that_inherits_it(t
     ]
     assert [ast.unparse(n) for n in declarations] == [
         "_can_record_outputs = {'hidden_states': ApertusDecoderLayer, 'attentions': ApertusAttention}"
+    ]
+
+
+def test_an_inherited_declaration_with_output_recorders_brings_its_import(tmp_path: Path) -> None:
+    # dots1's modular file writes Dots1PreTrainedModel without `_can_record_outputs` and imports no OutputRecorder;
+    # the generated declaration has a `router_logits` OutputRecorder: the fix imports it, relatively, as the
+    # modular files inside transformers do (`check --fix --format json`)
+    folder = copy_model_folder("dots1", tmp_path)
+    modular = folder / "modular_dots1.py"
+    assert "OutputRecorder" not in modular.read_text()
+    generated = folder / "modeling_dots1.py"
+    remove_line(generated, '        "attentions": Dots1Attention,\n')
+    generated_before = generated.read_bytes()
+    completed = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "check", "--fix", "--format", "json", str(modular)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert [problem["code"] for problem in report["fixed"]] == ["missing-recorder"] and report["problems"] == []
+    assert any(f"--files_to_parse {modular.resolve()}" in note for note in report["notes"])
+    assert generated.read_bytes() == generated_before
+    tree = ast.parse(modular.read_text())
+    imports = [ast.unparse(node) for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert "from ...utils.output_capturing import OutputRecorder" in imports
+    (declared,) = [
+        node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Dots1PreTrainedModel"
+    ]
+    declarations = [ast.unparse(item) for item in declared.body if "_can_record_outputs" in ast.unparse(item)]
+    assert declarations == [
+        "_can_record_outputs = {'hidden_states': Dots1DecoderLayer, 'router_logits': "
+        "OutputRecorder(Dots1TopkRouter, index=0), 'attentions': Dots1Attention}"
     ]
