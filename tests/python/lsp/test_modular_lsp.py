@@ -274,6 +274,7 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporar
         (run,) = fake_runs(checkout)
         assert Path(run["file"]) == copy and run["cwd"] == str(checkout.resolve())
         assert copy.read_bytes() == modular.read_bytes() and copy.parent != folder
+        assert copy.parents[4].name.startswith("modeltrace-regenerated-")
         # the user's folder is left as it is; the copy's generated file is the regenerated one, and its
         # modular file is traced: the edited line carries a hint and nothing there is out of date
         assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
@@ -283,4 +284,4 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporar
         hints = await inlay_hints(client, copy_uri)
         assert hints.get(line_of(copy, "attn_output = self.o_proj(attn_output) * 2")), hints
     finally:
-        shutil.rmtree(copy.parents[3], ignore_errors=True)
+        shutil.rmtree(copy.parents[4], ignore_errors=True)  # the temporary folder: <it>/src/transformers/models/qwen3
