@@ -23,6 +23,11 @@ export const serverCommands = {
     loadTrace: "modelTrace.loadTrace",
     /** Arguments: [documentUri: string]. */
     pinReference: "modelTrace.pinReference",
+    /**
+     * Arguments: [documentUri: string, className?: string] (a modular file in a transformers checkout): its
+     * generated file regenerated into a temporary folder, and the copy traced and opened. Offered by a code action.
+     */
+    traceRegenerated: "modelTrace.traceRegenerated",
 } as const;
 
 /** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */

@@ -42,6 +42,7 @@ const traceCommands: ReadonlySet<string> = new Set<string>([
     serverCommands.trace,
     serverCommands.traceGenerate,
     serverCommands.traceBackward,
+    serverCommands.traceRegenerated,
 ]);
 
 /** The reference a `setReference` / `pinReference` result says was set, else undefined (also when the result

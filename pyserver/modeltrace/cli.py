@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
-from modeltrace.modular.twins import is_modular_file, resolve_generated
+from modeltrace.modular.twins import generated_path, is_modular_file, resolve_generated
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
 from modeltrace.worker.messages import (
@@ -33,6 +33,7 @@ from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_
 
 if TYPE_CHECKING:
     from modeltrace.diff.result import DiffResult
+    from modeltrace.recorders.static import Analysis
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
@@ -43,10 +44,12 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     file = Path(arguments.file).resolve()
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
-    if is_modular_file(file) and not arguments.recipe:
+    out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
+    if arguments.regenerate:
+        file = _regenerated_copy(file)
+    elif is_modular_file(file) and not arguments.recipe:
         # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
         resolve_generated(file)
-    out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
     check_destination(out)
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
     if follow and not arguments.lines:
@@ -86,6 +89,26 @@ def _trace_command(arguments: argparse.Namespace) -> int:
         sys.stdout.write(render_listing(trace, None, _detail(arguments)))
         print(f"# trace written to {result.trace} ({result.seconds:.2f} s)", file=sys.stderr)
     return 0
+
+
+def _regenerated_copy(file: Path) -> Path:
+    """`trace --regenerate`: the modular file's folder copied to a temporary folder and its generated twin written
+    there by the transformers checkout's converter (`modular/regenerate.py`); the copy of the modular file, to
+    trace. The user's generated file is never written."""
+    from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
+
+    if not is_modular_file(file):
+        raise ModelTraceError(f"{file}: --regenerate is for a modular file (modular_<name>.py)")
+    checkout = find_checkout(file)
+    if checkout is None:
+        raise ModelTraceError(no_checkout_message(file))
+    print(f"# regenerating {file.name} with {checkout}'s converter into a temporary folder", file=sys.stderr)
+    copy = regenerate_copy(file, checkout)
+    print(
+        f"# traced the regenerated copy {copy} (your {generated_path(file).name} is left as it is)",
+        file=sys.stderr,
+    )
+    return copy
 
 
 def _existing_file(text: str, option: str) -> Path:
@@ -378,12 +401,9 @@ def _check_command(arguments: argparse.Namespace) -> int:
 
         # NOTE: what runs is the generated twin: it is checked, its problems shown on the modular lines
         resolve_generated(file)
-        if arguments.fix:
-            raise ModelTraceError(
-                f"{arguments.file}: --fix edits the generated file, which transformers' converter overwrites: fix "
-                "the modular file by hand (the problems name the class and entry), then regenerate"
-            )
         analysis = analyze_modular(source, file)
+        if arguments.fix:
+            return _fix_modular(file, source, analysis, arguments)
     else:
         analysis = analyze_source(source, str(file))
     if analysis.module is None:
@@ -421,6 +441,47 @@ def _check_command(arguments: argparse.Namespace) -> int:
             print(f"{arguments.file}: no recorder problems ({len(analysis.uses)} model(s) with @capture_outputs)")
     # hints (the file does not show the entry is wrong) do not fail the check
     return 1 if any(p.get("severity") != "hint" for p in problems) else 0
+
+
+def _fix_modular(file: Path, source: str, analysis: Analysis, arguments: argparse.Namespace) -> int:
+    """`check --fix` on a modular file: the fixes are written into the modular file (never the generated one, which
+    the converter overwrites); the problems left are those of the generated file until it is regenerated."""
+    from modeltrace.modular.fixes import ModularFixError, generated_problem, modular_fixes
+    from modeltrace.modular.twins import regenerate_command
+    from modeltrace.recorders.fixes import write_atomically
+
+    wanted = [problem for problem in analysis.problems if generated_problem(problem) is not None]
+    try:
+        fixed, applied = modular_fixes(source, file, wanted)
+    except ModularFixError as error:
+        raise ModelTraceError(f"{arguments.file}: --fix: {error}") from error
+    if applied and fixed != source:
+        write_atomically(file, fixed)
+    left = [problem for problem in analysis.problems if problem not in applied]
+    notes = (
+        [
+            f"the fixes are in the modular file; regenerate the generated file from a transformers checkout: "
+            f"`{regenerate_command(file.resolve())}`"
+        ]
+        if applied
+        else []
+    )
+    if arguments.format == "json":
+        document = {
+            "problems": [p.to_json() for p in left],
+            "fixed": [p.to_json() for p in applied],
+            "notes": [*analysis.notes, *notes],
+        }
+        json.dump(document, sys.stdout)
+        sys.stdout.write("\n")
+        return 1 if any(problem.severity != "hint" for problem in left) else 0
+    for problem in applied:
+        print(f"{arguments.file}:{problem.line}: fixed {problem.code}: {problem.message}")
+    for problem in left:
+        print(f"{arguments.file}:{problem.line}: {problem.code}: {problem.message}")
+    for note in notes:
+        print(f"{arguments.file}: note: {note}")
+    return 1 if any(problem.severity != "hint" for problem in left) else 0
 
 
 def _run_evidence(file: Path, model: str | None, timeout: float, modular: bool = False) -> list[dict]:
@@ -464,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
         "file",
         help="the modeling file (modeling_*.py) to trace and annotate; a modular file (modular_*.py) runs as its "
         "generated modeling file and is annotated from it",
+    )
+    trace.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="for a modular file whose generated file is out of date: regenerate it into a temporary folder with "
+        "the converter of the transformers checkout above it, and trace that (the generated file is not touched)",
     )
     trace.add_argument("--model", metavar="CLASS", help="the class to build (default: the file's base model)")
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
@@ -644,7 +711,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="check the _can_record_outputs of a modeling file (static)")
     check.add_argument("file", help="the modeling file (modeling_*.py) to check")
-    check.add_argument("--fix", action="store_true", help="write the fixes into the file")
+    check.add_argument(
+        "--fix",
+        action="store_true",
+        help="write the fixes into the file (a modular file's into the modular file; then regenerate)",
+    )
     check.add_argument(
         "--run",
         action="store_true",

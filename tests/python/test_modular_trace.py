@@ -8,6 +8,7 @@ copy replaces `transformers.models.<name>` in that process).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import transformers
 
 from conftest import line_of
+from fake_converter import fake_runs, make_fake_checkout
 
 
 MODELS = Path(transformers.__file__).resolve().parent / "models"
@@ -27,7 +29,8 @@ def copy_model_folder(name: str, destination: Path) -> Path:
     return folder
 
 
-def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_cli(*arguments: str, cwd: Path, temporary: Path | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a child process (`temporary`: its temporary folder)."""
     return subprocess.run(
         [sys.executable, "-m", "modeltrace", *arguments],
         capture_output=True,
@@ -35,6 +38,7 @@ def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
         timeout=600,
         check=False,
         cwd=cwd,
+        env={**os.environ, "TMPDIR": str(temporary)} if temporary is not None else None,
     )
 
 
@@ -120,3 +124,60 @@ def test_an_out_of_date_generated_file_is_said_in_the_listing(tmp_path: Path) ->
         in shown
     )
     assert f"python utils/modular_model_converter.py --files_to_parse {modular.resolve()}" in shown
+    # outside a transformers checkout there is no converter to offer
+    assert "--regenerate" not in shown
+
+
+def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Path) -> None:
+    # the modular file sits in a transformers checkout (its converter is a stand-in: `fake_converter`), edited
+    # since its generated file was written
+    checkout = make_fake_checkout(
+        tmp_path / "transformers",
+        MODELS / "qwen3" / "modeling_qwen3.py",
+        [("attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2")],
+    )
+    folder = copy_model_folder("qwen3", checkout / "src" / "transformers" / "models")
+    modular = folder / "modular_qwen3.py"
+    modular.write_text(
+        modular.read_text().replace(
+            "attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2"
+        )
+    )
+    # traced as it is, the listing says the generated file is out of date, and how to trace a regenerated copy
+    as_it_is = run_cli("trace", str(modular), "--out", str(tmp_path / "stale.mtrace"), cwd=tmp_path)
+    assert as_it_is.returncode == 0, as_it_is.stderr
+    assert "# note: modeling_qwen3.py is out of date with modular_qwen3.py" in as_it_is.stdout
+    assert f"`modeltrace trace {modular.resolve()} --regenerate`" in as_it_is.stdout
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    completed = run_cli(
+        "trace", str(modular), "--regenerate", "--out", str(tmp_path / "q.mtrace"), cwd=tmp_path, temporary=temporary
+    )
+    assert completed.returncode == 0, completed.stderr
+    (run,) = fake_runs(checkout)
+    copy = Path(run["file"])
+    # the converter ran from the checkout, with its sources first, on a copy in the layout it expects
+    assert run["cwd"] == str(checkout.resolve())
+    assert run["pythonpath"].split(os.pathsep)[0] == str(checkout.resolve() / "src")
+    assert copy.parent.parent.parent.parent.name == "src" and copy.parent.name == "qwen3"
+    assert copy.is_relative_to(temporary)
+    assert copy.read_bytes() == modular.read_bytes()
+    assert f"# traced the regenerated copy {copy} (your modeling_qwen3.py is left as it is)" in completed.stderr
+    # the user's folder is untouched (the generated file stays stale)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    # the edited line ran, from the regenerated file, and carries its hint; nothing is out of date
+    edited = line_of(modular, "attn_output = self.o_proj(attn_output) * 2")
+    assert "out of date" not in completed.stdout and "--regenerate" not in completed.stdout
+    assert "# " in listing_line(completed.stdout, edited).split("* 2", 1)[1]
+
+
+def test_regenerate_without_a_checkout_says_so(tmp_path: Path) -> None:
+    folder = copy_model_folder("qwen3", tmp_path)
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    completed = run_cli("trace", str(folder / "modular_qwen3.py"), "--regenerate", cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "no transformers source checkout above it (a folder holding utils/modular_model_converter.py)" in (
+        completed.stderr
+    )
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before

@@ -15,6 +15,8 @@ TRACE_BACKWARD = "modelTrace.traceBackward"
 LOAD_TRACE = "modelTrace.loadTrace"
 SET_REFERENCE = "modelTrace.setReference"
 PIN_REFERENCE = "modelTrace.pinReference"
+# a modular file regenerated into a temporary folder and traced there (`lsp/regenerate.py`)
+TRACE_REGENERATED = "modelTrace.traceRegenerated"
 
 # Notifications, server → client.
 STATUS = "modelTrace/status"
@@ -24,6 +26,15 @@ DIFF_RESULT = "modelTrace/diffResult"
 # Requests, client → server.
 DIFF_PLOT = "modelTrace/diffPlot"
 
-SERVER_COMMANDS = (TRACE, CLEAR, TRACE_GENERATE, TRACE_BACKWARD, LOAD_TRACE, SET_REFERENCE, PIN_REFERENCE)
+SERVER_COMMANDS = (
+    TRACE,
+    CLEAR,
+    TRACE_GENERATE,
+    TRACE_BACKWARD,
+    LOAD_TRACE,
+    SET_REFERENCE,
+    PIN_REFERENCE,
+    TRACE_REGENERATED,
+)
 NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
 REQUESTS = (DIFF_PLOT,)

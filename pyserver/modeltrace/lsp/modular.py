@@ -17,6 +17,7 @@ from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.context import MapKey, ModelTraceServer
 from modeltrace.modular.annotate import inlined_note
 from modeltrace.modular.mapping import InheritedMethod, ModularMap, map_modular, sibling_definitions
+from modeltrace.modular.regenerate import find_checkout
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
 
 SOURCE = "ModelTrace modular"
@@ -180,6 +181,9 @@ def staleness_diagnostics(ls: ModelTraceServer, uri: str) -> list[types.Diagnost
         line = mapping.stale[0].line - 1 if mapping.stale else 0
     else:
         return []
+    if find_checkout(path) is not None:
+        # NOTE: the code action of `lsp/regenerate.py` (trusted workspaces)
+        message += "; or regenerate it into a temporary folder and trace that (quick fix)"
     return [
         types.Diagnostic(
             range=types.Range(types.Position(line, 0), types.Position(line + 1, 0)),

@@ -1,5 +1,6 @@
 """Recorder problems (`_can_record_outputs`) as pull diagnostics, and their quick fixes as code actions (a modular
-file's are its generated twin's, on the modular lines, without quick fixes: `modular.recorders`).
+file's are its generated twin's, on the modular lines, `modular.recorders`; their fixes edit the modular file and
+say that the generated file must be regenerated, `modular.fixes`).
 
 Static only (stdlib `ast` to read, libcst to edit; no model run), so it works in untrusted workspaces too. Diagnostics are served through
 `textDocument/diagnostic` (the client pulls them on open and on each change) so that they never replace the
@@ -118,6 +119,14 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
         logger.warning("no quick fixes: %s", error)
         return None
     first, last = params.range.start.line + 1, params.range.end.line + 1
+    path = ls.document_path(uri)
+    if path is not None and is_modular_file(path):
+        from modeltrace.lsp.regenerate import regenerate_actions
+
+        return [
+            *_modular_actions(uri, path, source, analysis, first, last),
+            *regenerate_actions(ls, uri, path, first, last),
+        ]
     actions = []
     fixable = [p for p in analysis.problems if p.fix_json() is not None]
     for problem in fixable:
@@ -152,4 +161,33 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
                     edit=types.WorkspaceEdit(changes={uri: _text_edits(source, fixed)}),
                 )
             )
+    return actions
+
+
+def _modular_actions(
+    uri: str, path: str, source: str, analysis: Analysis, first: int, last: int
+) -> list[types.CodeAction]:
+    """The quick fixes of a modular file's problems on lines `first`..`last`: edits of the modular file only."""
+    from modeltrace.modular.fixes import ModularFixError, fix_title, generated_problem, modular_fixes
+
+    actions = []
+    for problem in analysis.problems:
+        if not (first <= problem.line <= last) or generated_problem(problem) is None:
+            continue
+        try:
+            fixed, applied = modular_fixes(source, path, [problem])
+        except (ModularFixError, OSError, SyntaxError, UnicodeDecodeError) as error:
+            logger.info("no modular fix for %s: %s", problem.message, error)
+            continue
+        if not applied or fixed == source:
+            continue
+        actions.append(
+            types.CodeAction(
+                title=fix_title(problem, path),
+                kind=types.CodeActionKind.QuickFix,
+                diagnostics=[_diagnostic(source, problem)],
+                is_preferred=True,
+                edit=types.WorkspaceEdit(changes={uri: _text_edits(source, fixed)}),
+            )
+        )
     return actions

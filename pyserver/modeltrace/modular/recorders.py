@@ -4,7 +4,7 @@ and each problem is put on the modular line it comes from.
 A declaration written in the modular file maps onto its generated line (`mapping`): the problem sits there. One
 the modular class inherits from the parent model (or a class the modular file leaves to the converter) has no
 modular line: the problem sits on the modular class, else on the first line, naming the generated line. Quick
-fixes are not offered on a modular file: they would edit the generated file, which the converter overwrites.
+fixes edit the modular file, never the generated one (`modular.fixes`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def _moved(problem: Problem, mapping: ModularMap, reverse: dict[int, list[int]],
             )
             + f"); declare `_can_record_outputs` in {problem.owner or 'the class'} here, then regenerate {generated_name}"
         )
-    # NOTE: no quick fix: it would edit the generated file, which the converter overwrites
-    return dataclasses.replace(problem, line=line, message=message, recorder=None, extra={})
+    # NOTE: no fix of its own (`fix_json` None: it would edit the generated file, which the converter overwrites);
+    # the generated problem it came from is kept for the fixes that edit the modular file (`modular.fixes`)
+    return dataclasses.replace(problem, line=line, message=message, recorder=None, extra={"generated": problem})
 
 
 def analyze_modular(modular_source: str, modular_path: str | Path, mapping: ModularMap | None = None) -> Analysis:

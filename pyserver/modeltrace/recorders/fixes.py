@@ -115,6 +115,17 @@ def _replace_entry(elements: list[cst.BaseDictElement], key: str, problem: Probl
     return found
 
 
+def _without_comments(comma: cst.Comma) -> cst.Comma:
+    """A comma's layout (line break, indentation) without the comment lines that follow it: those belong to the
+    entry after it, and the new entry must not repeat them."""
+    after = comma.whitespace_after
+    if isinstance(after, cst.ParenthesizedWhitespace):
+        return comma.with_changes(
+            whitespace_after=after.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+        )
+    return comma
+
+
 def _append_entry(elements: list[cst.BaseDictElement], value: cst.Dict, key: str, recorder: Recorder) -> None:
     """Add `key: recorder` after the last element, in the layout of the ones before it."""
     if not elements:
@@ -124,9 +135,9 @@ def _append_entry(elements: list[cst.BaseDictElement], value: cst.Dict, key: str
     if isinstance(last.comma, cst.Comma):
         # the last comma carries the line break before `}`; the one before it, the item indentation
         if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
-            between = elements[-2].comma
+            between = _without_comments(elements[-2].comma)
         else:
-            between = cst.Comma(whitespace_after=value.lbrace.whitespace_after)
+            between = _without_comments(cst.Comma(whitespace_after=value.lbrace.whitespace_after))
         elements[-1] = last.with_changes(comma=between)
         elements.append(_entry_element(key, recorder, last.comma))
     else:
@@ -239,16 +250,21 @@ def fix_file(path: str | Path) -> list[Problem]:
     source = path.read_text(encoding="utf-8")
     fixed, applied = apply_fixes(source)
     if applied and fixed != source:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(fixed)
-                handle.flush()
-                os.fsync(handle.fileno())  # the user's source: on disk before it replaces the old one
-            os.chmod(temporary, path.stat().st_mode & 0o777)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
+        write_atomically(path, fixed)
     return applied
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace the user's file with `text` in one step (a temporary file beside it, fsynced, then renamed)."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())  # the user's source: on disk before it replaces the old one
+        os.chmod(temporary, path.stat().st_mode & 0o777)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

@@ -16,6 +16,7 @@ from pathlib import Path
 from modeltrace.errors import ModelTraceError
 from modeltrace.modular.annotate import inherited_notes, modular_entries
 from modeltrace.modular.mapping import ModularMap, map_modular_file
+from modeltrace.modular.regenerate import find_checkout
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
 from modeltrace.trace.lines import HintDetail, index_module_calls, line_label
 from modeltrace.trace.records import Trace
@@ -91,6 +92,11 @@ def render_listing(trace: Trace, file: str | None = None, detail: HintDetail = H
         output.append("# note: the file changed since this trace was taken; annotations may be off")
     if staleness:
         output.append(f"# note: {staleness}")
+        if find_checkout(path) is not None:
+            # NOTE: inside a transformers checkout the converter is at hand: a fresh copy can be traced
+            output.append(
+                f"# note: or trace a regenerated copy, leaving it as it is: `modeltrace trace {path} --regenerate`"
+            )
     for number, text in enumerate(source_lines, start=1):
         text = text.rstrip()
         entry = entries.get(number)

@@ -4,6 +4,7 @@ name the methods they inherit; a pulled Warning says when the generated file is 
 
 from __future__ import annotations
 
+import ast
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import transformers
 from lsprotocol import types
 from pygls.uris import from_fs_path
 from pytest_lsp import LanguageClient
+
+from fake_converter import fake_runs, make_fake_checkout
 
 from .support import COLD_TRACE_SECONDS, execute, inlay_hints, line_of, open_document, wait_until
 
@@ -136,6 +139,7 @@ async def test_an_out_of_date_or_missing_generated_file_is_a_warning_on_the_modu
     assert stale.severity == types.DiagnosticSeverity.Warning
     assert f"line {edited + 1} (Qwen3Attention.forward) is not in modeling_qwen3.py" in stale.message
     assert f"python utils/modular_model_converter.py --files_to_parse {stale_modular}" in stale.message
+    assert "quick fix" not in stale.message  # no transformers checkout here: nothing to regenerate with
     (stale_copy / "modeling_qwen3.py").unlink()
     # NOTE: the twin is read from disk at each pull: deleting it is seen without an edit of the modular file
     [missing] = await pulled_diagnostics(client, stale_uri)
@@ -205,4 +209,79 @@ async def test_recorder_problems_of_the_generated_twin_sit_on_the_modular_file(
             context=types.CodeActionContext(diagnostics=[problem], only=[types.CodeActionKind.QuickFix]),
         )
     )
-    assert not actions
+    # the quick fix edits the modular file (a new Qwen3PreTrainedModel holding the full declaration) and says
+    # that the generated file must be regenerated; the generated file is left as it is
+    (action,) = actions
+    assert action.title == (
+        "Record 'attentions' with Qwen3Attention in the modular file (then regenerate: python "
+        f"utils/modular_model_converter.py --files_to_parse {folder / 'modular_qwen3.py'})"
+    )
+    (edits,) = action.edit.changes.values()
+    assert list(action.edit.changes) == [uri]
+    inserted = "".join(edit.new_text for edit in edits)
+    assert "class Qwen3PreTrainedModel(Qwen2PreTrainedModel):" in inserted
+    assert '"attentions": Qwen3Attention,' in inserted and '"hidden_states": Qwen3DecoderLayer,' in inserted
+    assert "from ..qwen2.modeling_qwen2 import Qwen2PreTrainedModel" in inserted
+
+
+async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporary_folder_and_traced(
+    client: LanguageClient, restricted_client: LanguageClient, tmp_path: Path
+) -> None:
+    # the modular file sits in a transformers checkout (a stand-in converter: `fake_converter`), edited since its
+    # generated file was written
+    checkout = make_fake_checkout(
+        tmp_path / "transformers",
+        MODELS / "qwen3" / "modeling_qwen3.py",
+        [("attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2")],
+    )
+    folder = copy_model_folder("qwen3", checkout / "src" / "transformers" / "models")
+    modular = folder / "modular_qwen3.py"
+    modular.write_text(
+        modular.read_text().replace(
+            "attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2"
+        )
+    )
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+
+    async def stale_actions(on: LanguageClient) -> tuple[types.Diagnostic, list[types.CodeAction]]:
+        uri = open_document(on, modular)
+        (stale,) = [item for item in await pulled_diagnostics(on, uri) if item.code == "modular-stale"]
+        actions = await on.text_document_code_action_async(
+            types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                range=stale.range,
+                context=types.CodeActionContext(diagnostics=[stale]),
+            )
+        )
+        return stale, list(actions or [])
+
+    # an untrusted workspace gets the warning, not the action (it runs the checkout's converter)
+    _, untrusted = await stale_actions(restricted_client)
+    assert [action.title for action in untrusted] == []
+    stale, actions = await stale_actions(client)
+    (action,) = actions
+    assert action.title == "Regenerate into a temporary folder and trace"
+    assert stale.message.endswith("; or regenerate it into a temporary folder and trace that (quick fix)")
+    # NOTE: lsprotocol reads a CodeAction that carries a command as a Command (the union `Command | CodeAction`
+    # is told apart by the `command` key), its `command` the CodeAction's command object, printed
+    command = ast.literal_eval(action.command) if isinstance(action, types.Command) else action.command
+    command = command if isinstance(command, dict) else {"command": command.command, "arguments": command.arguments}
+    assert command["command"] == "modelTrace.traceRegenerated" and command["arguments"] == [from_fs_path(str(modular))]
+    result = await execute(client, command["command"], *command["arguments"], timeout=COLD_TRACE_SECONDS)
+    assert result["ok"], result
+    copy = Path(result["regenerated"])
+    try:
+        (run,) = fake_runs(checkout)
+        assert Path(run["file"]) == copy and run["cwd"] == str(checkout.resolve())
+        assert copy.read_bytes() == modular.read_bytes() and copy.parent != folder
+        assert copy.parents[4].name.startswith("modeltrace-regenerated-")
+        # the user's folder is left as it is; the copy's generated file is the regenerated one, and its
+        # modular file is traced: the edited line carries a hint and nothing there is out of date
+        assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+        assert "attn_output = self.o_proj(attn_output) * 2" in (copy.parent / "modeling_qwen3.py").read_text()
+        copy_uri = open_document(client, copy)
+        assert [item for item in await pulled_diagnostics(client, copy_uri) if item.code == "modular-stale"] == []
+        hints = await inlay_hints(client, copy_uri)
+        assert hints.get(line_of(copy, "attn_output = self.o_proj(attn_output) * 2")), hints
+    finally:
+        shutil.rmtree(copy.parents[4], ignore_errors=True)  # the temporary folder: <it>/src/transformers/models/qwen3

@@ -1,0 +1,49 @@
+"""A fake transformers checkout for the regenerate tests: `utils/modular_model_converter.py` is a stand-in for
+transformers' converter (the installed wheel ships no `utils/`, and the real converter needs the sources of the
+transformers version it belongs to). It takes the real command line (`--files_to_parse PATH`), checks what the
+real converter needs (the modular file under `src/transformers/`, run from the checkout), and writes the generated
+file beside the modular file: the installed generated file with the test's edits applied wherever the modular file
+carries the edited line, which is what the real converter would carry over. It records how it was run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FAKE_CONVERTER = """
+import argparse, json, os, re, sys
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+settings = json.loads((here / "fake_settings.json").read_text())
+parser = argparse.ArgumentParser()
+parser.add_argument("--files_to_parse", nargs="+", required=True)
+arguments = parser.parse_args()
+for name in arguments.files_to_parse:
+    modular = Path(name).resolve()
+    if not re.search(r"/src/transformers/", str(modular)):
+        sys.exit(f"{modular}: not under src/transformers/")
+    text = modular.read_text()
+    generated = Path(settings["pristine"]).read_text()
+    for old, new in settings["edits"]:
+        if new in text:
+            generated = generated.replace(old, new)
+    modular.with_name(modular.name.replace("modular_", "modeling_")).write_text(generated)
+    with open(here / "fake_runs.json", "a") as log:
+        log.write(json.dumps({"file": str(modular), "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\\n")
+"""
+
+
+def make_fake_checkout(root: Path, pristine: Path, edits: list[tuple[str, str]]) -> Path:
+    """A checkout at `root` (with `src/` and the fake converter) whose converter writes `pristine` with `edits`."""
+    utils = root / "utils"
+    utils.mkdir(parents=True)
+    (root / "src").mkdir()
+    (utils / "modular_model_converter.py").write_text(FAKE_CONVERTER)
+    (utils / "fake_settings.json").write_text(json.dumps({"pristine": str(pristine), "edits": edits}))
+    return root
+
+
+def fake_runs(root: Path) -> list[dict[str, str]]:
+    log = root / "utils" / "fake_runs.json"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
