@@ -31,6 +31,7 @@ from modeltrace.lsp.reference import forget_diff, load_checked_reference, update
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
 from modeltrace.lsp.store import DocumentTrace
+from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
@@ -602,3 +603,41 @@ def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams)
     # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
     ls.background_tasks.add(task)
     task.add_done_callback(ls.background_tasks.discard)
+
+
+async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.traceRegenerated [uri, model class?]`: regenerate the modular file's twin into a temporary
+    folder, trace the copy there, and open it."""
+    if not ls.workspace_trusted:
+        return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
+    uri = arguments[0] if arguments else None
+    try:
+        path = _traceable_path(ls, uri)
+    except _Refused as refusal:
+        return _refuse(ls, str(refusal))
+    if not is_modular_file(path):
+        return _refuse(ls, f"ModelTrace: {path}: regenerating is for a modular file (modular_<name>.py)")
+    checkout = find_checkout(path)
+    if checkout is None:
+        return _refuse(ls, f"ModelTrace: {no_checkout_message(path)}")
+    try:
+        copy = await asyncio.to_thread(regenerate_copy, path, checkout, ls.worker().python)
+    except ModelTraceError as error:
+        return _refuse(ls, f"ModelTrace: {error}")
+    copy_uri = from_fs_path(str(copy)) or str(copy)
+    model = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], str) and arguments[1] else None
+    result = await run_trace(ls, copy_uri, str(copy), model)
+    if result.get("ok"):
+        await _open_document(ls, copy_uri)
+    return {**result, "regenerated": str(copy)}
+
+
+async def _open_document(ls: ModelTraceServer, uri: str) -> None:
+    """Ask the client to show the traced copy (LSP `window/showDocument`), when it can."""
+    window = ls.client_capabilities.window
+    if window is None or window.show_document is None or not window.show_document.support:
+        return
+    try:
+        await ls.window_show_document_async(types.ShowDocumentParams(uri=uri, take_focus=True))
+    except Exception as error:  # noqa: BLE001 - the trace is done either way; the copy can be opened by hand
+        logger.warning("the client did not open %s: %s", uri, error)

@@ -15,7 +15,7 @@ TRACE_BACKWARD = "modelTrace.traceBackward"
 LOAD_TRACE = "modelTrace.loadTrace"
 SET_REFERENCE = "modelTrace.setReference"
 PIN_REFERENCE = "modelTrace.pinReference"
-# a modular file regenerated into a temporary folder and traced there (`lsp/regenerate.py`)
+# a modular file regenerated into a temporary folder and traced there (`lsp/commands.py`)
 TRACE_REGENERATED = "modelTrace.traceRegenerated"
 
 # Notifications, server → client.

@@ -13,6 +13,7 @@ from pathlib import Path
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
+from modeltrace.lsp import methods
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.context import MapKey, ModelTraceServer
 from modeltrace.modular.annotate import inlined_note
@@ -182,7 +183,7 @@ def staleness_diagnostics(ls: ModelTraceServer, uri: str) -> list[types.Diagnost
     else:
         return []
     if find_checkout(path) is not None:
-        # NOTE: the code action of `lsp/regenerate.py` (trusted workspaces)
+        # NOTE: the code action of `regenerate_actions` below (trusted workspaces)
         message += "; or regenerate it into a temporary folder and trace that (quick fix)"
     return [
         types.Diagnostic(
@@ -191,5 +192,30 @@ def staleness_diagnostics(ls: ModelTraceServer, uri: str) -> list[types.Diagnost
             severity=types.DiagnosticSeverity.Warning,
             code="modular-stale",
             source=SOURCE,
+        )
+    ]
+
+
+# NOTE: the quick fix on the out-of-date warning inside a transformers checkout: `modelTrace.traceRegenerated` (in
+# `commands`) regenerates the twin into a temporary folder and traces the copy; it runs the checkout's code.
+REGENERATE_TITLE = "Regenerate into a temporary folder and trace"
+
+
+def regenerate_actions(ls: ModelTraceServer, uri: str, path: str, first: int, last: int) -> list[types.CodeAction]:
+    """The action on the out-of-date warning (`modular.staleness_diagnostics`) when it sits on lines `first`..`last`
+    (1-based), in a trusted workspace, inside a checkout."""
+    if not ls.workspace_trusted or find_checkout(path) is None:
+        return []
+    stale = [
+        diagnostic for diagnostic in staleness_diagnostics(ls, uri) if first <= diagnostic.range.start.line + 1 <= last
+    ]
+    if not stale:
+        return []
+    return [
+        types.CodeAction(
+            title=REGENERATE_TITLE,
+            kind=types.CodeActionKind.QuickFix,
+            diagnostics=stale,
+            command=types.Command(title=REGENERATE_TITLE, command=methods.TRACE_REGENERATED, arguments=[uri]),
         )
     ]

@@ -15,7 +15,7 @@ import logging
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
-from modeltrace.lsp.modular import document_map, staleness_diagnostics
+from modeltrace.lsp.modular import document_map, regenerate_actions, staleness_diagnostics
 from modeltrace.modular.recorders import analyze_modular
 from modeltrace.modular.twins import is_modular_file
 from modeltrace.recorders import analyze_source
@@ -121,8 +121,6 @@ def code_actions(ls: ModelTraceServer, params: types.CodeActionParams) -> list[t
     first, last = params.range.start.line + 1, params.range.end.line + 1
     path = ls.document_path(uri)
     if path is not None and is_modular_file(path):
-        from modeltrace.lsp.regenerate import regenerate_actions
-
         return [
             *_modular_actions(uri, path, source, analysis, first, last),
             *regenerate_actions(ls, uri, path, first, last),

@@ -26,7 +26,6 @@ from modeltrace.lsp import (
     methods,
     plot,
     recorders,
-    regenerate,
 )
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.context import ModelTraceServer
@@ -103,9 +102,7 @@ def create_server() -> ModelTraceServer:
     server.command(methods.LOAD_TRACE)(answered(methods.LOAD_TRACE, commands.load_trace_command))
     server.command(methods.SET_REFERENCE)(answered(methods.SET_REFERENCE, commands.set_reference_command))
     server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
-    server.command(methods.TRACE_REGENERATED)(
-        answered(methods.TRACE_REGENERATED, regenerate.trace_regenerated_command)
-    )
+    server.command(methods.TRACE_REGENERATED)(answered(methods.TRACE_REGENERATED, commands.trace_regenerated_command))
     server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
         answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
