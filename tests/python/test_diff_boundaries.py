@@ -124,9 +124,12 @@ def test_a_difference_absorbed_at_a_boundary_is_not_a_divergence(traces: dict[st
     [boundary] = document["boundary_differences"]
     assert boundary["path"] == "embed" and boundary["reference_path"] == "embed"
     assert boundary["cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert boundary["scale"] == pytest.approx(4.0, rel=1e-4)  # the reference scales by √16
+    assert boundary["absorbed_by"]["path"] == "layers.0"
     assert boundary["called_at"]["line"] > 0 and boundary["reference_called_at"]["line"] > 0
     assert embed["boundary"] is True
     assert "boundary   embed:" in text and "not a divergence" in text
+    assert "×4 the candidate's" in text and "layers.0" in text
 
 
 def test_a_boundary_difference_never_hides_a_bug_after_it(traces: dict[str, Path]) -> None:

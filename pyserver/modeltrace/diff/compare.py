@@ -270,7 +270,7 @@ def decide(result: DiffResult) -> None:
         if module.status == DIVERGENCE:
             module.status = MISMATCH
     for module in result.modules:
-        module.boundary = False
+        module.boundary, module.absorbed_by = False, None
     divergence, boundaries = find_divergence(result.modules)
     for module in boundaries:
         module.boundary = True

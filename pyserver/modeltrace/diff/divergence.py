@@ -76,11 +76,13 @@ def _inside(result: ModuleResult, ancestor: ModuleResult, by_index: dict[int, Mo
     return False
 
 
-def _reabsorbed(result: ModuleResult, results: list[ModuleResult], by_index: dict[int, ModuleResult]) -> bool:
+def _reabsorbed(
+    result: ModuleResult, results: list[ModuleResult], by_index: dict[int, ModuleResult]
+) -> ModuleResult | None:
     """Whether the difference of `result` (inputs match, outputs differ) is gone by the next compared tensors:
     the first module called after it returns (not inside it) whose inputs were compared receives a tensor of the
     shape of a differing output of `result` (an output no later call takes, such as attention weights that are
-    returned and dropped, is no evidence), and its inputs match (one side scales the embedding inside its module, the other right
+    returned and dropped, is no evidence), and its inputs match. Returns that next call, or None (one side scales the embedding inside its module, the other right
     after it in the caller: the next layer receives the same hidden states)."""
     outputs = result.candidate.outputs
     differing = {leaf.key for leaf in result.output_leaves if leaf.status == MISMATCH}
@@ -89,18 +91,18 @@ def _reabsorbed(result: ModuleResult, results: list[ModuleResult], by_index: dic
     elif len(outputs) == 1:
         shapes = {tuple(outputs[0].shape)}
     else:
-        return False  # several outputs, not known which differs: no evidence that the difference is gone
+        return None  # several outputs, not known which differs: no evidence that the difference is gone
     if not shapes:
-        return False
+        return None
     for other in sorted(results, key=lambda item: item.candidate.index):
         if other.candidate.index <= result.candidate.index or _inside(other, result, by_index):
             continue
         if other.reference is None or other.inputs not in (MATCH, MISMATCH):
             continue
         if not any(tuple(summary.shape) in shapes for summary in other.candidate.inputs):
-            return False  # the next compared call does not take what it returned: no evidence either way
-        return other.inputs == MATCH and not _inside(result, other, by_index)
-    return False
+            return None  # the next compared call does not take what it returned: no evidence either way
+        return other if other.inputs == MATCH and not _inside(result, other, by_index) else None
+    return None
 
 
 def _search(
@@ -128,7 +130,9 @@ def _search(
         if result.inputs not in (MATCH, NONE):
             continue
         if result.outputs == MISMATCH:
-            if replay is None and _reabsorbed(result, results, by_index):
+            absorbed_by = _reabsorbed(result, results, by_index) if replay is None else None
+            if absorbed_by is not None:
+                result.absorbed_by = absorbed_by
                 tentative.append(result)
                 continue
             return bounded(Divergence(result, inputs_match=True), kids_of(result))

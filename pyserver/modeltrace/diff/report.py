@@ -218,8 +218,24 @@ def boundary_json(module: ModuleResult) -> dict[str, Any]:
         "max_abs_diff": _number(module.max_abs_diff),
         "rel_err": _number(module.rel_err),
         "cosine": _number(module.cosine),
+        "scale": _number(boundary_scale(module)),
+        "absorbed_by": _brief(module.absorbed_by),
         "note": BOUNDARY_NOTE,
     }
+
+
+def boundary_scale(module: ModuleResult) -> float | None:
+    """For a boundary difference that is a constant factor (one output, cosine 1 to 1e-6): the reference's output
+    over the candidate's (the ratio of their standard deviations), else None."""
+    reference = module.reference
+    if reference is None or len(reference.outputs) != 1 or len(module.candidate.outputs) != 1:
+        return None
+    if module.cosine is None or module.cosine < 1 - 1e-6:
+        return None
+    ref_std, cand_std = reference.outputs[0].std, module.candidate.outputs[0].std
+    if not ref_std or not cand_std:
+        return None
+    return ref_std / cand_std
 
 
 def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
@@ -644,9 +660,17 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         if module.reference is not None:
             sides += f", reference {module.reference.path or '(root)'} at {_where(module.reference.called_at)}"
         scale = f", cosine {module.cosine:.6f}" if module.cosine is not None else ""
+        factor = boundary_scale(module)
+        scale += f", the reference's output is ×{factor:.6g} the candidate's" if factor is not None else ""
+        after = module.absorbed_by
+        where = (
+            f"; {after.candidate.path or '(root)'} ({_where(after.candidate.called_at)}) receives matching inputs again"
+            if after is not None
+            else ""
+        )
         add(
             f"boundary   {module.candidate.path or '(root)'}: max abs diff {_format_number(module.max_abs_diff)}"
-            f"{scale} ({sides}): {BOUNDARY_NOTE}"
+            f"{scale} ({sides}){where}: {BOUNDARY_NOTE}"
         )
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)
     if root is not None and root.inputs == MISMATCH:

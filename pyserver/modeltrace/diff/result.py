@@ -102,6 +102,8 @@ class ModuleResult:
     # a boundary difference (`divergence.find_divergence`): its outputs differ, the next compared tensors match
     # again (the other side does the same work right after it, in its caller); not a divergence, not a mismatch
     boundary: bool = False
+    # for a boundary difference: the next compared call, whose inputs match again
+    absorbed_by: ModuleResult | None = None
 
 
 @dataclass(slots=True)
