@@ -288,10 +288,11 @@ def _report_diff(result: DiffResult, form: str) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(result))
-    if not result.match:
+    if not result.match and not result.not_comparable:
         return 1
     if result.not_comparable:
-        # NOTE: not a match: too little aligned to trust one (exit 2, bad input, with the reason)
+        # NOTE: neither a match (too little aligned to trust one) nor a finding (differences whose start no
+        # compared module shows): exit 2, with the reason
         print(f"modeltrace diff: not comparable: {result.not_comparable}", file=sys.stderr)
         return 2
     return 0

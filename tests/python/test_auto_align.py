@@ -3,7 +3,8 @@
 
 The pairs: transformers' `LlamaModel` against a Llama written with Meta's reference code's names
 (`tests/python/align_pairs/meta_llama.py`): renamed modules, fused `wqkv`/`w13` projections, blocks two levels
-deeper inside a wrapper beside a never-called `ModuleDict`, and the renamed port with its own random weights.
+deeper inside a wrapper beside a never-called `ModuleDict`, blocks whose class is `XAttentionBlock` (two words of
+the class-name vocabulary), and the renamed port with its own random weights.
 Each pair's truth mapping is written below from how the port was built, not from what the aligner found.
 """
 
@@ -20,6 +21,7 @@ import pytest
 
 from modeltrace.diff import align_modules, read_mapping
 from modeltrace.diff.auto_align import DEFAULT_THRESHOLD
+from modeltrace.diff.kinds import KIND_RULES, deciding_rule, kind_of_class
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import read_trace
@@ -29,7 +31,7 @@ from modeltrace.worker.messages import TraceRequest
 
 PAIRS_DIR = Path(__file__).parent / "align_pairs"
 PORT_FILE = PAIRS_DIR / "meta_llama.py"
-VARIANTS = ("renamed", "fused", "wrapped", "random")
+VARIANTS = ("renamed", "fused", "wrapped", "attention_block", "random")
 
 # candidate path pattern -> reference path template, the port's construction written out (meta_llama.py)
 TRUTH_RULES = [
@@ -297,6 +299,45 @@ def test_unrelated_models_align_nothing(traces: dict[str, Path], tmp_path: Path,
     assert aligned.returncode == 2 and "nothing aligns" in aligned.stderr, aligned.stderr
     diffed = _cli("diff", str(traces["reference"]), str(out))
     assert diffed.returncode == 2 and "nothing aligns" in diffed.stderr, diffed.stderr
+
+
+@pytest.mark.parametrize(
+    ("class_name", "kind"),
+    [
+        # two words of the vocabulary: the last one decides
+        ("XAttentionBlock", "block"),
+        ("ResidualAttentionBlock", "block"),
+        ("BlockAttention", "attention"),
+        ("MLPBlock", "block"),
+        ("AttnBlock", "block"),
+        ("CrossAttentionLayer", "block"),
+        ("MixtralDecoderLayer", "block"),
+        ("OlmoeDecoderLayer", "block"),
+        ("LayerNorm", "norm"),
+        ("Qwen2MoeMLP", "mlp"),
+        ("AttentionPoolingHead", "head"),
+        ("GPT2LMHeadModel", "model"),
+        ("JinaEmbeddingsV3Attention", "attention"),
+        ("NormedEmbedding", "embedding"),
+        ("NormMlp", "mlp"),
+        # a row an earlier word fixes: matched through to the end of the name
+        ("LlamaRotaryEmbedding", "rotary"),
+        ("MixtralSparseMoeBlock", "moe"),
+        # one word
+        ("LlamaAttention", "attention"),
+        ("TransformerBlock", "block"),
+        ("Conv1D", "linear"),
+        ("RMSNorm", "norm"),
+        ("FeedForward", "mlp"),
+        ("Trunk", "unknown"),
+    ],
+)
+def test_the_last_word_of_a_class_name_decides_its_kind(class_name: str, kind: str) -> None:
+    assert kind_of_class(class_name) == kind
+    rule = deciding_rule(class_name)
+    assert (rule is None) == (kind == "unknown")
+    if rule is not None:
+        assert rule in KIND_RULES and rule.reason
 
 
 def _cli(*arguments: str) -> subprocess.CompletedProcess:

@@ -522,3 +522,71 @@ def test_replay_without_full_tensors_falls_back_and_says_why() -> None:
     assert result.first_divergence.module.candidate.path == before == "layers.1"
     assert not result.replayed
     assert any(note.startswith("replay not used: the reference has no full tensors") for note in result.notes)
+
+
+def _inline_change_chain(scale_between: float) -> list[ModuleCall]:
+    """Root (its outputs not recorded) calling layers.0 … layers.2; between layers.0 and layers.1 the root's own
+    code shifts the hidden states by `scale_between` (no module covers it)."""
+    records = _chain([1.0, 2.0, 3.0])
+    records[0].outputs = []
+    records[2].inputs = [_summary("hidden_states", 1.0 + scale_between)]
+    records[2].outputs = [_summary(mean=2.0 + scale_between)]
+    records[3].inputs = [_summary("hidden_states", 2.0 + scale_between)]
+    records[3].outputs = [_summary(mean=3.0 + scale_between)]
+    return records
+
+
+def test_differences_whose_start_no_module_shows_are_not_comparable(tmp_path: Path) -> None:
+    """Every differing module already receives differing inputs (the change is in code no compared module
+    covers): no module is the first divergence; the verdict is "not_comparable" (exit 2) and says where comparison
+    stopped being possible and why, never DIVERGENCE on a module whose inputs differ."""
+    result = diff_traces(_loaded(_inline_change_chain(0.0)), _loaded(_inline_change_chain(0.5)))
+    assert not result.match and result.first_divergence is None
+    assert result.verdict == "not_comparable"
+    reason = result.not_comparable
+    assert "comparison stops at layers.1 (called at /model.py:11): its inputs already differ" in reason
+    assert "after layers.0, which still matches" in reason
+    document = to_json(result)
+    assert document["verdict"] == "not_comparable" and document["match"] is False
+    assert document["first_divergence"] is None and document["not_comparable"] == reason
+    from modeltrace.diff import render_text
+
+    text = render_text(result)
+    assert "NOT COMPARABLE: comparison stops at layers.1" in text and "DIVERGENCE" not in text
+    from modeltrace.trace.html import diff_html
+
+    assert "NOT COMPARABLE" in diff_html(document) and "comparison stops at layers.1" in diff_html(document)
+    # the CLI's contract: exit 2 with the reason on stderr
+    paths = []
+    for name, shift in (("reference", 0.0), ("candidate", 0.5)):
+        paths.append(write_trace(Trace(model={"class": "M"}, modules=_inline_change_chain(shift)), tmp_path / name))
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "diff", *map(str, paths)], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "not comparable: comparison stops at layers.1" in completed.stderr
+
+
+def test_differing_model_inputs_are_not_comparable() -> None:
+    """The fallback's other case: the model's own inputs differ, so every module's inputs may: the reason names
+    the root and what to do."""
+    reference, candidate = _chain([0.0, 1.0]), _chain([0.5, 1.5])
+    for records, mean in ((reference, 0.0), (candidate, 0.3)):
+        records[0].inputs = [_summary("input_ids", mean)]
+        records[0].outputs = []
+        records[1].inputs = [_summary("hidden_states", mean)]
+    result = diff_traces(_loaded(reference), _loaded(candidate))
+    assert result.verdict == "not_comparable" and result.first_divergence is None
+    assert "the model's inputs differ: comparison stops at the root" in result.not_comparable
+
+
+def test_a_module_with_matching_inputs_is_still_the_first_divergence() -> None:
+    """The not-comparable verdict only where no module qualifies: a change inside layers.1 stays a divergence."""
+    reference, candidate = _chain([1.0, 2.0, 3.0]), _chain([1.0, 2.5, 3.5])
+    reference[0].outputs, candidate[0].outputs = [], []
+    result = diff_traces(_loaded(reference), _loaded(candidate))
+    assert result.verdict == "divergence" and result.not_comparable is None
+    assert result.first_divergence.module.candidate.path == "layers.1"

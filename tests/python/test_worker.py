@@ -248,3 +248,81 @@ def test_a_worker_answering_with_a_bad_frame_gives_one_clear_error(tmp_path: Pat
     assert failure.value.error.kind == "WorkerProtocolError" and failure.value.error.cause == "protocol"
     assert expected in failure.value.error.message
     assert not client.running
+
+
+STORAGELESS_RECIPE = """
+import torch
+from torch import nn
+
+
+class SparseMix(nn.Module):
+    def __init__(self):
+        super().__init__()
+        dense = torch.zeros(8, 8)
+        dense[0, 1] = 1.0
+        dense[3, 2] = 2.0
+        self.register_buffer("adjacency", dense.to_sparse())
+        self.register_buffer("adjacency_csr", dense.to_sparse_csr())
+        self.register_buffer("codes", torch.quantize_per_tensor(torch.linspace(-1, 1, 8), 0.1, 0, torch.qint8))
+        self.register_buffer("ragged", torch.nested.nested_tensor([torch.ones(2), torch.full((3,), 2.0)]))
+
+    def forward(self, x):
+        mixed = torch.sparse.mm(self.adjacency, x)
+        return mixed.to_sparse()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.mix = SparseMix()
+
+    def forward(self, x):
+        return self.proj(self.mix(self.proj(x)).to_dense())
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def build_inputs(model):
+    return (torch.randn(8, 4),)
+"""
+
+
+@pytest.mark.parametrize("full_tensors", [False, True], ids=["statistics", "full-tensors"])
+def test_tensors_without_storage_are_summarised_with_a_note(
+    worker: WorkerClient, tmp_path: Path, full_tensors: bool
+) -> None:
+    """A sparse (COO and CSR), quantized and nested buffer, and a submodule returning a sparse tensor: the
+    trace completes (build fingerprint, module statistics, line capture, full-tensor capture), each such tensor
+    summarised through its dense values with a note saying so, and the trace diffs against itself."""
+    recipe = tmp_path / "recipe_storageless.py"
+    recipe.write_text(STORAGELESS_RECIPE)
+    out = tmp_path / "storageless.mtrace"
+    worker.trace(_request(recipe, out, recipe=str(recipe), full_tensors=full_tensors, lines=True))
+    trace = read_trace(out)
+    mix_output = next(record for record in trace.modules if record.path == "mix").outputs[0]
+    assert mix_output.shape == [8, 4] and mix_output.not_stored is not None
+    assert "sparse_coo" in mix_output.not_stored and "dense form" in mix_output.not_stored
+    assert mix_output.mean is not None and mix_output.positive_fraction is not None
+    assert mix_output.tensor is None
+    buffers = {record.name: record for build in trace.builds if build.path == "mix" for record in build.parameters}
+    assert set(buffers) == {"adjacency", "adjacency_csr", "codes", "ragged"}
+    # the sparse buffer's statistics are those of the dense matrix: two non-zeros (1 and 2) of 64
+    for name in ("adjacency", "adjacency_csr"):
+        summary = buffers[name].summary
+        assert summary.shape == [8, 8] and summary.max == 2.0 and summary.mean == pytest.approx(3 / 64), name
+    assert buffers["codes"].summary.dtype == "qint8" and buffers["codes"].summary.max == pytest.approx(1.0)
+    assert "dequantized" in buffers["codes"].summary.not_stored
+    assert buffers["ragged"].summary.shape == [2] and buffers["ragged"].summary.mean == pytest.approx(8 / 5)
+    assert all(record.sample == [] for record in buffers.values())
+    if full_tensors:  # the ordinary tensors around it are stored as usual
+        assert next(record for record in trace.modules if record.path == "proj").outputs[0].tensor is not None
+    import subprocess
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "diff", str(out), str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr

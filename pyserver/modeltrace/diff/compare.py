@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from modeltrace.diff.align import align_traces, map_notes
-from modeltrace.diff.divergence import first_divergence, source_range
+from modeltrace.diff.divergence import comparison_stopped, find_divergence, source_range
 from modeltrace.diff.evidence import explain
 from modeltrace.diff.gradients import gradient_diff
 from modeltrace.diff.mapping import ConcatenatedTensors
@@ -256,7 +256,7 @@ def _diff_traces(
     decide(result)
     result.steps = step_report(result)
     result.gradients = gradient_diff(result)
-    result.not_comparable = _coverage_problem(result)
+    result.not_comparable = not_comparable(result)
     if "parallel" in reference.trace.model or "parallel" in candidate.trace.model:
         from modeltrace.diff.ranks import rank_findings
 
@@ -269,12 +269,33 @@ def decide(result: DiffResult) -> None:
     for module in result.modules:
         if module.status == DIVERGENCE:
             module.status = MISMATCH
-    divergence = first_divergence(result.modules)
+    for module in result.modules:
+        module.boundary, module.absorbed_by = False, None
+    divergence, boundaries = find_divergence(result.modules)
+    for module in boundaries:
+        module.boundary = True
     if divergence is not None:
         divergence.module.status = DIVERGENCE
         divergence.lines = source_range(divergence)
     result.first_divergence = divergence
     explain(result)
+    result.not_comparable = not_comparable(result)
+
+
+def not_comparable(result: DiffResult) -> str | None:
+    """Why the diff's verdict is "not_comparable" (exit 2), or None: a match that rests on too little
+    (`_coverage_problem`), or differences for which no module can be named as the first divergence
+    (`comparison_stopped`: every differing module's inputs already differ). A rank or gradient divergence is a
+    finding of its own."""
+    if result.match:
+        return _coverage_problem(result)
+    if result.first_divergence is not None:
+        return None
+    if any(finding.get("kind") == "rank_divergence" for finding in result.ranks):
+        return None
+    if result.gradients is not None and not result.gradients.match:
+        return None
+    return comparison_stopped(result.modules)
 
 
 def _scale_measures(result: ModuleResult) -> None:

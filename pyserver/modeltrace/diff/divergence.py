@@ -14,18 +14,106 @@ bound the lines where the difference arises (`Divergence.lines`, `source_range`)
 from __future__ import annotations
 
 from modeltrace.diff.pairing import dtype_kind
-from modeltrace.diff.result import MATCH, MISMATCH, NONE, UNKNOWN, Divergence, ModuleResult, finish_key
+from modeltrace.diff.result import (
+    DIVERGENCE,
+    MATCH,
+    MISMATCH,
+    NONE,
+    UNKNOWN,
+    Divergence,
+    ModuleResult,
+    finish_key,
+)
 from modeltrace.trace.records import SourceRange
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
 
 def first_divergence(results: list[ModuleResult]) -> Divergence | None:
     """The first divergence among the module results (their replays included), bounded by its children; None
-    where no module differs."""
+    where no module differs (boundary differences are not divergences: `find_divergence`)."""
+    return find_divergence(results)[0]
+
+
+def find_divergence(results: list[ModuleResult]) -> tuple[Divergence | None, list[ModuleResult]]:
+    """The first divergence and the boundary differences before it (`_reabsorbed`): modules whose inputs match and
+    whose outputs differ, but whose difference the next compared tensors no longer show. Each boundary
+    difference is confirmed by what its nearest compared ancestor shows: that ancestor's outputs match, or a
+    divergence found later lies inside it (the ancestor differs because of that one). An unconfirmed one is the
+    first divergence after all: a boundary difference never hides a real one, nor is it hidden by one."""
+    ordered = sorted(results, key=finish_key)
+    tentative: list[ModuleResult] = []
+    divergence = _search(results, ordered, tentative)
+    by_index = {result.candidate.index: result for result in results}
+    confirmed = []
+    for boundary in tentative:
+        ancestor = _compared_ancestor(boundary, by_index)
+        if ancestor is None or ancestor.outputs == MATCH:
+            confirmed.append(boundary)
+        elif divergence is not None and _inside(divergence.module, ancestor, by_index):
+            confirmed.append(boundary)
+        else:
+            kids = [kid for kid in results if kid.candidate.parent == boundary.candidate.index and kid.reference]
+            return bounded(Divergence(boundary, inputs_match=True), kids), confirmed
+    return divergence, confirmed
+
+
+def _compared_ancestor(result: ModuleResult, by_index: dict[int, ModuleResult]) -> ModuleResult | None:
+    """The nearest enclosing call whose outputs were compared (matched or differed)."""
+    parent = by_index.get(result.candidate.parent)
+    while parent is not None:
+        if parent.reference is not None and parent.outputs in (MATCH, MISMATCH):
+            return parent
+        parent = by_index.get(parent.candidate.parent)
+    return None
+
+
+def _inside(result: ModuleResult, ancestor: ModuleResult, by_index: dict[int, ModuleResult]) -> bool:
+    parent = by_index.get(result.candidate.parent)
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = by_index.get(parent.candidate.parent)
+    return False
+
+
+def _reabsorbed(
+    result: ModuleResult, results: list[ModuleResult], by_index: dict[int, ModuleResult]
+) -> ModuleResult | None:
+    """Whether the difference of `result` (inputs match, outputs differ) is gone by the next compared tensors:
+    the first module called after it returns (not inside it) whose inputs were compared receives a tensor of the
+    shape of a differing output of `result` (an output no later call takes, such as attention weights that are
+    returned and dropped, is no evidence), and its inputs match. Returns that next call, or None (one side scales the embedding inside its module, the other right
+    after it in the caller: the next layer receives the same hidden states)."""
+    outputs = result.candidate.outputs
+    differing = {leaf.key for leaf in result.output_leaves if leaf.status == MISMATCH}
+    if differing:
+        shapes = {tuple(summary.shape) for summary in outputs if summary.key in differing}
+    elif len(outputs) == 1:
+        shapes = {tuple(outputs[0].shape)}
+    else:
+        return None  # several outputs, not known which differs: no evidence that the difference is gone
+    if not shapes:
+        return None
+    for other in sorted(results, key=lambda item: item.candidate.index):
+        if other.candidate.index <= result.candidate.index or _inside(other, result, by_index):
+            continue
+        if other.reference is None or other.inputs not in (MATCH, MISMATCH):
+            continue
+        if not any(tuple(summary.shape) in shapes for summary in other.candidate.inputs):
+            return None  # the next compared call does not take what it returned: no evidence either way
+        return other if other.inputs == MATCH and not _inside(result, other, by_index) else None
+    return None
+
+
+def _search(
+    results: list[ModuleResult], ordered: list[ModuleResult], tentative: list[ModuleResult]
+) -> Divergence | None:
+    """The first module in finishing order that qualifies as the divergence; the re-absorbed ones met before it
+    go to `tentative`."""
+    by_index = {result.candidate.index: result for result in results}
     children: dict[int, list[ModuleResult]] = {}
     for result in results:
         children.setdefault(result.candidate.parent, []).append(result)
-    ordered = sorted(results, key=finish_key)
 
     def kids_of(result: ModuleResult) -> list[ModuleResult]:
         return [kid for kid in children.get(result.candidate.index, []) if kid.reference is not None]
@@ -42,13 +130,68 @@ def first_divergence(results: list[ModuleResult]) -> Divergence | None:
         if result.inputs not in (MATCH, NONE):
             continue
         if result.outputs == MISMATCH:
+            absorbed_by = _reabsorbed(result, results, by_index) if replay is None else None
+            if absorbed_by is not None:
+                result.absorbed_by = absorbed_by
+                tentative.append(result)
+                continue
             return bounded(Divergence(result, inputs_match=True), kids_of(result))
         if result.outputs == UNKNOWN and any(kid.inputs == MISMATCH for kid in kids_of(result)):
             return bounded(Divergence(result, inputs_match=True, inferred=True), kids_of(result))
-    for result in ordered:
-        if result.status == MISMATCH and not (result.replay is not None and result.replay.status == MATCH):
-            return bounded(Divergence(result, inputs_match=False), kids_of(result))
+    # NOTE: no module has matching inputs and differing outputs: a module whose inputs already differ is no
+    # finding (the difference arose before it, where nothing compared runs); `comparison_stopped` says where
+    # comparison stopped being possible, and the verdict is "not_comparable"
     return None
+
+
+def comparison_stopped(results: list[ModuleResult]) -> str | None:
+    """Why no first divergence can be named although modules differ, or None where none differs: the earliest
+    called module whose inputs already differ (no compared module produced them: every module that finished
+    before it matches or was not compared), with the last compared module before it that still matches."""
+    differing = [
+        result
+        for result in results
+        if result.status in (MISMATCH, DIVERGENCE)
+        and not result.boundary
+        and not (result.replay is not None and result.replay.status == MATCH)
+    ]
+    if not differing:
+        return None
+    receivers = sorted(
+        (result for result in results if result.reference is not None and result.inputs == MISMATCH),
+        key=lambda result: result.candidate.index,
+    )
+    if not receivers:
+        return (
+            f"{len(differing)} module call(s) differ, but none has both compared inputs that match and outputs "
+            "that differ: no module can be named as where the difference arises"
+        )
+    first = receivers[0]
+    record = first.candidate
+    keys = [leaf.key or "(input)" for leaf in first.input_leaves if leaf.status == MISMATCH]
+    what = f"inputs ({', '.join(keys)})" if keys else "inputs"
+    if not record.path:
+        return (
+            f"the model's {what} differ: comparison stops at the root; trace both with the same inputs (and seed) "
+            "to compare them"
+        )
+    finish = first.candidate.finish_order
+    before = [
+        result
+        for result in results
+        if result.reference is not None
+        and result.outputs == MATCH
+        and result.candidate.index < record.index
+        and (result.candidate.finish_order < 0 or finish < 0 or result.candidate.finish_order < finish)
+    ]
+    last = max(before, key=finish_key) if before else None
+    called = f" (called at {record.called_at.file}:{record.called_at.line})" if record.called_at else ""
+    after = f" after {last.candidate.path or '(root)'}, which still matches," if last is not None else ""
+    return (
+        f"comparison stops at {record.path}{called}: its {what} already differ and no compared module produced "
+        f"them; the difference arises{after} in code that no aligned module covers (inline code of a caller, or "
+        "a module on one side only); align or map that part (`modeltrace align`, --mapping) to compare it"
+    )
 
 
 def bounded(divergence: Divergence, kids: list[ModuleResult]) -> Divergence:

@@ -4,7 +4,13 @@ implementations whose module names differ.
 Two codebases name their modules differently (`q_proj` / `wq`, `mlp` / `feed_forward`), but their classes are
 named from a small vocabulary (`Linear`, `Conv1D`, `LayerNorm`, `RMSNorm`, `Attention`, `MLP`, `Block`), and
 what a call takes and returns tells the rest (a leaf called with integer ids is an embedding). The vocabulary is
-data: one row per pattern, with the reason it means that kind. First matching row wins.
+data: one row per pattern, with the reason it means that kind.
+
+A class name often carries two words of the vocabulary (`AttentionBlock`, `MLPBlock`, `BlockAttention`,
+`LayerNorm`): as in English, the last word decides (an `AttentionBlock` is a block holding an attention; a
+`BlockAttention` is an attention). So every matching row competes by where its match ends, the latest end wins, and
+rows that end at the same place are taken in table order (specific before general). A row whose meaning is set by
+an earlier word (a `RotaryEmbedding` computes tables, looks nothing up) matches to the end of the name.
 """
 
 from __future__ import annotations
@@ -26,10 +32,17 @@ def _rule(pattern: str, kind: str, reason: str) -> KindRule:
     return KindRule(re.compile(pattern, re.IGNORECASE), kind, reason)
 
 
-# NOTE: ordered from specific to general: "RotaryEmbedding" is rotary, not an embedding; "SelfAttention" before
-# "Attention"; "DecoderLayer" is a block while "LayerNorm" is a norm.
+# NOTE: the match that ends last wins (the last word decides); among matches ending at the same place, the row
+# listed first. So rows are ordered from specific to general, and a row whose kind an earlier word fixes matches
+# through to the end of the name ("RotaryEmbedding" is rotary, not an embedding; "SparseMoeBlock" replaces the MLP,
+# it is not a layer).
 KIND_RULES: tuple[KindRule, ...] = (
-    _rule(r"rotary|rope", "rotary", "rotary position embeddings compute cos/sin tables, no lookup"),
+    _rule(r"(rotary|rope).*$", "rotary", "rotary position embeddings compute cos/sin tables, no lookup"),
+    _rule(
+        r"moe\w*block$|sparsemoe\w*$",
+        "moe",
+        "a mixture-of-experts layer named as a block (Mixtral's SparseMoeBlock) stands where the MLP is",
+    ),
     _rule(r"norm", "norm", "LayerNorm, RMSNorm, GroupNorm and the families' own *Norm classes"),
     _rule(r"embed", "embedding", "Embedding and the families' *Embeddings lookups"),
     _rule(
@@ -61,11 +74,25 @@ UNKNOWN = "unknown"
 _cache: dict[str, str] = {}
 
 
+def deciding_rule(class_name: str) -> KindRule | None:
+    """The row that decides a class name's kind: of the rows that match, the one whose match ends last (the last
+    word decides), the first listed among those ending at the same place; None when no row matches."""
+    best: KindRule | None = None
+    best_end = -1
+    for rule in KIND_RULES:
+        # NOTE: a row may match twice ("AttentionBlockAttention"): its last match is the one that competes
+        ends = [match.end() for match in rule.pattern.finditer(class_name)]
+        if ends and max(ends) > best_end:
+            best, best_end = rule, max(ends)
+    return best
+
+
 def kind_of_class(class_name: str) -> str:
     """The kind named by a class name alone, or "unknown"."""
     found = _cache.get(class_name)
     if found is None:
-        found = next((rule.kind for rule in KIND_RULES if rule.pattern.search(class_name)), UNKNOWN)
+        rule = deciding_rule(class_name)
+        found = UNKNOWN if rule is None else rule.kind
         _cache[class_name] = found
     return found
 

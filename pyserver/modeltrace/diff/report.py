@@ -82,6 +82,8 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
     }
     if module.reason:
         data["reason"] = module.reason
+    if module.boundary:
+        data["boundary"] = True
     if module.atol is not None:
         data["atol"], data["rtol"] = module.atol, module.rtol
     if module.rel_tol is not None:
@@ -198,6 +200,44 @@ def _brief(module: ModuleResult | None) -> dict[str, Any] | None:
     }
 
 
+BOUNDARY_NOTE = (
+    "its outputs differ but the next compared tensors match again: the other side does this part of the work "
+    "outside the module (in its caller, or in the next module); a boundary difference, not a divergence"
+)
+
+
+def boundary_json(module: ModuleResult) -> dict[str, Any]:
+    """One boundary difference (`divergence.find_divergence`), with both sides' call lines."""
+    reference = module.reference
+    return {
+        "path": module.candidate.path,
+        "reference_path": reference.path if reference is not None else None,
+        "class": module.candidate.class_name,
+        "called_at": _location(module.candidate.called_at),
+        "reference_called_at": _location(reference.called_at) if reference is not None else None,
+        "max_abs_diff": _number(module.max_abs_diff),
+        "rel_err": _number(module.rel_err),
+        "cosine": _number(module.cosine),
+        "scale": _number(boundary_scale(module)),
+        "absorbed_by": _brief(module.absorbed_by),
+        "note": BOUNDARY_NOTE,
+    }
+
+
+def boundary_scale(module: ModuleResult) -> float | None:
+    """For a boundary difference that is a constant factor (one output, cosine 1 to 1e-6): the reference's output
+    over the candidate's (the ratio of their standard deviations), else None."""
+    reference = module.reference
+    if reference is None or len(reference.outputs) != 1 or len(module.candidate.outputs) != 1:
+        return None
+    if module.cosine is None or module.cosine < 1 - 1e-6:
+        return None
+    ref_std, cand_std = reference.outputs[0].std, module.candidate.outputs[0].std
+    if not ref_std or not cand_std:
+        return None
+    return ref_std / cand_std
+
+
 def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
     if divergence is None:
         return None
@@ -245,6 +285,8 @@ def to_json(result: DiffResult) -> dict[str, Any]:
         "not_comparable": result.not_comparable,
         "replayed": result.replayed,
         "first_divergence": divergence_json(result.first_divergence),
+        # NOTE: differences the next compared tensors no longer show: never the first divergence
+        "boundary_differences": [boundary_json(module) for module in result.boundary_differences],
         "modules": [module_json(module) for module in result.modules],
         "reference": _describe(result.reference),
         "candidate": _describe(result.candidate),
@@ -613,13 +655,30 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
         add(f"note       {note}")
     for finding in result.ranks:
         add(f"{'RANK' if finding['kind'] == 'rank_divergence' else 'rank'}       {finding['message']}")
+    for module in result.boundary_differences:
+        sides = f"candidate {_where(module.candidate.called_at)}"
+        if module.reference is not None:
+            sides += f", reference {module.reference.path or '(root)'} at {_where(module.reference.called_at)}"
+        scale = f", cosine {module.cosine:.6f}" if module.cosine is not None else ""
+        factor = boundary_scale(module)
+        scale += f", the reference's output is ×{factor:.6g} the candidate's" if factor is not None else ""
+        after = module.absorbed_by
+        where = (
+            f"; {after.candidate.path or '(root)'} ({_where(after.candidate.called_at)}) receives matching inputs again"
+            if after is not None
+            else ""
+        )
+        add(
+            f"boundary   {module.candidate.path or '(root)'}: max abs diff {_format_number(module.max_abs_diff)}"
+            f"{scale} ({sides}){where}: {BOUNDARY_NOTE}"
+        )
     root = next((module for module in result.modules if not module.candidate.path and module.reference), None)
     if root is not None and root.inputs == MISMATCH:
         add("note       the model's inputs differ: trace both with the same inputs (and seed) to compare them")
     add("")
     lines.extend(steps_and_gradients_text(result))
     divergence = result.first_divergence
-    if result.match and result.not_comparable:
+    if result.not_comparable and divergence is None:
         add(f"NOT COMPARABLE: {result.not_comparable}")
     elif result.match:
         checks = [module.check for module in result.modules if module.status == MATCH]

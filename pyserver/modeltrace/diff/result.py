@@ -99,6 +99,11 @@ class ModuleResult:
     replay: ReplayResult | None = None
     settings: list = field(default_factory=list)
     parameters: list = field(default_factory=list)
+    # a boundary difference (`divergence.find_divergence`): its outputs differ, the next compared tensors match
+    # again (the other side does the same work right after it, in its caller); not a divergence, not a mismatch
+    boundary: bool = False
+    # for a boundary difference: the next compared call, whose inputs match again
+    absorbed_by: ModuleResult | None = None
 
 
 @dataclass(slots=True)
@@ -145,7 +150,8 @@ class DiffResult:
     modules: list[ModuleResult]
     first_divergence: Divergence | None
     notes: list[str] = field(default_factory=list)
-    # why the verdict cannot be trusted as a match (too little aligned), or None
+    # why the verdict is neither a match nor a divergence (too little aligned to call a match; or modules differ
+    # but every one of them received differing inputs, so none can be named: `divergence.comparison_stopped`)
     not_comparable: str | None = None
     replayed: bool = False
     # the worker's seconds for a replay: {"seconds", "build_seconds", "modules": {path: (replayed, live)}}
@@ -165,15 +171,20 @@ class DiffResult:
             return False
         if self.gradients is not None and not self.gradients.match:
             return False
-        return not any(module.status in (MISMATCH, DIVERGENCE) for module in self.modules)
+        return not any(module.status in (MISMATCH, DIVERGENCE) and not module.boundary for module in self.modules)
+
+    @property
+    def boundary_differences(self) -> list[ModuleResult]:
+        """Modules whose differing outputs the next compared tensors no longer show, in finishing order."""
+        return sorted((module for module in self.modules if module.boundary), key=finish_key)
 
     @property
     def verdict(self) -> str:
-        """ "match", "divergence", or "not_comparable" (no module differs, but too little was compared to say
-        match)."""
-        if not self.match:
-            return "divergence"
-        return "not_comparable" if self.not_comparable else "match"
+        """ "match", "divergence", or "not_comparable" (no module differs but too little was compared to say
+        match, or modules differ but no first divergence can be named)."""
+        if self.not_comparable:
+            return "not_comparable"
+        return "divergence" if not self.match else "match"
 
     def finish_ordered(self) -> list[ModuleResult]:
         """Candidate modules in the order their calls returned (records without one last, in call order)."""

@@ -71,6 +71,13 @@ def _verdict(document: dict[str, Any]) -> str:
         word, colour = "MATCH", _COLOURS["match"]
     elif document.get("first_divergence"):
         word, colour = "FIRST DIVERGENCE", _COLOURS["divergence"]
+    elif document.get("verdict") == "not_comparable":
+        word, colour = "NOT COMPARABLE", _COLOURS["mismatch"]
+        details = document.get("not_comparable") or ""
+        return (
+            f"<div><span style='color:{colour};font-weight:700'>{word}</span> "
+            f"<span style='opacity:0.8'>{html.escape(details)}</span></div>"
+        )
     else:
         word, colour = "DIFFERENT", _COLOURS["mismatch"]
     details = f"aligned {aligned} module calls; atol {tolerance.get('atol')}, rtol {tolerance.get('rtol')}"

@@ -25,7 +25,7 @@ from torch import nn
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
 from modeltrace.worker.assignments import assignment_lines
-from modeltrace.worker.stats import summarize
+from modeltrace.worker.stats import summarize, without_storage
 
 
 # NOTE: values at this many fixed positions per parameter: enough to tell a copied weight from a re-initialised
@@ -218,6 +218,10 @@ def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor:
 def _fingerprint(
     kind: str, name: str, tensor: torch.Tensor, shared_with: str | None, keep_tensor: Any, stored_name: str
 ) -> ParameterRecord:
+    if without_storage(tensor) is not None:
+        # NOTE: a sparse, nested or quantized buffer: statistics of its values read densely (with a note), no
+        # sample (its memory has no row-major order to sample), never stored in full
+        return ParameterRecord(name=name, kind=kind, summary=summarize(tensor, name), shared_with=shared_with)
     count = tensor.numel()
     stride = 1
     if count > MAX_EXACT_STATISTICS and tensor.device.type != "meta":

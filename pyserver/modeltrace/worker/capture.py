@@ -24,7 +24,7 @@ from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import source_map
 from modeltrace.worker.placement import module_devices
 from modeltrace.worker.tensor_stream import TensorStream
-from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu
+from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu, without_storage
 
 
 # NOTE: bounds on what one call records, so that a module returning a huge nested structure cannot blow up
@@ -131,7 +131,12 @@ class SummaryCache:
             self.put(tensor, summary, version)
             return summary
         dtype = tensor.dtype
-        address = tensor.data_ptr()
+        try:
+            address = tensor.data_ptr()
+        except RuntimeError:
+            # NOTE: a sparse tensor has no storage: summarised through its dense form (`stats.without_storage`),
+            # never cached (its elements are not one span); the try costs nothing on the common path
+            return summarize(tensor, key, pending)
         count = tensor.numel()
         contiguous = tensor.is_contiguous()
         span = (address, count, dtype)
@@ -143,7 +148,12 @@ class SummaryCache:
                 # `query_states`, then the `q` parameter of `apply_rotary_pos_emb`), by identity from then on.
                 self._entries[id(tensor)] = (weakref.ref(tensor), version, summary)
                 return summary
-        summary = summarize_plain_cpu(tensor, key, dtype, address, count, contiguous, pending)
+        try:
+            summary = summarize_plain_cpu(tensor, key, dtype, address, count, contiguous, pending)
+        except (RuntimeError, TypeError):
+            if without_storage(tensor) is None:
+                raise
+            return summarize(tensor, key, pending)  # a nested or quantized tensor: see `stats.without_storage`
         if version >= 0:
             reference = weakref.ref(tensor)
             self._entries[id(tensor)] = (reference, version, summary)
@@ -518,6 +528,8 @@ class ModuleCapture:
         if not self.full_tensors:
             return cache.summarize_new(tensor, key, version, self.pending)
         summary = summarize(tensor, key, self.pending)
+        if without_storage(tensor) is not None:
+            return summary  # summarised densely with a note; nothing to store as one block, nor to cache by span
         self._keep_unless_meta(tensor, summary, f"{index}/{side}/{key}")
         if version >= 0:
             cache.put(tensor, summary, version)

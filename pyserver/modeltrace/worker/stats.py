@@ -26,6 +26,12 @@ A contiguous float32 tensor, the common case, goes from kernel to summary in one
 `summarize`. Half precision is widened to float32 first, int64 has a kernel of its own, and other integers and
 booleans are widened to float64. Non-finite sums and cancelling variances take the same fallbacks as the
 other paths.
+
+Tensors without ordinary storage (sparse layouts, nested and quantized tensors: `without_storage`) have no memory
+to read as one block: they are summarised through a dense copy of their values where one can be made (a sparse
+tensor up to `_MAX_DENSIFIED_ELEMENTS` elements, a quantized one dequantized, a nested one's components laid end
+to end), and by shape and dtype alone otherwise, with a note in `not_stored` saying which. A tensor subclass whose
+reductions fail is summarised by shape and dtype with a note too: a trace never stops on a tensor it cannot read.
 """
 
 from __future__ import annotations
@@ -96,9 +102,77 @@ def _statistics_input(tensor: torch.Tensor) -> torch.Tensor:
     return flat.double()
 
 
+# NOTE: quantized dtypes: their memory holds integers and a scale, not the values
+_QUANTIZED_DTYPES = frozenset(
+    dtype
+    for dtype in (getattr(torch, name, None) for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
+    if dtype is not None
+)
+# NOTE: a sparse tensor's statistics are those of its dense form (what a dense implementation holds); past this
+# many elements the dense copy costs too much memory, and only its shape and dtype are kept
+_MAX_DENSIFIED_ELEMENTS = 1 << 24
+
+
+def without_storage(tensor: torch.Tensor) -> str | None:
+    """What kind of tensor `tensor` is when it has no ordinary strided storage to read ("sparse_coo",
+    "sparse_csr", …, "nested", "quantized"), None for an ordinary one (meta tensors are ordinary: shape only)."""
+    if tensor.is_nested:
+        return "nested"
+    layout = tensor.layout
+    if layout is not torch.strided:
+        return str(layout).removeprefix("torch.")
+    if tensor.dtype in _QUANTIZED_DTYPES:
+        return "quantized"
+    return None
+
+
+def _dense_values(tensor: torch.Tensor, kind: str) -> tuple[torch.Tensor | None, str]:
+    """The values of a tensor without ordinary storage as an ordinary tensor, or None, and how they were read."""
+    if kind == "quantized":
+        return tensor.dequantize(), "statistics of its dequantized values"
+    if kind == "nested":
+        parts = [part.reshape(-1) for part in tensor.unbind()]
+        return (torch.cat(parts) if parts else None), "statistics of its components' elements together"
+    if tensor.numel() > _MAX_DENSIFIED_ELEMENTS:
+        return None, f"over {_MAX_DENSIFIED_ELEMENTS} elements: shape and dtype only"
+    return tensor.to_dense(), "statistics of its dense form"
+
+
+def _shape_of(tensor: torch.Tensor) -> list[int]:
+    try:
+        return list(tensor.shape)
+    except RuntimeError:  # a nested tensor has no one shape: the number of its components
+        return [tensor.size(0)]
+
+
+def summarize_without_storage(
+    tensor: torch.Tensor, key: str, kind: str, pending: PendingStats | None = None
+) -> TensorSummary:
+    """The summary of a tensor without ordinary storage (`without_storage` says `kind`): its own shape and dtype,
+    the statistics of its values read densely where that is possible, and `not_stored` saying so."""
+    dtype = tensor.dtype
+    name = _dtype_names.get(dtype) or dtype_name(dtype)
+    shape = _shape_of(tensor)
+    try:
+        values, how = _dense_values(tensor.detach(), kind)
+    except (RuntimeError, TypeError, ValueError) as error:  # an operation this layout lacks
+        values, how = None, f"its values could not be read ({error})"
+    if values is not None and values.layout is torch.strided and not values.is_nested:
+        summary = summarize(values, key, pending)
+        summary.shape, summary.dtype = shape, name
+    else:
+        summary = TensorSummary(key, shape, name, _device_name(tensor.device))
+    summary.not_stored = f"a {kind} tensor has no ordinary storage: {how}; not stored in full"
+    return summary
+
+
 def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = None) -> TensorSummary:
     """Summarise one tensor. With `pending`, small CPU tensors and off-CPU tensors get their statistics at
-    `pending.resolve()` (the summary is returned at once and filled in then); without, right away."""
+    `pending.resolve()` (the summary is returned at once and filled in then); without, right away. A tensor
+    without ordinary storage goes to `summarize_without_storage`."""
+    kind = without_storage(tensor)
+    if kind is not None:
+        return summarize_without_storage(tensor, key, kind, pending)
     if (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter) and tensor.is_cpu:
         return summarize_plain_cpu(
             tensor, key, tensor.dtype, tensor.data_ptr(), tensor.numel(), tensor.is_contiguous(), pending
@@ -108,7 +182,12 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
     if tensor.is_cpu:  # NOTE: `tensor.device.type` costs ~10× this; this function runs per tensor per call
         # a tensor subclass (fake, functional, distributed): torch's and NumPy's paths, never raw memory
         summary = TensorSummary(key, list(tensor.shape), name, "cpu")
-        _fill_cpu(summary, tensor, tensor.numel(), pending)
+        try:
+            _fill_cpu(summary, tensor, tensor.numel(), pending)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as error:
+            # NOTE: a subclass whose reductions fail (its __torch_dispatch__ lacks them): shape and dtype only
+            summary = TensorSummary(key, list(tensor.shape), name, "cpu")
+            summary.not_stored = f"a {type(tensor).__name__} tensor whose values could not be read ({error})"
         return summary
     summary = TensorSummary(key, list(tensor.shape), name, _device_name(tensor.device))
     if tensor.is_meta or tensor.numel() == 0:

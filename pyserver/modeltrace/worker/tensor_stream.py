@@ -37,6 +37,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import TensorSummary
 from modeltrace.trace.tensors import DTYPE_CODES, StreamingSafetensorsWriter
 from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB  # noqa: F401 - re-exported for the worker
+from modeltrace.worker.stats import without_storage
 
 
 # torch dtypes that have a safetensors code beyond the ones `trace/tensors.py` reads as NumPy arrays
@@ -100,8 +101,11 @@ class TensorStream:
         """Queue `tensor` to be written under `name`; False (with `summary.not_stored` saying why) for a tensor
         that cannot be stored. Waits while the queue is over the budget; raises the writer's error."""
         code = safetensors_code(tensor.dtype)
-        if code is None or tensor.layout is not torch.strided:
-            summary.not_stored = f"{str(tensor.dtype).removeprefix('torch.')} {tensor.layout} tensors are not stored"
+        kind = without_storage(tensor)
+        if code is None or kind is not None:
+            # NOTE: sparse, nested and quantized tensors have no one block of memory to write
+            what = kind or str(tensor.layout).removeprefix("torch.")
+            summary.not_stored = f"{str(tensor.dtype).removeprefix('torch.')} {what} tensors are not stored"
             return False
         tensor = tensor.detach()
         size = tensor.numel() * tensor.element_size()

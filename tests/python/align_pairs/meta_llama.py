@@ -3,7 +3,8 @@ shared with transformers': `blocks`, `final_norm`), to align with transformers' 
 
 Options make the variants the alignment tests need: `fused` (one `wqkv` and one `w13` projection instead of
 `wq/wk/wv` and `w1/w3`), `wrapped` (the blocks two levels deeper, inside a called `Trunk` wrapper, beside a
-`ModuleDict` that is never called). `copy_from_transformers` copies a `LlamaModel`'s weights in.
+`ModuleDict` that is never called), `attention_block` (the blocks' class is `XAttentionBlock`, a name holding two
+words of the class-name vocabulary, as some codebases name their layers). `copy_from_transformers` copies a `LlamaModel`'s weights in.
 """
 
 from __future__ import annotations
@@ -97,6 +98,10 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+class XAttentionBlock(TransformerBlock):
+    """The same layer under a class name that also says "Attention" (the last word, Block, decides its kind)."""
+
+
 class Trunk(nn.Module):
     """The blocks one level down (a wrapper some codebases have), called as one module."""
 
@@ -123,10 +128,11 @@ class Transformer(nn.Module):
         theta: float = 10000.0,
         fused: bool = False,
         wrapped: bool = False,
+        block_class: type[TransformerBlock] = TransformerBlock,
     ) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        blocks = [TransformerBlock(dim, n_heads, n_kv_heads, hidden_dim, eps, fused) for _ in range(n_layers)]
+        blocks = [block_class(dim, n_heads, n_kv_heads, hidden_dim, eps, fused) for _ in range(n_layers)]
         self.wrapped = wrapped
         if wrapped:
             self.body = nn.ModuleDict({"trunk": Trunk(blocks), "unused_heads": nn.ModuleDict()})
@@ -199,10 +205,12 @@ TOKENS = [[1, 17, 42, 99, 5, 63, 120]]
 
 
 def port_model(variant: str) -> Transformer:
-    """The port for one alignment pair: "renamed", "fused" or "wrapped" with the reference's weights copied in,
-    or "random" (its own random weights: only structure, signatures and values' scale can align it)."""
+    """The port for one alignment pair: "renamed", "fused", "wrapped" or "attention_block" with the reference's
+    weights copied in, or "random" (its own random weights: only structure, signatures and values' scale can align
+    it)."""
     torch.manual_seed(1)
-    port = Transformer(fused=variant == "fused", wrapped=variant == "wrapped").eval()
+    block_class = XAttentionBlock if variant == "attention_block" else TransformerBlock
+    port = Transformer(fused=variant == "fused", wrapped=variant == "wrapped", block_class=block_class).eval()
     if variant != "random":
         copy_from_transformers(port, reference_model(seed=0))
     return port
