@@ -94,6 +94,16 @@ async def trace_backward_command(ls: ModelTraceServer, *arguments: Any) -> dict[
 
 
 async def _trace_command(ls: ModelTraceServer, mode: str, *arguments: Any) -> dict[str, Any]:
+    target = _trace_target(ls, arguments)
+    if isinstance(target, dict):
+        return target
+    uri, path, model = target
+    return await run_trace(ls, uri, path, model, mode)
+
+
+def _trace_target(ls: ModelTraceServer, arguments: tuple[Any, ...]) -> tuple[str, str, str | None] | dict[str, Any]:
+    """The (document URI, file path, model class or None) a trace command's `[uri, class?]` arguments name, or the
+    answer refusing it: an untrusted workspace runs no workspace code, and only a file on disk can be traced."""
     if not ls.workspace_trusted:
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
     uri = arguments[0] if arguments else None
@@ -102,7 +112,7 @@ async def _trace_command(ls: ModelTraceServer, mode: str, *arguments: Any) -> di
     except _Refused as refusal:
         return _refuse(ls, str(refusal))
     model = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], str) and arguments[1] else None
-    return await run_trace(ls, str(uri), path, model, mode)
+    return str(uri), path, model
 
 
 async def run_trace(
@@ -608,13 +618,10 @@ def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams)
 async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.traceRegenerated [uri, model class?]`: regenerate the modular file's twin into a temporary
     folder, trace the copy there, and open it."""
-    if not ls.workspace_trusted:
-        return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
-    uri = arguments[0] if arguments else None
-    try:
-        path = _traceable_path(ls, uri)
-    except _Refused as refusal:
-        return _refuse(ls, str(refusal))
+    target = _trace_target(ls, arguments)
+    if isinstance(target, dict):
+        return target
+    _, path, model = target
     if not is_modular_file(path):
         return _refuse(ls, f"ModelTrace: {path}: regenerating is for a modular file (modular_<name>.py)")
     checkout = find_checkout(path)
@@ -625,7 +632,6 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
     except ModelTraceError as error:
         return _refuse(ls, f"ModelTrace: {error}")
     copy_uri = from_fs_path(str(copy)) or str(copy)
-    model = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], str) and arguments[1] else None
     result = await run_trace(ls, copy_uri, str(copy), model)
     if result.get("ok"):
         await _open_document(ls, copy_uri)
