@@ -197,37 +197,26 @@ def _count(noun: str) -> Callable[[str], int]:
     return parse
 
 
-def _megabytes(text: str) -> float:
-    """An argparse type: a size in MB, >= 0 (0 stores no tensor at all)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of megabytes >= 0")
-    return value
+def _finite(number: str, expected: str, *, zero_allowed: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0 (`zero_allowed`) or > 0. NaN and inf are refused: a timeout of
+    either never stops, a tolerance of inf passes any bug, and a negative tolerance fails identical traces."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {number}") from None
+        if not (0 <= value if zero_allowed else 0 < value) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+        return value
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (NaN and inf are refused: nothing would ever stop)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds > 0")
-    return value
-
-
-def _tolerance(text: str) -> float:
-    """An argparse type: a finite tolerance >= 0 (a negative one fails identical traces, inf passes any bug)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite tolerance >= 0")
-    return value
+# NOTE: 0 MB stores no tensor at all
+_megabytes = _finite("a number of megabytes", "a number of megabytes >= 0", zero_allowed=True)
+_seconds = _finite("a number of seconds", "a finite number of seconds > 0", zero_allowed=False)
+_tolerance = _finite("a number", "a finite tolerance >= 0", zero_allowed=True)
 
 
 def _fraction(text: str) -> float:

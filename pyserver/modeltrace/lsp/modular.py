@@ -26,17 +26,26 @@ SOURCE = "ModelTrace modular"
 GO_TO_LINE = "modelTrace.goToLine"
 
 
-def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
-    """The map of an open modular document onto its generated twin; None for any other document, without a
-    twin, or when either does not parse."""
+def _twin_of(ls: ModelTraceServer, uri: str) -> tuple[str, Path, int] | None:
+    """(path, generated twin, its modification time) of an open modular document; None for any other document or
+    without a twin on disk."""
     path = ls.document_path(uri)
     if path is None or not is_modular_file(path):
         return None
     twin = generated_path(path)
     try:
-        mtime = twin.stat().st_mtime_ns
+        return path, twin, twin.stat().st_mtime_ns
     except OSError:
         return None
+
+
+def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
+    """The map of an open modular document onto its generated twin; None for any other document, without a
+    twin, or when either does not parse."""
+    found = _twin_of(ls, uri)
+    if found is None:
+        return None
+    path, twin, mtime = found
     document = ls.workspace.get_text_document(uri)
     source = document.source
     key = MapKey(document.version, source, mtime)
@@ -57,14 +66,10 @@ def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
 def generated_classes(ls: ModelTraceServer, uri: str) -> list[ModuleClass] | None:
     """The module classes of an open modular document's generated twin (where its base model is: a modular file
     often leaves `XModel` to the converter); None for any other document or without a twin that parses."""
-    path = ls.document_path(uri)
-    if path is None or not is_modular_file(path):
+    found = _twin_of(ls, uri)
+    if found is None:
         return None
-    twin = generated_path(path)
-    try:
-        mtime = twin.stat().st_mtime_ns
-    except OSError:
-        return None
+    _, twin, mtime = found
     parsed = ls.parsed_document(uri)
     if parsed.generated_classes is not None and parsed.generated_classes[0] == mtime:
         return parsed.generated_classes[1]

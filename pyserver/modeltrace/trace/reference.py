@@ -8,13 +8,12 @@ calls this for "Load Reference Trace…"); every problem is a `TraceFormatError`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from modeltrace.errors import TraceFormatError
 from modeltrace.trace.hf_debugger import is_debugger_file, read_debugger_output
 from modeltrace.trace.records import TensorSummary, Trace
-from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, tensors_path
+from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, require_readable, tensors_path
 from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore, shard_paths
 
 
@@ -81,12 +80,7 @@ def _not_stored_note(folder: Path, trace: Trace, not_stored: list[TensorSummary]
 def load_reference(path: Path | str) -> LoadedTrace:
     """Open a trace or a transformers debugger output; see the module docstring for what is accepted."""
     path = Path(path).absolute()
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such trace or debugger output") from None
-    except OSError as error:  # a name over 255 characters, a folder without permission, a link loop
-        raise TraceFormatError(f"{path}: cannot be read ({(error.strerror or str(error)).lower()})") from None
+    require_readable(path, "no such trace or debugger output")
     if path.is_dir():
         if (path / TRACE_FILE).exists():
             return load_trace_folder(path)

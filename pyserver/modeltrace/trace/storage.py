@@ -576,6 +576,17 @@ def _statistic(value: float) -> float | None:
     return None if struct.unpack("<Q", struct.pack("<d", value))[0] == _NONE_BITS else math.nan
 
 
+def require_readable(path: Path, missing: str) -> None:
+    """A `TraceFormatError` naming `path` unless it can be looked up: `missing` when it does not exist, else why
+    (a name over 255 characters, a folder without permission, a link loop), never an OSError's traceback."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: {missing}") from None
+    except OSError as error:
+        raise TraceFormatError(f"{path}: cannot be read ({(error.strerror or str(error)).lower()})") from None
+
+
 def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     """Read a trace folder (or its `trace.msgpack`), validating size, format and schema.
 
@@ -584,12 +595,7 @@ def read_trace(path: Path | str, inputs: bool = True) -> Trace:
     """
     path = Path(path)
     trace_file = path if path.name == TRACE_FILE else path / TRACE_FILE
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such trace") from None
-    except OSError as error:  # a name over 255 characters, a folder without permission, a link loop
-        raise TraceFormatError(f"{path}: cannot be read ({(error.strerror or str(error)).lower()})") from None
+    require_readable(path, "no such trace")
     if not trace_file.is_file():
         raise TraceFormatError(f"{path}: not a trace folder (no {TRACE_FILE} inside)")
     size = trace_file.stat().st_size
