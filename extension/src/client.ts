@@ -7,6 +7,7 @@ import {
     type ExecuteCommandSignature,
     LanguageClient,
     type LanguageClientOptions,
+    type ProvideInlayHintsSignature,
     type RegistrationData,
     RevealOutputChannelOn,
     type ServerOptions,
@@ -30,6 +31,7 @@ import {
     serverExecutable,
 } from "./python";
 import { RestartQueue } from "./restart_queue";
+import { StickyScrollRedraw } from "./sticky";
 import { initializationOptions, type ModelTraceSettings, readSettings, settingsSection } from "./settings";
 import { problemView, restrictedView, startingView, type TraceStatus, viewForServerStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
@@ -48,6 +50,8 @@ export class ServerManager implements vscode.Disposable {
     private startedWith: string | undefined;
     /** The install offers already shown this session (interpreter and command): each is made once. */
     private readonly offeredInstalls: Set<string> = new Set();
+    /** Redraws sticky scroll's lines once the hints of a document whose trace changed are fetched again. */
+    private readonly sticky: StickyScrollRedraw = new StickyScrollRedraw();
     private readonly restarts: RestartQueue = new RestartQueue(() =>
         this.restartOnce().catch((error: unknown) => this.fail(`ModelTrace: restarting the server failed: ${String(error)}`)),
     );
@@ -179,6 +183,16 @@ export class ServerManager implements vscode.Disposable {
                         async (filledCommand: string, filledArgs: unknown[]) => next(filledCommand, filledArgs),
                         (reference: string) => this.feedback.onReferenceSet(reference),
                     ),
+                provideInlayHints: async (
+                    document: vscode.TextDocument,
+                    range: vscode.Range,
+                    token: vscode.CancellationToken,
+                    next: ProvideInlayHintsSignature,
+                ) => {
+                    const hints = await next(document, range, token);
+                    this.sticky.hintsFetched(document.uri.toString());
+                    return hints;
+                },
             },
         };
         const client: LanguageClient = new LanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
@@ -191,6 +205,9 @@ export class ServerManager implements vscode.Disposable {
             registerServerCommands(data);
         };
         client.onNotification(lspExt.status, (params: lspExt.StatusParams) => {
+            if (params.uri !== undefined && params.state !== "tracing") {
+                this.sticky.traceChanged(params.uri);
+            }
             this.status.showServerStatus(params);
             this.feedback.onStatus(params);
         });
@@ -202,7 +219,7 @@ export class ServerManager implements vscode.Disposable {
                 return;
             }
             if (newState === State.Stopped) {
-                this.status.show(problemView("The server stopped; see the logs (Model Trace: Show Logs)"));
+                this.status.show(problemView("The server stopped; see the logs (ModelTrace: Show Logs)"));
             } else if (newState === State.Running) {
                 this.showReady();
             }
