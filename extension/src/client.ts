@@ -30,11 +30,22 @@ import {
     serverBundle,
     serverExecutable,
 } from "./python";
-import { RestartQueue } from "./restart_queue";
+import { isNormalExit, RestartQueue } from "./restart_queue";
 import { StickyScrollRedraw } from "./sticky";
 import { initializationOptions, type ModelTraceSettings, readSettings, settingsSection } from "./settings";
 import { problemView, restrictedView, startingView, type TraceStatus, viewForServerStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
+
+/** The language client, with a normal exit said as information (not "[Error] Server process exited with code 0."). */
+class ModelTraceLanguageClient extends LanguageClient {
+    override error(message: string, data?: unknown, showNotification?: boolean | "force"): void {
+        if (isNormalExit(message)) {
+            this.info(message, data, false);
+            return;
+        }
+        super.error(message, data, showNotification);
+    }
+}
 
 export class ServerManager implements vscode.Disposable {
     private client: LanguageClient | undefined;
@@ -195,7 +206,7 @@ export class ServerManager implements vscode.Disposable {
                 },
             },
         };
-        const client: LanguageClient = new LanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
+        const client: LanguageClient = new ModelTraceLanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
         // NOTE: the stand-ins go at the moment languageclient registers the server's commands (the names must
         // be free then), not before start(): so a command run during a restart never finds its name unbound.
         const executeCommandFeature = client.getFeature(ExecuteCommandRequest.method);
