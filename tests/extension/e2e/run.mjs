@@ -687,21 +687,30 @@ async function checkDom(page, request, runDir) {
     if (request.statusBarTooltip !== undefined) {
         const { item, includes } = request.statusBarTooltip;
         const target = page.locator(".statusbar-item", { hasText: item }).first();
+        // NOTE: read from the whole page, whatever class the workbench gives the item's hover
         let text = "";
-        try {
-            await target.waitFor({ state: "visible", timeout: 10_000 });
-            await page.mouse.move(5, 5);
-            await target.hover();
-            const hover = page.locator(".monaco-hover:not(.hidden), .workbench-hover, .monaco-hover-content", { hasText: includes }).first();
-            await hover.waitFor({ state: "visible", timeout: 10_000 });
-            text = (await hover.innerText()).replace(/\u00a0/g, " ");
-        } catch {
-            text = "";
+        for (let attempt = 0; attempt < 3 && !text.includes(includes); attempt++) {
+            try {
+                await target.waitFor({ state: "visible", timeout: 10_000 });
+                await page.mouse.move(5, 5);
+                await sleep(500);
+                const box = await target.boundingBox();
+                await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2, { steps: 5 });
+                const deadline = Date.now() + 5_000;
+                while (Date.now() < deadline && !text.includes(includes)) {
+                    await sleep(500);
+                    text = (await page.evaluate(() => document.body.innerText)).replace(/\u00a0/g, " ");
+                }
+            } catch (error) {
+                log(`status bar tooltip: ${error}`);
+            }
         }
         if (!text.includes(includes)) {
-            failures.push(`the tooltip of the status bar item ${JSON.stringify(item)} does not say ${JSON.stringify(includes)}`);
+            const hovers = await page.locator(".monaco-hover, .workbench-hover, [role=tooltip]").allInnerTexts().catch(() => []);
+            failures.push(`the tooltip of the status bar item ${JSON.stringify(item)} does not say ${JSON.stringify(includes)} (hovers: ${JSON.stringify(hovers)})`);
         } else {
-            log(`status bar tooltip: ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+            const at = text.indexOf(includes);
+            log(`status bar tooltip: ${text.slice(Math.max(0, at - 300), at + 150).replace(/\s+/g, " ").trim()}`);
         }
         await page.mouse.move(700, 400);
     }
