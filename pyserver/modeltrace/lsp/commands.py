@@ -295,7 +295,8 @@ async def _trace_now(
     ran = loaded.ran
     sizes = sizes_shown(ls, session)
     # NOTE: one line per trace in the log, as each failure gets one (its traceback)
-    ls.log(f"traced {path}: {summary}; ran {ran}; hints at {sizes} sizes", types.MessageType.Info)
+    why = f" (no full sizes: {session.full_sizes_note})" if session.full_sizes_note else ""
+    ls.log(f"traced {path}: {summary}; ran {ran}; hints at {sizes} sizes{why}", types.MessageType.Info)
     notify_status(ls, ServerState.IDLE, summary, uri, ran=ran, sizes=sizes)
     return {
         "ok": True,

@@ -726,6 +726,17 @@ async function checkDom(page, request, runDir) {
         }
         await page.mouse.move(700, 400);
     }
+    if (request.clickStatusBar !== undefined) {
+        const item = page.locator(".statusbar-item", { hasText: request.clickStatusBar }).first();
+        try {
+            await item.waitFor({ state: "visible", timeout: 20_000 });
+            await item.click();
+            log(`clicked the status bar item ${JSON.stringify(request.clickStatusBar)}`);
+        } catch {
+            const shown = await page.locator(".statusbar-item").allInnerTexts();
+            failures.push(`no status bar item ${JSON.stringify(request.clickStatusBar)} to click; shown: ${JSON.stringify(shown)}`);
+        }
+    }
     if (request.clickNotificationButton !== undefined) {
         // After the screenshot: a person clicks the notification's button (it runs what it offers).
         const { notification, button } = request.clickNotificationButton;

@@ -17,23 +17,13 @@ from modeltrace.lsp.server import drop_routine_cancels
 from modeltrace.lsp.settings import Settings
 from modeltrace.trace.ran import what_ran
 
-from .support import EXAMPLE, copy_example, execute, inlay_hints, line_of, open_document, wait_until
+from .support import EXAMPLE, copy_example, execute, hover_text, inlay_hints, line_of, open_document, wait_until
 
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 
 # The example's config, made wider and deeper than the shrink keeps (hidden 64, 2 layers).
 WIDER = {"hidden_size: int = 64": "hidden_size: int = 256", "num_hidden_layers: int = 2": "num_hidden_layers: int = 3"}
-
-
-async def hover_text(client: LanguageClient, uri: str, line: int) -> str:
-    result = await client.text_document_hover_async(
-        types.HoverParams(
-            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=8)
-        )
-    )
-    assert result is not None
-    return result.contents.value
 
 
 @session_loop
@@ -90,6 +80,22 @@ async def test_full_sizes_show_the_unshrunk_shapes_marked_and_keep_the_traced_va
     assert (await inlay_hints(client, uri))[mlp] == ": [1,7,256] (full)"
     assert list((client.trace_directory / FULL_SIZES_FOLDER).glob("modeling_tiny_llama-*.mtrace")) == cached
     assert (await execute(client, "modelTrace.fullSizes", uri, False))["sizes"] == "traced"
+
+    # modelTrace.hintSizes: full: every trace comes with its full sizes (here from the cache), no command needed
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"hintSizes": "full"}})
+    )
+    try:
+        statuses = len(client.recorder.statuses)
+        assert (await execute(client, "modelTrace.trace", uri, timeout=120))["ok"]
+        assert (await inlay_hints(client, uri))[mlp] == ": [1,7,256] (full)"
+        (idle,) = [s for s in client.recorder.statuses[statuses:] if s.get("uri") == uri and s["state"] == "idle"]
+        assert idle["sizes"] == "full"
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"hintSizes": "traced"}})
+        )
+    assert (await inlay_hints(client, uri))[mlp] == ": [1,7,64]"
 
 
 @session_loop

@@ -43,6 +43,15 @@ function showAtTop(editor: vscode.TextEditor, line: number): void {
     editor.revealRange(new vscode.Range(top, top), vscode.TextEditorRevealType.AtTop);
 }
 
+/** The editor scrolled so that `line` is the first line under the title (revealRange keeps a margin above). */
+async function scrollTo(editor: vscode.TextEditor, line: number): Promise<void> {
+    await vscode.window.showTextDocument(editor.document, { preview: false });
+    showAtTop(editor, 0);
+    await sleep(500);
+    await vscode.commands.executeCommand("editorScroll", { to: "down", by: "line", value: line });
+    await sleep(1500);
+}
+
 async function replaceLine(editor: vscode.TextEditor, line: number, text: string): Promise<void> {
     assert.ok(await editor.edit((edit: vscode.TextEditorEdit) => edit.replace(editor.document.lineAt(line).range, text)));
 }
@@ -121,12 +130,10 @@ describe("ModelTrace, issue #32: what the editor shows is true and says what ran
             return hints.length > 0 && hints.every((hint) => labelText(hint).endsWith("(stale)")) ? hints : undefined;
         });
         assert.ok(!stale.some((hint) => hint.position.line === mlpCall), "the edited line keeps a hint");
-        // TinyLlamaMLP.forward's body at the top: sticky scroll pins `class TinyLlamaMLP` and its one-line
-        // `def forward(self, hidden_states: ...)`, whose argument carries a hint.
-        const gate: number = lineOf(document, "gate = self.activation(self.gate_proj(hidden_states))");
-        showAtTop(example, gate + 1);
-        await sleep(1500);
-        await check({ statusBar: "(stale)", sticky: { includes: ["def forward(", "(stale)"] }, screenshot: "screenshot-sticky-stale.png" });
+        // repeat_kv's body at the top: sticky scroll pins its one-line `def repeat_kv(hidden_states, n_rep)`, whose
+        // argument carries a hint.
+        await scrollTo(example, lineOf(document, "def repeat_kv(") + 3);
+        await check({ statusBar: "(stale)", sticky: { includes: ["def repeat_kv(", "(stale)"] }, screenshot: "screenshot-sticky-stale.png" });
 
         // The line put back and traced again: no "(stale)" anywhere, sticky scroll's lines included.
         await replaceLine(example, mlpCall, original);
@@ -140,7 +147,7 @@ describe("ModelTrace, issue #32: what the editor shows is true and says what ran
         hostLog(`fresh hints after the second trace: ${fresh.length}`);
         await check({
             statusBar: "ModelTrace: TinyLlamaModel",
-            sticky: { includes: ["def forward(", "[1,7,64]"], excludes: ["(stale)"] },
+            sticky: { includes: ["def repeat_kv(", "[1,2,7,16]"], excludes: ["(stale)"] },
             screenshot: "screenshot-sticky-fresh.png",
         });
     });
@@ -206,10 +213,16 @@ describe("ModelTrace, issue #32: what the editor shows is true and says what ran
                     // before the bug in the diverging layer: still matches, green
                     { snippet: "query_states = self.q_proj(hidden_states)", icon: "diff-match.svg" },
                 ],
-                notification: "diverges from the reference",
+                statusBar: "diverges at layers.0.self_attn",
                 screenshot: "screenshot-setting-line.png",
-                clickNotificationButton: { notification: "diverges from the reference", button: "Go to Line" },
             });
+            // The warning, in the notification center (where it stays), then "Go to Line" as the status bar offers it.
+            await vscode.commands.executeCommand("notifications.showList");
+            await check({ notification: "diverges from the reference at layers.0.self_attn" });
+            await vscode.commands.executeCommand("notifications.hideList");
+            showAtTop(example, 0);
+            await sleep(500);
+            await check({ clickStatusBar: "diverges at layers.0.self_attn" });
             await until("Go to Line at the assignment", () =>
                 vscode.window.activeTextEditor?.document.uri.toString() === uri && vscode.window.activeTextEditor.selection.active.line === assignment
                     ? true

@@ -15,6 +15,8 @@ export interface DomRequest {
     webviewIncludes?: string[];
     /** Hovering the line holding `snippet` must show a hover holding `text`. */
     hoverIncludes?: { snippet: string; text: string; dx?: number };
+    /** After the checks, click the status bar item showing this text, as a person would. */
+    clickStatusBar?: string;
     /** Hovering the status bar item showing `item` must show a tooltip holding `includes`. */
     statusBarTooltip?: { item: string; includes: string };
     /** Lines and the hint label expected on each, as found through the LSP in the extension host. */
