@@ -86,7 +86,8 @@ bench-large: $(PY_STAMP)
 # NOTE: the peers benchmark runs in an environment of its own (never .venv): the pinned CPU torch first, then the
 # project from this checkout (non-editable, reinstalled when its source changes), TorchLens and nnsight, all under
 # constraints that pin torch, so that pip can never resolve another build; torchvision must not be there.
-# `make bench-peers PEERS_ARGS="--sizes tiny medium large --rss"` passes options on.
+# setuptools' scratch folders (build/lib.*, …) are cleared before each install of the project: a file the checkout
+# no longer has must not come back from them. `make bench-peers PEERS_ARGS="--sizes large --rss"` passes options on.
 PEERS_VENV := build/peers-venv
 PEERS_PY := $(PEERS_VENV)/bin/python
 PEERS_CONSTRAINTS := bench/peers-constraints.txt
@@ -102,6 +103,7 @@ $(PEERS_VENV)/.peers-installed: pyproject.toml requirements.lock $(PEERS_CONSTRA
 	touch $@
 
 $(PEERS_VENV)/.project-installed: $(PEERS_VENV)/.peers-installed $(shell find pyserver/modeltrace -name '*.py' -o -name '*.c')
+	rm -rf build/lib.* build/bdist.* build/temp.*
 	$(PEERS_PY) -m pip install --quiet --no-deps --force-reinstall .
 	touch $@
 
