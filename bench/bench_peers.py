@@ -622,6 +622,9 @@ def environment_line() -> str:
     for package in ("torchlens", "nnsight"):
         if importlib.util.find_spec(package) is not None:
             versions.append(f"{package} {__import__(package).__version__}")
+    # NOTE: neither peer imports torchvision; the bench's environment never has it (the Makefile checks)
+    torchvision_state = "installed" if importlib.util.find_spec("torchvision") is not None else "not installed"
+    versions.append(f"torchvision {torchvision_state}")
     return (
         ", ".join(versions)
         + f"; Python {platform.python_version()}, {platform.processor() or platform.machine()}, "
