@@ -28,7 +28,29 @@ export const serverCommands = {
      * generated file regenerated into a temporary folder, and the copy traced and opened. Offered by a code action.
      */
     traceRegenerated: "modelTrace.traceRegenerated",
+    /**
+     * Arguments: [documentUri: string, className?: string]: a recipe written next to the model file from what the
+     * last failed trace tried (or a trace run first to learn it), registered in the project file, opened, and
+     * traced when it has nothing left to fill in. Result: CreateRecipeResult. Offered by the failure's
+     * notification and a code lens.
+     */
+    createRecipe: "modelTrace.createRecipe",
 } as const;
+
+/** What "Create recipe…" wrote. */
+export interface CreateRecipeResult {
+    ok: boolean;
+    message?: string;
+    /** The recipe file written (never an existing one). */
+    recipe?: string;
+    /** The project file it is registered in (modeltrace.toml or pyproject.toml). */
+    projectFile?: string;
+    /** Names still to fill in (0-based lines in `todoLines`); empty: it was traced at once. */
+    todo?: string[];
+    todoLines?: number[];
+    /** The trace run with it, when it had nothing left to fill in. */
+    trace?: { ok: boolean; message?: string };
+}
 
 /** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */
 export interface LoadedSourceFile {

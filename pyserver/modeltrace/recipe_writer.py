@@ -148,11 +148,19 @@ def _relative(path: Path, folder: Path) -> str:
         return path.resolve().as_posix()
 
 
-def register_recipe(model_file: Path, model_class: str, recipe: Path, default_folder: Path | None = None) -> Path:
+def register_recipe(
+    model_file: Path,
+    model_class: str,
+    recipe: Path,
+    default_folder: Path | None = None,
+    project_file: Path | None = None,
+) -> Path:
     """Name `recipe` in the project file's entry for `model_file` and `model_class` (its `recipe` line replaced,
     or a new `[[model]]` entry appended), creating `modeltrace.toml` in `default_folder` (else the model file's
-    folder) when there is no project file. The file is read back: an edit that would break it is not kept."""
-    project_file = find_project_file(model_file)
+    folder) when there is no project file (`project_file`: the one to use, when it is set). The file is read back:
+    an edit that would break it is not kept."""
+    if project_file is None or not project_file.is_file():
+        project_file = find_project_file(model_file)
     if project_file is None:
         project_file = (default_folder or model_file.parent) / PROJECT_FILE_NAME
         project_file.write_text(
@@ -193,17 +201,19 @@ def register_recipe(model_file: Path, model_class: str, recipe: Path, default_fo
     return project.path
 
 
-def write_recipe(draft: RecipeDraft, model_file: Path, default_folder: Path | None = None) -> WrittenRecipe:
+def write_recipe(
+    draft: RecipeDraft, model_file: Path, default_folder: Path | None = None, project_file: Path | None = None
+) -> WrittenRecipe:
     """Write a recipe for `draft` next to `model_file` (a new file) and register it in the project file."""
     model_file = Path(model_file).resolve()
     path = recipe_path_for(model_file, draft.model_class)
-    existing = find_project_file(model_file)
+    existing = project_file if project_file is not None and project_file.is_file() else find_project_file(model_file)
     project_file = existing or (default_folder or model_file.parent) / PROJECT_FILE_NAME
     text = recipe_text(draft, model_file, project_file)
     with open(path, "x", encoding="utf-8") as handle:  # NOTE: "x": never replaces a file made meanwhile
         handle.write(text)
     try:
-        registered = register_recipe(model_file, draft.model_class, path, default_folder)
+        registered = register_recipe(model_file, draft.model_class, path, default_folder, existing)
     except ModelTraceError:
         path.unlink(missing_ok=True)
         raise

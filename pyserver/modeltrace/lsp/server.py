@@ -103,6 +103,7 @@ def create_server() -> ModelTraceServer:
     server.command(methods.SET_REFERENCE)(answered(methods.SET_REFERENCE, commands.set_reference_command))
     server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
     server.command(methods.TRACE_REGENERATED)(answered(methods.TRACE_REGENERATED, commands.trace_regenerated_command))
+    server.command(methods.CREATE_RECIPE)(answered(methods.CREATE_RECIPE, commands.create_recipe_command))
     server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
         answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
