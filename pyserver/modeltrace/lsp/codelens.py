@@ -33,16 +33,14 @@ CREATE_RECIPE_TITLE = "Create recipe…"
 
 
 def _needs_recipe(ls: ModelTraceServer, path: str, cls: ModuleClass, models: list[ModuleClass]) -> bool:
-    """Whether only a recipe can trace the class and it has none: the worker said so at its last trace (it left
-    a draft for this class), or, before any trace, its `__init__` takes what no rule can choose (`classes`) and the
-    file has no model to run it inside."""
+    """Whether only a recipe can trace the class and none is set (project file or setting): the worker said so at
+    its last trace (it left a draft for this class), or its `__init__` takes what no rule can choose (`classes`)
+    and the file has no model to run it inside."""
     session = ls.sessions.showing(path)
     draft = session.recipe_draft if session is not None else None
-    if draft is not None and draft.model_class == cls.name:
-        return True
-    if not cls.needs_recipe or base_model_name(models) is not None:
-        return False
-    return not has_recipe(ls, path, cls.name)
+    failed_for_want_of_one = draft is not None and draft.model_class == cls.name
+    needs_one = cls.needs_recipe and base_model_name(models) is None
+    return (failed_for_want_of_one or needs_one) and not has_recipe(ls, path, cls.name)
 
 
 def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[types.CodeLens]:

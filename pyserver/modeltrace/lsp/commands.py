@@ -365,7 +365,13 @@ def _report_failure(
         return {**_fail(ls, uri, token, message), "cause": error.cause}
     _end_progress(ls, token, "failed")
     notify_status(ls, ServerState.ERROR, message, uri)
-    _offer_recipe(ls, uri, message, error.recipe.model_class)
+    window = ls.client_capabilities.window
+    if window is not None and window.show_message is not None:
+        _offer_recipe(ls, uri, message, error.recipe.model_class)
+    else:
+        # NOTE: a client that declares no `window.showMessage` (message actions) gets the message; the lens offers
+        # "Create recipe…"
+        ls.show_message(message, types.MessageType.Error)
     ls.refresh_views()  # NOTE: the class's lens now offers "Create recipe…"
     return {"ok": False, "message": message, "cause": error.cause, "needsRecipe": error.recipe.model_class}
 

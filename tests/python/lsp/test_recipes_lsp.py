@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lsprotocol import types
@@ -54,18 +53,6 @@ class TinyBlock(nn.Module):
 """
 
 
-def _message_requests(client: LanguageClient) -> list[Any]:
-    """`window/showMessageRequest`s the server sent (answered as dismissed), recorded once per client."""
-    if not hasattr(client, "message_requests"):
-        client.message_requests = []  # type: ignore[attr-defined]
-
-        @client.feature(types.WINDOW_SHOW_MESSAGE_REQUEST)
-        def on_message_request(params: types.ShowMessageRequestParams) -> None:
-            client.message_requests.append(params)  # type: ignore[attr-defined]
-
-    return client.message_requests  # type: ignore[attr-defined]
-
-
 async def _lenses(client: LanguageClient, uri: str) -> list[types.CodeLens]:
     return await client.text_document_code_lens_async(
         types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
@@ -93,7 +80,7 @@ async def _hints_on(client: LanguageClient, uri: str, line: int, timeout: float 
 async def test_create_recipe_after_a_failed_build_writes_registers_opens_and_traces_on_save(
     client: LanguageClient, tmp_path: Path
 ) -> None:
-    requests = _message_requests(client)
+    requests = client.recorder.message_requests  # type: ignore[attr-defined]
     block = tmp_path / "block.py"
     block.write_text(SCALED_BLOCK)
     uri = open_document(client, block)

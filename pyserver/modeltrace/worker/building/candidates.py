@@ -125,12 +125,16 @@ def build_shrunk(
         raise _no_candidate(model_class, defaults, file, first, attempts)
     notes = {"shrink": first.level, "failed_candidates": [attempt.describe() for attempt in attempts]}
     tried = len({(attempt.level, attempt.inputs) for attempt in attempts})
-    notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code_error(attempts))
+    code = code_error(attempts)
+    notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code)
     # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.
     model = construct(model_class, first.config, seed, file)
     synthesizer = InputSynthesizer(model, first.config, seed)
     ran = Ran(first.variant, first.variant.spec, synthesizer)
     built = built_model(model, model_class, first.config, ran, synthesizer, notes)
+    if code is not None:
+        # NOTE: an error in the code, not in the inputs: a recipe would not help, so none is offered
+        return built
     # NOTE: no input set ran: a recipe that starts from this config and these inputs is what the user can fix
     built.recipe_draft = draft(
         model_class,

@@ -109,15 +109,19 @@ def build_plain_module(
         notes={"plain_module": True},
         shape_only=shape_only,
     )
-    # NOTE: a forward that fails on these guesses (a size the code expects otherwise) can be traced with a recipe
-    # that starts from them
-    built.recipe_draft = draft(
-        model_class,
-        module,
-        str(file),
-        f"{model_class.__name__} built with guessed arguments",
-        arguments,
-        tuple(argument(name, value) for name, value in kwargs.items()),
+    # NOTE: a forward that fails on guessed arguments (a size the code expects otherwise) can be traced with a
+    # recipe that starts from them; one built from the file's config has nothing guessed to fix
+    built.recipe_draft = (
+        None
+        if config_class is not None
+        else draft(
+            model_class,
+            module,
+            str(file),
+            f"{model_class.__name__} built with guessed arguments",
+            arguments,
+            tuple(argument(name, value) for name, value in kwargs.items()),
+        )
     )
     if mode is not None:
         built.forward_context = lambda: mode
