@@ -192,3 +192,27 @@ def test_the_lens_knows_which_plain_modules_need_a_recipe() -> None:
     """)
     needs = {cls.name: cls.needs_recipe for cls in find_module_classes(source)}
     assert needs == {"TinyBlock": False, "Scaled": True, "Typed": False, "Normed": True}
+
+
+def test_no_advice_of_the_worker_reaches_the_editor_as_a_command_line_flag() -> None:
+    """Every string of the worker's code that advises an option reads, in the editor, as a setting or a lens."""
+    import ast
+    import re
+
+    from modeltrace.lsp.diagnostics import editor_wording
+
+    worker = Path(__file__).resolve().parents[2] / "pyserver" / "modeltrace" / "worker"
+    advised = []
+    for path in worker.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and re.search(r"(pass|or|give|with) --", node.value)
+            ):
+                advised.append((path.name, node.value))
+    assert len(advised) > 10
+    flags = [
+        (name, text, editor_wording(text)) for name, text in advised if re.search(r"--[a-z]", editor_wording(text))
+    ]
+    assert flags == [], flags
