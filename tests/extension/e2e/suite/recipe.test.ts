@@ -5,7 +5,7 @@
 import * as assert from "node:assert/strict";
 import * as vscode from "vscode";
 import { hostLog } from "./handshake";
-import { activateInstalledExtension, describeHints, inlayHints, labelText, lineOf, sleep } from "./hints";
+import { activateInstalledExtension, describeHints, inlayHints, labelText, lineOf, waitFor } from "./hints";
 
 const blockFile: string = "recipe_check/block.py";
 const block: string = [
@@ -24,16 +24,6 @@ const block: string = [
     "        return torch.relu(projected)",
     "",
 ].join("\n");
-
-async function waitFor<T>(what: () => Promise<T> | T, done: (value: T) => boolean, timeoutMs: number): Promise<T> {
-    const deadline: number = Date.now() + timeoutMs;
-    let value: T = await what();
-    while (!done(value) && Date.now() < deadline) {
-        await sleep(500);
-        value = await what();
-    }
-    return value;
-}
 
 async function lenses(uri: vscode.Uri): Promise<vscode.CodeLens[]> {
     return (await vscode.commands.executeCommand<vscode.CodeLens[]>("vscode.executeCodeLensProvider", uri, 10)) ?? [];
