@@ -53,19 +53,14 @@ def recipe_path_for(model_file: Path, model_class: str) -> Path:
 
 
 def _import_lines(draft: RecipeDraft, model_file: Path) -> list[str]:
-    """How the recipe imports the class: by the dotted name the worker used, with the package root on the path
-    when the file sits in a package (the recipe's own folder is on the path already)."""
+    """The recipe's imports: torch, and the class by the dotted name the worker used, with the package root on the
+    path when the file sits in a package (the recipe's own folder is on the path already)."""
     module = draft.module or model_file.stem
-    lines = []
     depth = module.count(".")
+    lines = ["import sys", "from pathlib import Path", "", "import torch", ""] if depth else ["import torch", ""]
     if depth:
-        lines += [
-            "import sys",
-            "from pathlib import Path",
-            "",
-            f"sys.path.insert(0, str(Path(__file__).resolve().parents[{depth}]))",
-            "",
-        ]
+        # NOTE: the file sits in a package: its root goes on the path, as the worker imported it
+        lines += [f"sys.path.insert(0, str(Path(__file__).resolve().parents[{depth}]))", ""]
     lines.append(f"from {module} import {draft.model_class}")
     if draft.config_class and draft.config_module and draft.config_module != module:
         lines.append(f"from {draft.config_module} import {draft.config_class}")
@@ -86,13 +81,28 @@ def _value_lines(items: tuple[RecipeArgument, ...], indent: str, keyed: bool) ->
     return lines
 
 
+def _model_arguments(draft: RecipeDraft) -> tuple[RecipeArgument, ...]:
+    """The constructor's arguments as the recipe passes them: its config argument is the `config` it builds (a
+    placeholder when the config class is not known)."""
+    arguments = []
+    for item in draft.arguments:
+        if is_config_argument(item.name, False) and not item.guessed:
+            if draft.config_class:
+                item = RecipeArgument(item.name, "config")
+            else:
+                item = RecipeArgument(
+                    item.name, "None", guessed=False, note=f"the config {draft.model_class} is built from"
+                )
+        arguments.append(item)
+    return tuple(arguments)
+
+
 def recipe_text(draft: RecipeDraft, model_file: Path, project_file: Path | None) -> str:
     """The source of a recipe for `draft`'s class: `build_model()` with the config and arguments it tried,
     `build_inputs(model)` with the inputs it synthesised."""
     registered = f" (registered in {project_file.name})" if project_file is not None else ""
-    todo = any(not item.guessed for item in (*draft.arguments, *draft.inputs)) or (
-        any(is_config_argument(item.name, False) for item in draft.arguments) and not draft.config_class
-    )
+    arguments = _model_arguments(draft)
+    todo = not draft.inputs or any(not item.guessed for item in (*arguments, *draft.inputs))
     lines = [
         f'"""A recipe for tracing {draft.model_class} ({model_file.name}), written by ModelTrace\'s "Create recipe…".',
         "",
@@ -102,36 +112,25 @@ def recipe_text(draft: RecipeDraft, model_file: Path, project_file: Path | None)
         f"and so does `modeltrace trace {model_file.name}` from a terminal.",
         '"""',
         "",
-        "import torch",
-        "",
         *_import_lines(draft, model_file),
         "",
         "",
         "def build_model():",
     ]
-    arguments = []
-    for item in draft.arguments:
-        if is_config_argument(item.name, False) and not item.guessed:
-            if draft.config_class:
-                arguments.append(RecipeArgument(item.name, "config"))
-                continue
-            arguments.append(
-                RecipeArgument(item.name, "None", guessed=False, note=f"the config {draft.model_class} is built from")
-            )
-            continue
-        arguments.append(item)
     if draft.config_class:
         lines.append(f"{INDENT}config = {draft.config_class}(")
         lines += _value_lines(draft.config, INDENT * 2, keyed=False)
         lines.append(f"{INDENT})")
     if arguments:
         lines.append(f"{INDENT}return {draft.model_class}(")
-        lines += _value_lines(tuple(arguments), INDENT * 2, keyed=False)
+        lines += _value_lines(arguments, INDENT * 2, keyed=False)
         lines.append(f"{INDENT}).eval()")
     else:
         lines.append(f"{INDENT}return {draft.model_class}().eval()")
     lines += ["", "", "def build_inputs(model):", f"{INDENT}return {{"]
     lines += _value_lines(draft.inputs, INDENT * 2, keyed=True)
+    if not draft.inputs:
+        lines.append(f"{INDENT * 2}# TODO: the keyword arguments of {draft.model_class}.forward, as tensors")
     lines.append(f"{INDENT}}}")
     return "\n".join(lines) + "\n"
 
@@ -222,5 +221,6 @@ def write_recipe(
         path=path,
         project_file=registered,
         todo_lines=tuple(number for number, _ in todo),
-        todo_names=tuple(_TODO_NAME.match(line).group(1) for _, line in todo if _TODO_NAME.match(line)),
+        # NOTE: a TODO line that sets no name is the inputs' (`build_inputs` returns nothing yet)
+        todo_names=tuple(named.group(1) if (named := _TODO_NAME.match(line)) else "the inputs" for _, line in todo),
     )

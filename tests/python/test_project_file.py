@@ -216,3 +216,34 @@ def test_no_advice_of_the_worker_reaches_the_editor_as_a_command_line_flag() -> 
         (name, text, editor_wording(text)) for name, text in advised if re.search(r"--[a-z]", editor_wording(text))
     ]
     assert flags == [], flags
+
+
+def test_a_recipe_starts_from_the_config_the_build_tried_or_says_what_is_missing(tmp_path: Path) -> None:
+    model = _model(tmp_path / "pkg", "modeling_tiny.py")
+    tried = RecipeDraft(
+        model_class="TinyModel",
+        file=str(model),
+        module="pkg.modeling_tiny",
+        reason="no shrunk TinyConfig and synthesised input set ran",
+        config_class="TinyConfig",
+        config_module="pkg.configuration_tiny",
+        config=(RecipeArgument("hidden_size", "64"), RecipeArgument("num_hidden_layers", "2")),
+        arguments=(RecipeArgument("config", "None", guessed=False, note="a TinyConfig"),),
+        inputs=(RecipeArgument("input_ids", "torch.randint(0, 128, (1, 7))"),),
+    )
+    written = write_recipe(tried, model, tmp_path)
+    text = written.path.read_text()
+    assert written.todo_names == () and "Edit what you need" in text
+    assert "sys.path.insert(0, str(Path(__file__).resolve().parents[1]))" in text
+    assert "from pkg.configuration_tiny import TinyConfig" in text and "        config=config," in text
+    assert "    config = TinyConfig(\n        hidden_size=64,\n        num_hidden_layers=2,\n    )" in text
+    unknown = RecipeDraft(
+        model_class="TinyModel",
+        file=str(model),
+        module="pkg.modeling_tiny",
+        reason="TinyModel names no config class",
+        arguments=(RecipeArgument("config", "None", guessed=False, note="its config"),),
+    )
+    written = write_recipe(unknown, model, tmp_path)
+    assert written.todo_names == ("config", "the inputs"), written
+    compile(written.path.read_text(), str(written.path), "exec")

@@ -94,6 +94,10 @@ async def test_create_recipe_after_a_failed_build_writes_registers_opens_and_tra
     # No message in the editor tells the user to pass a command-line flag.
     assert "--recipe" not in failed["message"] and "--config" not in failed["message"], failed
     assert "pass --" not in failed["message"], failed
+    # The error sits on the `__init__` that takes what ModelTrace cannot choose.
+    (diagnostic,) = await wait_until(lambda: client.diagnostics.get(uri))
+    assert diagnostic.range.start.line == line_of(block, "def __init__(self, dim, scale)"), diagnostic
+    assert "scale" in diagnostic.message and "--" not in diagnostic.message, diagnostic
     offer = await wait_until(lambda: requests[asked:])
     assert [action.title for action in offer[0].actions] == ["Create recipe…"], offer
 

@@ -195,6 +195,8 @@ def _construct_plain(
                 drafted_arguments,
                 _draft_inputs(model_class, arguments),
             ),
+            # NOTE: on the `def __init__` line that takes them, where the editor shows it
+            *_init_location(model_class),
         )
     try:
         return model_class(**arguments), drafted_arguments
@@ -230,6 +232,12 @@ def _draft_inputs(model_class: type, arguments: dict[str, Any]) -> tuple[RecipeA
 
 # The arguments whose value is the width of the hidden states a module takes.
 _WIDTH_ARGUMENTS = ("dim", "hidden_size", "d_model", "embed_dim", "hidden_dim", "in_features", "input_dim", "width")
+
+
+def _init_location(model_class: type) -> tuple[str | None, int | None]:
+    """(file, line) of the class's own `def __init__`, when it has one in Python source."""
+    code = getattr(model_class.__dict__.get("__init__"), "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
 
 
 def _is_number(value: Any) -> bool:
