@@ -35,6 +35,11 @@ export const serverCommands = {
      * notification and a code lens.
      */
     createRecipe: "modelTrace.createRecipe",
+    /**
+     * Arguments: [documentUri: string, show?: boolean]: the document's hints at the model's full sizes (shape-only
+     * on the meta device, cached per file), or back at the traced sizes; no `show`: a toggle. Result: FullSizesResult.
+     */
+    fullSizes: "modelTrace.fullSizes",
 } as const;
 
 /** What "Create recipe…" wrote. */
@@ -50,6 +55,13 @@ export interface CreateRecipeResult {
     todoLines?: number[];
     /** The trace run with it, when it had nothing left to fill in. */
     trace?: { ok: boolean; message?: string };
+}
+
+export interface FullSizesResult {
+    ok: boolean;
+    /** Which sizes the document's hints show now. */
+    sizes?: "traced" | "full";
+    message?: string;
 }
 
 /** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */
@@ -81,6 +93,10 @@ export interface StatusParams {
     message?: string;
     /** The document the status is about, when it is about one. */
     uri?: string;
+    /** What ran, in one line: config class, sizes against the config's own, tokens, weights (trace/ran.py). */
+    ran?: string;
+    /** Which sizes the document's hints show: the traced run's, or the model's full sizes (modelTrace.hintSizes). */
+    sizes?: "traced" | "full";
 }
 
 /** Server → client: what the server is doing, for the language status item. */

@@ -19,6 +19,8 @@ PIN_REFERENCE = "modelTrace.pinReference"
 TRACE_REGENERATED = "modelTrace.traceRegenerated"
 # a recipe written from what a failed trace tried, registered in the project file, opened and traced
 CREATE_RECIPE = "modelTrace.createRecipe"
+# the document's hints at the model's full sizes, or back at the traced ones (`lsp/full_sizes.py`)
+FULL_SIZES = "modelTrace.fullSizes"
 
 # Notifications, server → client.
 STATUS = "modelTrace/status"
@@ -38,6 +40,7 @@ SERVER_COMMANDS = (
     PIN_REFERENCE,
     TRACE_REGENERATED,
     CREATE_RECIPE,
+    FULL_SIZES,
 )
 NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
 REQUESTS = (DIFF_PLOT,)

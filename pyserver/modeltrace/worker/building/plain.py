@@ -21,7 +21,7 @@ from modeltrace.errors import ModelTraceError, NeedsRecipe
 from modeltrace.plain_arguments import guess_argument, is_config_argument
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker.building import shrink as shrinking
-from modeltrace.worker.building.built import BuiltModel
+from modeltrace.worker.building.built import BuiltModel, own_sizes
 from modeltrace.worker.building.drafts import argument, draft, placeholder
 from modeltrace.worker.building.configs import (
     config_class_of,
@@ -74,6 +74,7 @@ def build_plain_module(
             ) from None
         # NOTE: no config anywhere (a plain file of nn.Modules): the arguments' names and annotations are all
         config_class = None
+    notes: dict[str, Any] = {"plain_module": True}
     text_config = None
     if config_class is not None:
         if config_path is not None:
@@ -81,9 +82,12 @@ def build_plain_module(
         elif shape_only:
             config = shrinking.shrink(default_config(config_class, file), "default")
         else:
-            config = shrink_config(config_class, default_config(config_class, file), file)
+            defaults = default_config(config_class, file)
+            config = shrink_config(config_class, defaults, file)
+            notes["own_sizes"] = own_sizes(defaults, config)
         set_attention(config, attention)
         text_config = sub_config(config, "text")
+        notes["config_class"] = type(config).__name__
     torch.manual_seed(seed)
     mode = None
     if shape_only:
@@ -106,7 +110,7 @@ def build_plain_module(
         kwargs=kwargs,
         model_class=model_class.__name__,
         config=jsonable(text_config.to_dict()) if text_config is not None else {},
-        notes={"plain_module": True},
+        notes=notes,
         shape_only=shape_only,
     )
     # NOTE: a forward that fails on guessed arguments (a size the code expects otherwise) can be traced with a

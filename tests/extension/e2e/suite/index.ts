@@ -12,6 +12,7 @@ export function run(): Promise<void> {
         mocha.addFile(path.join(__dirname, "reference.test.js"));
         mocha.addFile(path.join(__dirname, "recorders.test.js"));
         mocha.addFile(path.join(__dirname, "recipe.test.js"));
+        mocha.addFile(path.join(__dirname, "editor.test.js"));
     }
     return new Promise((resolve, reject) => {
         const runner: Mocha.Runner = mocha.run((failures: number) => {
