@@ -92,4 +92,10 @@ describe("ModelTrace: Create recipe…", () => {
             `no hint from the recipe's trace on line ${projected + 1}:\n${describeHints(hints)}`,
         );
     });
+
+    after(async () => {
+        // NOTE: the suites after this one read the notification center and the editors on screen
+        await vscode.commands.executeCommand("notifications.clearAll");
+        await vscode.commands.executeCommand("workbench.action.closeAllEditors");
+    });
 });
