@@ -21,7 +21,7 @@ from modeltrace.lsp.publish import file_uri, publish_diagnostics
 from modeltrace.lsp.reference import workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.store import read_lines
-from modeltrace.project import ProjectChoices, ProjectFileError, project_choices
+from modeltrace.project import ProjectChoices, ProjectFileError, project_choices, read_project
 from modeltrace.recipe_writer import WrittenRecipe, write_recipe
 from modeltrace.worker.messages import RecipeDraft
 
@@ -96,6 +96,23 @@ def publish_project_error(ls: ModelTraceServer, owner: str, error: ProjectFileEr
     session = ls.sessions.open(owner)
     previous, session.failure = session.failure, project_diagnostic(ls, error)
     publish_diagnostics(ls, {located[0] for located in (previous, session.failure) if located is not None})
+
+
+def recheck_project_file(ls: ModelTraceServer, path: str) -> None:
+    """A project file changed on disk (`workspace/didChangeWatchedFiles`): the failures it holds are read again,
+    so that a fixed file loses its diagnostic at once and a still broken one shows where it is broken now."""
+    uri = file_uri(ls, path)
+    holders = [session for session in ls.sessions if session.failure is not None and session.failure[0] == uri]
+    if not holders:
+        return
+    try:
+        read_project(Path(path))
+        located = None
+    except ProjectFileError as error:
+        located = project_diagnostic(ls, error)
+    for session in holders:
+        session.failure = located
+    publish_diagnostics(ls, {uri})
 
 
 def _workspace_folder_of(ls: ModelTraceServer, path: str) -> Path | None:

@@ -86,6 +86,7 @@ def create_server() -> ModelTraceServer:
     server.feature(types.TEXT_DOCUMENT_DID_OPEN)(documents.did_open)
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(documents.did_change)
     server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(documents.did_close)
+    server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)(documents.did_change_watched_files)
     server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))(commands.trace_on_save)
     server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=True))(
         answered(types.TEXT_DOCUMENT_INLAY_HINT, hints.inlay_hints)

@@ -65,6 +65,15 @@ def _save(client: LanguageClient, path: Path) -> None:
     )
 
 
+def _changed(client: LanguageClient, path: Path) -> None:
+    """What VS Code's file watcher says when a project file changes on disk."""
+    client.workspace_did_change_watched_files(
+        types.DidChangeWatchedFilesParams(
+            changes=[types.FileEvent(uri=from_fs_path(str(path)), type=types.FileChangeType.Changed)]
+        )
+    )
+
+
 async def _hints_on(client: LanguageClient, uri: str, line: int, timeout: float = 60) -> str:
     """The hint label of `line`, once the server shows one (a trace started by a save runs in the background)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -157,15 +166,23 @@ async def test_a_broken_project_file_or_recipe_is_shown_on_its_line_and_the_last
     assert diagnostic.range.start.line == 2 and "recipes" in diagnostic.message, diagnostic
     assert (await inlay_hints(client, uri))[hinted] == before
 
+    # Edited on disk (the client watches project files): still broken, the diagnostic moves to where it is now ...
     project.write_text('[[model]]\nfile = "tiny_block.py"\nrecipe = "recipe.py"\n')
+    _changed(client, project)
+    (diagnostic,) = await wait_until(
+        lambda: [item for item in client.diagnostics.get(project_uri, []) if "not there" in item.message]
+    )
+    assert diagnostic.range.start.line == 2 and "recipe.py" in diagnostic.message, diagnostic
+    # ... and fixed, it goes without waiting for a trace.
     recipe = tmp_path / "recipe.py"
     recipe.write_text("import torch\n\n\ndef build_model():\n    raise ValueError('no model here')\n")
+    _changed(client, project)
+    await wait_until(lambda: not client.diagnostics.get(project_uri))
     failed = await execute(client, "modelTrace.trace", uri, "TinyBlock")
     assert not failed["ok"], failed
     recipe_uri = from_fs_path(str(recipe))
     (diagnostic,) = await wait_until(lambda: client.diagnostics.get(recipe_uri))
     assert diagnostic.range.start.line == 0 and "build_inputs" in diagnostic.message, diagnostic
-    assert not client.diagnostics.get(project_uri)
     assert (await inlay_hints(client, uri))[hinted] == before
 
     recipe.write_text(
