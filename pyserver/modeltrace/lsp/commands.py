@@ -381,6 +381,7 @@ def _report_failure(
     message = _worker_start_message(error, python) or f"ModelTrace: {editor_wording(str(failure))}"
     if error.recipe is None:
         return {**_fail(ls, uri, token, message), "cause": error.cause}
+    message += f"; {CREATE_RECIPE_ACTION} writes one for {error.recipe.model_class} from what ModelTrace tried"
     _end_progress(ls, token, "failed")
     notify_status(ls, ServerState.ERROR, message, uri)
     window = ls.client_capabilities.window

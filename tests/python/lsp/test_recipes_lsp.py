@@ -103,6 +103,7 @@ async def test_create_recipe_after_a_failed_build_writes_registers_opens_and_tra
     # No message in the editor tells the user to pass a command-line flag.
     assert "--recipe" not in failed["message"] and "--config" not in failed["message"], failed
     assert "pass --" not in failed["message"], failed
+    assert failed["message"].endswith("Create recipe… writes one for ScaledBlock from what ModelTrace tried"), failed
     # The error sits on the `__init__` that takes what ModelTrace cannot choose.
     (diagnostic,) = await wait_until(lambda: client.diagnostics.get(uri))
     assert diagnostic.range.start.line == line_of(block, "def __init__(self, dim, scale)"), diagnostic
