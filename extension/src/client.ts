@@ -59,6 +59,7 @@ export class ServerManager implements vscode.Disposable {
     private restarting: Promise<void> | undefined;
     /** The modelTrace.python and modelTrace.importStrategy values the running server was started with. */
     private startedWith: string | undefined;
+    private projectFiles: vscode.FileSystemWatcher | undefined;
     /** The install offers already shown this session (interpreter and command): each is made once. */
     private readonly offeredInstalls: Set<string> = new Set();
     /** Redraws sticky scroll's lines once the hints of a document whose trace changed are fetched again. */
@@ -118,6 +119,7 @@ export class ServerManager implements vscode.Disposable {
     dispose(): void {
         void this.stop();
         this.disposeFallbackCommands();
+        this.projectFiles?.dispose();
     }
 
     private async restartOnce(): Promise<void> {
@@ -172,6 +174,12 @@ export class ServerManager implements vscode.Disposable {
         this.status.show(this.status.restricted ? restrictedView : viewForServerStatus({ state: "idle" }));
     }
 
+    /** One watcher of the project files (modeltrace.toml, pyproject.toml) for every client this manager starts. */
+    private projectFileWatcher(): vscode.FileSystemWatcher {
+        this.projectFiles ??= vscodeapi.createFileSystemWatcher("**/{modeltrace.toml,pyproject.toml}");
+        return this.projectFiles;
+    }
+
     private createClient(interpreter: Interpreter, settings: ModelTraceSettings, trusted: boolean): LanguageClient {
         const workspaceFolder: vscode.WorkspaceFolder | undefined = vscodeapi.workspaceFolders()[0];
         // NOTE: untrusted: not in the workspace, so that nothing of it can land on the server's sys.path.
@@ -185,7 +193,9 @@ export class ServerManager implements vscode.Disposable {
             outputChannel: this.outputChannel,
             revealOutputChannelOn: RevealOutputChannelOn.Never,
             initializationOptions: initializationOptions(settings, trusted),
-            synchronize: { configurationSection: settingsSection },
+            // NOTE: project files are not Python documents: the server hears of their edits through this watcher
+            // (a fixed project file loses its diagnostic before the next trace)
+            synchronize: { configurationSection: settingsSection, fileEvents: this.projectFileWatcher() },
             middleware: {
                 executeCommand: (command: string, args: unknown[], next: ExecuteCommandSignature): Promise<unknown> =>
                     executeCommand(

@@ -29,11 +29,33 @@ export const serverCommands = {
      */
     traceRegenerated: "modelTrace.traceRegenerated",
     /**
+     * Arguments: [documentUri: string, className?: string]: a recipe written next to the model file from what the
+     * last failed trace tried (or a trace run first to learn it), registered in the project file, opened, and
+     * traced when it has nothing left to fill in. Result: CreateRecipeResult. Offered by the failure's
+     * notification and a code lens.
+     */
+    createRecipe: "modelTrace.createRecipe",
+    /**
      * Arguments: [documentUri: string, show?: boolean]: the document's hints at the model's full sizes (shape-only
      * on the meta device, cached per file), or back at the traced sizes; no `show`: a toggle. Result: FullSizesResult.
      */
     fullSizes: "modelTrace.fullSizes",
 } as const;
+
+/** What "Create recipe…" wrote. */
+export interface CreateRecipeResult {
+    ok: boolean;
+    message?: string;
+    /** The recipe file written (never an existing one). */
+    recipe?: string;
+    /** The project file it is registered in (modeltrace.toml or pyproject.toml). */
+    projectFile?: string;
+    /** Names still to fill in (0-based lines in `todoLines`); empty: it was traced at once. */
+    todo?: string[];
+    todoLines?: number[];
+    /** The trace run with it, when it had nothing left to fill in. */
+    trace?: { ok: boolean; message?: string };
+}
 
 export interface FullSizesResult {
     ok: boolean;

@@ -47,6 +47,8 @@ export interface ModelTraceSettings {
     recipe: string;
     /** A small config.json traces build the model from; relative: the workspace's; "" the shrunk defaults. */
     config: string;
+    /** The project file (modeltrace.toml / pyproject.toml) to read; relative: the workspace's; "" the nearest one. */
+    projectFile: string;
     /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
     diffAtol: number | null;
     diffRtol: number | null;
@@ -87,6 +89,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     deviceMap: "",
     recipe: "",
     config: "",
+    projectFile: "",
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
@@ -138,6 +141,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const deviceMap: unknown = configuration.get("deviceMap");
     const recipe: unknown = configuration.get("recipe");
     const config: unknown = configuration.get("config");
+    const projectFile: unknown = configuration.get("projectFile");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
     const diffMapping: unknown = configuration.get("diffMapping");
@@ -168,6 +172,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         deviceMap: typeof deviceMap === "string" ? deviceMap.trim() : defaultSettings.deviceMap,
         recipe: typeof recipe === "string" ? recipe.trim() : defaultSettings.recipe,
         config: typeof config === "string" ? config.trim() : defaultSettings.config,
+        projectFile: typeof projectFile === "string" ? projectFile.trim() : defaultSettings.projectFile,
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],

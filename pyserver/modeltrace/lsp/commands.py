@@ -27,6 +27,13 @@ from modeltrace.lsp.full_sizes import compute_full_sizes, showing_full_sizes, si
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, editor_wording, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.modular import generated_classes
+from modeltrace.lsp.project_files import (
+    TraceSources,
+    create_recipe,
+    publish_project_error,
+    recipe_uri,
+    trace_sources,
+)
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
@@ -35,6 +42,7 @@ from modeltrace.lsp.settings import HintSizes
 from modeltrace.lsp.store import DocumentTrace
 from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
 from modeltrace.modular.twins import is_modular_file, resolve_generated
+from modeltrace.project import ProjectFileError
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
 from modeltrace.worker.client import WorkerClient
@@ -194,19 +202,24 @@ def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None
 
 
 def _request(
-    ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    path: str,
+    sources: TraceSources,
+    mode: str = "forward",
+    full_tensors: bool = False,
 ) -> messages.TraceRequest:
     settings = ls.settings
     return messages.TraceRequest(
         file=path,
         out=str(trace_path_for(ls, path)),
-        model=model,
+        model=sources.model,
         generate=settings.generate_steps if mode == "generate" else 0,
         backward=mode == "backward",
         shape_only=settings.shape_only,
         checkpoint=settings.checkpoint,
-        recipe=workspace_path(ls, settings.recipe) if settings.recipe else None,
-        config=workspace_path(ls, settings.config) if settings.config else None,
+        # NOTE: the project file's recipe and config, else the settings' (`project_files.trace_sources`)
+        recipe=sources.recipe,
+        config=sources.config,
         device_map=settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
         full_tensors=(full_tensors or path in ls.references) and not settings.shape_only,
@@ -247,7 +260,17 @@ async def _trace_now(
             resolve_generated(path)
         except ModelTraceError as error:
             return _fail(ls, uri, None, f"ModelTrace: {error}")
-    name = _model_to_build(ls, uri, path, model)
+    try:
+        sources = trace_sources(ls, path, model)
+    except ProjectFileError as error:
+        # NOTE: on the project file's offending line; the trace on view stays, no worker starts
+        publish_project_error(ls, path, error)
+        return _fail(ls, uri, None, f"ModelTrace: {error}")
+    except ModelTraceError as error:
+        return _fail(ls, uri, None, f"ModelTrace: {error}")
+    session = ls.sessions.open(path, uri)
+    session.recipe = str(Path(sources.recipe).resolve()) if sources.recipe else None
+    name = _model_to_build(ls, uri, path, sources.model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"
     loop = asyncio.get_running_loop()
@@ -262,7 +285,7 @@ async def _trace_now(
         if token is not None:
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
-    request = _request(ls, path, model, mode, full_tensors)
+    request = _request(ls, path, sources, mode, full_tensors)
     try:
         result = await asyncio.to_thread(worker.trace, request, on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
@@ -351,9 +374,52 @@ def _report_failure(
     if error.traceback:
         ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
+    session = ls.sessions.open(path, uri)
+    # NOTE: what the worker tried, when only a recipe can build the class: "Create recipe…" starts from it
+    session.recipe_draft = error.recipe
     # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
     message = _worker_start_message(error, python) or f"ModelTrace: {editor_wording(str(failure))}"
-    return {**_fail(ls, uri, token, message), "cause": error.cause}
+    if error.recipe is None:
+        return {**_fail(ls, uri, token, message), "cause": error.cause}
+    message += f"; {CREATE_RECIPE_ACTION} writes one for {error.recipe.model_class} from what ModelTrace tried"
+    _end_progress(ls, token, "failed")
+    notify_status(ls, ServerState.ERROR, message, uri)
+    window = ls.client_capabilities.window
+    if window is not None and window.show_message is not None:
+        _offer_recipe(ls, uri, message, error.recipe.model_class)
+    else:
+        # NOTE: a client that declares no `window.showMessage` (message actions) gets the message; the lens offers
+        # "Create recipe…"
+        ls.show_message(message, types.MessageType.Error)
+    ls.refresh_views()  # NOTE: the class's lens now offers "Create recipe…"
+    return {"ok": False, "message": message, "cause": error.cause, "needsRecipe": error.recipe.model_class}
+
+
+CREATE_RECIPE_ACTION = "Create recipe…"
+
+
+def _offer_recipe(ls: ModelTraceServer, uri: str, message: str, model_class: str) -> None:
+    """Show the failure with a "Create recipe…" button (`window/showMessageRequest`); a click runs the command.
+    NOTE: in a task of its own: the trace's answer does not wait for the user."""
+
+    async def ask() -> None:
+        try:
+            chosen = await ls.window_show_message_request_async(
+                types.ShowMessageRequestParams(
+                    type=types.MessageType.Error,
+                    message=message,
+                    actions=[types.MessageActionItem(title=CREATE_RECIPE_ACTION)],
+                )
+            )
+        except Exception as error:  # noqa: BLE001 - a client that cannot ask still has the lens
+            logger.info("the client did not show the Create recipe… button: %s", error)
+            return
+        if chosen is not None and chosen.title == CREATE_RECIPE_ACTION:
+            await create_recipe_command(ls, uri, model_class)
+
+    task = asyncio.get_running_loop().create_task(ask())
+    ls.background_tasks.add(task)
+    task.add_done_callback(ls.background_tasks.discard)
 
 
 def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrace, notes: list[Located]) -> None:
@@ -361,6 +427,7 @@ def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrac
     previous trace's failure and notes give way to this one's `notes`, then clients redraw. (Its diff is the
     caller's: `update_diff` replaces or takes back the previous one.)"""
     ls.sessions.install(session, loaded)
+    session.recipe_draft = None
     show_trace_diagnostics(ls, session, notes)
     for path, hints in loaded.files.items():
         document = ls.open_document(path)
@@ -388,9 +455,14 @@ async def full_sizes_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     wanted = not showing_full_sizes(ls, session) if show is None else show
     loaded = session.trace
     if wanted and session.full_sizes is None:
+        try:
+            # NOTE: the config the project file (or the setting) names is the one to show at full size
+            sources = trace_sources(ls, session.owner, loaded.model_class)
+        except ModelTraceError as error:
+            return _refuse(ls, f"ModelTrace: {error}")
         async with ls.trace_lock:
             notify_status(ls, ServerState.TRACING, f"{loaded.model_class} at full size, shape-only", uri)
-            reason = await compute_full_sizes(ls, session, _request(ls, session.owner, loaded.model_class), uri)
+            reason = await compute_full_sizes(ls, session, _request(ls, session.owner, sources), uri)
         if reason is not None:
             notify_status(
                 ls,
@@ -670,17 +742,30 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
 
 
 def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams) -> None:
-    """`textDocument/didSave`: with `traceOnSave`, repeat the last request of the session whose trace the saved file
-    shows (the same class and kind), if there is one."""
-    if not ls.settings.trace_on_save or not ls.workspace_trusted:
+    """`textDocument/didSave`: a saved recipe traces again the documents last traced with it; with `traceOnSave`,
+    repeat the last request of the session whose trace the saved file shows (the same class and kind), if any."""
+    if not ls.workspace_trusted:
         return
     path = ls.document_path(params.text_document.uri)
     if path is None:
+        return
+    # NOTE: a recipe is saved to be used: the documents traced with it are traced again, whatever traceOnSave says
+    for recipe_user in [session for session in ls.sessions if session.recipe == str(Path(path).resolve())]:
+        _repeat_last_request(ls, recipe_user)
+    if not ls.settings.trace_on_save:
         return
     session = ls.sessions.showing(path)
     request = session.last_request if session is not None else None
     if session is None or request is None or session.waiting:
         # NOTE: a trace still waiting for the worker reads the file when it starts: it sees this save too.
+        return
+    _repeat_last_request(ls, session)
+
+
+def _repeat_last_request(ls: ModelTraceServer, session: DocumentSession) -> None:
+    """Trace the session's document again as it was last asked for (in the background)."""
+    request = session.last_request
+    if request is None or session.waiting:
         return
     task = asyncio.get_running_loop().create_task(
         run_trace(ls, request.uri, session.owner, request.model, request.mode)
@@ -722,3 +807,57 @@ async def _open_document(ls: ModelTraceServer, uri: str) -> None:
         await ls.window_show_document_async(types.ShowDocumentParams(uri=uri, take_focus=True))
     except Exception as error:  # noqa: BLE001 - the trace is done either way; the copy can be opened by hand
         logger.warning("the client did not open %s: %s", uri, error)
+
+
+async def create_recipe_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.createRecipe [uri, model class?]`: write a recipe for the class next to its file, from what the
+    last failed trace tried (a trace runs first when there is none), register it in the project file and open it.
+    With nothing left to fill in it is traced at once; otherwise saving it traces (`trace_on_save`)."""
+    target = _trace_target(ls, arguments)
+    if isinstance(target, dict):
+        return target
+    uri, path, model = target
+    session = ls.sessions.open(path, uri)
+    draft = session.recipe_draft
+    if draft is None or (model is not None and draft.model_class != model):
+        # NOTE: no failure to start from yet (the lens of a class that needs a recipe, before any trace): the
+        # trace says what it tries, and fails with the draft, or runs and needs no recipe
+        tried = await run_trace(ls, uri, path, model)
+        draft = ls.sessions.open(path, uri).recipe_draft
+        if tried.get("ok") or draft is None:
+            message = (
+                f"ModelTrace: {model or Path(path).name} traces without a recipe"
+                if tried.get("ok")
+                else f"ModelTrace: no recipe to write: {tried.get('message')}"
+            )
+            return _refuse(ls, message, types.MessageType.Info if tried.get("ok") else types.MessageType.Error)
+    try:
+        written = await asyncio.to_thread(create_recipe, ls, path, draft)
+    except ProjectFileError as error:
+        publish_project_error(ls, path, error)
+        return _refuse(ls, f"ModelTrace: cannot register a recipe: {error}")
+    except (ModelTraceError, OSError) as error:
+        return _refuse(ls, f"ModelTrace: cannot write a recipe for {draft.model_class}: {error}")
+    session = ls.sessions.open(path, uri)
+    session.recipe = str(written.path.resolve())
+    session.last_request = LastRequest(uri=uri, model=draft.model_class, mode="forward")
+    await _open_document(ls, recipe_uri(written))
+    answer: dict[str, Any] = {
+        "ok": True,
+        "recipe": str(written.path),
+        "projectFile": str(written.project_file),
+        "todo": list(written.todo_names),
+        "todoLines": [line - 1 for line in written.todo_lines],
+    }
+    if written.todo_names:
+        message = (
+            f"ModelTrace: wrote {written.path.name} (registered in {written.project_file.name}): fill in "
+            f"{', '.join(written.todo_names)}, then save it to trace {draft.model_class}"
+        )
+        ls.show_message(message, types.MessageType.Info)
+        return {**answer, "message": message}
+    traced = await run_trace(ls, uri, path, draft.model_class)
+    message = f"ModelTrace: wrote {written.path.name} (registered in {written.project_file.name}) and traced with it"
+    if traced.get("ok"):
+        ls.show_message(message, types.MessageType.Info)
+    return {**answer, "message": message, "trace": traced}

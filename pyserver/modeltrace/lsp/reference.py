@@ -25,6 +25,7 @@ from modeltrace.lsp.publish import file_uri, notify_line_marks
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import CallDiff, DocumentDiff, DocumentSession, Located
 from modeltrace.lsp.store import read_lines
+from modeltrace.project import ProjectChoices, project_choices
 from modeltrace.trace.lines import format_number
 
 
@@ -102,6 +103,16 @@ def compute_diff(
         close_result(result)
 
 
+def _project_choices(ls: ModelTraceServer, path: str, model_class: str | None) -> ProjectChoices:
+    """The project file's tolerances, maps and mapping for the traced file (DESIGN: the project file: they win over
+    the `diff*` settings); none from a broken project file, which the trace that reads it shows on its line."""
+    explicit = Path(workspace_path(ls, ls.settings.project_file)) if ls.settings.project_file else None
+    try:
+        return project_choices(Path(path), model_class, explicit)
+    except ModelTraceError:
+        return ProjectChoices()
+
+
 async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> DocumentDiff | None:
     """Diff the session's trace against its reference (if any) and show the result; None when nothing ran (the
     previous trace's diff is then taken back: it is not this trace's)."""
@@ -113,17 +124,21 @@ async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> Documen
     # NOTE: the replay re-runs the candidate's modules, which imports (or rebuilds) the workspace's model code:
     # like a trace, it needs a trusted workspace. Untrusted, the plain comparison stands and the notes say why.
     replay = settings.diff_replay and ls.workspace_trusted
+    project = _project_choices(ls, session.owner, loaded.model_class)
+    mapping = str(project.mapping) if project.mapping else None
+    if mapping is None and settings.diff_mapping:
+        mapping = workspace_path(ls, settings.diff_mapping)
     try:
         diff = await asyncio.to_thread(
             compute_diff,
             reference,
             loaded.trace_path,
-            settings.diff_atol,
-            settings.diff_rtol,
-            settings.diff_maps,
+            project.atol if project.atol is not None else settings.diff_atol,
+            project.rtol if project.rtol is not None else settings.diff_rtol,
+            project.maps or settings.diff_maps,
             replay,
             ls.worker() if replay else None,
-            workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
+            mapping,
         )
     except ModelTraceError as error:
         forget_diff(ls, session)

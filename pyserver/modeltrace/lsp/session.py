@@ -19,6 +19,7 @@ from lsprotocol import types
 from pygls.uris import from_fs_path
 
 from modeltrace.lsp.store import DocumentTrace, FileHints
+from modeltrace.worker.messages import RecipeDraft
 
 
 if TYPE_CHECKING:
@@ -92,6 +93,10 @@ class DocumentSession:
     failure: Located | None = None
     source_notes: list[Located] = field(default_factory=list)
     last_request: LastRequest | None = None
+    # The recipe the last trace was built with (saving it traces again), and what the worker tried when only a
+    # recipe can build the class (the last trace failed; "Create recipe…" writes one from it).
+    recipe: str | None = None
+    recipe_draft: RecipeDraft | None = None
     # A trace asked for this document is waiting for the worker (trace-on-save does not queue a second one).
     waiting: bool = False
     # The same model at its config's own sizes, shape-only on the meta device (`lsp/full_sizes.py`), for the

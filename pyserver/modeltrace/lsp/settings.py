@@ -92,6 +92,9 @@ class Settings:
     # `--recipe` / `--config`; a relative path is the workspace's. None: the unaided build.
     recipe: str | None = None
     config: str | None = None
+    # The project file to read (`modeltrace.toml` or a `pyproject.toml`), instead of the nearest one above each
+    # traced file; its entries win over `recipe` / `config` (DESIGN: the project file).
+    project_file: str | None = None
     # With a checkpoint: accelerate's device map (`auto`, or a JSON object / file), as `--device-map`.
     device_map: str | None = None
     # "Trace generate": decode steps after the prefill; backward traces: a gradient hint after each line's value.
@@ -246,6 +249,7 @@ _SETTINGS = {
     "checkpoint": ("checkpoint", _checkpoint),
     "recipe": ("recipe", _optional_path),
     "config": ("config", _optional_path),
+    "projectFile": ("project_file", _optional_path),
     "deviceMap": ("device_map", _device_map),
     "generateSteps": ("generate_steps", _steps),
     "gradientHints": ("gradient_hints", _boolean),

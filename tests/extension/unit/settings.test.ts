@@ -29,6 +29,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
         vscodeFake.settings.set("modelTrace.deviceMap", " auto ");
         vscodeFake.settings.set("modelTrace.recipe", " recipes/block.py ");
+        vscodeFake.settings.set("modelTrace.projectFile", " tools/modeltrace.toml ");
         vscodeFake.settings.set("modelTrace.config", " /configs/tiny.json ");
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
@@ -62,6 +63,7 @@ describe("settings", () => {
                 deviceMap: "auto",
                 recipe: "recipes/block.py",
                 config: "/configs/tiny.json",
+                projectFile: "tools/modeltrace.toml",
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],

@@ -13,6 +13,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker.building.inputs import InputSynthesizer
 from modeltrace.worker.building.trials import Ran
+from modeltrace.worker.messages import RecipeDraft
 
 
 @dataclass
@@ -31,6 +32,9 @@ class BuiltModel:
     notes: dict[str, Any] = field(default_factory=dict)
     shape_only: bool = False
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # What a recipe would start from, when the build guessed (a plain module's arguments): a forward that fails
+    # reports it (`WorkerError.recipe`), for the editor's "Create recipe…".
+    recipe_draft: RecipeDraft | None = None
 
 
 def cannot_synthesise(model_class: type, synthesizer: InputSynthesizer) -> ModelTraceError:
