@@ -9,6 +9,7 @@ and lenses; on failure the user gets a diagnostic at the failing line and one me
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -30,8 +31,14 @@ from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
-from modeltrace.lsp.store import DocumentTrace
-from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
+from modeltrace.lsp.store import DocumentTrace, show_on
+from modeltrace.modular.regenerate import (
+    find_checkout,
+    no_checkout_message,
+    regenerate_copy,
+    regenerated_root,
+    remove_regenerated,
+)
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
 from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
@@ -116,16 +123,24 @@ def _trace_target(ls: ModelTraceServer, arguments: tuple[Any, ...]) -> tuple[str
 
 
 async def run_trace(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
-    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it)."""
+    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it). With
+    `regenerated` (a regenerated copy of the modular file `path`, `modular/regenerate.py`), the worker runs the
+    copy and its hints show on `path`."""
     session = ls.sessions.open(path, uri)
-    session.last_request = LastRequest(uri=uri, model=model, mode=mode)
+    session.last_request = LastRequest(uri=uri, model=model, mode=mode, regenerate=regenerated is not None)
     session.waiting = True
     async with ls.trace_lock:
         session.waiting = False
-        return await _trace_now(ls, uri, path, model, mode, full_tensors)
+        return await _trace_now(ls, uri, path, model, mode, full_tensors, regenerated)
 
 
 class _Cancellation:
@@ -228,13 +243,19 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 
 
 async def _trace_now(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     if not ls.workspace_trusted:
         # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
         # (trace-on-save queues behind a running trace).
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
-    if is_modular_file(path):
+    if is_modular_file(path) and regenerated is None:
         # NOTE: a modular file runs as its generated twin; without a usable one no worker needs to start
         try:
             resolve_generated(path)
@@ -256,8 +277,14 @@ async def _trace_now(
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
     try:
-        result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode, full_tensors), on_progress)
+        request = _request(ls, path, model, mode, full_tensors)
+        if regenerated is not None:
+            # NOTE: the worker runs the regenerated copy (its twin is fresh); the hints are the user's file's
+            request = dataclasses.replace(request, file=str(regenerated))
+        result = await asyncio.to_thread(worker.trace, request, on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
+        if regenerated is not None:
+            show_on(loaded, str(regenerated), path)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -270,6 +297,9 @@ async def _trace_now(
     # NOTE: a clear while this trace ran closed the session it was asked from; the trace opens a new one.
     session = ls.sessions.open(path, uri)
     install(ls, session, loaded, [])
+    if regenerated is None:
+        # NOTE: a plain trace replaces a regenerated one: its temporary folder is no longer shown
+        await asyncio.to_thread(ls.regenerated.release, path)
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
         f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result.seconds:.1f} s)"
@@ -363,6 +393,7 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     session = ls.sessions.close(ls.sessions.owner_of(path))
     if session is not None:
         withdraw(ls, session)
+        await asyncio.to_thread(ls.regenerated.release, session.owner)
     else:
         ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
@@ -567,6 +598,8 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
             request.model if request is not None else None,
             request.mode if request is not None else "forward",
             full_tensors=True,
+            # NOTE: a regenerated trace is pinned as it is shown: traced again from the same regenerated copy
+            regenerated=ls.regenerated.copy_of(loaded.owner) if request is not None and request.regenerate else None,
         )
         if not result.get("ok"):
             # NOTE: the failed trace said why (message, diagnostic); nothing is pinned from a trace no longer shown
@@ -607,9 +640,12 @@ def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams)
     if session is None or request is None or session.waiting:
         # NOTE: a trace still waiting for the worker reads the file when it starts: it sees this save too.
         return
-    task = asyncio.get_running_loop().create_task(
-        run_trace(ls, request.uri, session.owner, request.model, request.mode)
+    repeat = (
+        _trace_regenerated(ls, request.uri, session.owner, request.model)
+        if request.regenerate
+        else run_trace(ls, request.uri, session.owner, request.model, request.mode)
     )
+    task = asyncio.get_running_loop().create_task(repeat)
     # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
     ls.background_tasks.add(task)
     task.add_done_callback(ls.background_tasks.discard)
@@ -621,9 +657,17 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
     target = _trace_target(ls, arguments)
     if isinstance(target, dict):
         return target
-    _, path, model = target
+    uri, path, model = target
     if not is_modular_file(path):
         return _refuse(ls, f"ModelTrace: {path}: regenerating is for a modular file (modular_<name>.py)")
+    return await _trace_regenerated(ls, uri, path, model)
+
+
+async def _trace_regenerated(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+    """Regenerate the modular file `path` into a temporary folder and trace the copy, its hints on `path`'s
+    document. The folder stays while that trace is shown (hovers and lenses open the regenerated file, the diff's
+    replay reruns it): a later trace of the document, a clear, shutdown or newer folders remove it
+    (`ls.regenerated`); a failed trace removes it at once."""
     checkout = find_checkout(path)
     if checkout is None:
         return _refuse(ls, f"ModelTrace: {no_checkout_message(path)}")
@@ -631,19 +675,13 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
         copy = await asyncio.to_thread(regenerate_copy, path, checkout, ls.worker().python)
     except ModelTraceError as error:
         return _refuse(ls, f"ModelTrace: {error}")
-    copy_uri = from_fs_path(str(copy)) or str(copy)
-    result = await run_trace(ls, copy_uri, str(copy), model)
-    if result.get("ok"):
-        await _open_document(ls, copy_uri)
-    return {**result, "regenerated": str(copy)}
-
-
-async def _open_document(ls: ModelTraceServer, uri: str) -> None:
-    """Ask the client to show the traced copy (LSP `window/showDocument`), when it can."""
-    window = ls.client_capabilities.window
-    if window is None or window.show_document is None or not window.show_document.support:
-        return
+    root = regenerated_root(copy)
+    result: dict[str, Any] = {"ok": False}
     try:
-        await ls.window_show_document_async(types.ShowDocumentParams(uri=uri, take_focus=True))
-    except Exception as error:  # noqa: BLE001 - the trace is done either way; the copy can be opened by hand
-        logger.warning("the client did not open %s: %s", uri, error)
+        result = await run_trace(ls, uri, path, model, regenerated=copy)
+    finally:
+        # NOTE: also when the trace was cancelled: a folder no trace shows is removed at once
+        if root is not None:
+            keep = ls.regenerated.hold if result.get("ok") else lambda _path, folder: remove_regenerated(folder)
+            await asyncio.to_thread(keep, path, root)
+    return {**result, "regenerated": str(copy)}

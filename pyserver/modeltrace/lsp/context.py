@@ -28,6 +28,7 @@ from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.wire import converter
+from modeltrace.modular.regenerate import RegeneratedFolders
 from modeltrace.worker.client import WorkerClient
 
 
@@ -66,6 +67,9 @@ class ModelTraceServer(LanguageServer):
         # The latest text of each open document, by path: what gutter marks and diagnostics on it refer to, and
         # what the next edit is diffed against to move them (`stale`).
         self.followed_text: dict[str, list[str]] = {}
+        # The temporary folders modular files were regenerated into, while their traces are shown
+        # (`modelTrace.traceRegenerated`); removed when replaced, cleared, beyond a few, and at shutdown.
+        self.regenerated = RegeneratedFolders()
 
     @property
     def references(self) -> Mapping[str, str]:

@@ -111,6 +111,16 @@ class DocumentTrace:
         ]
 
 
+def show_on(loaded: DocumentTrace, copy: str, modular: str) -> None:
+    """A trace of a regenerated copy of a modular file (`modular/regenerate.py`) shown on the user's modular file:
+    the copy's hints (the copy is the user's file byte for byte, mapped onto the regenerated generated file) move
+    to the user's path, so the open document gets them, and marks on the regenerated lines reach it."""
+    hints = loaded.files.pop(copy, None)
+    if hints is not None:
+        hints.path = modular
+        loaded.files[modular] = hints
+
+
 def read_lines(path: str) -> list[str] | None:
     """A source file's lines as LSP numbers them, or None when it is not read (deleted, not text, not a regular
     file, too large: `source_files`)."""
