@@ -59,3 +59,38 @@ def make_checkout(root: Path, source: Path, model: str) -> Path:
     folder = models / model
     shutil.copytree(INSTALLED / "models" / model, folder, ignore=shutil.ignore_patterns("__pycache__"))
     return folder
+
+
+FORWARD_EDIT = ("attn_output = self.o_proj(attn_output)", "attn_output = self.o_proj(attn_output) * 2")
+# NOTE: a declaration the parent's differs from (an `OutputRecorder` with an index): the converter must carry it
+RECORDERS = """
+
+class Qwen3PreTrainedModel(Qwen2PreTrainedModel):
+    _can_record_outputs = {
+        "hidden_states": Qwen3DecoderLayer,
+        "attentions": OutputRecorder(Qwen3Attention, index=1),
+    }
+"""
+# NOTE: `Qwen3DecoderLayer` is not the modular file's: the converter renames qwen2's into the generated file
+IMPORTS = (
+    "from ...utils.output_capturing import OutputRecorder\nfrom ..qwen2.modeling_qwen2 import Qwen2PreTrainedModel\n"
+)
+
+
+def edited_modular(tmp_path: Path) -> tuple[Path, Path]:
+    """(checkout, its modular_qwen3.py with a model adder's edits, its generated file as installed: stale)."""
+    source = transformers_source()
+    assert source is not None
+    checkout = tmp_path / "transformers"
+    folder = make_checkout(checkout, source, "qwen3")
+    modular = folder / "modular_qwen3.py"
+    text = modular.read_text()
+    assert text.count(FORWARD_EDIT[0]) == 1
+    text = text.replace(FORWARD_EDIT[0], FORWARD_EDIT[1])
+    # the imports go after the module's own (before its first class), the class after Qwen3Attention's
+    first_class = text.index("\nclass ")
+    text = text[:first_class] + "\n" + IMPORTS + text[first_class:]
+    after_attention = text.index("\nclass ", text.index("class Qwen3Attention("))
+    text = text[:after_attention] + RECORDERS + text[after_attention:]
+    modular.write_text(text)
+    return checkout, modular

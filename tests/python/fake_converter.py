@@ -20,7 +20,11 @@ from pathlib import Path
 here = Path(__file__).resolve().parent
 settings = json.loads((here / "fake_settings.json").read_text())
 parser = argparse.ArgumentParser()
-parser.add_argument("--files_to_parse", nargs="+", required=True)
+if settings.get("positional"):
+    # a recent converter's command line: the files as positional arguments
+    parser.add_argument("files_to_parse", nargs="+")
+else:
+    parser.add_argument("--files_to_parse", nargs="+", required=True)
 arguments = parser.parse_args()
 if settings.get("fail"):
     sys.exit("Traceback (most recent call last): ValueError: the stand-in converter was told to fail")
@@ -38,18 +42,23 @@ for name in arguments.files_to_parse:
             generated = generated.replace(old, new)
     modular.with_name(modular.name.replace("modular_", "modeling_")).write_text(generated)
     with open(here / "fake_runs.json", "a") as log:
-        log.write(json.dumps({"file": str(modular), "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""), "ruff": ruff, "sha256": hashlib.sha256(modular.read_bytes()).hexdigest()}) + "\\n")
+        log.write(json.dumps({"file": str(modular), "cwd": os.getcwd(), "pythonpath": os.environ.get("PYTHONPATH", ""), "ruff": ruff, "argv": sys.argv[1:], "sha256": hashlib.sha256(modular.read_bytes()).hexdigest()}) + "\\n")
 """
 
 
-def make_fake_checkout(root: Path, pristine: Path, edits: list[tuple[str, str]], fail: bool = False) -> Path:
+def make_fake_checkout(
+    root: Path, pristine: Path, edits: list[tuple[str, str]], fail: bool = False, positional: bool = False
+) -> Path:
     """A checkout at `root` (with `src/` and the fake converter) whose converter writes `pristine` with `edits`
-    (or fails, with `fail`)."""
+    (or fails, with `fail`; takes the files as positional arguments, as recent converters do, with
+    `positional`)."""
     utils = root / "utils"
     utils.mkdir(parents=True)
     (root / "src").mkdir()
     (utils / "modular_model_converter.py").write_text(FAKE_CONVERTER)
-    (utils / "fake_settings.json").write_text(json.dumps({"pristine": str(pristine), "edits": edits, "fail": fail}))
+    (utils / "fake_settings.json").write_text(
+        json.dumps({"pristine": str(pristine), "edits": edits, "fail": fail, "positional": positional})
+    )
     return root
 
 

@@ -36,9 +36,11 @@ def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def edited_checkout(tmp_path: Path, fail: bool = False) -> tuple[Path, Path]:
+def edited_checkout(tmp_path: Path, fail: bool = False, positional: bool = False) -> tuple[Path, Path]:
     """(checkout, its modular_qwen3.py edited since its generated file was written)."""
-    checkout = make_fake_checkout(tmp_path / "transformers", MODELS / "qwen3" / "modeling_qwen3.py", [EDIT], fail)
+    checkout = make_fake_checkout(
+        tmp_path / "transformers", MODELS / "qwen3" / "modeling_qwen3.py", [EDIT], fail, positional
+    )
     folder = checkout / "src" / "transformers" / "models" / "qwen3"
     shutil.copytree(MODELS / "qwen3", folder, ignore=shutil.ignore_patterns("__pycache__"))
     modular = folder / "modular_qwen3.py"
@@ -60,12 +62,23 @@ def test_the_converter_runs_with_the_interpreters_ruff_on_a_copy(
     copy = regenerate_copy(modular, checkout, python=sys.executable)
     (run,) = fake_runs(checkout)
     assert run["ruff"] == str(ruff)
+    assert run["argv"] == ["--files_to_parse", str(copy)]
     root = regenerated_root(copy)
     assert root is not None and root.parent == temporary and root.name.startswith(TEMPORARY_PREFIX)
     assert copy.read_bytes() == modular.read_bytes()
     assert EDIT[1] in (copy.parent / "modeling_qwen3.py").read_text()
     assert {path.name: path.read_bytes() for path in modular.parent.iterdir()} == before
     assert remove_regenerated(root) and not root.exists()
+
+
+def test_a_converter_that_takes_its_files_as_arguments_is_run_so(tmp_path: Path, temporary: Path) -> None:
+    # recent converters take the files as positional arguments (`modular_model_converter.py <file or name>`)
+    checkout, modular = edited_checkout(tmp_path, positional=True)
+    copy = regenerate_copy(modular, checkout, python=sys.executable)
+    (run,) = fake_runs(checkout)
+    assert run["argv"] == [str(copy)]
+    assert EDIT[1] in (copy.parent / "modeling_qwen3.py").read_text()
+    remove_regenerated(copy.parents[4])
 
 
 def test_a_failed_converter_leaves_no_temporary_folder(tmp_path: Path, temporary: Path) -> None:

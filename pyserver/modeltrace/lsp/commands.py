@@ -296,10 +296,14 @@ async def _trace_now(
         return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
     # NOTE: a clear while this trace ran closed the session it was asked from; the trace opens a new one.
     session = ls.sessions.open(path, uri)
-    install(ls, session, loaded, [])
-    if regenerated is None:
-        # NOTE: a plain trace replaces a regenerated one: its temporary folder is no longer shown
+    # NOTE: before the views are redrawn: the document's hovers and lenses read the regenerated twin held
+    # (`modular.shown_map`); a plain trace replaces a regenerated one, whose folder is no longer shown
+    root = regenerated_root(regenerated) if regenerated is not None else None
+    if root is not None:
+        await asyncio.to_thread(ls.regenerated.hold, path, root)
+    else:
         await asyncio.to_thread(ls.regenerated.release, path)
+    install(ls, session, loaded, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
         f"{sum(len(hints.by_trace_line) for hints in loaded.files.values())} lines ({result.seconds:.1f} s)"
@@ -678,10 +682,10 @@ async def _trace_regenerated(ls: ModelTraceServer, uri: str, path: str, model: s
     root = regenerated_root(copy)
     result: dict[str, Any] = {"ok": False}
     try:
+        # NOTE: a trace that succeeds holds the folder (`_trace_now`)
         result = await run_trace(ls, uri, path, model, regenerated=copy)
     finally:
         # NOTE: also when the trace was cancelled: a folder no trace shows is removed at once
-        if root is not None:
-            keep = ls.regenerated.hold if result.get("ok") else lambda _path, folder: remove_regenerated(folder)
-            await asyncio.to_thread(keep, path, root)
+        if root is not None and not result.get("ok"):
+            await asyncio.to_thread(remove_regenerated, root)
     return {**result, "regenerated": str(copy)}

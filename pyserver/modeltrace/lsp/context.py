@@ -180,11 +180,12 @@ class ModelTraceServer(LanguageServer):
 @dataclass(frozen=True, slots=True)
 class MapKey:
     """What a modular document's map was computed from (`lsp.modular`): its version and text, and its generated
-    twin's modification time."""
+    twin's modification time (and path: the twin beside it, or a regenerated copy's)."""
 
     version: int | None
     source: str
     twin_mtime_ns: int
+    twin: str = ""
 
 
 @dataclass(slots=True)
@@ -196,5 +197,7 @@ class ParsedDocument:
     recorders: tuple[int | None, str, Analysis] | None = None
     # (what it was computed from, the map or None) of a modular document (`lsp.modular`)
     modular: tuple[MapKey, ModularMap | None] | None = None
+    # the same onto the regenerated twin whose trace the document shows (`lsp.modular.shown_map`)
+    shown_modular: tuple[MapKey, ModularMap | None] | None = None
     # (modification time, module classes) of a modular document's generated twin (`lsp.modular`)
     generated_classes: tuple[int, list[ModuleClass]] | None = None

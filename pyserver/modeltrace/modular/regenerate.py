@@ -42,6 +42,22 @@ CONVERTER_TIMEOUT_SECONDS = 300.0
 KEEP_REGENERATED = 4
 
 
+# NOTE: the converter's command line changed across transformers versions: older ones take only
+# `--files_to_parse PATH` (the contributor guide's command, `twins.REGENERATE_COMMAND`); recent ones take the files as
+# positional arguments (transformers' own `add_new_model_like` runs `modular_model_converter.py <name>`). The first
+# is tried first; on an argparse refusal of it (exit 2, "usage:"), the second.
+CONVERTER_ARGUMENTS = (
+    lambda copy: ["--files_to_parse", str(copy)],
+    lambda copy: [str(copy)],
+)
+ARGPARSE_EXIT = 2
+
+
+def _refused_arguments(completed: subprocess.CompletedProcess) -> bool:
+    """Whether the converter's argparse refused its command line (nothing was converted)."""
+    return completed.returncode == ARGPARSE_EXIT and "usage:" in completed.stderr and "error:" in completed.stderr
+
+
 def find_checkout(modular: str | Path) -> Path | None:
     """The transformers source checkout above a modular file: the nearest folder holding the converter."""
     path = Path(modular).resolve()
@@ -99,15 +115,20 @@ def _convert_copy(source: Path, checkout: Path, converter: Path, root: Path, pyt
     # goes first
     interpreter = Path(shutil.which(python) or python)
     environment["PATH"] = os.pathsep.join([str(interpreter.parent), *filter(None, [environment.get("PATH")])])
-    command = [python, str(converter), "--files_to_parse", str(copy)]
-    try:
-        completed = subprocess.run(
-            command, cwd=checkout, env=environment, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ModelTraceError(f"{converter}: still running after {timeout:.0f} s on {copy}; stopped") from None
-    except OSError as error:
-        raise ModelTraceError(f"{converter}: cannot run it with {python}: {error}") from None
+    completed = None
+    for arguments in CONVERTER_ARGUMENTS:
+        command = [python, str(converter), *arguments(copy)]
+        try:
+            completed = subprocess.run(
+                command, cwd=checkout, env=environment, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise ModelTraceError(f"{converter}: still running after {timeout:.0f} s on {copy}; stopped") from None
+        except OSError as error:
+            raise ModelTraceError(f"{converter}: cannot run it with {python}: {error}") from None
+        if not _refused_arguments(completed):
+            break
+    assert completed is not None
     output = (completed.stderr.strip() or completed.stdout.strip())[-2000:]
     if completed.returncode != 0:
         raise ModelTraceError(f"{converter} failed on a copy of {source.name} (exit {completed.returncode}): {output}")

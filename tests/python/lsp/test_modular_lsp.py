@@ -18,6 +18,7 @@ from lsprotocol import types
 from pygls.uris import from_fs_path
 from pytest_lsp import ClientServerConfig, LanguageClient
 
+from checkout_layout import FORWARD_EDIT, SKIP_REASON, edited_modular, transformers_source
 from fake_converter import fake_runs, make_fake_checkout
 
 from .support import (
@@ -326,6 +327,10 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_show
     query = "query_states = self.q_norm(self.q_proj(hidden_states)"
     assert hints[line_of(modular, query)] == twin_hints[line_of(twin, query)]
     assert await inlay_hints(client, open_document(client, copy)) == {}
+    # the hover of the edited line (no line of the stale generated file beside it) opens the regenerated line that ran
+    hover = await hover_text(client, uri, edited)
+    ran = line_of(twin, "attn_output = self.o_proj(attn_output) * 2") + 1
+    assert hover is not None and f"Runs as [modeling_qwen3.py:{ran}]({from_fs_path(str(twin))}#L{ran})" in hover
     # regenerated again, the folder before goes; cleared, the one shown goes
     second = (await regenerated()).parents[4]
     assert second.is_dir() and not root.exists()
@@ -342,3 +347,23 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_show
     await client.shutdown_session()
     assert not fourth.exists()
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+@pytest.mark.skipif(transformers_source() is None, reason=SKIP_REASON)
+async def test_the_real_converter_regenerates_for_the_editor_and_its_hints_land_on_the_users_lines(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    """`modelTrace.traceRegenerated` with transformers' own converter (`checkout_layout`): the regenerated file
+    carries the modular file's edits, and the trace's hints land on the user's modular document."""
+    _, modular = edited_modular(tmp_path)
+    uri = open_document(client, modular)
+    result = await execute(client, "modelTrace.traceRegenerated", uri, timeout=COLD_TRACE_SECONDS)
+    assert result["ok"], result
+    copy = Path(result["regenerated"])
+    regenerated = (copy.parent / "modeling_qwen3.py").read_text()
+    assert FORWARD_EDIT[1] in regenerated and "OutputRecorder(Qwen3Attention, index=1)" in regenerated
+    hints = await inlay_hints(client, uri)
+    assert hints.get(line_of(modular, FORWARD_EDIT[1])), hints
+    assert hints.get(line_of(modular, "query_states = self.q_norm(self.q_proj(hidden_states)")), hints
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
+    assert not copy.parents[4].exists()
