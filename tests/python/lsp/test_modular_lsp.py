@@ -334,8 +334,27 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_show
     # regenerated again, the folder before goes; cleared, the one shown goes
     second = (await regenerated()).parents[4]
     assert second.is_dir() and not root.exists()
+    # saved with trace-on-save, it is regenerated and traced again, and that folder replaces the one shown
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"traceOnSave": True}})
+    )
+    try:
+        statuses = len(client.recorder.statuses)
+        client.text_document_did_save(
+            types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+        await wait_until(
+            lambda: [status["state"] for status in client.recorder.statuses[statuses:]] == ["tracing", "idle"]
+        )
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"traceOnSave": False}})
+        )
+    saved = Path(fake_runs(checkout)[-1]["file"]).parents[4]
+    assert len(fake_runs(checkout)) == 3 and saved.is_dir() and not second.exists()
+    assert (await inlay_hints(client, uri)).get(edited)
     assert (await execute(client, "modelTrace.clear", uri))["ok"]
-    assert not second.exists() and await inlay_hints(client, uri) == {}
+    assert not saved.exists() and await inlay_hints(client, uri) == {}
     # a plain trace of the document replaces the regenerated one: its folder goes
     third = (await regenerated()).parents[4]
     assert third.is_dir()
