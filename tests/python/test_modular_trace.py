@@ -169,6 +169,12 @@ def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Pat
     assert f"# removed the temporary folder {copy.parents[4]}" in completed.stderr
     assert not [path for path in temporary.iterdir() if path.name.startswith("modeltrace-regenerated-")]
     assert (tmp_path / "q.mtrace").exists()
+    # so `show` of that trace says where its source went and what to run instead
+    shown = run_cli("show", str(tmp_path / "q.mtrace"), cwd=tmp_path)
+    assert shown.returncode == 2
+    assert "this trace ran a copy regenerated into a temporary folder, removed after `trace --regenerate`" in (
+        shown.stderr
+    )
     # the user's folder is untouched (the generated file stays stale)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
     # the edited line ran, from the regenerated file, and carries its hint; nothing is out of date
