@@ -160,6 +160,12 @@ async def test_an_out_of_date_or_missing_generated_file_is_a_warning_on_the_modu
     assert "modeling_qwen3.py does not exist" in missing.message
 
 
+def line_statuses(client: LanguageClient, uri: str, since: int) -> dict[int, str] | None:
+    """The gutter statuses last sent for a document after the `since`-th `modelTrace/lineStatus`, by line."""
+    marks = [params for params in client.recorder.line_statuses[since:] if params["uri"] == uri]
+    return {item["line"]: item["status"] for item in marks[-1]["lines"]} if marks else None
+
+
 def warnings(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
     return [diagnostic for diagnostic in client.diagnostics.get(uri, []) if diagnostic.source == "ModelTrace diff"]
 
@@ -186,15 +192,11 @@ async def test_a_diff_puts_its_marks_and_its_divergence_on_the_modular_lines(
     assert result["diff"]["firstDivergence"]["path"] == "layers.0.self_attn.q_norm"
     query = line_of(modular, "query_states = self.q_norm(self.q_proj(hidden_states)")
 
-    def statuses_of(document: str) -> dict[int, str] | None:
-        marks = [params for params in client.recorder.line_statuses[sent:] if params["uri"] == document]
-        return {item["line"]: item["status"] for item in marks[-1]["lines"]} if marks else None
-
-    statuses = await wait_until(lambda: statuses_of(uri))
+    statuses = await wait_until(lambda: line_statuses(client, uri, sent))
     assert statuses[query] == "divergence"
     # every modular line shows the mark of its generated twin line
     generated = folder / "modeling_qwen3.py"
-    generated_statuses = await wait_until(lambda: statuses_of(from_fs_path(str(generated))))
+    generated_statuses = await wait_until(lambda: line_statuses(client, from_fs_path(str(generated)), sent))
     for statement in ("key_states = self.k_norm(", "value_states = self.v_proj(", "attn_output = self.o_proj("):
         assert statuses[line_of(modular, statement)] == generated_statuses[line_of(generated, statement)], statement
     assert len(statuses) >= 4
@@ -254,6 +256,11 @@ async def own_server(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPa
         },
     )
     yield
+    # NOTE: a test that failed before its own shutdown leaves the server running: it is shut down here (a server
+    # only stopped, never shut down, keeps the session waiting)
+    server = lsp_client._server
+    if server is not None and server.returncode is None:
+        await lsp_client.shutdown_session()
 
 
 async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_shown_on_it(
@@ -360,8 +367,17 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_show
     assert third.is_dir()
     assert (await execute(client, "modelTrace.trace", uri, timeout=COLD_TRACE_SECONDS))["ok"]
     assert not third.exists()
+    # that plain trace (the stale generated file) pinned as the reference, a regenerated trace is compared with it:
+    # the user's document gets the gutter marks of the regenerated file's lines, the edited line included
+    assert (await execute(client, "modelTrace.pinReference", uri, timeout=COLD_TRACE_SECONDS))["ok"]
+    sent = len(client.recorder.line_statuses)
+    copy = await regenerated()
+    fourth, twin = copy.parents[4], copy.parent / "modeling_qwen3.py"
+    marks = await wait_until(lambda: line_statuses(client, uri, sent))
+    twin_marks = await wait_until(lambda: line_statuses(client, from_fs_path(str(twin)), sent))
+    for statement in ("attn_output = self.o_proj(attn_output) * 2", "value_states = self.v_proj(hidden_states)"):
+        assert marks[line_of(modular, statement)] == twin_marks[line_of(twin, statement)], (statement, marks)
     # and the server's shutdown removes what it still holds; never the user's files
-    fourth = (await regenerated()).parents[4]
     assert fourth.is_dir()
     await client.shutdown_session()
     assert not fourth.exists()
