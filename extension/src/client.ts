@@ -7,6 +7,7 @@ import {
     type ExecuteCommandSignature,
     LanguageClient,
     type LanguageClientOptions,
+    type ProvideInlayHintsSignature,
     type RegistrationData,
     RevealOutputChannelOn,
     type ServerOptions,
@@ -29,10 +30,22 @@ import {
     serverBundle,
     serverExecutable,
 } from "./python";
-import { RestartQueue } from "./restart_queue";
+import { isNormalExit, RestartQueue } from "./restart_queue";
+import { StickyScrollRedraw } from "./sticky";
 import { initializationOptions, type ModelTraceSettings, readSettings, settingsSection } from "./settings";
 import { problemView, restrictedView, startingView, type TraceStatus, viewForServerStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
+
+/** The language client, with a normal exit said as information (not "[Error] Server process exited with code 0."). */
+class ModelTraceLanguageClient extends LanguageClient {
+    override error(message: string, data?: unknown, showNotification?: boolean | "force"): void {
+        if (isNormalExit(message)) {
+            this.info(message, data, false);
+            return;
+        }
+        super.error(message, data, showNotification);
+    }
+}
 
 export class ServerManager implements vscode.Disposable {
     private client: LanguageClient | undefined;
@@ -48,6 +61,8 @@ export class ServerManager implements vscode.Disposable {
     private startedWith: string | undefined;
     /** The install offers already shown this session (interpreter and command): each is made once. */
     private readonly offeredInstalls: Set<string> = new Set();
+    /** Redraws sticky scroll's lines once the hints of a document whose trace changed are fetched again. */
+    private readonly sticky: StickyScrollRedraw = new StickyScrollRedraw();
     private readonly restarts: RestartQueue = new RestartQueue(() =>
         this.restartOnce().catch((error: unknown) => this.fail(`ModelTrace: restarting the server failed: ${String(error)}`)),
     );
@@ -179,9 +194,19 @@ export class ServerManager implements vscode.Disposable {
                         async (filledCommand: string, filledArgs: unknown[]) => next(filledCommand, filledArgs),
                         (reference: string) => this.feedback.onReferenceSet(reference),
                     ),
+                provideInlayHints: async (
+                    document: vscode.TextDocument,
+                    range: vscode.Range,
+                    token: vscode.CancellationToken,
+                    next: ProvideInlayHintsSignature,
+                ) => {
+                    const hints = await next(document, range, token);
+                    this.sticky.hintsFetched(document.uri.toString());
+                    return hints;
+                },
             },
         };
-        const client: LanguageClient = new LanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
+        const client: LanguageClient = new ModelTraceLanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
         // NOTE: the stand-ins go at the moment languageclient registers the server's commands (the names must
         // be free then), not before start(): so a command run during a restart never finds its name unbound.
         const executeCommandFeature = client.getFeature(ExecuteCommandRequest.method);
@@ -191,6 +216,9 @@ export class ServerManager implements vscode.Disposable {
             registerServerCommands(data);
         };
         client.onNotification(lspExt.status, (params: lspExt.StatusParams) => {
+            if (params.uri !== undefined && params.state !== "tracing") {
+                this.sticky.traceChanged(params.uri);
+            }
             this.status.showServerStatus(params);
             this.feedback.onStatus(params);
         });
@@ -202,7 +230,7 @@ export class ServerManager implements vscode.Disposable {
                 return;
             }
             if (newState === State.Stopped) {
-                this.status.show(problemView("The server stopped; see the logs (Model Trace: Show Logs)"));
+                this.status.show(problemView("The server stopped; see the logs (ModelTrace: Show Logs)"));
             } else if (newState === State.Running) {
                 this.showReady();
             }

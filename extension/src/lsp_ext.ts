@@ -29,7 +29,19 @@ export const serverCommands = {
      * document itself (the result's `regenerated` is the copy's path). Offered by a code action.
      */
     traceRegenerated: "modelTrace.traceRegenerated",
+    /**
+     * Arguments: [documentUri: string, show?: boolean]: the document's hints at the model's full sizes (shape-only
+     * on the meta device, cached per file), or back at the traced sizes; no `show`: a toggle. Result: FullSizesResult.
+     */
+    fullSizes: "modelTrace.fullSizes",
 } as const;
+
+export interface FullSizesResult {
+    ok: boolean;
+    /** Which sizes the document's hints show now. */
+    sizes?: "traced" | "full";
+    message?: string;
+}
 
 /** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */
 export interface LoadedSourceFile {
@@ -60,6 +72,10 @@ export interface StatusParams {
     message?: string;
     /** The document the status is about, when it is about one. */
     uri?: string;
+    /** What ran, in one line: config class, sizes against the config's own, tokens, weights (trace/ran.py). */
+    ran?: string;
+    /** Which sizes the document's hints show: the traced run's, or the model's full sizes (modelTrace.hintSizes). */
+    sizes?: "traced" | "full";
 }
 
 /** Server → client: what the server is doing, for the language status item. */

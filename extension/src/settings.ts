@@ -8,6 +8,7 @@ export const settingsSection = "modelTrace";
 export type TraceDtype = "float32" | "float16" | "bfloat16";
 export type HintDetail = "shape" | "dtype" | "stats";
 export type HintPlacement = "afterName" | "endOfLine";
+export type HintSizes = "traced" | "full";
 export type AttentionImplementation = "eager" | "sdpa" | "flex_attention";
 
 export interface ModelTraceSettings {
@@ -22,6 +23,8 @@ export interface ModelTraceSettings {
     hintDetail: HintDetail;
     /** After each assigned name (fits VS Code's default hint length), or one full label at the line's end. */
     hintPlacement: HintPlacement;
+    /** The traced run's sizes, or the model's full sizes (a shape-only run of the unshrunk config, cached per file). */
+    hintSizes: HintSizes;
     traceOnSave: boolean;
     /** Line-level capture: tensors assigned on each line, not only module outputs. */
     lines: boolean;
@@ -71,6 +74,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     attention: "eager",
     hintDetail: "dtype",
     hintPlacement: "afterName",
+    hintSizes: "traced",
     traceOnSave: false,
     lines: true,
     follow: [],
@@ -104,6 +108,7 @@ const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
 const attentionImplementations: readonly AttentionImplementation[] = ["eager", "sdpa", "flex_attention"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
 const hintPlacements: readonly HintPlacement[] = ["afterName", "endOfLine"];
+const hintSizes: readonly HintSizes[] = ["traced", "full"];
 
 function tolerance(value: unknown): number | null {
     return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
@@ -148,6 +153,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         attention: oneOf(configuration.get("attention"), attentionImplementations, defaultSettings.attention),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
         hintPlacement: oneOf(configuration.get("hintPlacement"), hintPlacements, defaultSettings.hintPlacement),
+        hintSizes: oneOf(configuration.get("hintSizes"), hintSizes, defaultSettings.hintSizes),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         follow: Array.isArray(follow)

@@ -24,6 +24,7 @@ from pygls.uris import from_fs_path, to_fs_path
 from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.full_sizes import compute_full_sizes, showing_full_sizes, sizes_shown
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, editor_wording, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.modular import generated_classes
@@ -31,6 +32,7 @@ from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
+from modeltrace.lsp.settings import HintSizes
 from modeltrace.lsp.store import DocumentTrace, show_on
 from modeltrace.modular.regenerate import (
     find_checkout,
@@ -194,6 +196,11 @@ async def _begin_progress(ls: ModelTraceServer, message: str, cancellation: _Can
     return token
 
 
+def _report_progress(ls: ModelTraceServer, token: str | None, message: str) -> None:
+    if token is not None:
+        ls.work_done_progress.report(token, types.WorkDoneProgressReport(message=message))
+
+
 def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None:
     if token is None:
         return
@@ -276,11 +283,11 @@ async def _trace_now(
         if token is not None:
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
+    request = _request(ls, path, model, mode, full_tensors)
+    if regenerated is not None:
+        # NOTE: the worker runs the regenerated copy (its twin is fresh); the hints are the user's file's
+        request = dataclasses.replace(request, file=str(regenerated))
     try:
-        request = _request(ls, path, model, mode, full_tensors)
-        if regenerated is not None:
-            # NOTE: the worker runs the regenerated copy (its twin is fresh); the hints are the user's file's
-            request = dataclasses.replace(request, file=str(regenerated))
         result = await asyncio.to_thread(worker.trace, request, on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
         if regenerated is not None:
@@ -303,6 +310,7 @@ async def _trace_now(
         await asyncio.to_thread(ls.regenerated.hold, path, root)
     else:
         await asyncio.to_thread(ls.regenerated.release, path)
+    session.full_sizes = session.full_sizes_note = None
     install(ls, session, loaded, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
@@ -312,8 +320,17 @@ async def _trace_now(
     diff = await update_diff(ls, session)
     if diff is not None:
         summary += "; matches the reference" if diff.matched else "; differs from the reference"
+    if ls.settings.hint_sizes == HintSizes.FULL or session.show_full_sizes:
+        _report_progress(ls, token, f"{loaded.model_class} at full size, shape-only")
+        if await compute_full_sizes(ls, session, request, uri) is None:
+            ls.refresh_views()
     _end_progress(ls, token, summary)
-    notify_status(ls, ServerState.IDLE, summary, uri)
+    ran = loaded.ran
+    sizes = sizes_shown(ls, session)
+    # NOTE: one line per trace in the log, as each failure gets one (its traceback)
+    why = f" (no full sizes: {session.full_sizes_note})" if session.full_sizes_note else ""
+    ls.log(f"traced {path}: {summary}; ran {ran}; hints at {sizes} sizes{why}", types.MessageType.Info)
+    notify_status(ls, ServerState.IDLE, summary, uri, ran=ran, sizes=sizes)
     return {
         "ok": True,
         "trace": result.trace,
@@ -386,6 +403,59 @@ def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrac
     ls.refresh_views()
 
 
+async def full_sizes_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.fullSizes [uri, show?]`: the document's hints at the model's full sizes (`lsp/full_sizes.py`),
+    or back at the traced sizes; without `show`, a toggle. Answers `{ok, sizes: "full" | "traced", message?}`."""
+    target = _trace_target(ls, arguments[:1])
+    if isinstance(target, dict):
+        return target
+    uri, path, _ = target
+    session = ls.sessions.get(ls.sessions.owner_of(path))
+    if session is None or session.trace is None:
+        return _refuse(
+            ls,
+            "ModelTrace: trace this file first (▶ Trace forward), then show its hints at full size",
+            types.MessageType.Info,
+        )
+    show = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], bool) else None
+    wanted = not showing_full_sizes(ls, session) if show is None else show
+    loaded = session.trace
+    if wanted and session.full_sizes is None:
+        async with ls.trace_lock:
+            notify_status(ls, ServerState.TRACING, f"{loaded.model_class} at full size, shape-only", uri)
+            reason = await compute_full_sizes(ls, session, _request(ls, session.owner, loaded.model_class), uri)
+        if reason is not None:
+            notify_status(
+                ls,
+                ServerState.IDLE,
+                f"{loaded.model_class}: hints at the traced sizes",
+                uri,
+                ran=loaded.ran,
+                sizes="traced",
+            )
+            return {
+                **_refuse(ls, f"ModelTrace: no hints at full size: {reason}", types.MessageType.Info),
+                "sizes": "traced",
+            }
+    session.show_full_sizes = wanted
+    ls.refresh_views()
+    sizes = sizes_shown(ls, session)
+    message = None
+    if not wanted and sizes == "full":
+        message = "ModelTrace: modelTrace.hintSizes is full: the hints stay at full size"
+        ls.show_message(message, types.MessageType.Info)
+    full_ran = session.full_sizes.ran if session.full_sizes is not None and sizes == "full" else None
+    notify_status(
+        ls,
+        ServerState.STALE if loaded.stale else ServerState.IDLE,
+        f"{loaded.model_class}: hints at {'full size (' + full_ran + ')' if full_ran else 'the traced sizes'}",
+        uri,
+        ran=loaded.ran,
+        sizes=sizes,
+    )
+    return {"ok": True, "sizes": sizes, **({"message": message} if message else {})}
+
+
 async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.clear [uri]`: forget the session of the document whose trace it shows (or its own) at once: the
     trace and its hints, the failure, the reference and its diff (gutters, divergence), the notes, the last request
@@ -444,7 +514,11 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     if message is not None:
         ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
     notify_status(
-        ls, ServerState.STALE if loaded.stale else ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri
+        ls,
+        ServerState.STALE if loaded.stale else ServerState.IDLE,
+        f"{loaded.model_class}: loaded {trace_path}",
+        uri,
+        ran=loaded.ran,
     )
     return {
         "ok": True,

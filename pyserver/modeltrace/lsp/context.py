@@ -106,9 +106,10 @@ class ModelTraceServer(LanguageServer):
         if settings.python != previous.python:
             self.close_worker()
         # NOTE: the recipe setting changes the "Trace forward" lens of a class only a recipe builds
-        if (settings.hint_detail, settings.hint_placement, bool(settings.recipe)) != (
+        if (settings.hint_detail, settings.hint_placement, settings.hint_sizes, bool(settings.recipe)) != (
             previous.hint_detail,
             previous.hint_placement,
+            previous.hint_sizes,
             bool(previous.recipe),
         ):
             self.refresh_views()
@@ -163,7 +164,9 @@ class ModelTraceServer(LanguageServer):
         self.window_show_message(types.ShowMessageParams(type=kind, message=message))
 
     def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
-        logger.info("%s", message)
+        # NOTE: once, to the client's log (window/logMessage): the server's stderr reaches the same output
+        # channel, so logging it there as well printed every message, tracebacks included, twice.
+        logger.debug("%s", message)
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
 
     def refresh_views(self) -> None:

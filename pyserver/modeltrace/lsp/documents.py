@@ -32,7 +32,11 @@ def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None, closed: boo
     if loaded is not None and not loaded.stale:
         loaded.stale = True
         notify_status(
-            ls, ServerState.STALE, f"{loaded.model_class}: the code changed since the last trace", loaded.uri
+            ls,
+            ServerState.STALE,
+            f"{loaded.model_class}: the code changed since the last trace",
+            loaded.uri,
+            ran=loaded.ran,
         )
 
 

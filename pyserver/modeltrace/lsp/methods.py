@@ -17,6 +17,8 @@ SET_REFERENCE = "modelTrace.setReference"
 PIN_REFERENCE = "modelTrace.pinReference"
 # a modular file regenerated into a temporary folder and traced there (`lsp/commands.py`)
 TRACE_REGENERATED = "modelTrace.traceRegenerated"
+# the document's hints at the model's full sizes, or back at the traced ones (`lsp/full_sizes.py`)
+FULL_SIZES = "modelTrace.fullSizes"
 
 # Notifications, server → client.
 STATUS = "modelTrace/status"
@@ -35,6 +37,7 @@ SERVER_COMMANDS = (
     SET_REFERENCE,
     PIN_REFERENCE,
     TRACE_REGENERATED,
+    FULL_SIZES,
 )
 NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
 REQUESTS = (DIFF_PLOT,)

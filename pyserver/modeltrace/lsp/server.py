@@ -103,6 +103,7 @@ def create_server() -> ModelTraceServer:
     server.command(methods.SET_REFERENCE)(answered(methods.SET_REFERENCE, commands.set_reference_command))
     server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
     server.command(methods.TRACE_REGENERATED)(answered(methods.TRACE_REGENERATED, commands.trace_regenerated_command))
+    server.command(methods.FULL_SIZES)(answered(methods.FULL_SIZES, commands.full_sizes_command))
     server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
         answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
@@ -132,4 +133,12 @@ def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     # NOTE: pygls logs every message at INFO; its warnings are enough in the client's output channel.
     logging.getLogger("pygls").setLevel(logging.WARNING)
+    logging.getLogger("pygls.protocol.json_rpc").addFilter(drop_routine_cancels)
     create_server().start_io()
+
+
+def drop_routine_cancels(record: logging.LogRecord) -> bool:
+    """False for pygls' warning about a `$/cancelRequest` of a request already answered: VS Code cancels inlay
+    hint, code lens and hover requests as the user scrolls and types, and most were answered before the cancel
+    came (dozens per minute in the log, none a problem)."""
+    return not str(record.msg).startswith("Cancel notification for unknown message id")

@@ -96,6 +96,12 @@ class DocumentSession:
     last_request: LastRequest | None = None
     # A trace asked for this document is waiting for the worker (trace-on-save does not queue a second one).
     waiting: bool = False
+    # The same model at its config's own sizes, shape-only on the meta device (`lsp/full_sizes.py`), for the
+    # trace on view: its hints show these sizes while `show_full_sizes` (or `modelTrace.hintSizes: full`) holds;
+    # `full_sizes_note` says why there are none (a recipe, a checkpoint, a failed run).
+    full_sizes: DocumentTrace | None = None
+    full_sizes_note: str | None = None
+    show_full_sizes: bool = False
 
     def diagnostics(self) -> list[Located]:
         """Every diagnostic this session published, wherever it is."""

@@ -45,6 +45,13 @@ class HintPlacement(str, Enum):
     END_OF_LINE = "endOfLine"
 
 
+class HintSizes(str, Enum):
+    """Which sizes the hints show: the traced (shrunk) run's, or the model's full sizes (`lsp/full_sizes.py`)."""
+
+    TRACED = "traced"
+    FULL = "full"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """What the user can set; `python` is the interpreter of the trace worker (it needs torch)."""
@@ -56,6 +63,7 @@ class Settings:
     attention: str = DEFAULT_ATTENTION
     hint_detail: HintDetail = HintDetail.DTYPE
     hint_placement: HintPlacement = HintPlacement.AFTER_NAME
+    hint_sizes: HintSizes = HintSizes.TRACED
     trace_on_save: bool = False
     # NOTE: the same default as the editor's setting (package.json, compared by a test): every client gets line hints
     lines: bool = True
@@ -151,8 +159,9 @@ def _tolerance(value: Any) -> float | None:
 
 
 def _device_map(value: Any) -> str | None:
-    # NOTE: read by the worker (`worker/placement.py: parse_device_map`), which names what is wrong with it
-    if value is None:
+    # NOTE: read by the worker (`worker/placement.py: parse_device_map`), which names what is wrong with it. Empty
+    # is the setting's default (one device): no warning for it.
+    if value is None or value == "":
         return None
     text = _text(value).strip()
     return text or None
@@ -219,6 +228,7 @@ _SETTINGS = {
     "attention": ("attention", _attention),
     "hintDetail": ("hint_detail", HintDetail),
     "hintPlacement": ("hint_placement", HintPlacement),
+    "hintSizes": ("hint_sizes", HintSizes),
     "traceOnSave": ("trace_on_save", _boolean),
     "lines": ("lines", _boolean),
     "follow": ("follow", _paths),

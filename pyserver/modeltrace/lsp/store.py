@@ -18,6 +18,7 @@ from modeltrace.modular.annotate import modular_entries
 from modeltrace.modular.mapping import map_modular_file
 from modeltrace.modular.twins import modular_twin
 from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
+from modeltrace.trace.ran import what_ran
 from modeltrace.trace.records import Trace
 from modeltrace.trace.source_files import MAX_SOURCE_LINES, UnreadableSource, read_source_text
 
@@ -52,8 +53,11 @@ class FileHints:
     twin: str | None = None
     from_twin: dict[int, list[int]] = field(default_factory=dict)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
-    # Keyed by (detail, placement, stale, line, gradient hints): a line may have several hints (one per assigned name).
-    hint_cache: dict[tuple[HintDetail, str, bool, int, bool], list[types.InlayHint]] = field(default_factory=dict)
+    # Keyed by (detail, placement, stale, line, gradient hints, full size): a line may have several hints (one per
+    # assigned name).
+    hint_cache: dict[tuple[HintDetail, str, bool, int, bool, bool], list[types.InlayHint]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if not self.by_line:
@@ -100,6 +104,11 @@ class DocumentTrace:
     @property
     def call_count(self) -> int:
         return len(self.trace.modules)
+
+    @property
+    def ran(self) -> str:
+        """What ran, in one line (`trace/ran.py`): the hover's header and the status tooltip say it."""
+        return what_ran(self.trace.model)
 
     def modular_lines(self, file: str, trace_line: int) -> list[tuple[str, int]]:
         """(modular file, its trace line) for each modular line that maps onto `file`'s `trace_line`."""

@@ -17,6 +17,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.attention", "sdpa");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
         vscodeFake.settings.set("modelTrace.hintPlacement", "endOfLine");
+        vscodeFake.settings.set("modelTrace.hintSizes", "full");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.follow", [" helpers/rope.py ", ""]);
@@ -48,6 +49,7 @@ describe("settings", () => {
                 attention: "sdpa",
                 hintDetail: "stats",
                 hintPlacement: "endOfLine",
+                hintSizes: "full",
                 traceOnSave: true,
                 lines: true,
                 follow: ["helpers/rope.py"],
@@ -81,6 +83,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.follow", "helpers.py");
         vscodeFake.settings.set("modelTrace.hintDetail", 3);
         vscodeFake.settings.set("modelTrace.hintPlacement", "middle");
+        vscodeFake.settings.set("modelTrace.hintSizes", "huge");
         vscodeFake.settings.set("modelTrace.notifications", "no");
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
         vscodeFake.settings.set("modelTrace.lines", "no");
@@ -114,6 +117,7 @@ describe("settings", () => {
         assert.deepEqual(contributed["modelTrace.attention"]?.enum, ["eager", "sdpa", "flex_attention"]);
         assert.deepEqual(contributed["modelTrace.hintDetail"]?.enum, ["shape", "dtype", "stats"]);
         assert.deepEqual(contributed["modelTrace.hintPlacement"]?.enum, ["afterName", "endOfLine"]);
+        assert.deepEqual(contributed["modelTrace.hintSizes"]?.enum, ["traced", "full"]);
     });
 
     it("keeps modelTrace.python and importStrategy out of reach of untrusted workspace settings", () => {

@@ -232,3 +232,15 @@ def inject_into_mlp_forward(client: LanguageClient, modeling_file: Path, uri: st
         )
     )
     return line
+
+
+async def hover_text(client: LanguageClient, uri: str, line: int, character: int = 8) -> str:
+    """The hover's markdown at (`line`, `character`) of `uri`; fails when there is no hover."""
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=character),
+        )
+    )
+    assert hover is not None
+    return hover.contents.value

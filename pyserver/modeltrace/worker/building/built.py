@@ -56,5 +56,26 @@ def built_model(
         kwargs=ran.fresh_inputs(),
         model_class=model_class.__name__,
         config=jsonable(config.to_dict()),
-        notes={**notes, "inputs": ran.variant.name},
+        notes={"config_class": type(config).__name__, **notes, "inputs": ran.variant.name},
     )
+
+
+# NOTE: ids and flags are ints too, but not sizes: a shrunk vocabulary remaps token ids, which say nothing of size
+_NOT_SIZES = ("_id", "_token_id", "_token_ids", "_index")
+
+
+def own_sizes(defaults: Any, shrunk: Any) -> dict[str, list[int]]:
+    """The sizes the shrink changed, `{field: [shrunk, the config's own]}`, the fields of sub-configs as
+    `text_config.hidden_size`: what the trace header says ran against what the config class describes."""
+    return _changed_sizes(defaults.to_dict(), shrunk.to_dict(), "")
+
+
+def _changed_sizes(own: dict[str, Any], shrunk: dict[str, Any], prefix: str) -> dict[str, list[int]]:
+    changed: dict[str, list[int]] = {}
+    for name, value in shrunk.items():
+        before = own.get(name)
+        if isinstance(value, dict) and isinstance(before, dict):
+            changed.update(_changed_sizes(before, value, f"{prefix}{name}."))
+        elif type(value) is int and type(before) is int and value != before and not name.endswith(_NOT_SIZES):
+            changed[prefix + name] = [value, before]
+    return changed

@@ -21,7 +21,7 @@ from torch import nn
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building import shrink as shrinking
-from modeltrace.worker.building.built import BuiltModel, built_model
+from modeltrace.worker.building.built import BuiltModel, built_model, own_sizes
 from modeltrace.worker.building.configs import set_attention
 from modeltrace.worker.building.input_spec import InputVariant
 from modeltrace.worker.building.inputs import InputSynthesizer
@@ -111,7 +111,7 @@ def build_shrunk(
             break
         previous_failures = attempts[failed_before:]
         if ran is not None:
-            notes: dict[str, Any] = {"shrink": level}
+            notes: dict[str, Any] = {"shrink": level, "own_sizes": own_sizes(defaults, config)}
             if attempts:
                 notes["failed_candidates"] = [attempt.describe() for attempt in attempts]
             return built_model(model, model_class, config, ran, ran.synthesizer, notes)
@@ -121,7 +121,11 @@ def build_shrunk(
             break
     if first is None or first.variant is None:
         raise _no_candidate(model_class, defaults, file, first, attempts)
-    notes = {"shrink": first.level, "failed_candidates": [attempt.describe() for attempt in attempts]}
+    notes = {
+        "shrink": first.level,
+        "own_sizes": own_sizes(defaults, first.config),
+        "failed_candidates": [attempt.describe() for attempt in attempts],
+    }
     tried = len({(attempt.level, attempt.inputs) for attempt in attempts})
     notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code_error(attempts))
     # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.

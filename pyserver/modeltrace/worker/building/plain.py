@@ -17,7 +17,7 @@ from torch import nn
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker.building import shrink as shrinking
-from modeltrace.worker.building.built import BuiltModel
+from modeltrace.worker.building.built import BuiltModel, own_sizes
 from modeltrace.worker.building.configs import (
     config_class_of,
     default_config,
@@ -59,12 +59,15 @@ def build_plain_module(
 ) -> BuiltModel:
     """A non-model class of the file (a decoder layer, an attention block, an MLP) from the file's config."""
     config_class = config_class_of(model_class, module, file)
+    notes: dict[str, Any] = {"plain_module": True}
     if config_path is not None:
         config = read_config(config_class, Path(config_path))
     elif shape_only:
         config = shrinking.shrink(default_config(config_class, file), "default")
     else:
-        config = shrink_config(config_class, default_config(config_class, file), file)
+        defaults = default_config(config_class, file)
+        config = shrink_config(config_class, defaults, file)
+        notes["own_sizes"] = own_sizes(defaults, config)
     set_attention(config, attention)
     text_config = sub_config(config, "text")
     torch.manual_seed(seed)
@@ -89,7 +92,7 @@ def build_plain_module(
         kwargs=kwargs,
         model_class=model_class.__name__,
         config=jsonable(text_config.to_dict()),
-        notes={"plain_module": True},
+        notes={"config_class": type(config).__name__, **notes},
         shape_only=shape_only,
     )
     if mode is not None:

@@ -65,4 +65,5 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         kwargs=kwargs,
         model_class=type(model).__name__,
         config=jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        notes={"config_class": type(config).__name__} if hasattr(config, "to_dict") else {},
     )

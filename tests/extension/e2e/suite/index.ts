@@ -11,6 +11,7 @@ export function run(): Promise<void> {
     if (mode === "trusted") {
         mocha.addFile(path.join(__dirname, "reference.test.js"));
         mocha.addFile(path.join(__dirname, "recorders.test.js"));
+        mocha.addFile(path.join(__dirname, "editor.test.js"));
     }
     return new Promise((resolve, reject) => {
         const runner: Mocha.Runner = mocha.run((failures: number) => {
