@@ -25,7 +25,8 @@ export const serverCommands = {
     pinReference: "modelTrace.pinReference",
     /**
      * Arguments: [documentUri: string, className?: string] (a modular file in a transformers checkout): its
-     * generated file regenerated into a temporary folder, and the copy traced and opened. Offered by a code action.
+     * generated file regenerated into a temporary folder, the copy traced, and its hints shown on the modular
+     * document itself (the result's `regenerated` is the copy's path). Offered by a code action.
      */
     traceRegenerated: "modelTrace.traceRegenerated",
     /**

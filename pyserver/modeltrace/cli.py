@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
-    from modeltrace.worker.client import WorkerClient
 
     if arguments.nproc is not None:
         return _parallel_trace_command(arguments)
@@ -46,11 +45,27 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
-    if arguments.regenerate:
-        file = _regenerated_copy(file)
-    elif is_modular_file(file) and not arguments.recipe:
-        # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
-        resolve_generated(file)
+    if not arguments.regenerate:
+        if is_modular_file(file) and not arguments.recipe:
+            # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
+            resolve_generated(file)
+        return _trace_file(file, out, arguments)
+    from modeltrace.modular.regenerate import regenerated_root, remove_regenerated
+
+    copy = _regenerated_copy(file)
+    try:
+        return _trace_file(copy, out, arguments)
+    finally:
+        # NOTE: the temporary folder is ModelTrace's: once the trace is written and printed it goes
+        root = regenerated_root(copy)
+        if root is not None and remove_regenerated(root):
+            print(f"# removed the temporary folder {root}", file=sys.stderr)
+
+
+def _trace_file(file: Path, out: Path, arguments: argparse.Namespace) -> int:
+    """Trace `file` into `out` and print it (`trace` without `--nproc`)."""
+    from modeltrace.worker.client import WorkerClient
+
     check_destination(out)
     # NOTE: the project file fills in what no option gives (DESIGN: the project file)
     project = project_choices(file, arguments.model, _project_option(arguments))

@@ -9,6 +9,7 @@ and lenses; on failure the user gets a diagnostic at the failing line and one me
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -39,12 +40,18 @@ from modeltrace.lsp.reference import forget_diff, load_checked_reference, update
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
 from modeltrace.lsp.settings import HintSizes
-from modeltrace.lsp.store import DocumentTrace
-from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
+from modeltrace.lsp.store import DocumentTrace, load_message, show_on, tensors_held
+from modeltrace.modular.regenerate import (
+    find_checkout,
+    no_checkout_message,
+    regenerate_copy,
+    regenerated_root,
+    remove_regenerated,
+)
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.project import ProjectFileError
-from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
-from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
+from modeltrace.trace.relocate import SourceMatch
+from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
 from modeltrace.worker import messages
 
@@ -126,16 +133,24 @@ def _trace_target(ls: ModelTraceServer, arguments: tuple[Any, ...]) -> tuple[str
 
 
 async def run_trace(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
-    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it)."""
+    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it). With
+    `regenerated` (a regenerated copy of the modular file `path`, `modular/regenerate.py`), the worker runs the
+    copy and its hints show on `path`."""
     session = ls.sessions.open(path, uri)
-    session.last_request = LastRequest(uri=uri, model=model, mode=mode)
+    session.last_request = LastRequest(uri=uri, model=model, mode=mode, regenerate=regenerated is not None)
     session.waiting = True
     async with ls.trace_lock:
         session.waiting = False
-        return await _trace_now(ls, uri, path, model, mode, full_tensors)
+        return await _trace_now(ls, uri, path, model, mode, full_tensors, regenerated)
 
 
 class _Cancellation:
@@ -248,13 +263,19 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 
 
 async def _trace_now(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     if not ls.workspace_trusted:
         # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
         # (trace-on-save queues behind a running trace).
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
-    if is_modular_file(path):
+    if is_modular_file(path) and regenerated is None:
         # NOTE: a modular file runs as its generated twin; without a usable one no worker needs to start
         try:
             resolve_generated(path)
@@ -286,9 +307,14 @@ async def _trace_now(
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
     request = _request(ls, path, sources, mode, full_tensors)
+    if regenerated is not None:
+        # NOTE: the worker runs the regenerated copy (its twin is fresh); the hints are the user's file's
+        request = dataclasses.replace(request, file=str(regenerated))
     try:
         result = await asyncio.to_thread(worker.trace, request, on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
+        if regenerated is not None:
+            show_on(loaded, str(regenerated), path)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -300,6 +326,13 @@ async def _trace_now(
         return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
     # NOTE: a clear while this trace ran closed the session it was asked from; the trace opens a new one.
     session = ls.sessions.open(path, uri)
+    # NOTE: before the views are redrawn: the document's hovers and lenses read the regenerated twin held
+    # (`modular.shown_map`); a plain trace replaces a regenerated one, whose folder is no longer shown
+    root = regenerated_root(regenerated) if regenerated is not None else None
+    if root is not None:
+        await asyncio.to_thread(ls.regenerated.hold, path, root)
+    else:
+        await asyncio.to_thread(ls.regenerated.release, path)
     session.full_sizes = session.full_sizes_note = None
     install(ls, session, loaded, [])
     summary = (
@@ -506,6 +539,7 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     session = ls.sessions.close(ls.sessions.owner_of(path))
     if session is not None:
         withdraw(ls, session)
+        await asyncio.to_thread(ls.regenerated.release, session.owner)
     else:
         ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
@@ -548,7 +582,7 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     install(ls, session, loaded, [_changed_note(ls, trace_path, match) for match in shown if match.changed])
     # NOTE: the diff on view was of the trace this one replaces; a loaded trace is compared at its next trace.
     forget_diff(ls, session)
-    message = _load_message(trace_path, loaded, shown)
+    message = load_message(trace_path, loaded, shown)
     if message is not None:
         ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
     notify_status(
@@ -588,23 +622,6 @@ def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> 
         severity=types.DiagnosticSeverity.Information,
         source=DIAGNOSTIC_SOURCE,
     )
-
-
-def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatch]) -> str | None:
-    """What the user is told after a load when its files were not simply where the trace recorded them."""
-    moved = [match for match in shown if match.how != AT_RECORDED_PATH]
-    changed = [match for match in shown if match.changed]
-    if not moved and not changed:
-        return None
-    parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
-    if moved:
-        parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
-    if changed:
-        parts.append(
-            f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
-            "hints may be off by the lines edited since (marked stale)"
-        )
-    return "; ".join(parts)
 
 
 async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
@@ -661,20 +678,6 @@ STATISTICS_ONLY = (
 )
 
 
-def _tensors_held(loaded: DocumentTrace) -> tuple[str, str | None]:
-    """What a trace holds for a diff: "full" (every tensor), "partial" (some not stored: over a size limit) or
-    "statistics" (no tensors); and, when not full, why."""
-    options = loaded.trace.model.get("options") or {}
-    if options.get("shape_only"):
-        return "statistics", "the trace is shape-only (modelTrace.shapeOnly or a checkpoint on the meta device)"
-    if not tensors_paths(Path(loaded.trace_path)):
-        return "statistics", "the trace kept no full tensors"
-    skipped = loaded.trace.model.get("tensors_not_stored")
-    if skipped:
-        return "partial", f"{skipped} tensor(s) were over modelTrace.maxTensorMB / modelTrace.maxTraceMB"
-    return "full", None
-
-
 def _why_not_retraced(ls: ModelTraceServer, loaded: DocumentTrace) -> str | None:
     """Why the document cannot be traced again with full tensors before pinning, or None when it can."""
     if not ls.workspace_trusted:
@@ -700,7 +703,7 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     if loaded is None:
         return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
     retraced = False
-    held, why = _tensors_held(loaded)
+    held, why = tensors_held(loaded)
     blocked = _why_not_retraced(ls, loaded) if held == "statistics" else None
     if held == "statistics" and blocked is not None:
         why = blocked
@@ -714,13 +717,15 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
             request.model if request is not None else None,
             request.mode if request is not None else "forward",
             full_tensors=True,
+            # NOTE: a regenerated trace is pinned as it is shown: traced again from the same regenerated copy
+            regenerated=ls.regenerated.copy_of(loaded.owner) if request is not None and request.regenerate else None,
         )
         if not result.get("ok"):
             # NOTE: the failed trace said why (message, diagnostic); nothing is pinned from a trace no longer shown
             return {**result, "message": f"ModelTrace: nothing pinned: {result.get('message')}"}
         loaded = ls.sessions.trace_showing(path) or loaded
         retraced = True
-        held, why = _tensors_held(loaded)
+        held, why = tensors_held(loaded)
     pinned = pinned_path_for(ls, loaded.owner)
     async with ls.trace_lock:
         try:
@@ -763,13 +768,17 @@ def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams)
 
 
 def _repeat_last_request(ls: ModelTraceServer, session: DocumentSession) -> None:
-    """Trace the session's document again as it was last asked for (in the background)."""
+    """Trace the session's document again as it was last asked for (in the background; regenerated again when
+    it was a regenerated trace)."""
     request = session.last_request
     if request is None or session.waiting:
         return
-    task = asyncio.get_running_loop().create_task(
-        run_trace(ls, request.uri, session.owner, request.model, request.mode)
+    repeat = (
+        _trace_regenerated(ls, request.uri, session.owner, request.model)
+        if request.regenerate
+        else run_trace(ls, request.uri, session.owner, request.model, request.mode)
     )
+    task = asyncio.get_running_loop().create_task(repeat)
     # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
     ls.background_tasks.add(task)
     task.add_done_callback(ls.background_tasks.discard)
@@ -781,9 +790,17 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
     target = _trace_target(ls, arguments)
     if isinstance(target, dict):
         return target
-    _, path, model = target
+    uri, path, model = target
     if not is_modular_file(path):
         return _refuse(ls, f"ModelTrace: {path}: regenerating is for a modular file (modular_<name>.py)")
+    return await _trace_regenerated(ls, uri, path, model)
+
+
+async def _trace_regenerated(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+    """Regenerate the modular file `path` into a temporary folder and trace the copy, its hints on `path`'s
+    document. The folder stays while that trace is shown (hovers and lenses open the regenerated file, the diff's
+    replay reruns it): a later trace of the document, a clear, shutdown or newer folders remove it
+    (`ls.regenerated`); a failed trace removes it at once."""
     checkout = find_checkout(path)
     if checkout is None:
         return _refuse(ls, f"ModelTrace: {no_checkout_message(path)}")
@@ -791,21 +808,26 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
         copy = await asyncio.to_thread(regenerate_copy, path, checkout, ls.worker().python)
     except ModelTraceError as error:
         return _refuse(ls, f"ModelTrace: {error}")
-    copy_uri = from_fs_path(str(copy)) or str(copy)
-    result = await run_trace(ls, copy_uri, str(copy), model)
-    if result.get("ok"):
-        await _open_document(ls, copy_uri)
+    root = regenerated_root(copy)
+    result: dict[str, Any] = {"ok": False}
+    try:
+        # NOTE: a trace that succeeds holds the folder (`_trace_now`)
+        result = await run_trace(ls, uri, path, model, regenerated=copy)
+    finally:
+        # NOTE: also when the trace was cancelled: a folder no trace shows is removed at once
+        if root is not None and not result.get("ok"):
+            await asyncio.to_thread(remove_regenerated, root)
     return {**result, "regenerated": str(copy)}
 
 
 async def _open_document(ls: ModelTraceServer, uri: str) -> None:
-    """Ask the client to show the traced copy (LSP `window/showDocument`), when it can."""
+    """Ask the client to show a document (LSP `window/showDocument`: the written recipe), when it can."""
     window = ls.client_capabilities.window
     if window is None or window.show_document is None or not window.show_document.support:
         return
     try:
         await ls.window_show_document_async(types.ShowDocumentParams(uri=uri, take_focus=True))
-    except Exception as error:  # noqa: BLE001 - the trace is done either way; the copy can be opened by hand
+    except Exception as error:  # noqa: BLE001 - the recipe is written either way; it can be opened by hand
         logger.warning("the client did not open %s: %s", uri, error)
 
 

@@ -28,6 +28,7 @@ from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.wire import converter
+from modeltrace.modular.regenerate import RegeneratedFolders
 from modeltrace.worker.client import WorkerClient
 
 
@@ -66,6 +67,9 @@ class ModelTraceServer(LanguageServer):
         # The latest text of each open document, by path: what gutter marks and diagnostics on it refer to, and
         # what the next edit is diffed against to move them (`stale`).
         self.followed_text: dict[str, list[str]] = {}
+        # The temporary folders modular files were regenerated into, while their traces are shown
+        # (`modelTrace.traceRegenerated`); removed when replaced, cleared, beyond a few, and at shutdown.
+        self.regenerated = RegeneratedFolders()
 
     @property
     def references(self) -> Mapping[str, str]:
@@ -179,11 +183,12 @@ class ModelTraceServer(LanguageServer):
 @dataclass(frozen=True, slots=True)
 class MapKey:
     """What a modular document's map was computed from (`lsp.modular`): its version and text, and its generated
-    twin's modification time."""
+    twin's modification time (and path: the twin beside it, or a regenerated copy's)."""
 
     version: int | None
     source: str
     twin_mtime_ns: int
+    twin: str = ""
 
 
 @dataclass(slots=True)
@@ -195,5 +200,7 @@ class ParsedDocument:
     recorders: tuple[int | None, str, Analysis] | None = None
     # (what it was computed from, the map or None) of a modular document (`lsp.modular`)
     modular: tuple[MapKey, ModularMap | None] | None = None
+    # the same onto the regenerated twin whose trace the document shows (`lsp.modular.shown_map`)
+    shown_modular: tuple[MapKey, ModularMap | None] | None = None
     # (modification time, module classes) of a modular document's generated twin (`lsp.modular`)
     generated_classes: tuple[int, list[ModuleClass]] | None = None

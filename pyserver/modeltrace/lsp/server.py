@@ -119,6 +119,8 @@ def create_server() -> ModelTraceServer:
 
 def _shutdown(ls: ModelTraceServer, params: None) -> None:
     ls.close_worker()
+    # NOTE: the folders modular files were regenerated into are ModelTrace's own: none outlives the server
+    ls.regenerated.clear()
     # NOTE: pygls cancels the requests still awaiting the client while iterating over them, and each
     # cancellation removes its entry: with any pending (an unanswered refresh, say) shutdown fails with
     # "dictionary changed size during iteration". Cancelling them first, over a copy, avoids that.
