@@ -48,24 +48,19 @@ from ports.harness import (
 KNOWN_WRONG: dict[str, str] = {
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
     "convnext-max_pooling": "blames the root (312-317): the pooling line sits in ConvNextModel, which timm has no "
-    "counterpart of (its head pools), and the head's norm ([1, C, 1, 1] in timm, [1, C] here) is not paired",
-    "convnext-final_norm_eps": "blames the root (312-317): timm's head.norm works on [1, C, 1, 1], the port's "
-    "layernorm on [1, C]; the two are not paired",
-    "swin-clean": "not comparable (exit 2): only 38 of 83 module calls aligned (46%): the fused qkv, Identity "
-    "drop paths and the relative position bias module leave most of the attention unaligned",
-    "swin-patch_merging_order": "blames layers.0.blocks.0.attention (428-468)",
-    "swin-shift_not_undone": "blames layers.0.blocks.0.attention (428-468)",
-    "swin-attention_scale": "right module, range 418-466 and construction 519: the __init__ line 408 is not named",
+    "counterpart of (its head pools in a module of its own)",
+    "swin-attention_scale": "right module, range 418-466 and construction 519: the setting `scaling` is found "
+    "(settings[].assigned_at is line 408) but no range, line or construction line names 408 (item 5)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
-    "resnet-relu_before_residual": "blames the root (352-382)",
     "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
     "is not named",
-    "clip-class_token_last": "not comparable (exit 2): the difference arises after vision_model.embeddings."
-    "patch_embedding, in code no aligned module covers (open_clip builds the tokens inline)",
-    "clip-attention_scale": "right module, range 298-333 and construction 357: the __init__ line 289 is not named",
-    "clip-mean_pooling": "false MATCH: open_clip pools inline and returns normalised features: the pooled output "
-    "is compared nowhere",
+    "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
+    "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
+    "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
+    "(nn.MultiheadAttention keeps no scale setting to compare)",
+    "clip-mean_pooling": "blames the root (747-821): open_clip pools inline and projects with a bare parameter, "
+    "so vision_model (whose output is the pooled state) has no counterpart",
 }
 VARIANTS = ("full", "lines")
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from modeltrace.diff.kinds import UNKNOWN, kind_of
+from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
+from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
 
 
@@ -44,6 +45,8 @@ DEFAULT_THRESHOLD = 0.5
 _FLOOR = 0.3
 _WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2, "weights": 0.4}
 _KIND_MISMATCH = 0.25
+# the shape score of the same rows in another grid (same width, same number of elements)
+_RESHAPED = 0.9
 _SHAPE_MISMATCH = 0.5
 # NOTE: a stretch between anchors keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
 _MAX_CELLS = 60_000_000
@@ -169,6 +172,8 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
         return 0.5
     if left == right:
         return 1.0
+    if left and right and rows_of(left) == rows_of(right):
+        return _RESHAPED  # the same rows in another grid ([B, H, W, C] against [B, H*W, C])
     if left and right and left[-1] == right[-1] and len(left) == len(right):
         return 0.6  # the same width over other positions: a last-position head, a subset of tokens
     return 0.0
@@ -224,6 +229,10 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
         parts["weights"] = weights
     total_weight = sum(_WEIGHTS[name] for name in parts)
     score = sum(_WEIGHTS[name] * value for name, value in parts.items()) / total_weight
+    if NO_OP in (ref.kind, cand.kind):
+        # NOTE: a no-op never anchors a pair: its output is its input, so its values match whatever its input
+        # matches (an Identity k_norm "equals" a k_proj downstream of the same tensor); issue 30, item 3
+        score = 0.0
     if parts["output"] == 0:
         score *= _SHAPE_MISMATCH  # different numbers: at most part of a fused pair, never one-to-one
     if ref.kind == cand.kind and ref.kind != UNKNOWN:
@@ -263,9 +272,10 @@ class _Codes:
     """Integer codes of the features, for scoring every pair at once with NumPy."""
 
     def __init__(self, ref: list[CallFeatures], cand: list[CallFeatures]) -> None:
-        kinds: dict[str, int] = {UNKNOWN: 0}
+        kinds: dict[str, int] = {UNKNOWN: 0, NO_OP: 1}
         shapes: dict[object, int] = {None: 0}
         lasts: dict[object, int] = {None: 0}
+        flats: dict[object, int] = {None: 0}
         layers: dict[tuple[int, ...], int] = {(): 0}
 
         def code(table: dict, key: object) -> int:
@@ -294,6 +304,8 @@ class _Codes:
                     ],
                     dtype=np.int32,
                 ),
+                "out_flat": np.array([code(flats, rows_of(item.output_shape)) for item in side], dtype=np.int32),
+                "in_flat": np.array([code(flats, rows_of(item.input_shape)) for item in side], dtype=np.int32),
                 "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
                 "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
                 "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
@@ -321,8 +333,10 @@ def _score_rows(
     one, half, zero = np.float32(1.0), np.float32(0.5), np.float32(0.0)
 
     def shape(side: str, last: str) -> np.ndarray:
-        # 1 equal, 0.5 unknown on a side, 0.6 the same width elsewhere, 0 different
+        # 1 equal, 0.5 unknown on a side, 0.9 the same rows in another grid, 0.6 the same width elsewhere, 0 different
         partial = np.where(cand[last] == ref[last], np.float32(0.6), zero)
+        flat = side + "_flat"
+        partial = np.where((cand[flat] == ref[flat]) & (cand[flat] != 0), np.float32(_RESHAPED), partial)
         known = np.where((cand[side] == 0) | (ref[side] == 0), half, partial)
         return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
 
@@ -362,6 +376,7 @@ def _score_rows(
     score = total / weight
     kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
     kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
+    kind = np.where((cand["kind"] == 1) | (ref["kind"] == 1), zero, kind)  # a no-op pairs with nothing (code 1)
     return score * kind * np.where(output == 0, np.float32(_SHAPE_MISMATCH), one)
 
 
@@ -376,7 +391,7 @@ def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
         counts: dict[tuple[int, ...], int] = defaultdict(int)
         for key in side_keys:
             counts[key] += 1
-        return {key: index for index, key in enumerate(side_keys) if counts[key] == 1 and key[0] != 0}
+        return {key: index for index, key in enumerate(side_keys) if counts[key] == 1 and key[0] not in (0, 1)}
 
     cand_unique, ref_unique = unique(keys(codes.cand)), unique(keys(codes.ref))
     candidates = sorted((index, ref_unique[key]) for key, index in cand_unique.items() if key in ref_unique)
@@ -644,7 +659,11 @@ def _module_pairs(
         if ref_path in taken_ref or cand_path in taken_cand:
             continue
         confidence = sum(scores) / len(scores)
-        if confidence < threshold:
+        # NOTE: the roots are paired whatever their score: both models were called with the same inputs, and the
+        # root's outputs (the logits, the embeddings) are what every user checks; a low score only means their
+        # outputs are laid out differently (open_clip's tuple against CLIPModel's output), which pairing by role
+        # and value sorts out
+        if confidence < threshold and (ref_path, cand_path) != ("", ""):
             continue
         taken_ref.add(ref_path)
         taken_cand.add(cand_path)
@@ -690,6 +709,71 @@ def _fused_pairs(
                 if fused_is_candidate
                 else ModulePair([record.path], paths, confidence, evidence)
             )
+    return found
+
+
+# NOTE: a parent is paired through its children only when at least this many of them align, all inside one parent
+_MIN_ALIGNED_CHILDREN = 2
+
+
+def _parent_pairs(
+    reference: Trace,
+    candidate: Trace,
+    pairs: list[ModulePair],
+    taken_ref: set[str],
+    taken_cand: set[str],
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+) -> list[ModulePair]:
+    """Unaligned modules whose aligned children all align inside one unaligned module on the other side, and whose
+    outputs hold the same numbers: that module is their counterpart, whatever its layer index says (transformers'
+    Swin merges patches at the end of stage N, timm at the start of stage N+1) and however its outputs differ
+    (the bug may be in its own code). Repeated upwards while new pairs appear."""
+    found: list[ModulePair] = []
+    ref_first, cand_first = _first_calls(reference), _first_calls(candidate)
+    cand_children = _children(candidate)
+    changed = True
+    while changed:
+        changed = False
+        partner = {
+            cand: ref
+            for pair in [*pairs, *found]
+            if not pair.fused
+            for cand, ref in [(pair.candidate[0], pair.reference[0])]
+        }
+        confidence_of = {pair.candidate[0]: pair.confidence for pair in [*pairs, *found] if not pair.fused}
+        for path, index in cand_first.items():
+            if not path or path in taken_cand or cand_features[index].kind == NO_OP:
+                continue
+            kids = [candidate.modules[kid].path for kid in cand_children.get(index, [])]
+            aligned = [kid for kid in dict.fromkeys(kids) if kid in partner]
+            if len(aligned) < _MIN_ALIGNED_CHILDREN:
+                continue
+            parents = {
+                reference.modules[reference.modules[ref_first[partner[kid]]].parent].path
+                if reference.modules[ref_first[partner[kid]]].parent >= 0
+                else None
+                for kid in aligned
+            }
+            if len(parents) != 1:
+                continue
+            ref_path = parents.pop()
+            if not ref_path or ref_path in taken_ref or ref_path not in ref_first:
+                continue
+            ref_feature, cand_feature = ref_features[ref_first[ref_path]], cand_features[index]
+            if (
+                ref_feature.kind == NO_OP
+                or _shape_score(ref_feature.output_shape, cand_feature.output_shape) < _RESHAPED
+            ):
+                continue
+            confidence = round(sum(confidence_of[kid] for kid in aligned) / len(aligned), 3)
+            evidence = (
+                f"children aligned inside it: {', '.join(aligned)}; output {_shape_text(cand_feature.output_shape)}"
+            )
+            found.append(ModulePair([ref_path], [path], confidence, evidence))
+            taken_ref.add(ref_path)
+            taken_cand.add(path)
+            changed = True
     return found
 
 
@@ -867,6 +951,7 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
+    pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

@@ -70,6 +70,12 @@ KIND_RULES: tuple[KindRule, ...] = (
     _rule(r"model$|transformer$|encoder$|decoder$|backbone", "model", "whole models and stacks"),
 )
 UNKNOWN = "unknown"
+# A call that computes nothing: it never anchors a pair, and its values equal to another call's are no evidence of
+# role (issue 30, item 3).
+NO_OP = "no-op"
+# NOTE: Identity (an unused q/k norm, LayerScale or drop path stands in for nothing), Dropout and DropPath (identity
+# in eval: the trace runs the model in eval mode), Flatten (the same numbers in another shape)
+_NO_OP_CLASS = re.compile(r"^identity$|^flatten$|dropout|droppath|drop_path|stochasticdepth", re.IGNORECASE)
 
 _cache: dict[str, str] = {}
 
@@ -97,9 +103,29 @@ def kind_of_class(class_name: str) -> str:
     return found
 
 
+def is_no_op(call: ModuleCall, is_leaf: bool = True) -> bool:
+    """Whether a call computes nothing: an Identity, Dropout or DropPath (eval), Flatten, or a leaf that returns its
+    first input unchanged (the same shape, dtype, mean and std, to the bit: a value-equal no-op)."""
+    if _NO_OP_CLASS.search(call.class_name):
+        return True
+    if not is_leaf or not call.inputs or not call.outputs:
+        return False
+    first_in, first_out = call.inputs[0], call.outputs[0]
+    return (
+        first_in.shape == first_out.shape
+        and first_in.mean is not None
+        and first_in.mean == first_out.mean
+        and first_in.std == first_out.std
+        and first_in.dtype == first_out.dtype
+    )
+
+
 def kind_of(call: ModuleCall, is_leaf: bool) -> str:
-    """The kind of one call: its class name's kind, corrected by what it takes (a leaf whose first input is an
-    integer tensor looks things up: an embedding, whatever its class is called)."""
+    """The kind of one call: `NO_OP` for a call that computes nothing (`is_no_op`), else its class name's kind,
+    corrected by what it takes (a leaf whose first input is an integer tensor looks things up: an embedding,
+    whatever its class is called)."""
+    if is_no_op(call, is_leaf):
+        return NO_OP
     kind = kind_of_class(call.class_name)
     if is_leaf and call.inputs and call.inputs[0].dtype.startswith(("int", "uint")) and kind in (UNKNOWN, "linear"):
         return "embedding"
