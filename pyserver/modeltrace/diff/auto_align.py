@@ -35,6 +35,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from modeltrace.diff.call_scores import (
+    KIND_MISMATCH as _KIND_MISMATCH,
+    RESHAPED as _RESHAPED,
+    SHAPE_MISMATCH as _SHAPE_MISMATCH,
+    WEIGHTS as _WEIGHTS,
+    CallFeatures,
+    Codes as _Codes,
+    score_rows as _score_rows,
+)
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
 from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
@@ -43,11 +52,6 @@ from modeltrace.trace.records import ModuleCall, Trace
 DEFAULT_THRESHOLD = 0.5
 # NOTE: below this a pair is never taken by the sequence alignment (it would only add noise to the order)
 _FLOOR = 0.3
-_WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2, "weights": 0.4}
-_KIND_MISMATCH = 0.25
-# the shape score of the same rows in another grid (same width, same number of elements)
-_RESHAPED = 0.9
-_SHAPE_MISMATCH = 0.5
 # NOTE: a stretch between anchors keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
 _MAX_CELLS = 60_000_000
 _BAND = 0.1
@@ -59,23 +63,6 @@ _REORDER_GAIN = 0.1
 # NOTE: sibling groups up to this many pairs may be re-paired against their call order (scored pair by pair)
 _REORDER_MAX_PAIRS = 1024
 _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
-
-
-@dataclass
-class CallFeatures:
-    """What the aligner knows of one call, names left out."""
-
-    kind: str
-    output_shape: tuple[int, ...] | None
-    input_shape: tuple[int, ...] | None
-    mean: float | None
-    std: float | None
-    layer: tuple[int, ...]
-    input_mean: float | None = None
-    input_std: float | None = None
-    # the module's own parameters as sampled values, and with 2-D ones transposed (None: it has none recorded)
-    weights: tuple | None = None
-    weights_transposed: tuple | None = None
 
 
 @dataclass
@@ -266,118 +253,6 @@ def _outputs_agree(ref: CallFeatures, cand: CallFeatures) -> bool:
 
 def _shape_text(shape: tuple[int, ...] | None) -> str:
     return "-" if shape is None else "[" + ", ".join(str(size) for size in shape) + "]"
-
-
-class _Codes:
-    """Integer codes of the features, for scoring every pair at once with NumPy."""
-
-    def __init__(self, ref: list[CallFeatures], cand: list[CallFeatures]) -> None:
-        kinds: dict[str, int] = {UNKNOWN: 0, NO_OP: 1}
-        shapes: dict[object, int] = {None: 0}
-        lasts: dict[object, int] = {None: 0}
-        flats: dict[object, int] = {None: 0}
-        layers: dict[tuple[int, ...], int] = {(): 0}
-
-        def code(table: dict, key: object) -> int:
-            return table.setdefault(key, len(table))
-
-        weight_codes: dict[object, int] = {None: 0}
-
-        def encode(side: list[CallFeatures]) -> dict[str, np.ndarray]:
-            return {
-                "weights": np.array([code(weight_codes, item.weights) for item in side], dtype=np.int32),
-                "weights_t": np.array([code(weight_codes, item.weights_transposed) for item in side], dtype=np.int32),
-                "kind": np.array([code(kinds, item.kind) for item in side], dtype=np.int32),
-                "out": np.array([code(shapes, item.output_shape) for item in side], dtype=np.int32),
-                "in": np.array([code(shapes, item.input_shape) for item in side], dtype=np.int32),
-                "out_last": np.array(
-                    [
-                        code(lasts, (len(item.output_shape), item.output_shape[-1]) if item.output_shape else None)
-                        for item in side
-                    ],
-                    dtype=np.int32,
-                ),
-                "in_last": np.array(
-                    [
-                        code(lasts, (len(item.input_shape), item.input_shape[-1]) if item.input_shape else None)
-                        for item in side
-                    ],
-                    dtype=np.int32,
-                ),
-                "out_flat": np.array([code(flats, rows_of(item.output_shape)) for item in side], dtype=np.int32),
-                "in_flat": np.array([code(flats, rows_of(item.input_shape)) for item in side], dtype=np.int32),
-                "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
-                "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
-                "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
-                "spread": np.array(
-                    [1e-12 if item.std is None else max(abs(item.std), 1e-12) for item in side], dtype=np.float32
-                ),
-            }
-
-        self.ref = encode(ref)
-        self.cand = encode(cand)
-
-
-def _score_rows(
-    codes: _Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None), paired: bool = False
-) -> np.ndarray:
-    """Scores of candidate calls `rows` (axis 0) against reference calls `columns` (axis 1), or with `paired`
-    of `rows[k]` against `columns[k]` (one axis), as `pair_score` gives them (NumPy form of the same rule, in
-    float32 and whole-array operations: it runs on millions of pairs)."""
-    if paired:
-        cand = {name: values[rows] for name, values in codes.cand.items()}
-        ref = {name: values[columns] for name, values in codes.ref.items()}
-    else:
-        cand = {name: values[rows, None] for name, values in codes.cand.items()}
-        ref = {name: values[None, columns] for name, values in codes.ref.items()}
-    one, half, zero = np.float32(1.0), np.float32(0.5), np.float32(0.0)
-
-    def shape(side: str, last: str) -> np.ndarray:
-        # 1 equal, 0.5 unknown on a side, 0.9 the same rows in another grid, 0.6 the same width elsewhere, 0 different
-        partial = np.where(cand[last] == ref[last], np.float32(0.6), zero)
-        flat = side + "_flat"
-        partial = np.where((cand[flat] == ref[flat]) & (cand[flat] != 0), np.float32(_RESHAPED), partial)
-        known = np.where((cand[side] == 0) | (ref[side] == 0), half, partial)
-        return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
-
-    output = shape("out", "out_last")
-    layer = np.where(
-        cand["layer"] == ref["layer"], one, np.where((cand["layer"] == 0) | (ref["layer"] == 0), half, zero)
-    )
-    structure = (
-        np.float32(_WEIGHTS["output"]) * output
-        + np.float32(_WEIGHTS["input"]) * shape("in", "in_last")
-        + np.float32(_WEIGHTS["layer"]) * layer
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / np.maximum(
-            cand["spread"], ref["spread"]
-        )
-        values = np.log10(np.maximum(distance, np.float32(1e-3)))  # NaN where a side has no statistics
-    values = np.clip(values * np.float32(-1 / 3), zero, one)  # 1 - log10(distance / 1e-3) / 3
-    has_values = ~np.isnan(values)
-    weights_equal = (
-        (cand["weights"] != 0)
-        & (ref["weights"] != 0)
-        & (
-            (cand["weights"] == ref["weights"])
-            | (cand["weights_t"] == ref["weights"])
-            | (cand["weights"] == ref["weights_t"])
-        )
-    )
-    base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
-    total = structure + np.float32(_WEIGHTS["values"]) * np.where(has_values, values, zero)
-    total += np.float32(_WEIGHTS["weights"]) * weights_equal
-    weight = (
-        np.float32(base)
-        + np.float32(_WEIGHTS["values"]) * has_values
-        + np.float32(_WEIGHTS["weights"]) * weights_equal
-    )
-    score = total / weight
-    kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
-    kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
-    kind = np.where((cand["kind"] == 1) | (ref["kind"] == 1), zero, kind)  # a no-op pairs with nothing (code 1)
-    return score * kind * np.where(output == 0, np.float32(_SHAPE_MISMATCH), one)
 
 
 def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
