@@ -85,3 +85,12 @@ def test_attention_probabilities_never_pair_with_raw_scores() -> None:
     assert [
         pair.relation for pair in pair_leaves([probabilities], [_leaf("w", [1, 2, 5, 5], 0.2, 0.0, 0.8)]).pairs
     ] == [SAME]
+
+
+def test_a_transpose_of_the_same_rank_is_not_a_regrid() -> None:
+    assert shape_relation([1, 4, 7, 7], [1, 7, 4, 7]) == (DIFFERENT, None, None)
+    grid = CallFeatures("attention", (4, 7, 7), (4, 7, 7), 0.1, 1.0, (0,), 0.1, 1.0)
+    swapped = CallFeatures("attention", (7, 4, 7), (7, 4, 7), 0.1, 1.0, (0,), 0.1, 1.0)
+    # the same width over other positions (0.6), never the regrid score (0.9), in both forms of the score
+    assert abs(pair_score(grid, swapped)[0] - _score_rows(_Codes([grid], [swapped]), slice(None))[0, 0]) < 1e-6
+    assert pair_score(grid, swapped)[0] < pair_score(grid, grid)[0]

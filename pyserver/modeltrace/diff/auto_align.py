@@ -159,7 +159,7 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
         return 0.5
     if left == right:
         return 1.0
-    if left and right and rows_of(left) == rows_of(right):
+    if left and right and len(left) != len(right) and rows_of(left) == rows_of(right):
         return _RESHAPED  # the same rows in another grid ([B, H, W, C] against [B, H*W, C])
     if left and right and left[-1] == right[-1] and len(left) == len(right):
         return 0.6  # the same width over other positions: a last-position head, a subset of tokens

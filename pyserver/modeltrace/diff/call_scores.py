@@ -74,6 +74,8 @@ class Codes:
                 ),
                 "out_flat": np.array([code(flats, rows_of(item.output_shape)) for item in side], dtype=np.int32),
                 "in_flat": np.array([code(flats, rows_of(item.input_shape)) for item in side], dtype=np.int32),
+                "out_rank": np.array([len(item.output_shape or ()) for item in side], dtype=np.int32),
+                "in_rank": np.array([len(item.input_shape or ()) for item in side], dtype=np.int32),
                 "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
                 "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
                 "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
@@ -103,8 +105,9 @@ def score_rows(
     def shape(side: str, last: str) -> np.ndarray:
         # 1 equal, 0.5 unknown on a side, 0.9 the same rows in another grid, 0.6 the same width elsewhere, 0 different
         partial = np.where(cand[last] == ref[last], np.float32(0.6), zero)
-        flat = side + "_flat"
-        partial = np.where((cand[flat] == ref[flat]) & (cand[flat] != 0), np.float32(RESHAPED), partial)
+        flat, rank = side + "_flat", side + "_rank"
+        regrid = (cand[flat] == ref[flat]) & (cand[flat] != 0) & (cand[rank] != ref[rank])
+        partial = np.where(regrid, np.float32(RESHAPED), partial)
         known = np.where((cand[side] == 0) | (ref[side] == 0), half, partial)
         return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
 

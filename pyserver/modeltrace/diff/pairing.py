@@ -100,7 +100,8 @@ def _padded(shape: list[int], rank: int) -> list[int]:
 
 def rows_of(shape: list[int] | tuple[int, ...] | None) -> tuple[int, int] | None:
     """(elements, width) of a shape, the width its last dimension other than 1: equal for the same rows in another
-    grid (`[1, 16, 16, 32]` and `[1, 256, 32]`; `[1, 32, 1, 1]` and `[1, 32]`)."""
+    grid (`[1, 16, 16, 32]` and `[1, 256, 32]`; `[1, 32, 1, 1]` and `[1, 32]`), which the callers take only across
+    ranks (a shape of the same rank with the same elements is a transpose)."""
     if not shape:
         return None
     width = next((size for size in reversed(shape) if size != 1), 1)
@@ -115,10 +116,11 @@ def shape_relation(reference: list[int], candidate: list[int]) -> tuple[str, int
     ref, cand = _padded(reference, rank), _padded(candidate, rank)
     if ref == cand:
         return BROADCAST, None, None
-    if ref and rows_of(ref) == rows_of(cand):
+    if len(reference) != len(candidate) and rows_of(reference) == rows_of(candidate):
         # NOTE: the same rows in another grid: timm's Swin keeps [B, H, W, C] where transformers keeps [B, H*W, C],
         # timm's ConvNeXt head norms [B, C, 1, 1] where transformers' norms [B, C]; row-major, the two hold the same
-        # numbers in the same order (compared reshaped, as broadcast shapes are)
+        # numbers in the same order (compared reshaped, as broadcast shapes are). Only across ranks: two shapes of
+        # one rank with the same elements ([1, 4, 7, 7] and [1, 7, 4, 7]) are a transpose, not a regrid
         return BROADCAST, None, None
     differing = [position for position in range(rank) if ref[position] != cand[position]]
     if len(differing) == 1 and differing[0] != rank - 1:
