@@ -53,6 +53,9 @@ $(PY_STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
+	# NOTE: timm for the port corpus's timm references, without its declared dependencies: they pull torchvision,
+	# which has no CPU build in the registry (its tests stand in for torchvision, tests/python/ports/vision_common.py)
+	$(PY) -m pip install --quiet --no-deps -c requirements.lock timm
 	touch $@
 
 $(NODE_STAMP): package.json package-lock.json

@@ -43,12 +43,30 @@ from ports.harness import (
     prepare_port,
 )
 
-# What the diff says today where its verdict is wrong (case id, or `CASE_ID@full` / `CASE_ID@lines` for one
-# variant -> reason); remove a row when it becomes right.
-KNOWN_WRONG: dict[str, str] = {}
+# What the diff says today where its verdict is wrong (case id, or `CASE_ID@full` / `CASE_ID@lines` /
+# `CASE_ID@automatic` for one variant -> reason); remove a row when it becomes right.
+KNOWN_WRONG: dict[str, str] = {
+    # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
+    "convnext-max_pooling": "blames the root (312-317): the pooling line sits in ConvNextModel, which timm has no "
+    "counterpart of (its head pools in a module of its own)",
+    "swin-attention_scale": "right module, range 418-466 and construction 519: the setting `scaling` is found "
+    "(settings[].assigned_at is line 408) but no range, line or construction line names 408 (item 5)",
+    "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
+    "bias module has no counterpart",
+    "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
+    "is not named",
+    "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
+    "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
+    "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
+    "(nn.MultiheadAttention keeps no scale setting to compare)",
+    "clip-mean_pooling": "blames the root (747-821): open_clip pools inline and projects with a bare parameter, "
+    "so vision_model (whose output is the pooled state) has no counterpart",
+}
 VARIANTS = ("full", "lines")
 
 MIN_BUG_KINDS_PER_PAIR = 5
+# the independently written implementations (a reference file in the pair folder): at least 3 bugs each (issue 30)
+MIN_BUG_KINDS_PER_INDEPENDENT_PAIR = 3
 # NOTE: float32 ports of float32 references: the same operations in another order agree to ~1e-6.
 CLEAN_PORT_ATOL = 1e-5
 # a bug must move its module's output by more than this to be a bug a diff can be asked to find
@@ -67,10 +85,30 @@ def _outputs_bert(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, to
     return [("last hidden state", reference.last_hidden_state, port[0]), ("pooled", reference.pooler_output, port[1])]
 
 
+def _outputs_classifier(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """A timm classifier (logits) against a transformers `*ForImageClassification` (its output's `logits`)."""
+    return [("logits", reference, port.logits)]
+
+
+def _outputs_clip(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """open_clip's (image features, text features, logit scale), both normalised, against `CLIPModel`'s output."""
+    image, text, scale = reference
+    return [
+        ("image embeddings", image, port.image_embeds),
+        ("text embeddings", text, port.text_embeds),
+        ("logits per image", scale * image @ text.T, port.logits_per_image),
+    ]
+
+
 COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor, torch.Tensor]]]] = {
     "gpt2": _outputs_gpt2,
     "llama": _outputs_llama,
     "bert": _outputs_bert,
+    # independent: vision
+    "convnext": _outputs_classifier,
+    "swin": _outputs_classifier,
+    "resnet": _outputs_classifier,
+    "clip": _outputs_clip,
 }
 
 
@@ -188,7 +226,8 @@ def test_clean_port_agrees_with_its_reference(pair: Pair) -> None:
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda pair: pair.name)
 def test_each_pair_has_enough_bug_kinds(pair: Pair) -> None:
     kinds = {bug.kind for bug in bugs_of(pair.name)}
-    assert len(kinds) >= MIN_BUG_KINDS_PER_PAIR, f"{pair.name}: only {sorted(kinds)}"
+    least = MIN_BUG_KINDS_PER_INDEPENDENT_PAIR if pair.reference_file else MIN_BUG_KINDS_PER_PAIR
+    assert len(kinds) >= least, f"{pair.name}: only {sorted(kinds)}"
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: f"{bug.pair}-{bug.name}")
@@ -215,7 +254,7 @@ def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> 
 
 
 def _in_forward(module: torch.nn.Module, line: int, file: Path) -> bool:
-    forward = type(module).forward
+    forward = inspect.unwrap(type(module).forward)  # transformers decorates forwards (`@can_return_tuple`)
     if Path(inspect.getsourcefile(forward) or "").resolve() != file.resolve():
         return False
     source, first = inspect.getsourcelines(forward)
@@ -223,9 +262,14 @@ def _in_forward(module: torch.nn.Module, line: int, file: Path) -> bool:
 
 
 def _builds(modules: dict[str, torch.nn.Module], path: str, line: int) -> bool:
+    """`line` is the `self.NAME = ...` line of the parent's `__init__` that builds the module, or a line of the
+    module's own `__init__` (a setting it assigns, `self.scaling = ...`, or a submodule it builds)."""
     parent_path, _, attribute = path.rpartition(".")
     source, first = inspect.getsourcelines(type(modules[parent_path]).__init__)
-    return first <= line < first + len(source) and f"self.{attribute} = " in source[line - first]
+    if first <= line < first + len(source) and f"self.{attribute} = " in source[line - first]:
+        return True
+    source, first = inspect.getsourcelines(type(modules[path]).__init__)
+    return first <= line < first + len(source)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +281,13 @@ def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, varian
     _assert_line_claim(judged, variant)
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in all_cases()])
+def _automatic_param(case: Case) -> Any:
+    reason = KNOWN_WRONG.get(f"{case.id}@automatic", KNOWN_WRONG.get(case.id))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_automatic_param(case) for case in all_cases()])
 def test_port_verdict_aligned_automatically(port_harnesses: dict[str, PortHarness], case: Case) -> None:
     """The same verdicts (on the traces with line records) without the pairs' hand-written `--map` rules: the
     diff aligns each port with its reference by evidence alone (issue 16), and localises every bug as well."""

@@ -35,16 +35,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from modeltrace.diff.kinds import UNKNOWN, kind_of
+from modeltrace.diff.call_scores import (
+    KIND_MISMATCH as _KIND_MISMATCH,
+    RESHAPED as _RESHAPED,
+    SHAPE_MISMATCH as _SHAPE_MISMATCH,
+    WEIGHTS as _WEIGHTS,
+    CallFeatures,
+    Codes as _Codes,
+    score_rows as _score_rows,
+)
+from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
+from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
 
 
 DEFAULT_THRESHOLD = 0.5
 # NOTE: below this a pair is never taken by the sequence alignment (it would only add noise to the order)
 _FLOOR = 0.3
-_WEIGHTS = {"output": 0.35, "input": 0.15, "values": 0.3, "layer": 0.2, "weights": 0.4}
-_KIND_MISMATCH = 0.25
-_SHAPE_MISMATCH = 0.5
 # NOTE: a stretch between anchors keeps an (N+1)×(M+1) float32 table: 5,000 × 5,000 calls is 100 MB
 _MAX_CELLS = 60_000_000
 _BAND = 0.1
@@ -56,23 +63,6 @@ _REORDER_GAIN = 0.1
 # NOTE: sibling groups up to this many pairs may be re-paired against their call order (scored pair by pair)
 _REORDER_MAX_PAIRS = 1024
 _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
-
-
-@dataclass
-class CallFeatures:
-    """What the aligner knows of one call, names left out."""
-
-    kind: str
-    output_shape: tuple[int, ...] | None
-    input_shape: tuple[int, ...] | None
-    mean: float | None
-    std: float | None
-    layer: tuple[int, ...]
-    input_mean: float | None = None
-    input_std: float | None = None
-    # the module's own parameters as sampled values, and with 2-D ones transposed (None: it has none recorded)
-    weights: tuple | None = None
-    weights_transposed: tuple | None = None
 
 
 @dataclass
@@ -169,6 +159,8 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
         return 0.5
     if left == right:
         return 1.0
+    if left and right and len(left) != len(right) and rows_of(left) == rows_of(right):
+        return _RESHAPED  # the same rows in another grid ([B, H, W, C] against [B, H*W, C])
     if left and right and left[-1] == right[-1] and len(left) == len(right):
         return 0.6  # the same width over other positions: a last-position head, a subset of tokens
     return 0.0
@@ -224,6 +216,10 @@ def pair_score(ref: CallFeatures, cand: CallFeatures) -> tuple[float, str]:
         parts["weights"] = weights
     total_weight = sum(_WEIGHTS[name] for name in parts)
     score = sum(_WEIGHTS[name] * value for name, value in parts.items()) / total_weight
+    if NO_OP in (ref.kind, cand.kind):
+        # NOTE: a no-op never anchors a pair: its output is its input, so its values match whatever its input
+        # matches (an Identity k_norm "equals" a k_proj downstream of the same tensor); issue 30, item 3
+        score = 0.0
     if parts["output"] == 0:
         score *= _SHAPE_MISMATCH  # different numbers: at most part of a fused pair, never one-to-one
     if ref.kind == cand.kind and ref.kind != UNKNOWN:
@@ -259,112 +255,6 @@ def _shape_text(shape: tuple[int, ...] | None) -> str:
     return "-" if shape is None else "[" + ", ".join(str(size) for size in shape) + "]"
 
 
-class _Codes:
-    """Integer codes of the features, for scoring every pair at once with NumPy."""
-
-    def __init__(self, ref: list[CallFeatures], cand: list[CallFeatures]) -> None:
-        kinds: dict[str, int] = {UNKNOWN: 0}
-        shapes: dict[object, int] = {None: 0}
-        lasts: dict[object, int] = {None: 0}
-        layers: dict[tuple[int, ...], int] = {(): 0}
-
-        def code(table: dict, key: object) -> int:
-            return table.setdefault(key, len(table))
-
-        weight_codes: dict[object, int] = {None: 0}
-
-        def encode(side: list[CallFeatures]) -> dict[str, np.ndarray]:
-            return {
-                "weights": np.array([code(weight_codes, item.weights) for item in side], dtype=np.int32),
-                "weights_t": np.array([code(weight_codes, item.weights_transposed) for item in side], dtype=np.int32),
-                "kind": np.array([code(kinds, item.kind) for item in side], dtype=np.int32),
-                "out": np.array([code(shapes, item.output_shape) for item in side], dtype=np.int32),
-                "in": np.array([code(shapes, item.input_shape) for item in side], dtype=np.int32),
-                "out_last": np.array(
-                    [
-                        code(lasts, (len(item.output_shape), item.output_shape[-1]) if item.output_shape else None)
-                        for item in side
-                    ],
-                    dtype=np.int32,
-                ),
-                "in_last": np.array(
-                    [
-                        code(lasts, (len(item.input_shape), item.input_shape[-1]) if item.input_shape else None)
-                        for item in side
-                    ],
-                    dtype=np.int32,
-                ),
-                "layer": np.array([code(layers, item.layer) for item in side], dtype=np.int32),
-                "mean": np.array([np.nan if item.mean is None else item.mean for item in side], dtype=np.float32),
-                "std": np.array([np.nan if item.std is None else item.std for item in side], dtype=np.float32),
-                "spread": np.array(
-                    [1e-12 if item.std is None else max(abs(item.std), 1e-12) for item in side], dtype=np.float32
-                ),
-            }
-
-        self.ref = encode(ref)
-        self.cand = encode(cand)
-
-
-def _score_rows(
-    codes: _Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None), paired: bool = False
-) -> np.ndarray:
-    """Scores of candidate calls `rows` (axis 0) against reference calls `columns` (axis 1), or with `paired`
-    of `rows[k]` against `columns[k]` (one axis), as `pair_score` gives them (NumPy form of the same rule, in
-    float32 and whole-array operations: it runs on millions of pairs)."""
-    if paired:
-        cand = {name: values[rows] for name, values in codes.cand.items()}
-        ref = {name: values[columns] for name, values in codes.ref.items()}
-    else:
-        cand = {name: values[rows, None] for name, values in codes.cand.items()}
-        ref = {name: values[None, columns] for name, values in codes.ref.items()}
-    one, half, zero = np.float32(1.0), np.float32(0.5), np.float32(0.0)
-
-    def shape(side: str, last: str) -> np.ndarray:
-        # 1 equal, 0.5 unknown on a side, 0.6 the same width elsewhere, 0 different
-        partial = np.where(cand[last] == ref[last], np.float32(0.6), zero)
-        known = np.where((cand[side] == 0) | (ref[side] == 0), half, partial)
-        return np.where((cand[side] == ref[side]) & (cand[side] != 0), one, known)
-
-    output = shape("out", "out_last")
-    layer = np.where(
-        cand["layer"] == ref["layer"], one, np.where((cand["layer"] == 0) | (ref["layer"] == 0), half, zero)
-    )
-    structure = (
-        np.float32(_WEIGHTS["output"]) * output
-        + np.float32(_WEIGHTS["input"]) * shape("in", "in_last")
-        + np.float32(_WEIGHTS["layer"]) * layer
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        distance = (np.abs(cand["mean"] - ref["mean"]) + np.abs(cand["std"] - ref["std"])) / np.maximum(
-            cand["spread"], ref["spread"]
-        )
-        values = np.log10(np.maximum(distance, np.float32(1e-3)))  # NaN where a side has no statistics
-    values = np.clip(values * np.float32(-1 / 3), zero, one)  # 1 - log10(distance / 1e-3) / 3
-    has_values = ~np.isnan(values)
-    weights_equal = (
-        (cand["weights"] != 0)
-        & (ref["weights"] != 0)
-        & (
-            (cand["weights"] == ref["weights"])
-            | (cand["weights_t"] == ref["weights"])
-            | (cand["weights"] == ref["weights_t"])
-        )
-    )
-    base = _WEIGHTS["output"] + _WEIGHTS["input"] + _WEIGHTS["layer"]
-    total = structure + np.float32(_WEIGHTS["values"]) * np.where(has_values, values, zero)
-    total += np.float32(_WEIGHTS["weights"]) * weights_equal
-    weight = (
-        np.float32(base)
-        + np.float32(_WEIGHTS["values"]) * has_values
-        + np.float32(_WEIGHTS["weights"]) * weights_equal
-    )
-    score = total / weight
-    kind = np.where(cand["kind"] == ref["kind"], one, np.float32(_KIND_MISMATCH))
-    kind = np.where((cand["kind"] == 0) | (ref["kind"] == 0), np.float32(0.8), kind)
-    return score * kind * np.where(output == 0, np.float32(_SHAPE_MISMATCH), one)
-
-
 def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
     """(candidate, reference) calls that are the only ones of their kind, output and input shapes and layer index
     on each side, scoring at least the threshold, and keeping their order (the longest increasing run of them)."""
@@ -376,7 +266,7 @@ def _anchors(codes: _Codes) -> list[tuple[int, int, float]]:
         counts: dict[tuple[int, ...], int] = defaultdict(int)
         for key in side_keys:
             counts[key] += 1
-        return {key: index for index, key in enumerate(side_keys) if counts[key] == 1 and key[0] != 0}
+        return {key: index for index, key in enumerate(side_keys) if counts[key] == 1 and key[0] not in (0, 1)}
 
     cand_unique, ref_unique = unique(keys(codes.cand)), unique(keys(codes.ref))
     candidates = sorted((index, ref_unique[key]) for key, index in cand_unique.items() if key in ref_unique)
@@ -644,7 +534,11 @@ def _module_pairs(
         if ref_path in taken_ref or cand_path in taken_cand:
             continue
         confidence = sum(scores) / len(scores)
-        if confidence < threshold:
+        # NOTE: the roots are paired whatever their score: both models were called with the same inputs, and the
+        # root's outputs (the logits, the embeddings) are what every user checks; a low score only means their
+        # outputs are laid out differently (open_clip's tuple against CLIPModel's output), which pairing by role
+        # and value sorts out
+        if confidence < threshold and (ref_path, cand_path) != ("", ""):
             continue
         taken_ref.add(ref_path)
         taken_cand.add(cand_path)
@@ -690,6 +584,71 @@ def _fused_pairs(
                 if fused_is_candidate
                 else ModulePair([record.path], paths, confidence, evidence)
             )
+    return found
+
+
+# NOTE: a parent is paired through its children only when at least this many of them align, all inside one parent
+_MIN_ALIGNED_CHILDREN = 2
+
+
+def _parent_pairs(
+    reference: Trace,
+    candidate: Trace,
+    pairs: list[ModulePair],
+    taken_ref: set[str],
+    taken_cand: set[str],
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+) -> list[ModulePair]:
+    """Unaligned modules whose aligned children all align inside one unaligned module on the other side, and whose
+    outputs hold the same numbers: that module is their counterpart, whatever its layer index says (transformers'
+    Swin merges patches at the end of stage N, timm at the start of stage N+1) and however its outputs differ
+    (the bug may be in its own code). Repeated upwards while new pairs appear."""
+    found: list[ModulePair] = []
+    ref_first, cand_first = _first_calls(reference), _first_calls(candidate)
+    cand_children = _children(candidate)
+    changed = True
+    while changed:
+        changed = False
+        partner = {
+            cand: ref
+            for pair in [*pairs, *found]
+            if not pair.fused
+            for cand, ref in [(pair.candidate[0], pair.reference[0])]
+        }
+        confidence_of = {pair.candidate[0]: pair.confidence for pair in [*pairs, *found] if not pair.fused}
+        for path, index in cand_first.items():
+            if not path or path in taken_cand or cand_features[index].kind == NO_OP:
+                continue
+            kids = [candidate.modules[kid].path for kid in cand_children.get(index, [])]
+            aligned = [kid for kid in dict.fromkeys(kids) if kid in partner]
+            if len(aligned) < _MIN_ALIGNED_CHILDREN:
+                continue
+            parents = {
+                reference.modules[reference.modules[ref_first[partner[kid]]].parent].path
+                if reference.modules[ref_first[partner[kid]]].parent >= 0
+                else None
+                for kid in aligned
+            }
+            if len(parents) != 1:
+                continue
+            ref_path = parents.pop()
+            if not ref_path or ref_path in taken_ref or ref_path not in ref_first:
+                continue
+            ref_feature, cand_feature = ref_features[ref_first[ref_path]], cand_features[index]
+            if (
+                ref_feature.kind == NO_OP
+                or _shape_score(ref_feature.output_shape, cand_feature.output_shape) < _RESHAPED
+            ):
+                continue
+            confidence = round(sum(confidence_of[kid] for kid in aligned) / len(aligned), 3)
+            evidence = (
+                f"children aligned inside it: {', '.join(aligned)}; output {_shape_text(cand_feature.output_shape)}"
+            )
+            found.append(ModulePair([ref_path], [path], confidence, evidence))
+            taken_ref.add(ref_path)
+            taken_cand.add(path)
+            changed = True
     return found
 
 
@@ -867,6 +826,7 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
+    pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

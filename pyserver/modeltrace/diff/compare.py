@@ -21,6 +21,7 @@ from modeltrace.diff.align import align_traces, map_notes
 from modeltrace.diff.divergence import comparison_stopped, find_divergence, source_range
 from modeltrace.diff.evidence import explain
 from modeltrace.diff.gradients import gradient_diff
+from modeltrace.diff.kinds import is_no_op
 from modeltrace.diff.mapping import ConcatenatedTensors
 from modeltrace.diff.result import (
     DIVERGENCE,
@@ -319,8 +320,9 @@ def _coverage_problem(result: DiffResult) -> str | None:
     """Why a diff in which no module differs still cannot be called a match, or None."""
     if not result.match:
         return None
-    cand_calls = [module for module in result.modules if module.candidate.path]
-    ref_calls = [record for record in result.reference.trace.modules if record.path]
+    # NOTE: a no-op (Identity, Dropout, DropPath, Flatten) has no counterpart to find: it is left out of the count
+    cand_calls = [module for module in result.modules if module.candidate.path and not is_no_op(module.candidate)]
+    ref_calls = [record for record in result.reference.trace.modules if record.path and not is_no_op(record)]
     pruned = len(result.alignment.pruned)
     aligned = sum(1 for module in cand_calls if module.reference is not None)
     smaller = min(len(cand_calls) - pruned, len(ref_calls))

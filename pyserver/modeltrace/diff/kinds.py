@@ -70,6 +70,15 @@ KIND_RULES: tuple[KindRule, ...] = (
     _rule(r"model$|transformer$|encoder$|decoder$|backbone", "model", "whole models and stacks"),
 )
 UNKNOWN = "unknown"
+# A call that computes nothing: it never anchors a pair, and its values equal to another call's are no evidence of
+# role (issue 30, item 3).
+NO_OP = "no-op"
+# NOTE: Identity (an unused q/k norm, LayerScale or drop path stands in for nothing), Dropout and DropPath (identity
+# in eval: the trace runs the model in eval mode), Flatten (the same numbers in another shape); the name must end
+# there, and a composite that only mentions one (`OmDetTurboMLPWithDropout`) is not one
+_NO_OP_CLASS = re.compile(
+    r"^(identity|flatten)$|^(?!.*with)\w*(dropout(\d+d)?|droppath|drop_path|stochasticdepth)$", re.IGNORECASE
+)
 
 _cache: dict[str, str] = {}
 
@@ -97,9 +106,22 @@ def kind_of_class(class_name: str) -> str:
     return found
 
 
+def is_no_op(call: ModuleCall) -> bool:
+    """Whether a call computes nothing, by its class: an Identity, Dropout or DropPath (the trace runs in eval
+    mode), a Flatten.
+
+    NOTE: by class, not by values: a leaf whose output equals its input by the statistics may still compute
+    something (a chain of calls summarised by their moments, a ReLU of a non-negative input); only the classes
+    that are no-ops by definition are taken out of the alignment."""
+    return bool(_NO_OP_CLASS.search(call.class_name))
+
+
 def kind_of(call: ModuleCall, is_leaf: bool) -> str:
-    """The kind of one call: its class name's kind, corrected by what it takes (a leaf whose first input is an
-    integer tensor looks things up: an embedding, whatever its class is called)."""
+    """The kind of one call: `NO_OP` for a no-op class (`is_no_op`), else its class name's kind,
+    corrected by what it takes (a leaf whose first input is an integer tensor looks things up: an embedding,
+    whatever its class is called)."""
+    if is_no_op(call):
+        return NO_OP
     kind = kind_of_class(call.class_name)
     if is_leaf and call.inputs and call.inputs[0].dtype.startswith(("int", "uint")) and kind in (UNKNOWN, "linear"):
         return "embedding"

@@ -22,6 +22,8 @@ The common case (same number of tensors, same shapes and dtypes in order) takes 
 
 from __future__ import annotations
 
+import math
+
 import operator
 from dataclasses import dataclass, field
 
@@ -96,6 +98,16 @@ def _padded(shape: list[int], rank: int) -> list[int]:
     return [1] * (rank - len(shape)) + list(shape)
 
 
+def rows_of(shape: list[int] | tuple[int, ...] | None) -> tuple[int, int] | None:
+    """(elements, width) of a shape, the width its last dimension other than 1: equal for the same rows in another
+    grid (`[1, 16, 16, 32]` and `[1, 256, 32]`; `[1, 32, 1, 1]` and `[1, 32]`), which the callers take only across
+    ranks (a shape of the same rank with the same elements is a transpose)."""
+    if not shape:
+        return None
+    width = next((size for size in reversed(shape) if size != 1), 1)
+    return (math.prod(shape), width)
+
+
 def shape_relation(reference: list[int], candidate: list[int]) -> tuple[str, int | None, int | None]:
     """(relation, dimension, count) of two shapes; see the module docstring."""
     if reference == candidate:
@@ -103,6 +115,12 @@ def shape_relation(reference: list[int], candidate: list[int]) -> tuple[str, int
     rank = max(len(reference), len(candidate))
     ref, cand = _padded(reference, rank), _padded(candidate, rank)
     if ref == cand:
+        return BROADCAST, None, None
+    if len(reference) != len(candidate) and rows_of(reference) == rows_of(candidate):
+        # NOTE: the same rows in another grid: timm's Swin keeps [B, H, W, C] where transformers keeps [B, H*W, C],
+        # timm's ConvNeXt head norms [B, C, 1, 1] where transformers' norms [B, C]; row-major, the two hold the same
+        # numbers in the same order (compared reshaped, as broadcast shapes are). Only across ranks: two shapes of
+        # one rank with the same elements ([1, 4, 7, 7] and [1, 7, 4, 7]) are a transpose, not a regrid
         return BROADCAST, None, None
     differing = [position for position in range(rank) if ref[position] != cand[position]]
     if len(differing) == 1 and differing[0] != rank - 1:
@@ -149,9 +167,36 @@ def in_order(refs: list[TensorSummary], cands: list[TensorSummary]) -> bool:
     ) == len(refs)
 
 
+def looks_like_probabilities(leaf: TensorSummary) -> bool:
+    """Whether a tensor reads as rows of probabilities (attention weights after the softmax): non-negative, at most
+    1, and a mean of 1 / its last dimension (rows summing to 1 average exactly that), from its statistics."""
+    if leaf.min is None or leaf.max is None or leaf.mean is None or len(leaf.shape) < 2 or leaf.shape[-1] < 2:
+        return False
+    if dtype_kind(leaf.dtype) != "f" or leaf.min < 0.0 or leaf.max > 1.0 + 1e-3:
+        return False
+    return abs(leaf.mean * leaf.shape[-1] - 1.0) <= 1e-3
+
+
+def _meanings_differ(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Attention weights of another meaning (issue 30, item 6): rows of probabilities on one side, raw scores (or
+    anything else) on the other, however alike their shapes; such tensors are never paired."""
+    return looks_like_probabilities(ref) != looks_like_probabilities(cand)
+
+
+def _single_number_of_another_role(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Two one-element tensors under other names whose values differ: a shape of one number says nothing of role
+    (open_clip returns `logit_scale.exp()` where CLIPModel returns the `[1, 1]` logits), so such a pair needs
+    its values to agree (to 1e-3) to be formed; otherwise both are left out with their reason."""
+    if math.prod(ref.shape) != 1 or math.prod(cand.shape) != 1 or _last_name(ref.key) == _last_name(cand.key):
+        return False
+    if ref.mean is None or cand.mean is None:
+        return False
+    return abs(ref.mean - cand.mean) > 1e-3 * max(abs(ref.mean), abs(cand.mean), 1e-12)
+
+
 def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairing:
     """Pair the tensors of one side of two aligned calls (see the module docstring)."""
-    if in_order(refs, cands):
+    if in_order(refs, cands) and not any(_meanings_differ(ref, cand) for ref, cand in zip(refs, cands)):
         return Pairing([LeafPair(ref, cand, SAME) for ref, cand in zip(refs, cands)], trivial=True)
     scored = []
     for ref_position, ref in enumerate(refs):
@@ -161,6 +206,8 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
                 continue
             relation, dimension, count = shape_relation(ref.shape, cand.shape)
             if relation == DIFFERENT:
+                continue
+            if _single_number_of_another_role(ref, cand) or _meanings_differ(ref, cand):
                 continue
             score = _RELATION_SCORE[relation]
             if ref.key == cand.key:
@@ -194,9 +241,11 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
     if not pairs and refs and cands:
         ref_position = next((position for position, ref in enumerate(refs) if dtype_kind(ref.dtype) == "f"), 0)
         cand_position = next((position for position, cand in enumerate(cands) if dtype_kind(cand.dtype) == "f"), 0)
-        ref_taken[ref_position] = cand_position
-        cand_taken.add(cand_position)
-        pairs.append((cand_position, LeafPair(refs[ref_position], cands[cand_position], DIFFERENT)))
+        # NOTE: weights of another meaning are left out even here: comparing them would fail a correct port
+        if not _meanings_differ(refs[ref_position], cands[cand_position]):
+            ref_taken[ref_position] = cand_position
+            cand_taken.add(cand_position)
+            pairs.append((cand_position, LeafPair(refs[ref_position], cands[cand_position], DIFFERENT)))
     pairs.sort(key=lambda item: item[0])
     left_out = [
         LeftOut("reference", ref.key, ref.shape, _why_left_out(ref, cands, "candidate"))
@@ -213,6 +262,17 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
 
 def _why_left_out(leaf: TensorSummary, others: list[TensorSummary], other_side: str) -> str:
     kind = dtype_kind(leaf.dtype)
+    alike = [
+        other
+        for other in others
+        if dtype_kind(other.dtype) == kind and list(other.shape) == list(leaf.shape) and _meanings_differ(leaf, other)
+    ]
+    if alike:
+        meaning = "rows of probabilities" if looks_like_probabilities(leaf) else "not rows of probabilities"
+        return (
+            f"{meaning}, unlike the {other_side}'s {alike[0].key!r} of the same shape (attention weights of another "
+            "meaning: scores before the softmax against probabilities after it)"
+        )
     fitting = [
         other
         for other in others

@@ -532,6 +532,19 @@ class ModuleEvidence:
     parameters: list[ParameterDifference]
 
 
+def _held_below(builds: dict[str, ModuleBuild], path: str, name: str) -> bool:
+    """Whether a module inside `path` holds a parameter called `name`: the other side keeps it one level deeper
+    (timm's Swin attention holds its relative position bias table, transformers' a `relative_position_bias`
+    submodule does), which is a difference of structure, not of build."""
+    prefix = f"{path}." if path else ""
+    return any(
+        parameter.name == name
+        for build_path, build in builds.items()
+        if build_path.startswith(prefix) and build_path != path
+        for parameter in build.parameters
+    )
+
+
 def module_evidence(result: DiffResult) -> dict[str, ModuleEvidence]:
     """Settings and parameter differences of every aligned module pair of a `DiffResult`, by candidate path,
     also set on each `ModuleResult` (every call of the module gets the same lists)."""
@@ -546,15 +559,113 @@ def module_evidence(result: DiffResult) -> dict[str, ModuleEvidence]:
             continue
         path = module.candidate.path
         found = evidence.get(path)
+        if found is None and (" + " in path or " + " in module.reference.path):
+            found = fused_evidence(module.reference.path, path, ref_builds, cand_builds, ref_store, cand_store)
+            if found is None:
+                continue
+            evidence[path] = found
         if found is None:
             ref_build, cand_build = ref_builds.get(module.reference.path), cand_builds.get(path)
             if ref_build is None or cand_build is None:
                 continue
+            parameters = [
+                difference
+                for difference in compare_parameters(ref_build, cand_build, ref_store, cand_store)
+                if not (difference.status == MISSING and _held_below(cand_builds, path, difference.name))
+            ]
             found = evidence[path] = ModuleEvidence(
-                path,
-                cand_build.built_at,
-                compare_settings(ref_build, cand_build),
-                compare_parameters(ref_build, cand_build, ref_store, cand_store),
+                path, cand_build.built_at, compare_settings(ref_build, cand_build), parameters
             )
         module.settings, module.parameters = found.settings, found.parameters
     return evidence
+
+
+# ------------------------------------------------------------------------------------------- fused pairs
+
+# NOTE: settings a fused module holds as the sum of its run's (its width), not as each member's
+_WIDTH_SETTINGS = frozenset({"out_features", "out_channels", "num_embeddings"})
+
+
+def fused_evidence(
+    ref_path: str,
+    cand_path: str,
+    ref_builds: dict[str, ModuleBuild],
+    cand_builds: dict[str, ModuleBuild],
+    ref_store: Any = None,
+    cand_store: Any = None,
+) -> ModuleEvidence | None:
+    """The build comparison of a fused pair (`qkv` against `q + k + v`, on either side), as one-to-one pairs get it
+    (issue 30, item 4): each member's settings against the fused module's (its width left out), each parameter the
+    reference side holds and the candidate side lacks (a member without the bias the fused module has), and the
+    members' parameters concatenated on the first dimension against the fused one's (full tensors). The
+    construction line is the line that built the candidate module at fault (the member without its bias), else
+    the candidate's (first) module's."""
+    ref_members = [ref_builds.get(path) for path in ref_path.split(" + ")]
+    cand_members = [cand_builds.get(path) for path in cand_path.split(" + ")]
+    if any(build is None for build in [*ref_members, *cand_members]):
+        return None
+    settings: list[SettingDifference] = []
+    parameters: list[ParameterDifference] = []
+    at_fault: list[ModuleBuild] = []
+    fused_is_reference = len(ref_members) == 1
+    fused, members = (ref_members[0], cand_members) if fused_is_reference else (cand_members[0], ref_members)
+    for member in members:
+        pair = (fused, member) if fused_is_reference else (member, fused)
+        own = [difference for difference in compare_settings(*pair) if difference.name not in _WIDTH_SETTINGS]
+        if own:
+            settings.extend(own)
+            at_fault.append(member if fused_is_reference else fused)
+    names = dict.fromkeys(parameter.name for build in ref_members for parameter in build.parameters)
+    for name in names:
+        if any(_parameter(build, name) is None for build in ref_members):
+            continue  # the reference side does not hold it throughout: nothing the candidate must have
+        lacking = [build for build in cand_members if _parameter(build, name) is None]
+        for build in lacking:
+            holder = ref_path if fused_is_reference else " + ".join(ref_path.split(" + "))
+            parameters.append(
+                ParameterDifference(
+                    name, MISSING, None, f"the candidate's {build.path} has no {name}; {holder} has one", build.path
+                )
+            )
+            at_fault.append(build)
+        if lacking:
+            continue
+        difference = _concatenated_difference(name, ref_members, cand_members, ref_store, cand_store)
+        if difference is not None:
+            parameters.append(difference)
+    built = at_fault[0] if at_fault else cand_members[0]
+    return ModuleEvidence(cand_path, built.built_at, settings, parameters)
+
+
+def _parameter(build: ModuleBuild, name: str) -> ParameterRecord | None:
+    return next((parameter for parameter in build.parameters if parameter.name == name), None)
+
+
+def _concatenated_difference(
+    name: str, ref_members: list[ModuleBuild], cand_members: list[ModuleBuild], ref_store: Any, cand_store: Any
+) -> ParameterDifference | None:
+    """The parameter `name` of each side, its members' concatenated on the first dimension, compared on the full
+    tensors (None when either side's are not stored, or they agree to 1e-6 of their scale)."""
+    sides = []
+    for builds, store in ((ref_members, ref_store), (cand_members, cand_store)):
+        arrays = []
+        for build in builds:
+            parameter = _parameter(build, name)
+            if store is None or parameter is None or parameter.summary.tensor is None:
+                return None
+            try:
+                arrays.append(np.asarray(store.get(parameter.summary.tensor), dtype=np.float64))
+            except Exception:  # noqa: BLE001 - a damaged tensors file: no evidence either way
+                return None
+        if any(array.ndim == 0 for array in arrays):
+            return None
+        sides.append(np.concatenate(arrays, axis=0))
+    reference, candidate = sides
+    if reference.shape != candidate.shape:
+        return ParameterDifference(
+            name, "different", None, f"shapes {list(reference.shape)} vs {list(candidate.shape)} (concatenated)"
+        )
+    largest = float(np.abs(reference - candidate).max()) if reference.size else 0.0
+    if largest <= 1e-6 * max(float(np.abs(reference).max()) if reference.size else 0.0, 1.0):
+        return None
+    return ParameterDifference(name, "different", largest, "the fused pair's parameters concatenated (full tensors)")

@@ -27,6 +27,9 @@ class Pair:
     reference_module: str  # the transformers modeling module (its file is the reference's traced file)
     maps: tuple[str, ...]
     unmapped: str = ""
+    # the reference's traced file inside the pair folder when it is not the transformers module (the independent
+    # vision implementations are the references there, and the transformers file copied in is the port)
+    reference_file: str = ""
 
     @property
     def path(self) -> Path:
@@ -116,6 +119,39 @@ PAIRS: tuple[Pair, ...] = (
         ),
         unmapped="layers.N.ffn: fc1, act and fc2 together have no single counterpart (transformers splits them "
         "between BertIntermediate and BertOutput, whose output also holds the residual and the norm)",
+    ),
+    # independent: vision
+    Pair(
+        name="convnext",
+        folder="convnext",
+        port_file="vendored/modeling_convnext.py",
+        reference_module="transformers.models.convnext.modeling_convnext",
+        reference_file="vendored/convnext.py",
+        maps=(),
+    ),
+    Pair(
+        name="swin",
+        folder="swin",
+        port_file="vendored/modeling_swin.py",
+        reference_module="transformers.models.swin.modeling_swin",
+        reference_file="vendored/swin_transformer.py",
+        maps=(),
+    ),
+    Pair(
+        name="resnet",
+        folder="resnet",
+        port_file="vendored/modeling_resnet.py",
+        reference_module="transformers.models.resnet.modeling_resnet",
+        reference_file="vendored/resnet.py",
+        maps=(),
+    ),
+    Pair(
+        name="clip",
+        folder="clip",
+        port_file="vendored/modeling_clip.py",
+        reference_module="transformers.models.clip.modeling_clip",
+        reference_file="vendored/open_clip/transformer.py",
+        maps=(),
     ),
 )
 
@@ -374,6 +410,175 @@ BUGS: tuple[Bug, ...] = (
         old="pooled = torch.tanh(self.pool(x[:, 0]))",
         new="pooled = torch.tanh(self.pool(x.mean(dim=1)))",
         why="the pooler fed the mean over tokens where BERT takes the first ([CLS]) token: the root owns the line",
+    ),
+    # independent: vision
+    # --- ConvNeXt (timm 1.0.31 reference; transformers' modeling_convnext.py as the port) --------------------------
+    Bug(
+        name="relu_for_gelu",
+        pair="convnext",
+        kind="activation",
+        module="convnext.encoder.stages.0.layers.0.act",
+        old="        self.act = ACT2FN[config.hidden_act]\n        self.pwconv2 = nn.Linear(4 * dim, dim)",
+        new='        self.act = ACT2FN["relu"]\n        self.pwconv2 = nn.Linear(4 * dim, dim)',
+        why="ReLU where timm's ConvNeXt block uses GELU (nn.GELU)",
+    ),
+    Bug(
+        name="layer_scale_skipped",
+        pair="convnext",
+        kind="layer scale",
+        module="convnext.encoder.stages.0.layers.0",
+        old="        if self.layer_scale_parameter is not None:\n            features = self.layer_scale_parameter",
+        new="        if self.layer_scale_parameter is None:\n            features = self.layer_scale_parameter",
+        why="the layer-scale test inverted: the block's branch is added unscaled (timm multiplies it by gamma)",
+    ),
+    Bug(
+        name="max_pooling",
+        pair="convnext",
+        kind="pooling",
+        module="convnext",
+        old="pooled_output = self.layernorm(last_hidden_state.mean([-2, -1]))",
+        new="pooled_output = self.layernorm(last_hidden_state.amax([-2, -1]))",
+        why="global max pooling where timm's head averages over the feature map (global average pooling)",
+    ),
+    Bug(
+        name="final_norm_eps",
+        pair="convnext",
+        kind="norm eps",
+        module="convnext.layernorm",
+        old="self.layernorm = nn.LayerNorm(config.hidden_sizes[-1], eps=config.layer_norm_eps)",
+        new="self.layernorm = nn.LayerNorm(config.hidden_sizes[-1], eps=1e-2)",
+        why="the head's norm built with eps 1e-2 (a value from another model's config) where timm uses 1e-6",
+    ),
+    # --- Swin (timm 1.0.31 reference; transformers' modeling_swin.py as the port) -----------------------------------
+    Bug(
+        name="patch_merging_order",
+        pair="swin",
+        kind="patch merging",
+        module="swin.encoder.layers.0.downsample",
+        old="[input_feature[:, row::2, col::2, :] for col in range(2) for row in range(2)]",
+        new="[input_feature[:, row::2, col::2, :] for row in range(2) for col in range(2)]",
+        why="the 2x2 neighbours concatenated row-major where timm's patch merging takes them column-major "
+        "(x0, x1, x2, x3 = (0,0), (1,0), (0,1), (1,1)): the reduction's weights meet the wrong patches",
+    ),
+    Bug(
+        name="shift_not_undone",
+        pair="swin",
+        kind="window shift",
+        module="swin.encoder.layers.0.blocks.1",
+        old="window_reverse(attention_windows, self.window_size, height_pad, width_pad), reverse=True",
+        new="window_reverse(attention_windows, self.window_size, height_pad, width_pad), reverse=False",
+        why="the shifted block rolls its output the same way again instead of back: every token lands 2 places off",
+    ),
+    Bug(
+        name="attention_scale",
+        pair="swin",
+        kind="softmax scale",
+        module="swin.encoder.layers.0.blocks.0.attention",
+        old="        self.scaling = self.head_dim**-0.5",
+        new="        self.scaling = self.head_dim**0.5",
+        why="the scale assigned in __init__ as sqrt(head_dim) where timm multiplies the queries by head_dim ** -0.5",
+    ),
+    Bug(
+        name="position_bias_transposed",
+        pair="swin",
+        kind="position bias",
+        module="swin.encoder.layers.0.blocks.0.attention.relative_position_bias",
+        old="return relative_position_bias.permute(2, 0, 1).contiguous().unsqueeze(0)",
+        new="return relative_position_bias.permute(2, 1, 0).contiguous().unsqueeze(0)",
+        why="the relative position bias laid out key-by-query: each query gets the bias of the transposed offset",
+    ),
+    # --- ResNet (timm 1.0.31 reference; transformers' modeling_resnet.py as the port) -------------------------------
+    Bug(
+        name="average_pool_stem",
+        pair="resnet",
+        kind="pooling",
+        module="resnet.embedder.pooler",
+        old="self.pooler = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)",
+        new="self.pooler = nn.AvgPool2d(kernel_size=3, stride=2, padding=1)",
+        why="the stem pooled by averaging where timm's ResNet stem max-pools",
+    ),
+    Bug(
+        name="relu_before_residual",
+        pair="resnet",
+        kind="residual",
+        module="resnet.encoder.stages.0.layers.0",
+        old="""        residual = self.shortcut(residual)
+        hidden_state += residual
+        hidden_state = self.activation(hidden_state)
+        return hidden_state
+
+
+class ResNetStage""",
+        new="""        residual = self.shortcut(residual)
+        hidden_state = self.activation(hidden_state) + residual
+        return hidden_state
+
+
+class ResNetStage""",
+        why="the bottleneck's ReLU applied before the shortcut is added (timm adds, then activates)",
+    ),
+    Bug(
+        name="shortcut_norm_eps",
+        pair="resnet",
+        kind="norm eps",
+        module="resnet.encoder.stages.0.layers.0.shortcut.normalization",
+        old="""kernel_size=1, stride=stride, bias=False)
+        self.normalization = nn.BatchNorm2d(out_channels)""",
+        new="""kernel_size=1, stride=stride, bias=False)
+        self.normalization = nn.BatchNorm2d(out_channels, eps=1e-3)""",
+        why="the projection shortcut's batch norm with Keras' eps (1e-3) where timm's uses PyTorch's 1e-5",
+        truth_at="self.normalization = nn.BatchNorm2d(out_channels, eps=1e-3)",
+    ),
+    Bug(
+        name="stride_on_1x1",
+        pair="resnet",
+        kind="stride placement",
+        module="resnet.encoder.stages.1.layers.0",
+        old="""                in_channels, reduces_channels, kernel_size=1, stride=stride if downsample_in_bottleneck else 1
+            ),
+            ResNetConvLayer(reduces_channels, reduces_channels, stride=stride if not downsample_in_bottleneck else 1),""",
+        new="""                in_channels, reduces_channels, kernel_size=1, stride=stride if not downsample_in_bottleneck else 1
+            ),
+            ResNetConvLayer(reduces_channels, reduces_channels, stride=stride if downsample_in_bottleneck else 1),""",
+        why="the stride on the first 1x1 convolution (ResNet v1) where timm strides the 3x3 one (ResNet v1.5): "
+        "shows first in stage 1, the first stage that downsamples",
+    ),
+    # --- CLIP (open_clip_torch 3.3.0 reference; transformers' modeling_clip.py as the port) -------------------------
+    Bug(
+        name="gelu_for_quick_gelu",
+        pair="clip",
+        kind="activation",
+        module="vision_model.encoder.layers.0.mlp.activation_fn",
+        old="        self.activation_fn = ACT2FN[config.hidden_act]",
+        new='        self.activation_fn = ACT2FN["gelu"]',
+        why="exact GELU where OpenAI's CLIP (open_clip with quick_gelu=True) uses x * sigmoid(1.702 x)",
+    ),
+    Bug(
+        name="class_token_last",
+        pair="clip",
+        kind="class embedding",
+        module="vision_model.embeddings",
+        old="embeddings = torch.cat([class_embeds, patch_embeds], dim=1)",
+        new="embeddings = torch.cat([patch_embeds, class_embeds], dim=1)",
+        why="the class token appended after the patches where open_clip puts it first: positions and pooling miss it",
+    ),
+    Bug(
+        name="attention_scale",
+        pair="clip",
+        kind="softmax scale",
+        module="vision_model.encoder.layers.0.self_attn",
+        old="        self.scale = self.head_dim**-0.5",
+        new="        self.scale = self.head_dim**0.5",
+        why="the scale assigned in __init__ as sqrt(head_dim) where nn.MultiheadAttention scales by head_dim ** -0.5",
+    ),
+    Bug(
+        name="mean_pooling",
+        pair="clip",
+        kind="pooling",
+        module="vision_model",
+        old="        pooled_output = last_hidden_state[:, 0, :]\n        pooled_output = self.post_layernorm(pooled_output)",
+        new="        pooled_output = last_hidden_state.mean(dim=1)\n        pooled_output = self.post_layernorm(pooled_output)",
+        why="the image pooled as the mean over tokens where open_clip's pool_type 'tok' takes the class token",
     ),
 )
 

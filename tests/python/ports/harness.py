@@ -30,6 +30,8 @@ from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
 # NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
 DIFF_OPTIONS: tuple[str, ...] = ()
 TRACE_TIMEOUT_SECONDS = 120
+# the corpus's shared modules, copied beside each patched pair folder (its recipes import them from the parent)
+SHARED_FILES = ("corpus_common.py", "vision_common.py")
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ def prepare_port(case: Case, workdir: Path) -> PreparedPort:
         shutil.rmtree(target)
     folder = target / case.pair.folder
     shutil.copytree(case.pair.path, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(CORPUS_ROOT / "corpus_common.py", target / "corpus_common.py")
+    for shared in SHARED_FILES:
+        shutil.copy2(CORPUS_ROOT / shared, target / shared)
     port_file = folder / case.pair.port_file
     truth_line = None
     if case.bug is not None:
@@ -156,6 +159,8 @@ def prepare_port(case: Case, workdir: Path) -> PreparedPort:
 
 
 def reference_modeling_file(pair: Pair) -> Path:
+    if pair.reference_file:
+        return (pair.path / pair.reference_file).resolve()
     spec = importlib.util.find_spec(pair.reference_module)
     if spec is None or spec.origin is None:
         raise ValueError(f"pair {pair.name!r}: {pair.reference_module} is not importable here")
