@@ -67,10 +67,19 @@ def _outputs_bert(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, to
     return [("last hidden state", reference.last_hidden_state, port[0]), ("pooled", reference.pooler_output, port[1])]
 
 
+def _outputs_last_position(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """gemma_pytorch's forward returns (next tokens, the last position's logits [B, V])."""
+    return [("logits of the last position", reference.logits[:, -1], port[1])]
+
+
 COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor, torch.Tensor]]]] = {
     "gpt2": _outputs_gpt2,
     "llama": _outputs_llama,
     "bert": _outputs_bert,
+    # independent: LLMs and speech
+    "meta_llama": _outputs_llama,
+    "mistral": _outputs_llama,
+    "gemma_pytorch": _outputs_last_position,
 }
 
 
@@ -206,20 +215,41 @@ def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> 
     assert bug.module in modules, f"{bug.name}: the port has no module {bug.module!r}"
     line = port.truth_line
     assert line is not None
-    assert _in_forward(modules[bug.module], line, port.port_file) or _builds(modules, bug.module, line), (
-        f"{bug.name}: line {line} is neither in {bug.module}'s forward nor the line of its parent's __init__ "
-        "that builds it"
-    )
+    owner = modules[bug.module]
+    if bug.helper:  # a module-level function of the port file that the module's class calls
+        assert _in_function(_port_function(owner, bug.helper), line, port.port_file), (
+            f"{bug.name}: line {line} is not in {bug.helper}()"
+        )
+        callers = {type(module) for module in owner.modules()}
+        assert any(f"{bug.helper}(" in inspect.getsource(inspect.unwrap(cls.forward)) for cls in callers), (
+            f"{bug.name}: {bug.module} never calls {bug.helper}"
+        )
+    else:
+        # NOTE: the owner's submodules count too: a port may call a child's `forward` directly (Mistral's
+        # one-file reference does), so the child never runs as a module call and the owner is the innermost one
+        classes = {type(module) for module in owner.modules()}
+        assert any(
+            _in_function(method, line, port.port_file) for cls in classes for method in (cls.forward, cls.__init__)
+        ) or _builds(modules, bug.module, line), (
+            f"{bug.name}: line {line} is neither in the forward or __init__ of {bug.module} (or of a module inside "
+            "it) nor the line of its parent's __init__ that builds it"
+        )
     if bug.truth_at is not None:  # converter bugs are judged at the module's construction
         assert _builds(modules, bug.module, line)
 
 
-def _in_forward(module: torch.nn.Module, line: int, file: Path) -> bool:
-    forward = type(module).forward
-    if Path(inspect.getsourcefile(forward) or "").resolve() != file.resolve():
+def _in_function(function: Callable[..., Any], line: int, file: Path) -> bool:
+    function = inspect.unwrap(function)  # `@torch.no_grad()` / `@torch.inference_mode()` forwards
+    if Path(inspect.getsourcefile(function) or "").resolve() != file.resolve():
         return False
-    source, first = inspect.getsourcelines(forward)
+    source, first = inspect.getsourcelines(function)
     return first <= line < first + len(source)
+
+
+def _port_function(module: torch.nn.Module, name: str) -> Callable[..., Any]:
+    """The module-level function `name` of the file that defines the module's class (read from its forward's
+    globals: the harness forgets the port's modules once built)."""
+    return inspect.unwrap(type(module).forward).__globals__[name]
 
 
 def _builds(modules: dict[str, torch.nn.Module], path: str, line: int) -> bool:

@@ -17,7 +17,7 @@ import json
 import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from modeltrace.worker.client import WorkerClient
 from modeltrace.worker.messages import TraceRequest
 
 from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
+from ports.sources import SHARED_MODULES
 
 # NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
 DIFF_OPTIONS: tuple[str, ...] = ()
@@ -125,7 +126,7 @@ class Judged:
 
 def apply_bug(source: str, bug: Bug, file: Path) -> tuple[str, int]:
     """The patched text and the truth line; the patch's `old` text must occur exactly once."""
-    count = source.count(bug.old)
+    count = source.count(bug.old) if bug.old else 1  # no old text: the truth line only (`truth_at`)
     if count != 1:
         raise ValueError(f"{file}: bug {bug.name!r}: its old text occurs {count} times (expected once): {bug.old!r}")
     start = source.index(bug.old)
@@ -146,10 +147,16 @@ def prepare_port(case: Case, workdir: Path) -> PreparedPort:
         shutil.rmtree(target)
     folder = target / case.pair.folder
     shutil.copytree(case.pair.path, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(CORPUS_ROOT / "corpus_common.py", target / "corpus_common.py")
+    for shared in SHARED_MODULES:
+        shutil.copy2(CORPUS_ROOT / shared, target / shared)
     port_file = folder / case.pair.port_file
     truth_line = None
-    if case.bug is not None:
+    if case.bug is not None and case.bug.patched_file:
+        patched_file = target / case.bug.patched_file
+        patched, _ = apply_bug(patched_file.read_text(), replace(case.bug, truth_at=None), patched_file)
+        patched_file.write_text(patched)
+        _, truth_line = apply_bug(port_file.read_text(), replace(case.bug, old="", new=""), port_file)
+    elif case.bug is not None:
         patched, truth_line = apply_bug(port_file.read_text(), case.bug, port_file)
         port_file.write_text(patched)
     return PreparedPort(folder, port_file, folder / "recipe_port.py", truth_line)
