@@ -78,7 +78,10 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
-        exact = sum(judged.right and judged.precision in ("line", "construction line") for judged in results[variant])
+        exact = sum(
+            judged.right and judged.precision in ("line", "construction line", "assignment line")
+            for judged in results[variant]
+        )
         rows.append(
             f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
             f"line ({module_only} more name the module but no line holding the bug)  "

@@ -51,8 +51,10 @@ VARIANTS = ("full", "lines")
 MIN_BUG_KINDS_PER_PAIR = 5
 # NOTE: float32 ports of float32 references: the same operations in another order agree to ~1e-6.
 CLEAN_PORT_ATOL = 1e-5
-# a bug must move its module's output by more than this to be a bug a diff can be asked to find
+# a bug must move its module's output by more than this (absolute, or relative ‖broken - clean‖ / ‖clean‖: an
+# attention output of small magnitude) to be a bug a diff can be asked to find
 OBSERVABLE_DIFFERENCE = 1e-4
+OBSERVABLE_RELATIVE = 1e-4
 
 
 def _outputs_gpt2(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -209,14 +211,23 @@ def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> 
     port = prepare_port(Case(pair, bug), tmp_path)
     broken = build_recipe(port.recipe)
     effect = bug_effect(bug.module, _clean_port(pair), broken)
-    assert effect.input_max_abs == 0, f"{bug.name}: {bug.module} already receives different inputs"
-    assert effect.output_max_abs > OBSERVABLE_DIFFERENCE, f"{bug.name}: {bug.module}'s output moves by {effect}"
+    if bug.unpaired_input:  # it arrives through an input with no counterpart in the reference, and only that one
+        assert effect.input_max_abs > 0 and effect.input_max_abs_real == 0, (
+            f"{bug.name}: {bug.module}'s inputs move by {effect}; only the complex {bug.unpaired_input} should"
+        )
+    else:
+        assert effect.input_max_abs == 0, f"{bug.name}: {bug.module} already receives different inputs"
+    assert effect.output_max_abs > OBSERVABLE_DIFFERENCE or effect.output_relative > OBSERVABLE_RELATIVE, (
+        f"{bug.name}: {bug.module}'s output moves by {effect}"
+    )
     modules = dict(broken.model.named_modules())
     assert bug.module in modules, f"{bug.name}: the port has no module {bug.module!r}"
     line = port.truth_line
     assert line is not None
     owner = modules[bug.module]
-    if bug.helper:  # a module-level function of the port file that the module's class calls
+    if bug.unpaired_input:  # built once in the root's `__init__` (a rotary table), passed down to the module
+        assert _in_function(type(modules[""]).__init__, line, port.port_file), f"{bug.name}: {line} is not in __init__"
+    elif bug.helper:  # a module-level function of the port file that the module's class calls
         assert _in_function(_port_function(owner, bug.helper), line, port.port_file), (
             f"{bug.name}: line {line} is not in {bug.helper}()"
         )

@@ -10,6 +10,7 @@ from modeltrace.diff.divergence import bounded, source_range
 from modeltrace.diff.lines import drill_down
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.diff.unpaired import unpaired_inputs
 from modeltrace.trace.records import SourceLocation
 
 
@@ -42,6 +43,7 @@ def explain(result: DiffResult) -> None:
         divergence.settings = list(own.settings)
         divergence.parameters = list(own.parameters)
     divergence.line = drill_down(result, divergence)
+    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
 
 
 def _built_differently_inside(

@@ -19,7 +19,8 @@ from ports.harness import Judged
 
 LINE = "line"
 CONSTRUCTION = "construction line"
-EXACT = (LINE, CONSTRUCTION)
+ASSIGNMENT = "assignment line"
+EXACT = (LINE, CONSTRUCTION, ASSIGNMENT)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ class Bug:
     patched_file: str = ""
     # the port file's module-level function holding the truth line, when the module calls a helper there
     helper: str = ""
+    # the bug reaches `module` through this input, which has no counterpart in the reference (a rotary table
+    # built in the root's `__init__`): the module's other inputs are unchanged, that one is not
+    unpaired_input: str = ""
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -477,7 +480,8 @@ BUGS: tuple[Bug, ...] = (
         name="rope_base",
         pair="meta_llama",
         kind="rotary base",
-        module="",
+        module="layers.0.attention",
+        unpaired_input="freqs_cis",
         old="            self.params.dim // self.params.n_heads, self.params.max_seq_len * 2\n",
         new="            self.params.dim // self.params.n_heads, self.params.max_seq_len * 2, theta=500000.0\n",
         why="the rotary table built with Llama 3's base 500000 where this Llama 2 uses 10000 (an `__init__` table)",
@@ -525,7 +529,8 @@ BUGS: tuple[Bug, ...] = (
         name="rope_base",
         pair="mistral",
         kind="rotary base",
-        module="",
+        module="layers.0",
+        unpaired_input="freqs_cis",
         old="        theta = self.args.rope_theta or 1000000.0\n",
         new="        theta = 10000.0\n",
         why="the rotary base hard-coded to Llama's 10000, ignoring the config's 1e6 (an `__init__` table)",

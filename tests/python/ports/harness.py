@@ -75,6 +75,11 @@ class Verdict:
     built_at: tuple[str, int] | None = None
     # the call lines of the children around the divergence (`after` / `before`): shown, not judged
     bounds: tuple[int | None, int | None] | None = None
+    # the `__init__` lines that assigned the differing settings (`settings[].assigned_at`)
+    assigned: tuple[tuple[str, int], ...] = ()
+    # where the divergence's unpaired inputs were produced (`unpaired_inputs[].produced_at` / `assigned_at`):
+    # (file, start, end) ranges
+    produced: tuple[tuple[str, int, int], ...] = ()
     error: str | None = None
     document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -91,6 +96,8 @@ class Verdict:
             where.append(f"line {self.line[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
+        where.extend(f"assigned {line}" for _, line in self.assigned)
+        where.extend(f"input from {start}" + (f"-{end}" if end != start else "") for _, start, end in self.produced)
         path = self.path or "(root)"
         if where:
             return f"{path}:{' '.join(where)}"
@@ -220,6 +227,8 @@ class Effect:
     input_max_abs: float
     output_max_abs: float
     output_relative: float
+    # the inputs' largest difference leaving complex tensors out (a rotary table as complex numbers)
+    input_max_abs_real: float = 0.0
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -252,7 +261,7 @@ def _first_call(built: Built, path: str) -> tuple[list[Any], list[Any]]:
 def _largest(clean: list[Any], broken: list[Any]) -> float:
     if [tensor.shape for tensor in clean] != [tensor.shape for tensor in broken]:
         return float("inf")
-    return max((float((a.float() - b.float()).abs().max()) for a, b in zip(clean, broken)), default=0.0)
+    return max((float((a - b).abs().max()) for a, b in zip(clean, broken)), default=0.0)
 
 
 def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
@@ -265,7 +274,9 @@ def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
         difference = sum(float((b.float() - a.float()).norm()) ** 2 for a, b in zip(clean_outputs, broken_outputs))
         size = sum(float(a.float().norm()) ** 2 for a in clean_outputs)
         relative = (difference / size) ** 0.5 if size else float("inf")
-    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative)
+    real = [(a, b) for a, b in zip(clean_inputs, broken_inputs) if not (a.is_complex() or b.is_complex())]
+    real_max_abs = _largest([a for a, _ in real], [b for _, b in real])
+    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative, real_max_abs)
 
 
 # --- tracing and diffing ------------------------------------------------------------------------------------
@@ -296,6 +307,17 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
         line=(line["file"], int(line["line"])) if line and line.get("line") is not None else None,
         built_at=(built_at["file"], int(built_at["line"])) if built_at else None,
         bounds=_bounds(first),
+        assigned=tuple(
+            (setting["assigned_at"]["file"], int(setting["assigned_at"]["line"]))
+            for setting in first.get("settings") or ()
+            if setting.get("assigned_at")
+        ),
+        produced=tuple(
+            (where["file"], int(where["line"]), int(where.get("end_line") or where["line"]))
+            for unpaired in first.get("unpaired_inputs") or ()
+            for where in (unpaired.get("produced_at"), unpaired.get("assigned_at"))
+            if where
+        ),
         document=document,
     )
 
@@ -330,12 +352,17 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return True, ""
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
+        return True, ""
+    if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.produced):
+        return True, ""
     return False, f"right module, but no range, line or construction line names line {line}"
 
 
 def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
-    "construction line" (`built_at` is it), "range of N lines" (only `lines` holds it), "" otherwise; a
+    "construction line" (`built_at` is it), "assignment line" (a differing setting's `assigned_at` is it), "range of N lines" (only `lines`, or where
+    an unpaired input was produced, holds it), "" otherwise; a
     `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
     if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
         return ""
@@ -344,6 +371,18 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         return "line"
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return "construction line"
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
+        return "assignment line"
+    produced = [
+        end - start + 1
+        for file, start, end in verdict.produced
+        if _same_file(file, port.port_file) and start <= line <= end
+    ]
+    if produced and not (
+        verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]
+    ):
+        width = min(produced)
+        return "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
     found = ""
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
         width = verdict.lines[2] - verdict.lines[1] + 1
