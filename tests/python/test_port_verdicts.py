@@ -45,7 +45,18 @@ from ports.harness import (
 
 # What the diff says today where its verdict is wrong (case id, or `CASE_ID@full` / `CASE_ID@lines` for one
 # variant -> reason); remove a row when it becomes right.
-KNOWN_WRONG: dict[str, str] = {}
+KNOWN_WRONG: dict[str, str] = {
+    # independent: LLMs and speech
+    "meta_llama-gate_up_swapped": "blames layers.0.feed_forward.w3 (built at its construction line): the SiLU on "
+    "w3 with correct weights computes what a converter swap of w1 and w3 computes; the alignment pairs the first "
+    "called projection with gate_proj, and nothing in the values tells the two bugs apart",
+    "mistral-softmax_scale_in_init@full": "layers.0, range 112-147 (the attention's forward): without line records "
+    "the first differing line, which reads self.scale (assigned at 78), is not known",
+    "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "
+    "numbers in another order, so their statistics match; the helper's line 35 is never named",
+    "gemma_pytorch-rotary_interleaved": "model.layers.0.self_attn, range 263-338 and line 111 of apply_rotary_emb: "
+    "the complex intermediate on line 106-107 is not stored or compared, the first compared value after it is",
+}
 VARIANTS = ("full", "lines")
 
 MIN_BUG_KINDS_PER_PAIR = 5
@@ -170,7 +181,10 @@ def test_a_verdict_is_held_to_its_line_claim(tmp_path: Path) -> None:
 
 
 def test_line_claims_cover_every_bug_and_add_up_to_the_table() -> None:
-    assert list(LINE_CLAIMS) == [case.id for case in all_cases() if case.bug is not None]
+    """A row per bug whose verdict is right in at least one variant (a known wrong one has none)."""
+    assert list(LINE_CLAIMS) == [
+        case.id for case in all_cases() if case.bug is not None and case.id not in KNOWN_WRONG
+    ]
     for variant, claimed in EXACT_LINES_CLAIMED.items():
         exact = [case for case, claim in LINE_CLAIMS.items() if claim.precision(variant) in EXACT]
         assert len(exact) == claimed, f"{variant}: {len(exact)} rows name the exact line, the table says {claimed}"
@@ -278,7 +292,13 @@ def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, varian
     _assert_line_claim(judged, variant)
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, id=case.id) for case in all_cases()])
+def _automatic_param(case: Case) -> Any:
+    reason = KNOWN_WRONG.get(f"{case.id}@automatic", KNOWN_WRONG.get(case.id))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_automatic_param(case) for case in all_cases()])
 def test_port_verdict_aligned_automatically(port_harnesses: dict[str, PortHarness], case: Case) -> None:
     """The same verdicts (on the traces with line records) without the pairs' hand-written `--map` rules: the
     diff aligns each port with its reference by evidence alone (issue 16), and localises every bug as well."""

@@ -45,10 +45,16 @@ class LineDivergence:
     # where the value first differs inside a helper function the forward calls: the forward's line that called
     # it (an edited argument of that call is there), else None
     called_from: tuple[str, int] | None = None
+    # the attributes the line reads that its class's `__init__` assigns: (name, file, first line, last line)
+    reads: tuple[tuple[str, str, int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
         return {
+            "reads": [
+                {"attribute": name, "assigned_at": {"file": file, "line": start, "end_line": end}}
+                for name, file, start, end in self.reads
+            ],
             "file": self.file,
             "line": self.line,
             "name": self.name,
@@ -78,8 +84,12 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     reference, candidate = divergence.module.reference, divergence.module.candidate
     if reference is None:
         return None
-    ref_lines = [record for record in result.reference.trace.lines if record.module_call == reference.index]
-    cand_lines = [record for record in result.candidate.trace.lines if record.module_call == candidate.index]
+    aligned_ref = {module.reference.index for module in result.modules if module.reference is not None}
+    aligned_cand = {module.candidate.index for module in result.modules if module.reference is not None}
+    ref_calls = _with_unaligned_descendants(result.reference.trace.modules, reference.index, aligned_ref)
+    cand_calls = _with_unaligned_descendants(result.candidate.trace.modules, candidate.index, aligned_cand)
+    ref_lines = [record for record in result.reference.trace.lines if record.module_call in ref_calls]
+    cand_lines = [record for record in result.candidate.trace.lines if record.module_call in cand_calls]
     if not ref_lines or not cand_lines:
         return None
     ref_body, ref_inputs = _split_prologue(ref_lines)
@@ -92,6 +102,25 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     if found is None or not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
+
+
+def _with_unaligned_descendants(records: list, call: int, aligned: set[int]) -> set[int]:
+    """The call and the calls inside it that have no counterpart on the other side (and are not inside an
+    aligned one): their lines are inline code as far as the other side can tell (a module on one side only:
+    Mistral's one-file reference calls `self.attention.forward(x)` directly, so transformers' attention
+    module has no counterpart call, and its lines belong to the decoder layer's comparison)."""
+    children: dict[int, list[int]] = {}
+    for record in records:
+        children.setdefault(record.parent, []).append(record.index)
+    found = {call}
+    pending = list(children.get(call, []))
+    while pending:
+        index = pending.pop()
+        if index in aligned or index in found:
+            continue
+        found.add(index)
+        pending.extend(children.get(index, []))
+    return found
 
 
 def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: LineRecord) -> LineDivergence:

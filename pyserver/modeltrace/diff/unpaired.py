@@ -193,12 +193,44 @@ def _producing_line(result: DiffResult, call: int, summary: TensorSummary) -> Li
     matching = [
         line
         for line in result.candidate.trace.lines
-        if line.module_call in callers and _same_values(line.tensor, summary)
+        if line.module_call in callers and _same_values(line.tensor, summary) and not _is_def_line(line)
     ]
     return matching[0] if matching else None
 
 
-def _init_assignment(record: LineRecord | _Origin) -> tuple[str | None, Where | None]:
+def _is_def_line(record: LineRecord) -> bool:
+    """A function's parameters are recorded on its `def` line: receiving a value is not producing it."""
+    text = _source_line(record.file, record.line)
+    return text is not None and text.lstrip().startswith(("def ", "async def "))
+
+
+def _source_line(file: str, line: int) -> str | None:
+    try:
+        lines = read_source_text(file).splitlines()
+    except (UnreadableSource, ValueError):
+        return None
+    return lines[line - 1] if 0 < line <= len(lines) else None
+
+
+def settings_read(file: str, line: int) -> list[tuple[str, Where]]:
+    """The attributes a candidate line reads (`* self.scale`) that its class's `__init__` assigns, each with that
+    statement: where the first differing line's inputs all matched before it, a setting it reads is the
+    narrowest place left for the cause (issue 30, item 5, where the module has no counterpart to compare the
+    setting with)."""
+    found = []
+    text = _source_line(file, line) or ""
+    for attribute in _ATTRIBUTE_READ.findall(text):
+        if re.search(rf"\bself\.{attribute}\s*\(", text):
+            continue  # a submodule called on the line (`self.down_proj(fuse)`): it has a call of its own
+        named, assigned = _init_assignment(_Origin(file, line, attribute), only=attribute, settings_only=True)
+        if named is not None and assigned is not None and (named, assigned) not in found:
+            found.append((named, assigned))
+    return found
+
+
+def _init_assignment(
+    record: LineRecord | _Origin, only: str | None = None, settings_only: bool = False
+) -> tuple[str | None, Where | None]:
     """The attribute the line reads that the enclosing class's `__init__` assigns, and that statement (widened
     to the statements before it assigning the local names it reads)."""
     try:
@@ -209,7 +241,7 @@ def _init_assignment(record: LineRecord | _Origin) -> tuple[str | None, Where | 
     lines = source.splitlines()
     if not 0 < record.line <= len(lines):
         return None, None
-    attributes = _ATTRIBUTE_READ.findall(lines[record.line - 1])
+    attributes = [only] if only is not None else _ATTRIBUTE_READ.findall(lines[record.line - 1])
     owner = _enclosing_class(tree, record.line)
     init = next(
         (
@@ -227,9 +259,23 @@ def _init_assignment(record: LineRecord | _Origin) -> tuple[str | None, Where | 
         if not assigning:
             continue
         statement = max(assigning, key=lambda item: item.lineno)  # the last assignment wins on the straight path
+        if settings_only and not _computed(statement.value):
+            continue
         start = _first_input_line(statement, statements)
         return attribute, Where(record.file, start, statement.end_lineno or statement.lineno)
     return None, None
+
+
+def _computed(value: ast.expr | None) -> bool:
+    """Whether an `__init__` value is a setting computed there (`self.head_dim**-0.5`, `rope_theta or 1e6`), not
+    a kept argument (`self.eps = eps`) nor a built object (`nn.Parameter(...)`, `RMSNorm(...)`: capitalised
+    callees are classes)."""
+    if value is None or isinstance(value, ast.Name):
+        return False
+    if isinstance(value, ast.Call):
+        callee = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+        return not callee[:1].isupper()
+    return True
 
 
 def _enclosing_class(tree: ast.Module, line: int) -> ast.ClassDef | None:
@@ -263,4 +309,4 @@ def _first_input_line(statement: ast.Assign | ast.AnnAssign, statements: list[as
     return start
 
 
-__all__ = ["UnpairedInput", "Where", "unpaired_inputs"]
+__all__ = ["UnpairedInput", "Where", "settings_read", "unpaired_inputs"]

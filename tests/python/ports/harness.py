@@ -80,6 +80,8 @@ class Verdict:
     # where the divergence's unpaired inputs were produced (`unpaired_inputs[].produced_at` / `assigned_at`):
     # (file, start, end) ranges
     produced: tuple[tuple[str, int, int], ...] = ()
+    # the `__init__` statements assigning the settings the first differing line reads (`line.reads`)
+    reads: tuple[tuple[str, int, int], ...] = ()
     error: str | None = None
     document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -98,6 +100,7 @@ class Verdict:
             where.append(f"built {self.built_at[1]}")
         where.extend(f"assigned {line}" for _, line in self.assigned)
         where.extend(f"input from {start}" + (f"-{end}" if end != start else "") for _, start, end in self.produced)
+        where.extend(f"reads {start}" + (f"-{end}" if end != start else "") for _, start, end in self.reads)
         path = self.path or "(root)"
         if where:
             return f"{path}:{' '.join(where)}"
@@ -318,6 +321,10 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
             for where in (unpaired.get("produced_at"), unpaired.get("assigned_at"))
             if where
         ),
+        reads=tuple(
+            (read["assigned_at"]["file"], int(read["assigned_at"]["line"]), int(read["assigned_at"]["end_line"]))
+            for read in (line or {}).get("reads") or ()
+        ),
         document=document,
     )
 
@@ -354,6 +361,8 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
         return True, ""
+    if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.reads):
+        return True, ""
     if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.produced):
         return True, ""
     return False, f"right module, but no range, line or construction line names line {line}"
@@ -372,6 +381,8 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return "construction line"
     if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
+        return "assignment line"
+    if any(_same_file(file, port.port_file) and start == line == end for file, start, end in verdict.reads):
         return "assignment line"
     produced = [
         end - start + 1
