@@ -54,8 +54,8 @@ KNOWN_WRONG: dict[str, str] = {
     "the first differing line, which reads self.scale (assigned at 78), is not known",
     "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "
     "numbers in another order, so their statistics match; the helper's line 35 is never named",
-    "gemma_pytorch-rotary_interleaved": "model.layers.0.self_attn, range 263-338 and line 111 of apply_rotary_emb: "
-    "the complex intermediate on line 106-107 is not stored or compared, the first compared value after it is",
+    "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 263-338: the bug is in the helper "
+    "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
 }
 VARIANTS = ("full", "lines")
 

@@ -297,7 +297,8 @@ def _function_spans(file: str) -> list[tuple[int, int]]:
     return found
 
 
-def _enclosing_function(file: str, line: int) -> tuple[int, int] | None:
+def enclosing_function(file: str, line: int) -> tuple[int, int] | None:
+    """(first, last) line of the innermost function of `file` holding `line`, or None."""
     spans = [span for span in _function_spans(file) if span[0] <= line <= span[1]]
     return min(spans, key=lambda span: span[1] - span[0]) if spans else None
 
@@ -312,8 +313,8 @@ def _nested_range(file: str, span: tuple[int, int], after: object, before: objec
     first, last = span
     if first <= after.line <= last or first <= before.line <= last or after.line > before.line:
         return None
-    function = _enclosing_function(file, after.line)
-    if function is None or function != _enclosing_function(file, before.line):
+    function = enclosing_function(file, after.line)
+    if function is None or function != enclosing_function(file, before.line):
         return None
     return SourceRange(file, after.line, before.line)
 

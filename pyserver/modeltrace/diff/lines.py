@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from modeltrace.diff.divergence import enclosing_function
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
 
@@ -47,10 +48,15 @@ class LineDivergence:
     called_from: tuple[str, int] | None = None
     # the attributes the line reads that its class's `__init__` assigns: (name, file, first line, last line)
     reads: tuple[tuple[str, str, int, int], ...] = ()
+    # the first line of the stretch that holds the cause: after the last line of the same function whose value
+    # the reference also computed (values no line compares, a complex intermediate, lie in between), else the
+    # function's first line; None where unknown
+    since: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
         return {
+            "since": self.since,
             "reads": [
                 {"attribute": name, "assigned_at": {"file": file, "line": start, "end_line": end}}
                 for name, file, start, end in self.reads
@@ -152,12 +158,9 @@ def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: 
     )
     if caller is None:
         return found
-    return LineDivergence(
-        found.file,
-        found.line,
-        found.name,
-        found.max_abs_diff,
-        f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
+    return replace(
+        found,
+        reason=f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
         called_from=(caller.file, caller.line),
     )
 
@@ -233,6 +236,7 @@ def _by_order(
 ) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
+    last_right: LineRecord | None = None
     for cand_record in cand_body:
         # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
         # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
@@ -250,6 +254,7 @@ def _by_order(
             )
             if explained is not None:
                 position = explained + 1
+            last_right = cand_record
             continue
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
@@ -270,8 +275,20 @@ def _by_order(
             continue  # an intermediate the reference does not have
         found = _differs(counterpart, cand_record, tolerance)
         if found is not None:
-            return found
+            return replace(found, since=_since(last_right, found))
     return None
+
+
+def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
+    """The first line of the stretch of `found`'s function where the difference arises: after the last line of
+    that function whose value was right, else after its `def` line."""
+    function = enclosing_function(found.file, found.line)
+    if function is None:
+        return None
+    start = function[0] + 1
+    if last_right is not None and last_right.file == found.file and function[0] <= last_right.line < found.line:
+        start = max(start, last_right.line + 1)
+    return start if start <= found.line else None
 
 
 def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool]:

@@ -116,6 +116,9 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "gemma_pytorch-gate_up_swapped": LineClaim(
         207, (207, 211), full="range of 5 lines", with_lines="range of 5 lines; line 211 is not the bug's"
     ),
+    "gemma_pytorch-rotary_interleaved": LineClaim(
+        107, (263, 338), full="", with_lines="range of 7 lines (the drill-down's stretch)"
+    ),
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)

@@ -72,6 +72,8 @@ class Verdict:
     path: str | None = None
     lines: tuple[str, int, int] | None = None
     line: tuple[str, int] | None = None
+    # the drill-down's stretch: `line.since` to the line named (values no line compares lie in between)
+    line_since: int | None = None
     built_at: tuple[str, int] | None = None
     # the call lines of the children around the divergence (`after` / `before`): shown, not judged
     bounds: tuple[int | None, int | None] | None = None
@@ -308,6 +310,7 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
         path=first.get("path") if first else None,
         lines=(lines["file"], int(lines["start"]), int(lines["end"])) if lines else None,
         line=(line["file"], int(line["line"])) if line and line.get("line") is not None else None,
+        line_since=int(line["since"]) if line and line.get("since") is not None else None,
         built_at=(built_at["file"], int(built_at["line"])) if built_at else None,
         bounds=_bounds(first),
         assigned=tuple(
@@ -363,6 +366,9 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.reads):
         return True, ""
+    if verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file):
+        if verdict.line_since <= line <= verdict.line[1]:
+            return True, ""
     if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.produced):
         return True, ""
     return False, f"right module, but no range, line or construction line names line {line}"
@@ -395,6 +401,17 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         width = min(produced)
         return "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
     found = ""
+    stretch = verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file)
+    if (
+        stretch
+        and verdict.line_since <= line <= verdict.line[1]
+        and not (
+            verdict.lines
+            and _same_file(verdict.lines[0], port.port_file)
+            and verdict.lines[1] <= line <= verdict.lines[2]
+        )
+    ):
+        return f"range of {verdict.line[1] - verdict.line_since + 1} lines (the drill-down's stretch)"
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
         width = verdict.lines[2] - verdict.lines[1] + 1
         found = f"range of {width} line{'s' if width > 1 else ''}"
