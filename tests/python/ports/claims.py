@@ -89,9 +89,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         with_lines="range of 5 lines (where an unpaired input was produced)",
     ),
     "meta_llama-softmax_scale": LineClaim(298, (274, 304), full="range of 31 lines", with_lines=LINE),
-    "meta_llama-mask_off_by_one": LineClaim(
-        480, (470, 492), full="range of 23 lines", with_lines="range of 23 lines; line 472 is not the bug's"
-    ),
+    "meta_llama-mask_off_by_one": LineClaim(480, (470, 492), full="range of 23 lines", with_lines="range of 23 lines"),
     "meta_llama-last_layer_not_converted": LineClaim(383, (65, 77), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "mistral-rope_base": LineClaim(
         224,
@@ -104,7 +102,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         159, (159, 159), full="range of 1 line", with_lines="range of 1 line; line 141 is not the bug's"
     ),
     "mistral-mask_sees_next": LineClaim(
-        244, (232, 249), full="range of 18 lines", with_lines="range of 18 lines; line 233 is not the bug's"
+        244, (232, 249), full="range of 18 lines", with_lines="range of 18 lines; line 238 is not the bug's"
     ),
     "gemma_pytorch-embedding_scale_missing": LineClaim(
         598, (559, 600), full="range of 42 lines", with_lines="range of 42 lines; line 162 is not the bug's"
