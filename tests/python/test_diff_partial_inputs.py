@@ -44,7 +44,7 @@ def test_moving_a_model_to_a_dtype_keeps_complex_buffers_complex() -> None:
     assert built.model.proj.weight.dtype == torch.float64 and built.args[0].dtype == torch.float64
 
 
-SOURCE = '''import torch
+SOURCE = """import torch
 
 
 class Transformer:
@@ -58,7 +58,7 @@ class Transformer:
     def forward(self, tokens):
         freqs_cis = self.freqs_cis[: tokens.shape[1]]
         return freqs_cis
-'''
+"""
 
 
 def test_an_unpaired_input_read_from_an_init_attribute_names_the_statements_that_built_it(tmp_path: Path) -> None:
