@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import torch
 from modeltrace.worker.client import WorkerClient
+from ports.sources import unavailable
 from ports.claims import EXACT, EXACT_LINES_CLAIMED, LINE_CLAIMS, LineClaim, claim_mismatches
-from ports.corpus import BUGS, PAIRS, Pair, bugs_of
+from ports.corpus import BUGS, PAIRS, PAIRS_BY_NAME, Pair, bugs_of
 from ports.harness import (
     Built,
     Case,
@@ -111,10 +112,22 @@ def port_harnesses(worker: WorkerClient, tmp_path_factory: pytest.TempPathFactor
     }
 
 
+@functools.cache
+def _missing(pair_name: str) -> str | None:
+    """Why a pair's published implementation cannot be read here (its tests are skipped), or None."""
+    pair = PAIRS_BY_NAME[pair_name]
+    return unavailable(pair.sources) if pair.sources else None
+
+
+def _skip_unless_sources(pair_name: str) -> list[Any]:
+    reason = _missing(pair_name)
+    return [pytest.mark.skip(reason=reason)] if reason else []
+
+
 def _verdict_param(case: Case, variant: str) -> Any:
     reason = KNOWN_WRONG.get(f"{case.id}@{variant}", KNOWN_WRONG.get(case.id))
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(case, variant, id=f"{variant}-{case.id}", marks=marks)
+    return pytest.param(case, variant, id=f"{variant}-{case.id}", marks=marks + _skip_unless_sources(case.pair.name))
 
 
 def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path: Path) -> None:
@@ -198,7 +211,9 @@ def test_a_patch_whose_text_is_not_unique_is_refused() -> None:
         apply_bug(port_file.read_text(), ambiguous, port_file)
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda pair: pair.name)
+@pytest.mark.parametrize(
+    "pair", [pytest.param(pair, id=pair.name, marks=_skip_unless_sources(pair.name)) for pair in PAIRS]
+)
 def test_clean_port_agrees_with_its_reference(pair: Pair) -> None:
     reference = build_recipe(pair.path / "recipe_reference.py")
     port = build_recipe(pair.path / "recipe_port.py")
@@ -216,7 +231,9 @@ def test_each_pair_has_enough_bug_kinds(pair: Pair) -> None:
     assert len(kinds) >= MIN_BUG_KINDS_PER_PAIR, f"{pair.name}: only {sorted(kinds)}"
 
 
-@pytest.mark.parametrize("bug", BUGS, ids=lambda bug: f"{bug.pair}-{bug.name}")
+@pytest.mark.parametrize(
+    "bug", [pytest.param(bug, id=f"{bug.pair}-{bug.name}", marks=_skip_unless_sources(bug.pair)) for bug in BUGS]
+)
 def test_bug_is_observable_and_owned_by_its_module(bug: Any, tmp_path: Path) -> None:
     """The corpus's own truth: the bug leaves the inputs of the module named unchanged and changes its output
     (so that module is where a diff must find it), and the truth line belongs to that module (inside its
@@ -295,7 +312,7 @@ def test_port_verdict(port_harnesses: dict[str, PortHarness], case: Case, varian
 def _automatic_param(case: Case) -> Any:
     reason = KNOWN_WRONG.get(f"{case.id}@automatic", KNOWN_WRONG.get(case.id))
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(case, id=case.id, marks=marks)
+    return pytest.param(case, id=case.id, marks=marks + _skip_unless_sources(case.pair.name))
 
 
 @pytest.mark.parametrize("case", [_automatic_param(case) for case in all_cases()])

@@ -86,6 +86,22 @@ def materialise(source: Source, folder: Path) -> None:
         target.write_bytes(text)
 
 
+def unavailable(sources: tuple[Source, ...]) -> str | None:
+    """Why the sources cannot be materialised here (no mirror, or no pinned commit in it), or None."""
+    for source in sources:
+        git_dir = source.mirror()
+        if not git_dir.is_dir():
+            return f"no mirror of {source.repo} at {git_dir} (set ${MIRRORS_VARIABLE})"
+        found = subprocess.run(
+            ["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{source.commit}^{{commit}}"],
+            capture_output=True,
+            check=False,
+        )
+        if found.returncode != 0:
+            return f"the mirror of {source.repo} at {git_dir} lacks commit {source.commit[:12]}"
+    return None
+
+
 def staged_pair_folder(name: str, committed: Path, sources: tuple[Source, ...]) -> Path:
     """The committed pair folder plus its sources' files, staged once per process under the temp folder."""
     root = Path(tempfile.gettempdir()) / f"modeltrace-ports-{os.getuid()}-{os.getpid()}"
