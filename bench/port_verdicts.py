@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python")
 
 from modeltrace.worker.client import WorkerClient
 from ports.harness import Case, Effect, Judged, PortHarness, all_cases, bug_effect, build_recipe, prepare_port
+from ports.sources import unavailable
 
 VARIANTS = {
     "full": "full tensors",
@@ -78,7 +79,10 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
-        exact = sum(judged.right and judged.precision in ("line", "construction line") for judged in results[variant])
+        exact = sum(
+            judged.right and judged.precision in ("line", "construction line", "assignment line")
+            for judged in results[variant]
+        )
         rows.append(
             f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
             f"line ({module_only} more name the module but no line holding the bug)  "
@@ -93,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     arguments = parser.parse_args(argv)
     cases = [case for case in all_cases() if not arguments.pair or case.pair.name in arguments.pair]
+    missing = {case.pair.name: unavailable(case.pair.sources) for case in cases if case.pair.sources}
+    for name, reason in missing.items():
+        if reason:
+            print(f"# {name}: left out: {reason}", file=sys.stderr)
+    cases = [case for case in cases if not missing.get(case.pair.name)]
     variants = list(VARIANTS) if arguments.variant == "all" else [arguments.variant]
     started = time.perf_counter()
     results: dict[str, list[Judged]] = {}

@@ -62,6 +62,11 @@ def compare_arrays(
     return found.close, found.max_abs, found.max_rel, found.reason
 
 
+# An additive attention mask writes "masked" as -inf (Meta's Llama, Mistral) or as a large finite negative
+# (transformers: the dtype's minimum; gemma_pytorch: -2.38e38): at or below this, both mean the same thing.
+MASKED_AT_OR_BELOW = -1e30
+
+
 def measure_arrays(
     reference: np.ndarray,
     candidate: np.ndarray,
@@ -72,7 +77,34 @@ def measure_arrays(
     scaled_atol: bool = False,
 ) -> ArrayComparison:
     """The elementwise check (atol per unit of max|reference| when `scaled_atol`) and the scale-aware measures
-    (relative error, cosine similarity) of two arrays of one shape, in one pass of blocks."""
+    (relative error, cosine similarity) of two arrays of one shape, in one pass of blocks. Two additive masks
+    that mask the same positions, one with -inf and the other with a large finite negative, are the same mask:
+    where a comparison fails and both arrays hold values at or below `MASKED_AT_OR_BELOW` at exactly the same
+    places, those places count as equal (a second pass, only for such failing comparisons)."""
+    found = _measure_arrays(reference, candidate, atol, rtol, slack_abs, slack_rel, scaled_atol)
+    if found.close or reference.dtype.kind != "f" or candidate.dtype.kind != "f" or reference.size == 0:
+        return found
+    with np.errstate(invalid="ignore"):
+        masked_reference = reference <= MASKED_AT_OR_BELOW
+        if not masked_reference.any():
+            return found
+        masked_candidate = candidate <= MASKED_AT_OR_BELOW
+    if not np.array_equal(masked_reference, masked_candidate):
+        return found
+    unmasked_reference = np.where(masked_reference, 0, reference).astype(reference.dtype, copy=False)
+    unmasked_candidate = np.where(masked_candidate, 0, candidate).astype(candidate.dtype, copy=False)
+    return _measure_arrays(unmasked_reference, unmasked_candidate, atol, rtol, slack_abs, slack_rel, scaled_atol)
+
+
+def _measure_arrays(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    atol: float,
+    rtol: float,
+    slack_abs: float = 0.0,
+    slack_rel: float = 0.0,
+    scaled_atol: bool = False,
+) -> ArrayComparison:
     a = reference.reshape(-1)
     b = candidate.reshape(-1)
     if a.dtype.kind in "biu" and b.dtype.kind in "biu":

@@ -267,6 +267,58 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
     return found
 
 
+_function_cache: dict[tuple[str, float], list[tuple[int, int]]] = {}
+
+
+def _function_spans(file: str) -> list[tuple[int, int]]:
+    """(first, last) line of every function of a file (methods and nested functions too)."""
+    import ast
+    import os
+
+    try:
+        key = (file, os.path.getmtime(file))
+    except OSError:
+        return []
+    found = _function_cache.get(key)
+    if found is not None:
+        return found
+    try:
+        tree = ast.parse(read_source_text(file), file)
+    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = None
+    found = [
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    if len(_function_cache) > 64:
+        _function_cache.clear()
+    _function_cache[key] = found
+    return found
+
+
+def enclosing_function(file: str, line: int) -> tuple[int, int] | None:
+    """(first, last) line of the innermost function of `file` holding `line`, or None."""
+    spans = [span for span in _function_spans(file) if span[0] <= line <= span[1]]
+    return min(spans, key=lambda span: span[1] - span[0]) if spans else None
+
+
+def _nested_range(file: str, span: tuple[int, int], after: object, before: object) -> SourceRange | None:
+    """The children's call lines when both lie outside the module's `forward`, in one other function of its
+    file: a child module the port calls through its `forward` method (`self.attention.forward(x)`), or a
+    helper, runs there without a module call of its own, so the recorded grandchildren around the difference
+    are the narrowest evidence (issue 30, item 2: a module on one side only is searched, not skipped)."""
+    if after is None or before is None or after.file != file or before.file != file:
+        return None
+    first, last = span
+    if first <= after.line <= last or first <= before.line <= last or after.line > before.line:
+        return None
+    function = enclosing_function(file, after.line)
+    if function is None or function != enclosing_function(file, before.line):
+        return None
+    return SourceRange(file, after.line, before.line)
+
+
 def _derivable(last_match: ModuleResult, first_differing: ModuleResult | None) -> bool:
     """Whether the first differing child's differing inputs can have been computed from the last matching
     child's outputs: not when every one of them is of another kind (integer position ids against floating
@@ -299,6 +351,9 @@ def source_range(divergence: Divergence) -> SourceRange | None:
     if span is not None:
         first, last = span
         file = defined.file
+        nested = _nested_range(file, span, after, before)
+        if nested is not None:
+            return nested
         start = after.line if after is not None and after.file == file and first <= after.line <= last else first
         end = before.line if before is not None and before.file == file and first <= before.line <= last else last
         if start > end:

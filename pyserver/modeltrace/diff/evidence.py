@@ -6,10 +6,13 @@ its forward first computes a different value (`lines`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from modeltrace.diff.divergence import bounded, source_range
-from modeltrace.diff.lines import drill_down
+from modeltrace.diff.lines import LineDivergence, drill_down
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.diff.unpaired import settings_read, unpaired_inputs
 from modeltrace.trace.records import SourceLocation
 
 
@@ -41,7 +44,8 @@ def explain(result: DiffResult) -> None:
     if own is not None:
         divergence.settings = list(own.settings)
         divergence.parameters = list(own.parameters)
-    divergence.line = drill_down(result, divergence)
+    divergence.line = _with_reads(drill_down(result, divergence))
+    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
 
 
 def _built_differently_inside(
@@ -76,3 +80,23 @@ def _built_at(result: DiffResult, path: str) -> SourceLocation | None:
         if build.path == path:
             return build.built_at
     return None
+
+
+def _with_reads(line: LineDivergence | None) -> LineDivergence | None:
+    """The first differing line with the `__init__` settings it reads (`self.scale`), said in its reason too."""
+    if line is None:
+        return None
+    reads = settings_read(line.file, line.line)
+    if not reads:
+        return line
+    said = ", ".join(
+        f"self.{name} (assigned at {where.file.rsplit('/', 1)[-1]}:{where.line}"
+        + (f"-{where.end_line}" if where.end_line not in (None, where.line) else "")
+        + ")"
+        for name, where in reads
+    )
+    return replace(
+        line,
+        reason=f"{line.reason}; the line reads {said}",
+        reads=tuple((name, where.file, where.line, where.end_line or where.line) for name, where in reads),
+    )

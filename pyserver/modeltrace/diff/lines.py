@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from modeltrace.diff.divergence import enclosing_function
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
 
@@ -45,10 +46,21 @@ class LineDivergence:
     # where the value first differs inside a helper function the forward calls: the forward's line that called
     # it (an edited argument of that call is there), else None
     called_from: tuple[str, int] | None = None
+    # the attributes the line reads that its class's `__init__` assigns: (name, file, first line, last line)
+    reads: tuple[tuple[str, str, int, int], ...] = ()
+    # the first line of the stretch that holds the cause: after the last line of the same function whose value
+    # the reference also computed (values no line compares, a complex intermediate, lie in between), else the
+    # function's first line; None where unknown
+    since: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
         return {
+            "since": self.since,
+            "reads": [
+                {"attribute": name, "assigned_at": {"file": file, "line": start, "end_line": end}}
+                for name, file, start, end in self.reads
+            ],
             "file": self.file,
             "line": self.line,
             "name": self.name,
@@ -78,8 +90,12 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     reference, candidate = divergence.module.reference, divergence.module.candidate
     if reference is None:
         return None
-    ref_lines = [record for record in result.reference.trace.lines if record.module_call == reference.index]
-    cand_lines = [record for record in result.candidate.trace.lines if record.module_call == candidate.index]
+    aligned_ref = {module.reference.index for module in result.modules if module.reference is not None}
+    aligned_cand = {module.candidate.index for module in result.modules if module.reference is not None}
+    ref_calls = _with_unaligned_descendants(result.reference.trace.modules, reference.index, aligned_ref)
+    cand_calls = _with_unaligned_descendants(result.candidate.trace.modules, candidate.index, aligned_cand)
+    ref_lines = [record for record in result.reference.trace.lines if record.module_call in ref_calls]
+    cand_lines = [record for record in result.candidate.trace.lines if record.module_call in cand_calls]
     if not ref_lines or not cand_lines:
         return None
     ref_body, ref_inputs = _split_prologue(ref_lines)
@@ -92,6 +108,25 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     if found is None or not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
+
+
+def _with_unaligned_descendants(records: list, call: int, aligned: set[int]) -> set[int]:
+    """The call and the calls inside it that have no counterpart on the other side (and are not inside an
+    aligned one): their lines are inline code as far as the other side can tell (a module on one side only:
+    Mistral's one-file reference calls `self.attention.forward(x)` directly, so transformers' attention
+    module has no counterpart call, and its lines belong to the decoder layer's comparison)."""
+    children: dict[int, list[int]] = {}
+    for record in records:
+        children.setdefault(record.parent, []).append(record.index)
+    found = {call}
+    pending = list(children.get(call, []))
+    while pending:
+        index = pending.pop()
+        if index in aligned or index in found:
+            continue
+        found.add(index)
+        pending.extend(children.get(index, []))
+    return found
 
 
 def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: LineRecord) -> LineDivergence:
@@ -123,12 +158,9 @@ def _in_forward(found: LineDivergence, cand_body: list[LineRecord], definition: 
     )
     if caller is None:
         return found
-    return LineDivergence(
-        found.file,
-        found.line,
-        found.name,
-        found.max_abs_diff,
-        f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
+    return replace(
+        found,
+        reason=f"{found.reason}; in a function called from {_short(caller.file)}:{caller.line}",
         called_from=(caller.file, caller.line),
     )
 
@@ -204,7 +236,10 @@ def _by_order(
 ) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
+    last_right: LineRecord | None = None
     for cand_record in cand_body:
+        if cand_record.tensor.dtype.startswith("complex"):
+            continue  # statistics of a complex tensor (a rotary table) have no real counterpart to compare with
         # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
         # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
         # same values whatever the layout (`[1, 7, 64]` against `[1, 4, 7, 16]`, permuted heads)
@@ -221,6 +256,7 @@ def _by_order(
             )
             if explained is not None:
                 position = explained + 1
+            last_right = cand_record
             continue
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
@@ -241,8 +277,20 @@ def _by_order(
             continue  # an intermediate the reference does not have
         found = _differs(counterpart, cand_record, tolerance)
         if found is not None:
-            return found
+            return replace(found, since=_since(last_right, found))
     return None
+
+
+def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
+    """The first line of the stretch of `found`'s function where the difference arises: after the last line of
+    that function whose value was right, else after its `def` line."""
+    function = enclosing_function(found.file, found.line)
+    if function is None:
+        return None
+    start = function[0] + 1
+    if last_right is not None and last_right.file == found.file and function[0] <= last_right.line < found.line:
+        start = max(start, last_right.line + 1)
+    return start if start <= found.line else None
 
 
 def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool]:

@@ -262,6 +262,8 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "built_at": _location(divergence.built_at),
         "settings": [_jsonable(value) for value in divergence.settings],
         "parameters": [_jsonable(value) for value in divergence.parameters],
+        # NOTE: "inputs_match" rests on the paired inputs; these were compared with nothing (issue 30, item 9)
+        "unpaired_inputs": [unpaired.to_json() for unpaired in divergence.unpaired_inputs],
         "rel_err": _number(module.rel_err),
         "cosine": _number(module.cosine),
         "by_replay": divergence.by_replay,
@@ -731,6 +733,8 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
             add("  " + _replay_text(replay))
         for text in _compared_text(module):
             add("  " + text)
+        for unpaired in divergence.unpaired_inputs:
+            add(f"  partial     inputs: {unpaired.text()} has no counterpart in the reference")
         if divergence.lines is not None:
             span = divergence.lines
             add(f"  look at     {_short(span.file)} lines {span.start}-{span.end}")

@@ -139,6 +139,8 @@ class Divergence:
     parameters: list = field(default_factory=list)
     # True when the replay on the reference's inputs decided it
     by_replay: bool = False
+    # candidate inputs compared with nothing, with where they were produced (`diff/unpaired.py`)
+    unpaired_inputs: list = field(default_factory=list)
 
 
 @dataclass

@@ -23,7 +23,10 @@ def move_built(built: BuiltModel, device: str, dtype_name: str) -> None:
         target = torch.device(device)
     except RuntimeError:
         raise ModelTraceError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
-    built.model.to(device=target, dtype=dtype)
+    built.model.to(device=target)
+    # NOTE: not `model.to(dtype=...)`: it casts complex buffers too, to a real dtype, dropping their imaginary
+    # part (a rotary table held as complex numbers, as gemma_pytorch registers it, would lose its sines)
+    built.model._apply(lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor)
 
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ports.sources import Source, SourceFile, staged_pair_folder
+
 CORPUS_ROOT = Path(__file__).resolve().parent
 
 
@@ -30,9 +32,14 @@ class Pair:
     # the reference's traced file inside the pair folder when it is not the transformers module (the independent
     # vision implementations are the references there, and the transformers file copied in is the port)
     reference_file: str = ""
+    # published implementations the port is (not committed: materialised from a mirror, see ports/sources.py)
+    sources: tuple[Source, ...] = ()
 
     @property
     def path(self) -> Path:
+        """The pair's folder; with sources, a staged copy of it holding the sources' files too."""
+        if self.sources:
+            return staged_pair_folder(self.folder, CORPUS_ROOT / self.folder, self.sources)
         return CORPUS_ROOT / self.folder
 
 
@@ -40,7 +47,7 @@ class Pair:
 class Bug:
     """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
     path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
-    patched line; `why` says what is wrong, as a reviewer would."""
+    patched line; `why` says what is wrong, as a reviewer would; `patched_file` and `helper` below."""
 
     name: str
     pair: str
@@ -50,6 +57,14 @@ class Bug:
     module: str
     why: str
     truth_at: str | None = None
+    # the file patched, relative to the prepared case folder (the pair folder's parent), when it is not the
+    # port file: a converter shared by pairs (`meta_convert.py`); `truth_at` then names the line in the port
+    patched_file: str = ""
+    # the port file's module-level function holding the truth line, when the module calls a helper there
+    helper: str = ""
+    # the bug reaches `module` through this input, which has no counterpart in the reference (a rotary table
+    # built in the root's `__init__`): the module's other inputs are unchanged, that one is not
+    unpaired_input: str = ""
 
 
 PAIRS: tuple[Pair, ...] = (
@@ -152,6 +167,90 @@ PAIRS: tuple[Pair, ...] = (
         reference_module="transformers.models.clip.modeling_clip",
         reference_file="vendored/open_clip/transformer.py",
         maps=(),
+    ),
+    # independent: LLMs and speech
+    Pair(
+        name="meta_llama",
+        folder="meta_llama",
+        port_file="model.py",
+        reference_module="transformers.models.llama.modeling_llama",
+        maps=(),
+        sources=(
+            Source(
+                repo="meta-llama/llama",
+                commit="689c7f261b9c5514636ecc3c5fefefcbb3e6eed7",
+                license="LICENSE",
+                files=(
+                    SourceFile(
+                        "llama/model.py",
+                        "model.py",
+                        "b409ea3db2a4029afd4129246d3b5e76ea95b6503364842545403dbcd7476281",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    Pair(
+        name="mistral",
+        folder="mistral",
+        port_file="one_file_ref.py",
+        reference_module="transformers.models.mistral.modeling_mistral",
+        maps=(),
+        sources=(
+            Source(
+                repo="mistralai/mistral-inference",
+                commit="a4fe135b68c70f0c7f4b269f8de92f00a0859c88",  # the last commit with the one-file reference
+                license="LICENSE",
+                files=(
+                    SourceFile(
+                        "one_file_ref.py",
+                        "one_file_ref.py",
+                        "56bf64723dc6ee9fcdedfe3acc306eb9a2c18bfc350d52a35d79c0b40fee53f2",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    Pair(
+        name="gemma_pytorch",
+        folder="gemma_pytorch",
+        port_file="gemma/model.py",
+        reference_module="transformers.models.gemma.modeling_gemma",
+        maps=(),
+        sources=(
+            Source(
+                repo="google/gemma_pytorch",
+                commit="014acb7ac4563a5f77c76d7ff98f31b568c16508",
+                license="LICENSE",
+                files=(
+                    SourceFile(
+                        "gemma/__init__.py",
+                        "gemma/__init__.py",
+                        "dc69cf649438f581acb4357fef43a849ae1e14b226cba973abf38181c0de44e4",
+                    ),
+                    SourceFile(
+                        "gemma/config.py",
+                        "gemma/config.py",
+                        "43bcc8e024815e18e41045fd168509669ffc2af506061fa598db795e021dafd1",
+                    ),
+                    SourceFile(
+                        "gemma/model.py",
+                        "gemma/model.py",
+                        "0a8d3617867caad99adf5428b3e68242b5c067c9666e5efa578837d34db9b089",
+                    ),
+                    SourceFile(
+                        "gemma/siglip_vision/__init__.py",
+                        "gemma/siglip_vision/__init__.py",
+                        "dc69cf649438f581acb4357fef43a849ae1e14b226cba973abf38181c0de44e4",
+                    ),
+                    SourceFile(
+                        "gemma/siglip_vision/config.py",
+                        "gemma/siglip_vision/config.py",
+                        "1225a8ce85973f34fb107cc15e74d9943649c9838dcf3ec94d11c0bb3229a130",
+                    ),
+                ),
+            ),
+        ),
     ),
 )
 
@@ -579,6 +678,151 @@ class ResNetStage""",
         old="        pooled_output = last_hidden_state[:, 0, :]\n        pooled_output = self.post_layernorm(pooled_output)",
         new="        pooled_output = last_hidden_state.mean(dim=1)\n        pooled_output = self.post_layernorm(pooled_output)",
         why="the image pooled as the mean over tokens where open_clip's pool_type 'tok' takes the class token",
+    ),
+    # independent: LLMs and speech
+    # --- Meta's Llama 2 model.py -------------------------------------------------------------------------------
+    Bug(
+        name="rope_base",
+        pair="meta_llama",
+        kind="rotary base",
+        module="layers.0.attention",
+        unpaired_input="freqs_cis",
+        old="            self.params.dim // self.params.n_heads, self.params.max_seq_len * 2\n",
+        new="            self.params.dim // self.params.n_heads, self.params.max_seq_len * 2, theta=500000.0\n",
+        why="the rotary table built with Llama 3's base 500000 where this Llama 2 uses 10000 (an `__init__` table)",
+    ),
+    Bug(
+        name="softmax_scale",
+        pair="meta_llama",
+        kind="softmax scale",
+        module="layers.0.attention",
+        old="/ math.sqrt(self.head_dim)",
+        new="/ self.head_dim",
+        why="scores scaled by 1/d instead of 1/sqrt(d)",
+    ),
+    Bug(
+        name="gate_up_swapped",
+        pair="meta_llama",
+        kind="swapped gate/up",
+        module="layers.0.feed_forward",
+        old="return self.w2(F.silu(self.w1(x)) * self.w3(x))",
+        new="return self.w2(F.silu(self.w3(x)) * self.w1(x))",
+        why="the SiLU applied to the up projection (w3) instead of the gate (w1)",
+    ),
+    Bug(
+        name="mask_off_by_one",
+        pair="meta_llama",
+        kind="causal mask",
+        module="",
+        old="            mask = torch.triu(mask, diagonal=1)\n",
+        new="            mask = torch.triu(mask, diagonal=2)\n",
+        why="the causal mask one position late: each token also sees the next one (the root builds the mask)",
+    ),
+    Bug(
+        name="last_layer_not_converted",
+        pair="meta_llama",
+        kind="missing weight",
+        module="layers.2.attention_norm",
+        patched_file="meta_convert.py",
+        old="    for i in range(n_layers):\n",
+        new="    for i in range(n_layers - 1):\n",
+        truth_at="self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)",
+        why="the converter's layer loop stops one layer short: the last layer keeps its initial weights",
+    ),
+    # --- Mistral's one-file reference ---------------------------------------------------------------------------
+    Bug(
+        name="rope_base",
+        pair="mistral",
+        kind="rotary base",
+        module="layers.0",
+        unpaired_input="freqs_cis",
+        old="        theta = self.args.rope_theta or 1000000.0\n",
+        new="        theta = 10000.0\n",
+        why="the rotary base hard-coded to Llama's 10000, ignoring the config's 1e6 (an `__init__` table)",
+    ),
+    Bug(
+        name="softmax_scale_in_init",
+        pair="mistral",
+        kind="softmax scale",
+        module="layers.0",
+        old="        self.scale = self.args.head_dim**-0.5\n",
+        new="        self.scale = self.args.dim**-0.5\n",
+        why="the score scale assigned in `__init__` from the model width instead of the head width",
+    ),
+    Bug(
+        name="kv_heads_tiled",
+        pair="mistral",
+        kind="grouped-query heads",
+        module="layers.0",
+        helper="repeat_kv",
+        old="    keys = torch.repeat_interleave(keys, repeats=repeats, dim=2)\n",
+        new="    keys = keys.repeat(1, 1, repeats, 1)\n",
+        why="key heads tiled (0, 1, 0, 1) instead of repeated in place (0, 0, 1, 1): query heads meet the wrong keys",
+    ),
+    Bug(
+        name="gelu_for_silu",
+        pair="mistral",
+        kind="activation",
+        module="layers.0",
+        old="return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))",
+        new="return self.w2(nn.functional.gelu(self.w1(x)) * self.w3(x))",
+        why="GELU where Mistral's gated MLP uses SiLU",
+    ),
+    Bug(
+        name="mask_sees_next",
+        pair="mistral",
+        kind="causal mask",
+        module="",
+        old="            mask = torch.tril(tensor, diagonal=0).to(h.dtype)\n",
+        new="            mask = torch.tril(tensor, diagonal=1).to(h.dtype)\n",
+        why="the causal mask keeps one diagonal too many: each token sees the next one (the root builds the mask)",
+    ),
+    # --- Google's gemma_pytorch ---------------------------------------------------------------------------------
+    Bug(
+        name="embedding_scale_missing",
+        pair="gemma_pytorch",
+        kind="embedding scale",
+        module="",
+        old="    hidden_states = hidden_states * normalizer\n",
+        new="    # hidden_states = hidden_states * normalizer\n",
+        why="the sqrt(hidden_size) embedding scale left out (the root scales what the embedder returns)",
+    ),
+    Bug(
+        name="final_norm_without_unit_offset",
+        pair="gemma_pytorch",
+        kind="norm weight offset",
+        module="model.norm",
+        old="        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n",
+        new="        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, add_unit_offset=False)\n",
+        why="the final norm built without Gemma's (1 + weight): it scales by the stored weight alone",
+    ),
+    Bug(
+        name="scaling_in_init",
+        pair="gemma_pytorch",
+        kind="softmax scale",
+        module="model.layers.0.self_attn",
+        old="            self.scaling = self.head_dim**-0.5\n",
+        new="            self.scaling = self.head_dim**-0.25\n",
+        why="the query scale assigned in `__init__` as head_dim^-0.25 instead of head_dim^-0.5",
+    ),
+    Bug(
+        name="gate_up_swapped",
+        pair="gemma_pytorch",
+        kind="swapped gate/up",
+        module="model.layers.0.mlp",
+        old="        gate = self.gate_proj(x)\n",
+        new="        gate = self.up_proj(x)\n",
+        why="the GELU gate read from the up projection: gate and up both come from up_proj",
+    ),
+    Bug(
+        name="rotary_interleaved",
+        pair="gemma_pytorch",
+        kind="rotary layout",
+        module="model.layers.0.self_attn",
+        helper="apply_rotary_emb",
+        old="        torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1),\n",
+        new="        torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1)[::-1],\n",
+        why="the rotary halves taken in the wrong order (x2, x1): the rotation turns the other way",
     ),
 )
 

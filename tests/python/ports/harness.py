@@ -17,7 +17,7 @@ import json
 import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,11 @@ from modeltrace.worker.client import WorkerClient
 from modeltrace.worker.messages import TraceRequest
 
 from ports.corpus import CORPUS_ROOT, PAIRS, Bug, Pair, bugs_of
+from ports.sources import SHARED_MODULES
 
 # NOTE: options every verdict's `modeltrace diff` gets besides the pair's maps (the diff helpers add theirs here).
 DIFF_OPTIONS: tuple[str, ...] = ()
 TRACE_TIMEOUT_SECONDS = 120
-# the corpus's shared modules, copied beside each patched pair folder (its recipes import them from the parent)
-SHARED_FILES = ("corpus_common.py", "vision_common.py")
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,18 @@ class Verdict:
     path: str | None = None
     lines: tuple[str, int, int] | None = None
     line: tuple[str, int] | None = None
+    # the drill-down's stretch: `line.since` to the line named (values no line compares lie in between)
+    line_since: int | None = None
     built_at: tuple[str, int] | None = None
     # the call lines of the children around the divergence (`after` / `before`): shown, not judged
     bounds: tuple[int | None, int | None] | None = None
+    # the `__init__` lines that assigned the differing settings (`settings[].assigned_at`)
+    assigned: tuple[tuple[str, int], ...] = ()
+    # where the divergence's unpaired inputs were produced (`unpaired_inputs[].produced_at` / `assigned_at`):
+    # (file, start, end) ranges
+    produced: tuple[tuple[str, int, int], ...] = ()
+    # the `__init__` statements assigning the settings the first differing line reads (`line.reads`)
+    reads: tuple[tuple[str, int, int], ...] = ()
     error: str | None = None
     document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -92,6 +100,9 @@ class Verdict:
             where.append(f"line {self.line[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
+        where.extend(f"assigned {line}" for _, line in self.assigned)
+        where.extend(f"input from {start}" + (f"-{end}" if end != start else "") for _, start, end in self.produced)
+        where.extend(f"reads {start}" + (f"-{end}" if end != start else "") for _, start, end in self.reads)
         path = self.path or "(root)"
         if where:
             return f"{path}:{' '.join(where)}"
@@ -127,7 +138,7 @@ class Judged:
 
 def apply_bug(source: str, bug: Bug, file: Path) -> tuple[str, int]:
     """The patched text and the truth line; the patch's `old` text must occur exactly once."""
-    count = source.count(bug.old)
+    count = source.count(bug.old) if bug.old else 1  # no old text: the truth line only (`truth_at`)
     if count != 1:
         raise ValueError(f"{file}: bug {bug.name!r}: its old text occurs {count} times (expected once): {bug.old!r}")
     start = source.index(bug.old)
@@ -148,11 +159,16 @@ def prepare_port(case: Case, workdir: Path) -> PreparedPort:
         shutil.rmtree(target)
     folder = target / case.pair.folder
     shutil.copytree(case.pair.path, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for shared in SHARED_FILES:
+    for shared in SHARED_MODULES:
         shutil.copy2(CORPUS_ROOT / shared, target / shared)
     port_file = folder / case.pair.port_file
     truth_line = None
-    if case.bug is not None:
+    if case.bug is not None and case.bug.patched_file:
+        patched_file = target / case.bug.patched_file
+        patched, _ = apply_bug(patched_file.read_text(), replace(case.bug, truth_at=None), patched_file)
+        patched_file.write_text(patched)
+        _, truth_line = apply_bug(port_file.read_text(), replace(case.bug, old="", new=""), port_file)
+    elif case.bug is not None:
         patched, truth_line = apply_bug(port_file.read_text(), case.bug, port_file)
         port_file.write_text(patched)
     return PreparedPort(folder, port_file, folder / "recipe_port.py", truth_line)
@@ -218,6 +234,8 @@ class Effect:
     input_max_abs: float
     output_max_abs: float
     output_relative: float
+    # the inputs' largest difference leaving complex tensors out (a rotary table as complex numbers)
+    input_max_abs_real: float = 0.0
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -250,7 +268,7 @@ def _first_call(built: Built, path: str) -> tuple[list[Any], list[Any]]:
 def _largest(clean: list[Any], broken: list[Any]) -> float:
     if [tensor.shape for tensor in clean] != [tensor.shape for tensor in broken]:
         return float("inf")
-    return max((float((a.float() - b.float()).abs().max()) for a, b in zip(clean, broken)), default=0.0)
+    return max((float((a - b).abs().max()) for a, b in zip(clean, broken)), default=0.0)
 
 
 def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
@@ -263,7 +281,9 @@ def bug_effect(module_path: str, clean: Built, broken: Built) -> Effect:
         difference = sum(float((b.float() - a.float()).norm()) ** 2 for a, b in zip(clean_outputs, broken_outputs))
         size = sum(float(a.float().norm()) ** 2 for a in clean_outputs)
         relative = (difference / size) ** 0.5 if size else float("inf")
-    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative)
+    real = [(a, b) for a, b in zip(clean_inputs, broken_inputs) if not (a.is_complex() or b.is_complex())]
+    real_max_abs = _largest([a for a, _ in real], [b for _, b in real])
+    return Effect(_largest(clean_inputs, broken_inputs), output_max_abs, relative, real_max_abs)
 
 
 # --- tracing and diffing ------------------------------------------------------------------------------------
@@ -292,8 +312,24 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
         path=first.get("path") if first else None,
         lines=(lines["file"], int(lines["start"]), int(lines["end"])) if lines else None,
         line=(line["file"], int(line["line"])) if line and line.get("line") is not None else None,
+        line_since=int(line["since"]) if line and line.get("since") is not None else None,
         built_at=(built_at["file"], int(built_at["line"])) if built_at else None,
         bounds=_bounds(first),
+        assigned=tuple(
+            (setting["assigned_at"]["file"], int(setting["assigned_at"]["line"]))
+            for setting in first.get("settings") or ()
+            if setting.get("assigned_at")
+        ),
+        produced=tuple(
+            (where["file"], int(where["line"]), int(where.get("end_line") or where["line"]))
+            for unpaired in first.get("unpaired_inputs") or ()
+            for where in (unpaired.get("produced_at"), unpaired.get("assigned_at"))
+            if where
+        ),
+        reads=tuple(
+            (read["assigned_at"]["file"], int(read["assigned_at"]["line"]), int(read["assigned_at"]["end_line"]))
+            for read in (line or {}).get("reads") or ()
+        ),
         document=document,
     )
 
@@ -328,12 +364,22 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return True, ""
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
+        return True, ""
+    if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.reads):
+        return True, ""
+    if verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file):
+        if verdict.line_since <= line <= verdict.line[1]:
+            return True, ""
+    if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.produced):
+        return True, ""
     return False, f"right module, but no range, line or construction line names line {line}"
 
 
 def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
-    "construction line" (`built_at` is it), "range of N lines" (only `lines` holds it), "" otherwise; a
+    "construction line" (`built_at` is it), "assignment line" (a differing setting's `assigned_at` is it), "range of N lines" (only `lines`, or where
+    an unpaired input was produced, holds it), "" otherwise; a
     `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
     if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
         return ""
@@ -342,7 +388,32 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         return "line"
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return "construction line"
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
+        return "assignment line"
+    if any(_same_file(file, port.port_file) and start == line == end for file, start, end in verdict.reads):
+        return "assignment line"
+    produced = [
+        end - start + 1
+        for file, start, end in verdict.produced
+        if _same_file(file, port.port_file) and start <= line <= end
+    ]
+    if produced and not (
+        verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]
+    ):
+        width = min(produced)
+        return "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
     found = ""
+    stretch = verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file)
+    if (
+        stretch
+        and verdict.line_since <= line <= verdict.line[1]
+        and not (
+            verdict.lines
+            and _same_file(verdict.lines[0], port.port_file)
+            and verdict.lines[1] <= line <= verdict.lines[2]
+        )
+    ):
+        return f"range of {verdict.line[1] - verdict.line_since + 1} lines (the drill-down's stretch)"
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
         width = verdict.lines[2] - verdict.lines[1] + 1
         found = f"range of {width} line{'s' if width > 1 else ''}"
