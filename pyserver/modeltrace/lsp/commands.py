@@ -407,7 +407,9 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     forget_diff(ls, session)
     message = _load_message(trace_path, loaded, shown)
     if message is not None:
-        ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
+        ls.show_message(
+            message, types.MessageType.Warning if loaded.stale or loaded.parameters_note else types.MessageType.Info
+        )
     notify_status(
         ls, ServerState.STALE if loaded.stale else ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri
     )
@@ -417,6 +419,7 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
         "modules": loaded.call_count,
         "files": [match.to_json() for match in matches],
         "modelFile": _found_model_file(loaded, matches),
+        **({"parameters": loaded.parameters_note} if loaded.parameters_note else {}),
     }
 
 
@@ -447,9 +450,11 @@ def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatc
     """What the user is told after a load when its files were not simply where the trace recorded them."""
     moved = [match for match in shown if match.how != AT_RECORDED_PATH]
     changed = [match for match in shown if match.changed]
-    if not moved and not changed:
+    if not moved and not changed and not loaded.parameters_note:
         return None
     parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
+    if loaded.parameters_note:
+        parts.append(loaded.parameters_note)
     if moved:
         parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
     if changed:

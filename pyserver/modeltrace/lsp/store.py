@@ -92,6 +92,8 @@ class DocumentTrace:
     trace: Trace
     files: dict[str, FileHints]
     stale: bool = False
+    # why the trace's stored parameters cannot be had (their store file is gone or damaged), for "Load Trace…"
+    parameters_note: str | None = None
 
     @property
     def model_class(self) -> str:
