@@ -178,24 +178,19 @@ def capture(
 def _builds(
     model: Any, facts: Any, store_parameters_too: bool, max_tensor_bytes: int
 ) -> tuple[list, dict[str, Any] | None]:
-    """The model's construction records and, with full tensors, its parameters' reference in the shared store
-    (`worker/parameter_store.py`: written there once per content), reused while the model is unchanged and its
-    store file is still there."""
+    """The model's construction records (reused while the model is unchanged) and, with full tensors, its
+    parameters' reference in the shared store (`worker/parameter_store.py`: written there once per content)."""
     from modeltrace.worker.builds import record_builds
     from modeltrace.worker.parameter_store import store_parameters
 
     key = (store_parameters_too, max_tensor_bytes if store_parameters_too else None)
-    cached = facts.builds.get(key)
-    if cached is not None and (cached[1] is None or _store_file_exists(cached[1])):
-        return cached
-    builds = record_builds(model)
+    builds = facts.builds.get(key)
+    if builds is None:
+        builds = facts.builds[key] = record_builds(model)
+    # NOTE: asked of the store every time (its digest reused, its file checked by a stat): a store file deleted
+    # or damaged since the last capture is written again
     stored = store_parameters(model, builds, max_tensor_bytes) if store_parameters_too else None
-    facts.builds[key] = (builds, stored)
     return builds, stored
-
-
-def _store_file_exists(reference: dict[str, Any]) -> bool:
-    return "file" not in reference or (Path(reference["store"]) / reference["file"]).is_file()
 
 
 @dataclass

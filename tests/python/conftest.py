@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,10 @@ import pytest
 
 from modeltrace.worker.client import WorkerClient
 
+
+# NOTE: the shared parameter store (`trace/parameter_store.py`) of this test run, never the user's cache; set
+# before any worker or server process starts, so that they inherit it
+os.environ.setdefault("MODELTRACE_PARAMETER_STORE", tempfile.mkdtemp(prefix="modeltrace-test-parameters-"))
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PACKAGE = REPO_ROOT / "examples" / "tiny_llama"

@@ -46,8 +46,8 @@ class ModelFacts:
     check: ChangeCheck
     files: list[str]
     config: dict[str, Any]
-    # (parameters stored, max tensor bytes) -> (construction records, the header's `parameters` reference)
-    builds: dict[tuple[bool, int | None], tuple[list, dict[str, Any] | None]] = field(default_factory=dict)
+    # (parameters stored, max tensor bytes) -> construction records
+    builds: dict[tuple[bool, int | None], list] = field(default_factory=dict)
 
 
 _FACTS: weakref.WeakKeyDictionary[nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
