@@ -70,7 +70,7 @@ def capture(
     `lines` records the tensors each line assigns in the model class's source file and in `files`. An exception
     inside the block still writes what was recorded until then, marked `incomplete` in the header, and then
     propagates unchanged. The folder is written atomically (a trace already there is replaced only by a whole
-    one), and flushed to the disk in the background.
+    one), and flushed to the disk when the interpreter exits (`storage.sync_later`).
 
     With `full_tensors`, the model's parameters go to the shared parameter store (`trace/parameter_store.py`),
     written once per content and referred to by every trace of the same weights; `parameters=False` leaves
@@ -166,8 +166,9 @@ def capture(
         # NOTE: what ran before the exception is often what the user needs to see: kept, and said to be partial
         header["incomplete"] = f"{type(failure).__name__}: {failure}"
     trace = assemble_trace(header, module_capture, line_capture, builds)
-    # NOTE: flushed to the disk on a background thread after the rename (`storage.sync_later`): the caller
-    # does not wait for the disk
+    trace.builds_json = facts.builds_json(builds, stored)
+    # NOTE: flushed to the disk once, at exit, after the rename (`storage.sync_later`): the caller does not wait
+    # for the disk
     session.path = write_captured(trace, module_capture, destination, durable=False)
     sync_later(session.path)
     session.trace = trace

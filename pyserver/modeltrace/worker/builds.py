@@ -92,8 +92,11 @@ def _record_builds(
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
-    for path, module in model.named_modules():
-        for child_name, child in module._modules.items():
+    # NOTE: the worker records the builds on a second thread while the forward runs (`BeforeTheForward`): every
+    # dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while model
+    # code may add to it
+    for path, module in list(model.named_modules()):
+        for child_name, child in list(module._modules.items()):
             if child is not None:
                 parents.setdefault(f"{path}.{child_name}" if path else child_name, (module, child_name))
         built_at = None
@@ -124,7 +127,7 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
     class, and the attributes hold them by name (`normalized_shape`).
     """
     settings: dict[str, Any] = {}
-    for name, value in vars(module).items():
+    for name, value in list(vars(module).items()):
         if name.startswith("_") or name in _NOT_SETTINGS:
             continue
         plain = _plain(value)
@@ -202,8 +205,8 @@ def split_fields(text: str) -> list[str]:
 
 def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor: Any) -> list[ParameterRecord]:
     records = []
-    own = [("parameter", name, tensor) for name, tensor in module._parameters.items()]
-    own += [("buffer", name, tensor) for name, tensor in module._buffers.items()]
+    own = [("parameter", name, tensor) for name, tensor in list(module._parameters.items())]
+    own += [("buffer", name, tensor) for name, tensor in list(module._buffers.items())]
     for kind, name, tensor in own:
         if tensor is None:
             continue

@@ -36,7 +36,7 @@ from modeltrace.worker.messages import (
     WorkerProtocolError,
 )
 from modeltrace.worker.moving import move_built
-from modeltrace.worker.parameter_store import DigestInBackground, store_parameters
+from modeltrace.worker.parameter_store import BeforeTheForward, store_parameters
 from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -144,11 +144,14 @@ def _run_built(
         if request.full_tensors and not built.shape_only
         else None
     )
-    # NOTE: the weights do not depend on the forward: their digest is computed on a second thread meanwhile (a
-    # model spread by a device map is left to the main thread: its offloaded weights are loaded on demand)
-    digesting = (
-        DigestInBackground(built.model, limit_bytes("max-tensor-mb", request.max_tensor_mb))
-        if stream is not None and request.parameters and not request.device_map and not request.backward
+    # NOTE: how the model was built and its weights' digest do not depend on the forward: they are worked out on
+    # a second thread while it runs (torch's kernels release the GIL). Not for a model spread by a device map
+    # (its offloaded weights are loaded for the fingerprints: `onloaded`) nor for a backward (it writes `.grad`).
+    background = (
+        BeforeTheForward(
+            built.model, constructions, request.max_tensor_mb if stream is not None and request.parameters else None
+        )
+        if not request.device_map and not request.backward
         else None
     )
     with contextlib.ExitStack() as stack:
@@ -197,11 +200,11 @@ def _run_built(
     # weights accelerate offloaded: fingerprinted for real, then offloaded again; they go to the stream too
     # (with full tensors, to the shared parameter store, once per content: `worker/parameter_store.py`)
     with onloaded(built.model), discarded_on_error(stream):
-        builds = record_builds(built.model, constructions)
+        builds = background.builds() if background is not None else record_builds(built.model, constructions)
         stored = None
         if capture.full_tensors and request.parameters and not built.shape_only:
-            if digesting is not None:
-                digesting.wait()
+            if background is not None:
+                background.wait()
             stored = store_parameters(built.model, builds, limit_bytes("max-tensor-mb", request.max_tensor_mb))
     constructions.clear()
     builds_at = time.perf_counter()

@@ -6,8 +6,8 @@ tensor (name, dtype, shape, bytes: BLAKE2b), writes the file only when the store
 parameter records of `builds` as stored there, and returns the header's reference. Hashing a 1B model's weights
 takes seconds, so the digest is kept per model and reused while every tensor's identity, data pointer and
 version counter (`_version`, bumped by every in-place write: `load_state_dict`, an optimizer step, `copy_`) are
-unchanged: a second capture of an unchanged model reads no weight. `DigestInBackground` hashes on a second thread
-while the forward runs (the worker's fresh model has no digest yet).
+unchanged: a second capture of an unchanged model reads no weight. `BeforeTheForward` records the builds and
+hashes on a second thread while the worker's forward runs (its fresh model has no digest yet).
 """
 
 from __future__ import annotations
@@ -99,24 +99,45 @@ def model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> s
     return digest
 
 
-class DigestInBackground:
-    """`model_digest` computed on a second thread while the forward runs (the weights do not depend on it);
-    `result()` waits for it. A model changed meanwhile (a training step) is caught by `model_digest`'s check,
-    which `store_parameters` makes again: it then hashes anew."""
+class BeforeTheForward:
+    """The worker's construction records (`record_builds`) and the weights' digest (`model_digest`), worked out
+    on a second thread while the forward runs: neither depends on it. `builds()` waits for the records (raising
+    what recording raised); the digest is left in `model_digest`'s cache for `store_parameters` (a model changed
+    meanwhile is caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only)."""
 
-    def __init__(self, model: nn.Module, max_tensor_bytes: int | None) -> None:
-        self._model, self._max = model, max_tensor_bytes
-        self._thread = threading.Thread(target=self._run, name="modeltrace-parameter-digest", daemon=True)
-        self._thread.start()
+    def __init__(self, model: nn.Module, constructions: Any, max_tensor_mb: float | None) -> None:
+        self._model, self._constructions, self._max_tensor_mb = model, constructions, max_tensor_mb
+        self._builds: list[ModuleBuild] | None = None
+        self._error: BaseException | None = None
+        self._recorded, self._finished = threading.Event(), threading.Event()
+        threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
 
     def _run(self) -> None:
+        from modeltrace.worker.builds import record_builds
+
         try:
-            model_digest(self._model, stored_tensors(self._model, self._max)[0])
-        except Exception:  # noqa: BLE001 - store_parameters hashes again and reports what fails
-            pass
+            self._builds = record_builds(self._model, self._constructions)
+        except BaseException as error:  # noqa: BLE001 - raised again by `builds()`, on the job's thread
+            self._error = error
+        finally:
+            self._recorded.set()
+        if self._max_tensor_mb is not None:
+            try:
+                model_digest(self._model, stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0])
+            except Exception:  # noqa: BLE001 - `store_parameters` hashes again and reports what fails
+                pass
+        self._finished.set()
 
     def wait(self) -> None:
-        self._thread.join()
+        """Until the digest too is done (`store_parameters` then finds it in the cache)."""
+        self._finished.wait()
+
+    def builds(self) -> list[ModuleBuild]:
+        self._recorded.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._builds is not None
+        return self._builds
 
 
 def store_parameters(
@@ -183,7 +204,7 @@ def _is_whole(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> bool:
 
 def _write(path: Path, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Write the store file atomically (a temporary sibling renamed into place, so that a reader or a second
-    capture never sees half of one); flushed to the disk in the background (`storage.sync_later`)."""
+    capture never sees half of one); flushed to the disk later (`storage.sync_later`)."""
     from modeltrace.trace.storage import sync_later
 
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,18 @@ class ModelFacts:
     config: dict[str, Any]
     # (parameters stored, max tensor bytes) -> construction records
     builds: dict[tuple[bool, int | None], list] = field(default_factory=dict)
+    # id of a construction records list -> (that list, the store reference it was written with, its JSON)
+    _json: dict[int, tuple[list, Any, list]] = field(default_factory=dict)
+
+    def builds_json(self, builds: list, stored: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The JSON of `builds` (one of `self.builds`), made once per list and store reference: the records
+        change only when the store marks their parameters differently (a store that could not be written)."""
+        cached = self._json.get(id(builds))
+        if cached is not None and cached[0] is builds and cached[1] == stored:
+            return cached[2]
+        data = [build.to_json() for build in builds]
+        self._json[id(builds)] = (builds, stored, data)
+        return data
 
 
 _FACTS: weakref.WeakKeyDictionary[nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
