@@ -75,26 +75,42 @@ class ConstructionRecorder:
 
 
 def record_builds(
-    model: nn.Module, constructions: ConstructionRecorder | None = None, keep_tensor: Any = None
+    model: nn.Module,
+    constructions: ConstructionRecorder | None = None,
+    keep_tensor: Any = None,
+    parameters: dict[str, list[ParameterRecord]] | None = None,
 ) -> list[ModuleBuild]:
     """A `ModuleBuild` for every module of `model` (`named_modules()` order, the root's path `""`).
 
     `keep_tensor(tensor, summary, name)`, when given, stores a parameter's full tensor (the capture's `_keep`
-    with its size limits) under `parameters/{path}/{name}`.
+    with its size limits) under `parameters/{path}/{name}`. `parameters`: the fingerprints `parameter_records`
+    already made (the worker makes them on a second thread during the forward).
     """
     with torch.no_grad():
-        return _record_builds(model, constructions, keep_tensor)
+        return _record_builds(model, constructions, keep_tensor, parameters)
+
+
+def parameter_records(model: nn.Module) -> dict[str, list[ParameterRecord]]:
+    """The fingerprints of every module's own parameters and buffers, by module path: the torch-heavy part of
+    `record_builds`, safe on a second thread (it parses no source: in Python 3.11, `ast` on two threads at once
+    fails with a SystemError)."""
+    seen: dict[int, str] = {}
+    with torch.no_grad():
+        return {path: _parameters(module, path, seen, None) for path, module in list(model.named_modules())}
 
 
 def _record_builds(
-    model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any
+    model: nn.Module,
+    constructions: ConstructionRecorder | None,
+    keep_tensor: Any,
+    fingerprints: dict[str, list[ParameterRecord]] | None,
 ) -> list[ModuleBuild]:
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
-    # NOTE: the worker records the builds on a second thread while the forward runs (`BeforeTheForward`): every
-    # dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while model
-    # code may add to it
+    # NOTE: the worker fingerprints the parameters on a second thread while the forward runs (`BeforeTheForward`):
+    # every dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while
+    # model code may add to it
     for path, module in list(model.named_modules()):
         for child_name, child in list(module._modules.items()):
             if child is not None:
@@ -113,7 +129,11 @@ def _record_builds(
                 qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
                 built_at=built_at,
                 settings=settings,
-                parameters=_parameters(module, path, seen, keep_tensor),
+                parameters=(
+                    fingerprints[path]
+                    if fingerprints is not None and path in fingerprints
+                    else _parameters(module, path, seen, keep_tensor)
+                ),
                 assigned_at={name: assigned[name] for name in settings if name in assigned},
             )
         )

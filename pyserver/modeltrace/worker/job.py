@@ -144,13 +144,11 @@ def _run_built(
         if request.full_tensors and not built.shape_only
         else None
     )
-    # NOTE: how the model was built and its weights' digest do not depend on the forward: they are worked out on
-    # a second thread while it runs (torch's kernels release the GIL). Not for a model spread by a device map
+    # NOTE: the parameters' fingerprints and digest do not depend on the forward: they are worked out on a
+    # second thread while it runs (torch's kernels release the GIL). Not for a model spread by a device map
     # (its offloaded weights are loaded for the fingerprints: `onloaded`) nor for a backward (it writes `.grad`).
     background = (
-        BeforeTheForward(
-            built.model, constructions, request.max_tensor_mb if stream is not None and request.parameters else None
-        )
+        BeforeTheForward(built.model, request.max_tensor_mb if stream is not None and request.parameters else None)
         if not request.device_map and not request.backward
         else None
     )
@@ -200,7 +198,9 @@ def _run_built(
     # weights accelerate offloaded: fingerprinted for real, then offloaded again; they go to the stream too
     # (with full tensors, to the shared parameter store, once per content: `worker/parameter_store.py`)
     with onloaded(built.model), discarded_on_error(stream):
-        builds = background.builds() if background is not None else record_builds(built.model, constructions)
+        builds = record_builds(
+            built.model, constructions, parameters=background.fingerprints() if background is not None else None
+        )
         stored = None
         if capture.full_tensors and request.parameters and not built.shape_only:
             if background is not None:

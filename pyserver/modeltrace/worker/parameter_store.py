@@ -6,8 +6,8 @@ tensor (name, dtype, shape, bytes: BLAKE2b), writes the file only when the store
 parameter records of `builds` as stored there, and returns the header's reference. Hashing a 1B model's weights
 takes seconds, so the digest is kept per model and reused while every tensor's identity, data pointer and
 version counter (`_version`, bumped by every in-place write: `load_state_dict`, an optimizer step, `copy_`) are
-unchanged: a second capture of an unchanged model reads no weight. `BeforeTheForward` records the builds and
-hashes on a second thread while the worker's forward runs (its fresh model has no digest yet).
+unchanged: a second capture of an unchanged model reads no weight. `BeforeTheForward` fingerprints and
+hashes the weights on a second thread while the worker's forward runs (its fresh model has no digest yet).
 """
 
 from __future__ import annotations
@@ -100,24 +100,26 @@ def model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> s
 
 
 class BeforeTheForward:
-    """The worker's construction records (`record_builds`) and the weights' digest (`model_digest`), worked out
-    on a second thread while the forward runs: neither depends on it. `builds()` waits for the records (raising
-    what recording raised); the digest is left in `model_digest`'s cache for `store_parameters` (a model changed
-    meanwhile is caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only)."""
+    """The fingerprints of the worker's parameters (`builds.parameter_records`) and the weights' digest
+    (`model_digest`), worked out on a second thread while the forward runs: neither depends on it (torch's
+    kernels release the GIL, so they run beside it). `fingerprints()` waits for the former (raising what it
+    raised); the digest is left in `model_digest`'s cache for `store_parameters` (a model changed meanwhile is
+    caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only). The settings and
+    construction lines stay on the job's thread: they parse source (`ast`, unsafe on two threads in 3.11)."""
 
-    def __init__(self, model: nn.Module, constructions: Any, max_tensor_mb: float | None) -> None:
-        self._model, self._constructions, self._max_tensor_mb = model, constructions, max_tensor_mb
-        self._builds: list[ModuleBuild] | None = None
+    def __init__(self, model: nn.Module, max_tensor_mb: float | None) -> None:
+        self._model, self._max_tensor_mb = model, max_tensor_mb
+        self._fingerprints: dict[str, list] | None = None
         self._error: BaseException | None = None
         self._recorded, self._finished = threading.Event(), threading.Event()
         threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
 
     def _run(self) -> None:
-        from modeltrace.worker.builds import record_builds
+        from modeltrace.worker.builds import parameter_records
 
         try:
-            self._builds = record_builds(self._model, self._constructions)
-        except BaseException as error:  # noqa: BLE001 - raised again by `builds()`, on the job's thread
+            self._fingerprints = parameter_records(self._model)
+        except BaseException as error:  # noqa: BLE001 - raised again by `fingerprints()`, on the job's thread
             self._error = error
         finally:
             self._recorded.set()
@@ -132,12 +134,12 @@ class BeforeTheForward:
         """Until the digest too is done (`store_parameters` then finds it in the cache)."""
         self._finished.wait()
 
-    def builds(self) -> list[ModuleBuild]:
+    def fingerprints(self) -> dict[str, list]:
         self._recorded.wait()
         if self._error is not None:
             raise self._error
-        assert self._builds is not None
-        return self._builds
+        assert self._fingerprints is not None
+        return self._fingerprints
 
 
 def store_parameters(
