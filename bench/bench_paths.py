@@ -55,7 +55,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import modeltrace
 from modeltrace.trace.records import Trace
-from modeltrace.worker import assemble, parameter_store
+from modeltrace.worker import assemble
 from modeltrace.worker.assemble import discarded_on_error, start_stream, write_captured
 from modeltrace.worker.building.built import BuiltModel
 from modeltrace.worker.builds import ConstructionRecorder
@@ -63,6 +63,12 @@ from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.job import _run_built
 from modeltrace.worker.messages import TraceRequest
 from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB
+
+
+try:
+    from modeltrace.worker import parameter_store
+except ImportError:  # a ModelTrace from before the parameter store (a before/after run)
+    parameter_store = None
 
 
 SIZES = {
@@ -136,9 +142,11 @@ def _worker(full: bool) -> Callable[[torch.nn.Module, torch.Tensor, Path], None]
 
 
 def _fresh_worker(model: torch.nn.Module) -> None:
-    """What a fresh worker process does not have: the weights' digest, the source files' hashes."""
-    parameter_store._DIGESTS.pop(model, None)
-    assemble._HASHES.clear()
+    """What a fresh worker process does not have: the weights' digest, the source files' hashes. (Absent from
+    ModelTraces before the parameter store: this bench also measures those, for a before/after.)"""
+    if parameter_store is not None:
+        parameter_store._DIGESTS.pop(model, None)
+    getattr(assemble, "_HASHES", {}).clear()
 
 
 VARIANTS: dict[str, Callable[[torch.nn.Module, torch.Tensor, Path], None]] = {
@@ -155,12 +163,15 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, torch.Tensor, Path], None]] = {
 def _timed(variant: str, model: torch.nn.Module, input_ids: torch.Tensor) -> float:
     folder = Path(tempfile.mkdtemp(prefix="modeltrace-bench-paths-"))
     try:
+        hashes = dict(getattr(assemble, "_HASHES", {}))
         if variant.startswith("worker"):
             _fresh_worker(model)
         started = time.perf_counter()
         VARIANTS[variant](model, input_ids, folder)
         return time.perf_counter() - started
     finally:
+        # NOTE: this process's source hashes back as they were: a worker round leaves the library's alone
+        getattr(assemble, "_HASHES", {}).update(hashes)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -35,7 +35,7 @@ def _trace_with_parameters_in(folder: Path, source: Path, store: Path) -> Path:
     model = {
         "class": "Model",
         "file": str(source),
-        "parameters": {"store": str(store), "file": "0123abcd.safetensors", "digest": "blake2b-160:0123abcd"},
+        "parameters": {"store": str(store), "file": "0123abcd.safetensors", "digest": "sha256:0123abcd"},
     }
     return write_trace(Trace(model=model, modules=[record]), folder)
 
