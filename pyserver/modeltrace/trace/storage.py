@@ -301,20 +301,18 @@ def sync_trace(folder: Path) -> None:
     replaced or deleted meanwhile has nothing left to flush)."""
     folder = Path(folder)
     try:
-        for path in folder.iterdir():
-            descriptor = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-        for directory in (folder, folder.parent):
-            descriptor = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+        _fsync_all([*folder.iterdir(), folder, folder.parent])
     except OSError:
         pass
+
+
+def _fsync_all(paths: list[Path]) -> None:
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 # NOTE: paths written but not flushed yet (`sync_later`); flushed together at exit (`flush_written`)
@@ -368,12 +366,7 @@ def flush_written() -> None:
 def _sync_file(path: Path) -> None:
     """Flush one file and its folder's entry for it (best effort)."""
     try:
-        for target in (path, path.parent):
-            descriptor = os.open(target, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+        _fsync_all([path, path.parent])
     except OSError:
         pass
 

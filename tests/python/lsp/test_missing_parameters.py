@@ -9,35 +9,20 @@ from pathlib import Path
 import pytest
 from pytest_lsp import LanguageClient
 
-from modeltrace.trace.records import ModuleCall, SourceLocation, TensorSummary, Trace
-from modeltrace.trace.storage import write_trace
+from modeltrace.trace.storage import read_trace, write_trace
 
 from .support import execute, open_document
+from .test_hostile_inputs import _trace_naming
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def _trace_with_parameters_in(folder: Path, source: Path, store: Path) -> Path:
-    summary = TensorSummary(key="0", shape=[1, 4], dtype="float32", mean=0.0, std=1.0, min=-1.0, max=1.0)
-    record = ModuleCall(
-        index=0,
-        path="layer",
-        class_name="Layer",
-        defined_at=SourceLocation(str(source), 2),
-        called_at=SourceLocation(str(source), 2, 4),
-        call_index=0,
-        parent=-1,
-        finish_order=0,
-        inputs=[summary],
-        outputs=[summary],
-    )
-    model = {
-        "class": "Model",
-        "file": str(source),
-        "parameters": {"store": str(store), "file": "0123abcd.safetensors", "digest": "sha256:0123abcd"},
-    }
-    return write_trace(Trace(model=model, modules=[record]), folder)
+    trace_path = _trace_naming(folder, source, "0" * 64)
+    trace = read_trace(trace_path)
+    trace.model["parameters"] = {"store": str(store), "file": "0123abcd.safetensors", "digest": "sha256:0123abcd"}
+    return write_trace(trace, trace_path)
 
 
 async def test_a_trace_whose_parameters_are_gone_loads_and_says_so(
