@@ -72,6 +72,7 @@ $(VSIX): $(PY_STAMP) $(NODE_STAMP) package.json tsconfig.json requirements.lock 
 # fresh processes): `make bench-large` runs it, or `$(PY) bench/bench_capture.py --large`.
 bench: $(PY_STAMP)
 	$(PY) bench/bench_capture.py
+	$(PY) bench/bench_paths.py
 	$(PY) bench/bench_lines.py
 	$(PY) bench/bench_server.py
 	$(PY) bench/bench_diff.py
@@ -82,6 +83,7 @@ bench: $(PY_STAMP)
 
 bench-large: $(PY_STAMP)
 	$(PY) bench/bench_capture.py --sizes large --large
+	$(PY) bench/bench_paths.py --sizes large
 
 clean:
 	rm -rf build extension/out .e2e
