@@ -16,11 +16,11 @@ imports torch (the language server reads traces).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from modeltrace.errors import TraceFormatError
 from modeltrace.trace.records import Trace
 
 
@@ -85,15 +85,55 @@ def parameters_note(trace: Trace, folder: Path | str) -> str | None:
             f"{name}: its parameters are missing ({where} is gone); activations are shown and compared, "
             "parameters by their statistics and samples only"
         )
+    problem = header_problem(found)
+    if problem is not None:
+        return (
+            f"{name}: its parameters cannot be read ({found}: {problem}); parameters are compared by statistics only"
+        )
+    return None
+
+
+# NOTE: our store files hold a few thousand entries at most: a header past this is damage
+MAX_STORE_HEADER_BYTES = 64 * 2**20
+
+
+def header_problem(path: Path) -> str | None:
+    """What is wrong with a store file's safetensors header (sizes, JSON, each entry's offsets within the file),
+    None when nothing is. Read without numpy: the language server that only shows a trace never imports it
+    (`tests/python/lsp/test_without_numpy.py`); the diff reads the tensors through `trace/tensors.py`."""
     try:
-        open_parameters(found).close()
-    except TraceFormatError as error:
-        return f"{name}: its parameters cannot be read ({error}); parameters are compared by statistics only"
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return f"truncated safetensors file ({size} bytes)"
+            header_size = int.from_bytes(head, "little")
+            if header_size > min(MAX_STORE_HEADER_BYTES, size - 8):
+                return f"corrupt or truncated safetensors file (header of {header_size} bytes in a file of {size})"
+            header = json.loads(handle.read(header_size))
+    except OSError as error:
+        return f"cannot be read ({(error.strerror or str(error)).lower()})"
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        return f"corrupt safetensors header ({type(error).__name__})"
+    if not isinstance(header, dict):
+        return "corrupt safetensors header (not a JSON object)"
+    data_size = size - 8 - header_size
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(number) is int and 0 <= number <= data_size for number in offsets)
+        ):
+            return f"truncated or corrupt safetensors entry {name!r}"
     return None
 
 
 def open_parameters(path: Path) -> Any:
-    """The store file as a `SafetensorsFile` (validated header, memory-mapped); `TraceFormatError` naming it."""
+    """The store file as a `SafetensorsFile` (validated header, memory-mapped; imports numpy); a
+    `TraceFormatError` naming it."""
     from modeltrace.trace.tensors import SafetensorsFile
 
     return SafetensorsFile(path)
