@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaModel
+from transformers import LlamaModel
 
 import modeltrace
 from modeltrace.errors import ModelTraceError
@@ -22,6 +22,8 @@ from modeltrace.trace.storage import read_trace, tensors_paths
 from modeltrace.trace.tensors import SafetensorsFile
 from modeltrace.worker.client import WorkerClient
 from modeltrace.worker.messages import TraceRequest
+
+from test_tensor_stream import small_llama
 
 
 INPUT_IDS = torch.tensor([[1, 17, 42, 99, 5, 63, 120]])
@@ -34,19 +36,12 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def _model(seed: int = 0) -> LlamaModel:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="eager",
-        use_cache=False,
-    )
-    return LlamaModel(config).eval()
+def _model(other: bool = False) -> LlamaModel:
+    model = small_llama()[0]
+    if other:  # other weights: another store file
+        with torch.no_grad():
+            model.norm.weight.add_(1)
+    return model
 
 
 def _capture(model: torch.nn.Module, path: Path, **options: object) -> Path:
@@ -143,7 +138,7 @@ def test_a_deleted_store_leaves_the_activations_shown_and_diffed(tmp_path: Path,
 
 
 def test_a_damaged_store_file_is_named_and_breaks_no_other_trace(tmp_path: Path, store: Path) -> None:
-    first_model, other_model = _model(0), _model(1)
+    first_model, other_model = _model(), _model(other=True)
     damaged_user = _capture(first_model, tmp_path / "damaged_user.mtrace")
     unaffected = _capture(other_model, tmp_path / "unaffected.mtrace")
     statistics_only = tmp_path / "statistics.mtrace"
