@@ -9,7 +9,7 @@ NODE_STAMP := node_modules/.installed
 VSIX := extension/out/modeltrace-0.1.0.vsix
 EXAMPLE := examples/tiny_llama/modeling_tiny_llama.py
 
-.PHONY: demo test test-python test-package test-extension install extension bench bench-large clean
+.PHONY: demo test test-python test-package test-extension install extension bench bench-large bench-peers clean
 
 PORT := examples/tiny_llama_port/modeling_tiny_llama_port.py
 REFERENCE := examples/reference/tiny_llama.mtrace
@@ -84,6 +84,33 @@ bench: $(PY_STAMP)
 bench-large: $(PY_STAMP)
 	$(PY) bench/bench_capture.py --sizes large --large
 	$(PY) bench/bench_paths.py --sizes large
+
+# NOTE: the peers benchmark runs in an environment of its own (never .venv): the pinned CPU torch first, then the
+# project from this checkout (non-editable, reinstalled when its source changes), TorchLens and nnsight, all under
+# constraints that pin torch, so that pip can never resolve another build; torchvision must not be there.
+# setuptools' scratch folders (build/lib.*, …) are cleared before each install of the project: a file the checkout
+# no longer has must not come back from them. `make bench-peers PEERS_ARGS="--sizes large --rss"` passes options on.
+PEERS_VENV := build/peers-venv
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_CONSTRAINTS := bench/peers-constraints.txt
+PEERS_ARGS ?= --sizes tiny medium --rss --json build/bench-peers.json
+
+$(PEERS_VENV)/.peers-installed: pyproject.toml requirements.lock $(PEERS_CONSTRAINTS)
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install --quiet --upgrade pip
+	$(PEERS_PY) -m pip install --quiet torch==2.13.0
+	$(PEERS_PY) -m pip install --quiet -c requirements.lock -c $(PEERS_CONSTRAINTS) . torchlens nnsight
+	@if $(PEERS_PY) -m pip show --quiet torchvision 2>/dev/null; then \
+		echo "$(PEERS_VENV) has torchvision: the peers benchmark runs without it (rm -r $(PEERS_VENV))"; exit 1; fi
+	touch $@
+
+$(PEERS_VENV)/.project-installed: $(PEERS_VENV)/.peers-installed $(shell find pyserver/modeltrace -name '*.py' -o -name '*.c')
+	rm -rf build/lib.* build/bdist.* build/temp.*
+	$(PEERS_PY) -m pip install --quiet --no-deps --force-reinstall .
+	touch $@
+
+bench-peers: $(PEERS_VENV)/.project-installed
+	OMP_NUM_THREADS=1 $(PEERS_PY) bench/bench_peers.py $(PEERS_ARGS)
 
 clean:
 	rm -rf build extension/out .e2e

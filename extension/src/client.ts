@@ -7,6 +7,7 @@ import {
     type ExecuteCommandSignature,
     LanguageClient,
     type LanguageClientOptions,
+    type ProvideInlayHintsSignature,
     type RegistrationData,
     RevealOutputChannelOn,
     type ServerOptions,
@@ -29,10 +30,22 @@ import {
     serverBundle,
     serverExecutable,
 } from "./python";
-import { RestartQueue } from "./restart_queue";
+import { isNormalExit, RestartQueue } from "./restart_queue";
+import { StickyScrollRedraw } from "./sticky";
 import { initializationOptions, type ModelTraceSettings, readSettings, settingsSection } from "./settings";
 import { problemView, restrictedView, startingView, type TraceStatus, viewForServerStatus } from "./status";
 import * as vscodeapi from "./vscodeapi";
+
+/** The language client, with a normal exit said as information (not "[Error] Server process exited with code 0."). */
+class ModelTraceLanguageClient extends LanguageClient {
+    override error(message: string, data?: unknown, showNotification?: boolean | "force"): void {
+        if (isNormalExit(message)) {
+            this.info(message, data, false);
+            return;
+        }
+        super.error(message, data, showNotification);
+    }
+}
 
 export class ServerManager implements vscode.Disposable {
     private client: LanguageClient | undefined;
@@ -46,8 +59,11 @@ export class ServerManager implements vscode.Disposable {
     private restarting: Promise<void> | undefined;
     /** The modelTrace.python and modelTrace.importStrategy values the running server was started with. */
     private startedWith: string | undefined;
+    private projectFiles: vscode.FileSystemWatcher | undefined;
     /** The install offers already shown this session (interpreter and command): each is made once. */
     private readonly offeredInstalls: Set<string> = new Set();
+    /** Redraws sticky scroll's lines once the hints of a document whose trace changed are fetched again. */
+    private readonly sticky: StickyScrollRedraw = new StickyScrollRedraw();
     private readonly restarts: RestartQueue = new RestartQueue(() =>
         this.restartOnce().catch((error: unknown) => this.fail(`ModelTrace: restarting the server failed: ${String(error)}`)),
     );
@@ -103,6 +119,7 @@ export class ServerManager implements vscode.Disposable {
     dispose(): void {
         void this.stop();
         this.disposeFallbackCommands();
+        this.projectFiles?.dispose();
     }
 
     private async restartOnce(): Promise<void> {
@@ -157,6 +174,12 @@ export class ServerManager implements vscode.Disposable {
         this.status.show(this.status.restricted ? restrictedView : viewForServerStatus({ state: "idle" }));
     }
 
+    /** One watcher of the project files (modeltrace.toml, pyproject.toml) for every client this manager starts. */
+    private projectFileWatcher(): vscode.FileSystemWatcher {
+        this.projectFiles ??= vscodeapi.createFileSystemWatcher("**/{modeltrace.toml,pyproject.toml}");
+        return this.projectFiles;
+    }
+
     private createClient(interpreter: Interpreter, settings: ModelTraceSettings, trusted: boolean): LanguageClient {
         const workspaceFolder: vscode.WorkspaceFolder | undefined = vscodeapi.workspaceFolders()[0];
         // NOTE: untrusted: not in the workspace, so that nothing of it can land on the server's sys.path.
@@ -170,7 +193,9 @@ export class ServerManager implements vscode.Disposable {
             outputChannel: this.outputChannel,
             revealOutputChannelOn: RevealOutputChannelOn.Never,
             initializationOptions: initializationOptions(settings, trusted),
-            synchronize: { configurationSection: settingsSection },
+            // NOTE: project files are not Python documents: the server hears of their edits through this watcher
+            // (a fixed project file loses its diagnostic before the next trace)
+            synchronize: { configurationSection: settingsSection, fileEvents: this.projectFileWatcher() },
             middleware: {
                 executeCommand: (command: string, args: unknown[], next: ExecuteCommandSignature): Promise<unknown> =>
                     executeCommand(
@@ -179,9 +204,19 @@ export class ServerManager implements vscode.Disposable {
                         async (filledCommand: string, filledArgs: unknown[]) => next(filledCommand, filledArgs),
                         (reference: string) => this.feedback.onReferenceSet(reference),
                     ),
+                provideInlayHints: async (
+                    document: vscode.TextDocument,
+                    range: vscode.Range,
+                    token: vscode.CancellationToken,
+                    next: ProvideInlayHintsSignature,
+                ) => {
+                    const hints = await next(document, range, token);
+                    this.sticky.hintsFetched(document.uri.toString());
+                    return hints;
+                },
             },
         };
-        const client: LanguageClient = new LanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
+        const client: LanguageClient = new ModelTraceLanguageClient("modelTrace", "ModelTrace", serverOptions, clientOptions);
         // NOTE: the stand-ins go at the moment languageclient registers the server's commands (the names must
         // be free then), not before start(): so a command run during a restart never finds its name unbound.
         const executeCommandFeature = client.getFeature(ExecuteCommandRequest.method);
@@ -191,6 +226,9 @@ export class ServerManager implements vscode.Disposable {
             registerServerCommands(data);
         };
         client.onNotification(lspExt.status, (params: lspExt.StatusParams) => {
+            if (params.uri !== undefined && params.state !== "tracing") {
+                this.sticky.traceChanged(params.uri);
+            }
             this.status.showServerStatus(params);
             this.feedback.onStatus(params);
         });
@@ -202,7 +240,7 @@ export class ServerManager implements vscode.Disposable {
                 return;
             }
             if (newState === State.Stopped) {
-                this.status.show(problemView("The server stopped; see the logs (Model Trace: Show Logs)"));
+                this.status.show(problemView("The server stopped; see the logs (ModelTrace: Show Logs)"));
             } else if (newState === State.Running) {
                 this.showReady();
             }

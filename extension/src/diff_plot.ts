@@ -3,8 +3,12 @@
 import type { DiffPlot, DiffPlotPoint, LineDiffStatus } from "./lsp_ext";
 
 const width = 960;
-const height = 420;
-const margin = { left: 64, right: 24, top: 36, bottom: 56 };
+const height = 560;
+// NOTE: the bottom margin holds the module names, written at a slant under their points.
+const margin = { left: 64, right: 24, top: 36, bottom: 196 };
+/** At most this many module names on the axis (every n-th call, and always the first divergence). */
+export const maxAxisNames: number = 24;
+const axisNameLength: number = 30;
 
 export const statusColors: Readonly<Record<LineDiffStatus, string>> = {
     match: "#2ea043",
@@ -41,6 +45,28 @@ function format(value: number | null): string {
         return "not compared";
     }
     return value === 0 ? "0" : value.toExponential(2);
+}
+
+/** The indices of the points named on the axis: evenly spread, at most `maxAxisNames`, the first divergence
+ * always, its neighbours closer than half a step left out so that no two names overlap. */
+export function axisNameIndices(count: number, firstDivergence: number | null): number[] {
+    const step: number = Math.max(1, Math.ceil(count / maxAxisNames));
+    const named: number[] = [];
+    for (let index: number = 0; index < count; index += step) {
+        if (firstDivergence === null || index === firstDivergence || Math.abs(index - firstDivergence) >= step / 2) {
+            named.push(index);
+        }
+    }
+    if (firstDivergence !== null && firstDivergence < count && !named.includes(firstDivergence)) {
+        named.push(firstDivergence);
+    }
+    return named.sort((a: number, b: number) => a - b);
+}
+
+/** A module call's name on the axis: its path (`#N` for a later call), its start cut to fit. */
+export function axisName(point: DiffPlotPoint): string {
+    const name: string = (point.call_index === 0 ? point.path : `${point.path}#${point.call_index}`) || "(model)";
+    return name.length <= axisNameLength ? name : `…${name.slice(name.length - axisNameLength + 1)}`;
 }
 
 /** The plot as an inline `<svg>` element. */
@@ -93,8 +119,18 @@ export function plotSvg(plot: DiffPlot): string {
                 `<title>${escapeXml(name || "(model)")}: ${point.status.replace("_", " ")}, max abs diff ${format(point.max_abs_diff)}</title></circle>`,
         );
     }
+    const axisY: number = height - margin.bottom;
+    for (const index of axisNameIndices(points.length, plot.first_divergence)) {
+        const point: DiffPlotPoint = points[index] as DiffPlotPoint;
+        const x: number = xOf(point.x);
+        const kind: string = index === plot.first_divergence ? "module-name divergence-name" : "module-name";
+        parts.push(
+            `<line class="grid" x1="${x}" x2="${x}" y1="${axisY}" y2="${axisY + 5}"/>`,
+            `<text class="${kind}" transform="translate(${x + 4} ${axisY + 12}) rotate(45)">${escapeXml(axisName(point))}</text>`,
+        );
+    }
     parts.push(
-        `<text class="axis" x="${margin.left + plotWidth / 2}" y="${height - 16}" text-anchor="middle">module calls, in the order they finished (${points.length})</text>`,
+        `<text class="axis" x="${margin.left + plotWidth / 2}" y="${height - 8}" text-anchor="middle">module calls, in the order they finished (${points.length}; every ${Math.max(1, Math.ceil(points.length / maxAxisNames))} named)</text>`,
         `<text class="axis" transform="translate(16 ${margin.top + plotHeight / 2}) rotate(-90)" text-anchor="middle">max abs difference (log)</text>`,
         "</svg>",
     );
@@ -122,6 +158,8 @@ svg text { fill: var(--vscode-foreground); font-size: 12px; }
 .atol-label { fill: #3b82f6 !important; }
 .divergence { stroke: #e5322d; stroke-width: 1.5; stroke-dasharray: 4 3; }
 .divergence-label { fill: #e5322d !important; font-weight: bold; }
+svg text.module-name { font-size: 10px; font-family: var(--vscode-editor-font-family, monospace); }
+svg text.divergence-name { fill: #e5322d; font-weight: bold; }
 .series { fill: none; stroke: var(--vscode-foreground); stroke-opacity: 0.35; }
 .legend span { margin-right: 1em; } .legend i { display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 4px; }
 </style></head>

@@ -43,12 +43,17 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
             // NOTE: idle also follows "reference: …" and "trace cleared": only a finished trace says "module calls".
             // A trace compared with a reference ends its message with the result, which modelTrace/diffResult
             // (sent just before) already shows with where it diverges: that view stays.
-            if (params.message === undefined || !params.message.includes("module calls") || params.message.includes("the reference")) {
+            // A full-size toggle (`sizes` without "module calls") updates the item too: its text says the sizes.
+            if (
+                params.message === undefined ||
+                !(params.message.includes("module calls") || params.sizes !== undefined) ||
+                params.message.includes("the reference")
+            ) {
                 return undefined;
             }
             return {
-                text: `$(check) ModelTrace: ${params.message.split(":")[0]}`,
-                tooltip: params.message,
+                text: `$(check) ModelTrace: ${params.message.split(":")[0]}${params.sizes === "full" ? " · full sizes" : ""}`,
+                tooltip: params.message + ranText(params),
                 command: undefined,
             };
         case "stale": {
@@ -58,7 +63,8 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
                 text: `$(history) ModelTrace: ${model !== undefined && model !== "" ? `${model} ` : ""}(stale)`,
                 tooltip:
                     `${params.message ?? "The code changed since the last trace"}. ` +
-                    "Hints, gutters and diagnostics show that trace until the next one: click to trace again.",
+                    "Hints, gutters and diagnostics show that trace until the next one: click to trace again." +
+                    ranText(params),
                 command: {
                     command: "modelTrace.trace",
                     title: "Trace Again",
@@ -67,6 +73,20 @@ export function viewForTraceStatus(params: StatusParams): ResultView | undefined
             };
         }
     }
+}
+
+/** What ran and which sizes the hints show, as lines that end the tooltip ("" when the server said neither). */
+export function ranText(params: StatusParams): string {
+    const lines: string[] = [];
+    if (params.ran !== undefined) {
+        lines.push(`Ran: ${params.ran}`);
+    }
+    if (params.sizes === "full") {
+        lines.push("Hints: the model's full sizes (shape-only on the meta device), each marked (full); the hover keeps the traced values");
+    } else if (params.sizes === "traced" || params.ran !== undefined) {
+        lines.push("Hints: the traced run's sizes (ModelTrace: Toggle the Active File's Hints at Full Size shows the model's own)");
+    }
+    return lines.length === 0 ? "" : `\n${lines.join("\n")}`;
 }
 
 /** The item after a comparison with the reference. */

@@ -25,10 +25,45 @@ export const serverCommands = {
     pinReference: "modelTrace.pinReference",
     /**
      * Arguments: [documentUri: string, className?: string] (a modular file in a transformers checkout): its
-     * generated file regenerated into a temporary folder, and the copy traced and opened. Offered by a code action.
+     * generated file regenerated into a temporary folder, the copy traced, and its hints shown on the modular
+     * document itself (the result's `regenerated` is the copy's path). Offered by a code action.
      */
     traceRegenerated: "modelTrace.traceRegenerated",
+    /**
+     * Arguments: [documentUri: string, className?: string]: a recipe written next to the model file from what the
+     * last failed trace tried (or a trace run first to learn it), registered in the project file, opened, and
+     * traced when it has nothing left to fill in. Result: CreateRecipeResult. Offered by the failure's
+     * notification and a code lens.
+     */
+    createRecipe: "modelTrace.createRecipe",
+    /**
+     * Arguments: [documentUri: string, show?: boolean]: the document's hints at the model's full sizes (shape-only
+     * on the meta device, cached per file), or back at the traced sizes; no `show`: a toggle. Result: FullSizesResult.
+     */
+    fullSizes: "modelTrace.fullSizes",
 } as const;
+
+/** What "Create recipe…" wrote. */
+export interface CreateRecipeResult {
+    ok: boolean;
+    message?: string;
+    /** The recipe file written (never an existing one). */
+    recipe?: string;
+    /** The project file it is registered in (modeltrace.toml or pyproject.toml). */
+    projectFile?: string;
+    /** Names still to fill in (0-based lines in `todoLines`); empty: it was traced at once. */
+    todo?: string[];
+    todoLines?: number[];
+    /** The trace run with it, when it had nothing left to fill in. */
+    trace?: { ok: boolean; message?: string };
+}
+
+export interface FullSizesResult {
+    ok: boolean;
+    /** Which sizes the document's hints show now. */
+    sizes?: "traced" | "full";
+    message?: string;
+}
 
 /** Where "Load Trace…" found a file the trace recorded (`trace.relocate.SourceMatch`). */
 export interface LoadedSourceFile {
@@ -59,6 +94,10 @@ export interface StatusParams {
     message?: string;
     /** The document the status is about, when it is about one. */
     uri?: string;
+    /** What ran, in one line: config class, sizes against the config's own, tokens, weights (trace/ran.py). */
+    ran?: string;
+    /** Which sizes the document's hints show: the traced run's, or the model's full sizes (modelTrace.hintSizes). */
+    sizes?: "traced" | "full";
 }
 
 /** Server → client: what the server is doing, for the language status item. */

@@ -43,6 +43,8 @@ const traceCommands: ReadonlySet<string> = new Set<string>([
     serverCommands.traceGenerate,
     serverCommands.traceBackward,
     serverCommands.traceRegenerated,
+    // NOTE: it traces the class with the recipe it writes
+    serverCommands.createRecipe,
 ]);
 
 /** The reference a `setReference` / `pinReference` result says was set, else undefined (also when the result

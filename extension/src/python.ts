@@ -250,7 +250,7 @@ export async function checkInterpreter(
                 ? `Install it into that environment with \`${interpreter.path} -m pip install -e <ModelTrace checkout>\`, ` +
                   "set modelTrace.importStrategy to useBundled (the server this extension carries), " +
                   "or set modelTrace.python to an interpreter that has it."
-                : "Set modelTrace.python to another interpreter, or see the logs (Model Trace: Show Logs).";
+                : "Set modelTrace.python to another interpreter, or see the logs (ModelTrace: Show Logs).";
         return { ok: false, problem: `ModelTrace: ${name} cannot import modeltrace (${probe.error ?? "unknown error"}). ${advice}` };
     }
     const blocking: MissingRequirement[] = (probe.missing ?? []).filter((requirement: MissingRequirement) => requirement.server);

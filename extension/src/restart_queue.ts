@@ -21,3 +21,9 @@ export class RestartQueue {
         return next;
     }
 }
+
+/** languageclient logs every exit of the server process as an error, a normal restart's code 0 included: that
+ * one is information (the client logs it so, instead of "[Error] Server process exited with code 0."). */
+export function isNormalExit(message: string): boolean {
+    return message === "Server process exited with code 0.";
+}

@@ -8,6 +8,7 @@ export const settingsSection = "modelTrace";
 export type TraceDtype = "float32" | "float16" | "bfloat16";
 export type HintDetail = "shape" | "dtype" | "stats";
 export type HintPlacement = "afterName" | "endOfLine";
+export type HintSizes = "traced" | "full";
 export type AttentionImplementation = "eager" | "sdpa" | "flex_attention";
 
 export interface ModelTraceSettings {
@@ -22,6 +23,8 @@ export interface ModelTraceSettings {
     hintDetail: HintDetail;
     /** After each assigned name (fits VS Code's default hint length), or one full label at the line's end. */
     hintPlacement: HintPlacement;
+    /** The traced run's sizes, or the model's full sizes (a shape-only run of the unshrunk config, cached per file). */
+    hintSizes: HintSizes;
     traceOnSave: boolean;
     /** Line-level capture: tensors assigned on each line, not only module outputs. */
     lines: boolean;
@@ -44,6 +47,8 @@ export interface ModelTraceSettings {
     recipe: string;
     /** A small config.json traces build the model from; relative: the workspace's; "" the shrunk defaults. */
     config: string;
+    /** The project file (modeltrace.toml / pyproject.toml) to read; relative: the workspace's; "" the nearest one. */
+    projectFile: string;
     /** Tolerances of the diff against a reference trace; null: the diff's defaults. */
     diffAtol: number | null;
     diffRtol: number | null;
@@ -71,6 +76,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     attention: "eager",
     hintDetail: "dtype",
     hintPlacement: "afterName",
+    hintSizes: "traced",
     traceOnSave: false,
     lines: true,
     follow: [],
@@ -83,6 +89,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     deviceMap: "",
     recipe: "",
     config: "",
+    projectFile: "",
     diffAtol: null,
     diffRtol: null,
     diffMaps: [],
@@ -104,6 +111,7 @@ const dtypes: readonly TraceDtype[] = ["float32", "float16", "bfloat16"];
 const attentionImplementations: readonly AttentionImplementation[] = ["eager", "sdpa", "flex_attention"];
 const hintDetails: readonly HintDetail[] = ["shape", "dtype", "stats"];
 const hintPlacements: readonly HintPlacement[] = ["afterName", "endOfLine"];
+const hintSizes: readonly HintSizes[] = ["traced", "full"];
 
 function tolerance(value: unknown): number | null {
     return typeof value === "number" && Number.isFinite(value) && value >= 0 ? value : null;
@@ -133,6 +141,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const deviceMap: unknown = configuration.get("deviceMap");
     const recipe: unknown = configuration.get("recipe");
     const config: unknown = configuration.get("config");
+    const projectFile: unknown = configuration.get("projectFile");
     const diffMaps: unknown = configuration.get("diffMaps");
     const diffReplay: unknown = configuration.get("diffReplay");
     const diffMapping: unknown = configuration.get("diffMapping");
@@ -148,6 +157,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         attention: oneOf(configuration.get("attention"), attentionImplementations, defaultSettings.attention),
         hintDetail: oneOf(configuration.get("hintDetail"), hintDetails, defaultSettings.hintDetail),
         hintPlacement: oneOf(configuration.get("hintPlacement"), hintPlacements, defaultSettings.hintPlacement),
+        hintSizes: oneOf(configuration.get("hintSizes"), hintSizes, defaultSettings.hintSizes),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         follow: Array.isArray(follow)
@@ -162,6 +172,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         deviceMap: typeof deviceMap === "string" ? deviceMap.trim() : defaultSettings.deviceMap,
         recipe: typeof recipe === "string" ? recipe.trim() : defaultSettings.recipe,
         config: typeof config === "string" ? config.trim() : defaultSettings.config,
+        projectFile: typeof projectFile === "string" ? projectFile.trim() : defaultSettings.projectFile,
         diffAtol: tolerance(configuration.get("diffAtol")),
         diffRtol: tolerance(configuration.get("diffRtol")),
         diffMaps: Array.isArray(diffMaps) ? diffMaps.filter((item: unknown): item is string => typeof item === "string") : [],

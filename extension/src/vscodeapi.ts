@@ -126,3 +126,7 @@ export async function openFile(path: string): Promise<void> {
     const document: vscode.TextDocument = await vscode.workspace.openTextDocument(vscode.Uri.file(path));
     await vscode.window.showTextDocument(document, { preview: false });
 }
+
+export function createFileSystemWatcher(globPattern: string): vscode.FileSystemWatcher {
+    return vscode.workspace.createFileSystemWatcher(globPattern);
+}

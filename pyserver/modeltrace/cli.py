@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.trace.lines import HintDetail
 from modeltrace.modular.twins import generated_path, is_modular_file, resolve_generated
+from modeltrace.project import project_choices
 from modeltrace.trace.listing import render_listing
 from modeltrace.trace.parameter_store import parameters_note
 from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 
 def _trace_command(arguments: argparse.Namespace) -> int:
-    from modeltrace.worker.client import WorkerClient
 
     if arguments.nproc is not None:
         return _parallel_trace_command(arguments)
@@ -46,21 +46,45 @@ def _trace_command(arguments: argparse.Namespace) -> int:
     if not file.is_file():
         raise ModelTraceError(f"{arguments.file}: no such file")
     out = Path(arguments.out).resolve() if arguments.out else Path.cwd() / f"{file.stem}{TRACE_SUFFIX}"
-    if arguments.regenerate:
-        file = _regenerated_copy(file)
-    elif is_modular_file(file) and not arguments.recipe:
-        # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
-        resolve_generated(file)
+    if not arguments.regenerate:
+        if is_modular_file(file) and not arguments.recipe:
+            # NOTE: before a worker starts: a modular file without a usable generated twin cannot run
+            resolve_generated(file)
+        return _trace_file(file, out, arguments)
+    from modeltrace.modular.regenerate import regenerated_root, remove_regenerated
+
+    copy = _regenerated_copy(file)
+    try:
+        return _trace_file(copy, out, arguments)
+    finally:
+        # NOTE: the temporary folder is ModelTrace's: once the trace is written and printed it goes
+        root = regenerated_root(copy)
+        if root is not None and remove_regenerated(root):
+            print(f"# removed the temporary folder {root}", file=sys.stderr)
+
+
+def _trace_file(file: Path, out: Path, arguments: argparse.Namespace) -> int:
+    """Trace `file` into `out` and print it (`trace` without `--nproc`)."""
+    from modeltrace.worker.client import WorkerClient
+
     check_destination(out)
+    # NOTE: the project file fills in what no option gives (DESIGN: the project file)
+    project = project_choices(file, arguments.model, _project_option(arguments))
+    recipe = arguments.recipe or project.recipe
+    config = arguments.config or project.config
+    if project.project_file is not None and not arguments.recipe and project.recipe is not None:
+        print(f"# recipe {project.recipe} (from {project.project_file})", file=sys.stderr)
+    if project.project_file is not None and not arguments.config and project.config is not None:
+        print(f"# config {project.config} (from {project.project_file})", file=sys.stderr)
     follow = tuple(str(_existing_file(path, "--follow")) for path in arguments.follow)
     if follow and not arguments.lines:
         raise ModelTraceError("--follow names files whose lines are captured: add --lines")
     request = TraceRequest(
         file=str(file),
         out=str(out),
-        model=arguments.model,
-        recipe=str(Path(arguments.recipe).resolve()) if arguments.recipe else None,
-        config=_local_path(arguments.config),
+        model=arguments.model or (project.model_class if recipe else None),
+        recipe=str(Path(recipe).resolve()) if recipe else None,
+        config=_local_path(str(config) if config else None),
         checkpoint=_local_path(arguments.checkpoint),
         shape_only=arguments.shape_only,
         full_tensors=arguments.full_tensors,
@@ -133,7 +157,19 @@ def _trace_against(request: TraceRequest, arguments: argparse.Namespace) -> int:
     with WorkerClient() as worker:
         traced = worker.trace(request)
         print(f"# trace written to {traced.trace} ({traced.seconds:.2f} s)", file=sys.stderr)
-        result = diff_paths(arguments.against, traced.trace, replay=True, client=worker)
+        # NOTE: the model file's project file gives the diff's maps and tolerances, as in the editor
+        project = project_choices(Path(request.file), request.model, _project_option(arguments))
+        result = diff_paths(
+            arguments.against,
+            traced.trace,
+            project.atol,
+            project.rtol,
+            project.maps,
+            rel_tol=project.rel_tol,
+            replay=True,
+            client=worker,
+            mapping=project.mapping,
+        )
     try:
         return _report_diff(result, arguments.format)
     finally:
@@ -254,18 +290,24 @@ def _show_command(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _project_option(arguments: argparse.Namespace) -> Path | None:
+    return Path(arguments.project).expanduser() if getattr(arguments, "project", None) else None
+
+
 def _diff_command(arguments: argparse.Namespace) -> int:
     from modeltrace.diff import close_result, diff_paths
 
+    # NOTE: a diff has no model file: the project file is the one above the current folder (or --project)
+    project = project_choices(Path.cwd(), None, _project_option(arguments))
     result = diff_paths(
         arguments.reference,
         arguments.candidate,
-        arguments.atol,
-        arguments.rtol,
-        arguments.map,
-        rel_tol=arguments.rel_tol,
+        arguments.atol if arguments.atol is not None else project.atol,
+        arguments.rtol if arguments.rtol is not None else project.rtol,
+        arguments.map or list(project.maps),
+        rel_tol=arguments.rel_tol if arguments.rel_tol is not None else project.rel_tol,
         replay=arguments.replay,
-        mapping=arguments.mapping,
+        mapping=arguments.mapping or (str(project.mapping) if project.mapping else None),
         automatic=not arguments.no_auto_align,
     )
     try:
@@ -532,6 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--recipe", metavar="PY", help="a file defining build_model() and build_inputs(model)")
     trace.add_argument("--config", metavar="PATH", help="a config.json (or folder) to use as it is, unshrunk")
     trace.add_argument(
+        "--project",
+        metavar="TOML",
+        help="the project file to read (default: the nearest modeltrace.toml, or pyproject.toml with "
+        "[tool.modeltrace], above FILE); its recipe, config and tolerances apply where no option gives one",
+    )
+    trace.add_argument(
         "--shape-only",
         action="store_true",
         help="shapes and dtypes only, on the meta device (full size: no shrinking, no weights)",
@@ -668,6 +716,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a module mapping file (written by `modeltrace align`, edited or not) to align by",
     )
     diff.add_argument("--no-auto-align", action="store_true", help="align by paths and --map only, never by evidence")
+    diff.add_argument(
+        "--project",
+        metavar="TOML",
+        help="the project file whose maps, mapping and tolerances apply where no option gives them (default: the "
+        "nearest modeltrace.toml, or pyproject.toml with [tool.modeltrace], above the current folder)",
+    )
     diff.add_argument(
         "--rel-tol",
         type=_tolerance,

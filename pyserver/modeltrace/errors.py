@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 # NOTE: only for the annotation: this module is imported by everything, the messages by the worker's side.
 if TYPE_CHECKING:
-    from modeltrace.worker.messages import WorkerError
+    from modeltrace.worker.messages import RecipeDraft, WorkerError
 
 
 class ModelTraceError(Exception):
@@ -25,6 +25,15 @@ class ModelTraceError(Exception):
         super().__init__(message)
         self.file = file
         self.line = line
+
+
+class NeedsRecipe(ModelTraceError):
+    """A class ModelTrace cannot build or feed unaided: `draft` (a `worker.messages.RecipeDraft`) holds what it
+    tried, which the worker reports (`WorkerError.recipe`) for the editor's "Create recipe…"."""
+
+    def __init__(self, message: str, draft: RecipeDraft, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message, file, line)
+        self.draft = draft
 
 
 class TraceFormatError(ModelTraceError):

@@ -7,6 +7,7 @@ copy replaces `transformers.models.<name>` in that process).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -162,8 +163,18 @@ def test_a_stale_modular_file_is_traced_through_a_regenerated_copy(tmp_path: Pat
     assert run["pythonpath"].split(os.pathsep)[0] == str(checkout.resolve() / "src")
     assert copy.parent.parent.parent.parent.name == "src" and copy.parent.name == "qwen3"
     assert copy.is_relative_to(temporary)
-    assert copy.read_bytes() == modular.read_bytes()
+    assert run["sha256"] == hashlib.sha256(modular.read_bytes()).hexdigest()
     assert f"# traced the regenerated copy {copy} (your modeling_qwen3.py is left as it is)" in completed.stderr
+    # once the trace is written and printed, the temporary folder goes (it is ModelTrace's, not the user's)
+    assert f"# removed the temporary folder {copy.parents[4]}" in completed.stderr
+    assert not [path for path in temporary.iterdir() if path.name.startswith("modeltrace-regenerated-")]
+    assert (tmp_path / "q.mtrace").exists()
+    # so `show` of that trace says where its source went and what to run instead
+    shown = run_cli("show", str(tmp_path / "q.mtrace"), cwd=tmp_path)
+    assert shown.returncode == 2
+    assert "this trace ran a copy regenerated into a temporary folder, removed after `trace --regenerate`" in (
+        shown.stderr
+    )
     # the user's folder is untouched (the generated file stays stale)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
     # the edited line ran, from the regenerated file, and carries its hint; nothing is out of date

@@ -11,6 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from modeltrace.lsp.remap import split_lines
+from modeltrace.plain_arguments import guess_argument
 from modeltrace.rules import is_abstract_model, is_task_head, pick_base_model
 
 
@@ -36,9 +37,9 @@ class ModuleClass:
     has_forward: bool = True
     # NOTE: it or a base of the file derives from transformers' `GenerationMixin`: a "Trace generate" lens
     generates: bool = False
-    # NOTE: a plain module whose own `__init__` takes no config and which names no `config_class`
-    # (`TinyBlock(dim, hidden)`): the worker builds plain modules from a config class only, so on its own (no
-    # model in the file to run it inside) only a recipe builds it
+    # NOTE: a plain module whose own `__init__` takes no config, names no `config_class`, and takes an argument
+    # whose name and annotation say nothing ModelTrace can choose (`Scaled(dim, scale)`; `TinyBlock(dim, hidden)`
+    # is built with dim=64, hidden=128): on its own (no model in the file to run it inside) only a recipe builds it
     needs_recipe: bool = False
 
     @property
@@ -97,7 +98,8 @@ def _class_definitions(body: list[ast.stmt]) -> list[ast.ClassDef]:
 
 
 def _needs_recipe(definition: ast.ClassDef) -> bool:
-    """Whether the class defines an `__init__` that takes no config and names no `config_class` (see `ModuleClass`)."""
+    """Whether the class defines an `__init__` that takes no config, names no `config_class`, and has an argument
+    without a default whose name and annotation say nothing ModelTrace can choose (`plain_arguments`)."""
     names_config_class = any(
         isinstance(node, (ast.Assign, ast.AnnAssign))
         and any(isinstance(target, ast.Name) and target.id == "config_class" for target in _targets(node))
@@ -109,8 +111,18 @@ def _needs_recipe(definition: ast.ClassDef) -> bool:
     if init is None or names_config_class:
         return False
     arguments = init.args
-    names = [argument.arg for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)][1:]
-    return not any(name == "config" or name.endswith("_config") for name in names)
+    positional = [*arguments.posonlyargs, *arguments.args]
+    # NOTE: defaults belong to the last positional arguments; keyword-only ones have one each (None: required)
+    required = positional[: len(positional) - len(arguments.defaults)][1:] + [
+        argument for argument, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is None
+    ]
+    names = [argument.arg for argument in (*positional, *arguments.kwonlyargs)][1:]
+    if any(name == "config" or name.endswith("_config") for name in names):
+        return False
+    return any(
+        guess_argument(argument.arg, ast.unparse(argument.annotation) if argument.annotation else None) is None
+        for argument in required
+    )
 
 
 def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:

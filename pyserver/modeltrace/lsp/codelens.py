@@ -15,6 +15,7 @@ from modeltrace.lsp import methods
 from modeltrace.lsp.classes import ModuleClass, base_model_name, trace_arguments
 from modeltrace.lsp.context import ModelTraceServer
 from modeltrace.lsp.modular import generated_classes, inherited_lenses
+from modeltrace.lsp.project_files import has_recipe
 
 
 def _line_range(line: int, column: int, length: int) -> types.Range:
@@ -25,16 +26,21 @@ def _line_range(line: int, column: int, length: int) -> types.Range:
 
 
 # NOTE: the lens of a class only a recipe builds stays (it is how the user learns that the class can be traced,
-# and clicking it says what to give), but its title says what it needs, before a click that can only fail
-NEEDS_RECIPE_TITLE = "▶ Trace forward (needs modelTrace.recipe)"
+# and clicking it says what to give), but its title says what it needs, before a click that can only fail; a
+# "Create recipe…" lens beside it writes one
+NEEDS_RECIPE_TITLE = "▶ Trace forward (needs a recipe)"
+CREATE_RECIPE_TITLE = "Create recipe…"
 
 
-def _trace_title(ls: ModelTraceServer, cls: ModuleClass, models: list[ModuleClass]) -> str:
-    """The "Trace forward" lens title: said to need a recipe when only one can build the class (no recipe set,
-    and no model in the file to run it inside)."""
-    if cls.needs_recipe and not ls.settings.recipe and base_model_name(models) is None:
-        return NEEDS_RECIPE_TITLE
-    return "▶ Trace forward"
+def _needs_recipe(ls: ModelTraceServer, path: str, cls: ModuleClass, models: list[ModuleClass]) -> bool:
+    """Whether only a recipe can trace the class and none is set (project file or setting): the worker said so at
+    its last trace (it left a draft for this class), or its `__init__` takes what no rule can choose (`classes`)
+    and the file has no model to run it inside."""
+    session = ls.sessions.showing(path)
+    draft = session.recipe_draft if session is not None else None
+    failed_for_want_of_one = draft is not None and draft.model_class == cls.name
+    needs_one = cls.needs_recipe and base_model_name(models) is None
+    return (failed_for_want_of_one or needs_one) and not has_recipe(ls, path, cls.name)
 
 
 def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[types.CodeLens]:
@@ -46,15 +52,26 @@ def code_lenses(ls: ModelTraceServer, params: types.CodeLensParams) -> list[type
     # NOTE: a modular file's base model is often only in its generated twin (`Qwen3Model`): its other classes are
     # traced through that one, as in the generated file
     models = generated_classes(ls, uri) or classes
-    lenses = [
-        types.CodeLens(
-            range=_line_range(cls.line, cls.column, len(cls.name)),
-            command=types.Command(
-                title=_trace_title(ls, cls, models), command=methods.TRACE, arguments=trace_arguments(uri, cls, models)
-            ),
+    lenses = []
+    for cls in classes:
+        where = _line_range(cls.line, cls.column, len(cls.name))
+        needs_recipe = _needs_recipe(ls, path, cls, models)
+        title = NEEDS_RECIPE_TITLE if needs_recipe else "▶ Trace forward"
+        lenses.append(
+            types.CodeLens(
+                range=where,
+                command=types.Command(title=title, command=methods.TRACE, arguments=trace_arguments(uri, cls, models)),
+            )
         )
-        for cls in classes
-    ]
+        if needs_recipe:
+            lenses.append(
+                types.CodeLens(
+                    range=where,
+                    command=types.Command(
+                        title=CREATE_RECIPE_TITLE, command=methods.CREATE_RECIPE, arguments=[uri, cls.name]
+                    ),
+                )
+            )
     for cls in classes:
         if not cls.is_model or cls.is_abstract_model:
             continue

@@ -9,6 +9,7 @@ and lenses; on failure the user gets a diagnostic at the failing line and one me
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -23,18 +24,34 @@ from pygls.uris import from_fs_path, to_fs_path
 from modeltrace.errors import ModelTraceError, TraceFailed, TraceFormatError
 from modeltrace.lsp.classes import base_model_name
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.full_sizes import compute_full_sizes, showing_full_sizes, sizes_shown
 from modeltrace.lsp.diagnostics import DIAGNOSTIC_SOURCE, editor_wording, publish_failure, show_trace_diagnostics
 from modeltrace.lsp.loading import load_trace, load_trace_here, release_free_heap, run_load, settle_memory
 from modeltrace.lsp.modular import generated_classes
+from modeltrace.lsp.project_files import (
+    TraceSources,
+    create_recipe,
+    publish_project_error,
+    recipe_uri,
+    trace_sources,
+)
 from modeltrace.lsp.publish import ServerState, notify_status, withdraw
 from modeltrace.lsp.reference import forget_diff, load_checked_reference, update_diff, workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import DocumentDiff, DocumentSession, LastRequest, Located
-from modeltrace.lsp.store import DocumentTrace
-from modeltrace.modular.regenerate import find_checkout, no_checkout_message, regenerate_copy
+from modeltrace.lsp.settings import HintSizes
+from modeltrace.lsp.store import DocumentTrace, load_message, show_on, tensors_held
+from modeltrace.modular.regenerate import (
+    find_checkout,
+    no_checkout_message,
+    regenerate_copy,
+    regenerated_root,
+    remove_regenerated,
+)
 from modeltrace.modular.twins import is_modular_file, resolve_generated
-from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
-from modeltrace.trace.storage import TRACE_SUFFIX, tensors_paths
+from modeltrace.project import ProjectFileError
+from modeltrace.trace.relocate import SourceMatch
+from modeltrace.trace.storage import TRACE_SUFFIX
 from modeltrace.worker.client import WorkerClient
 from modeltrace.worker import messages
 
@@ -116,16 +133,24 @@ def _trace_target(ls: ModelTraceServer, arguments: tuple[Any, ...]) -> tuple[str
 
 
 async def run_trace(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     """Trace `path` (one trace at a time: the worker runs one) and install the result; `mode` "forward",
-    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it)."""
+    "generate" or "backward"; `full_tensors` keeps every tensor even without a reference (to pin it). With
+    `regenerated` (a regenerated copy of the modular file `path`, `modular/regenerate.py`), the worker runs the
+    copy and its hints show on `path`."""
     session = ls.sessions.open(path, uri)
-    session.last_request = LastRequest(uri=uri, model=model, mode=mode)
+    session.last_request = LastRequest(uri=uri, model=model, mode=mode, regenerate=regenerated is not None)
     session.waiting = True
     async with ls.trace_lock:
         session.waiting = False
-        return await _trace_now(ls, uri, path, model, mode, full_tensors)
+        return await _trace_now(ls, uri, path, model, mode, full_tensors, regenerated)
 
 
 class _Cancellation:
@@ -179,6 +204,11 @@ async def _begin_progress(ls: ModelTraceServer, message: str, cancellation: _Can
     return token
 
 
+def _report_progress(ls: ModelTraceServer, token: str | None, message: str) -> None:
+    if token is not None:
+        ls.work_done_progress.report(token, types.WorkDoneProgressReport(message=message))
+
+
 def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None:
     if token is None:
         return
@@ -187,19 +217,24 @@ def _end_progress(ls: ModelTraceServer, token: str | None, message: str) -> None
 
 
 def _request(
-    ls: ModelTraceServer, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    path: str,
+    sources: TraceSources,
+    mode: str = "forward",
+    full_tensors: bool = False,
 ) -> messages.TraceRequest:
     settings = ls.settings
     return messages.TraceRequest(
         file=path,
         out=str(trace_path_for(ls, path)),
-        model=model,
+        model=sources.model,
         generate=settings.generate_steps if mode == "generate" else 0,
         backward=mode == "backward",
         shape_only=settings.shape_only,
         checkpoint=settings.checkpoint,
-        recipe=workspace_path(ls, settings.recipe) if settings.recipe else None,
-        config=workspace_path(ls, settings.config) if settings.config else None,
+        # NOTE: the project file's recipe and config, else the settings' (`project_files.trace_sources`)
+        recipe=sources.recipe,
+        config=sources.config,
         device_map=settings.device_map,
         # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
         full_tensors=(full_tensors or path in ls.references) and not settings.shape_only,
@@ -228,19 +263,35 @@ def _model_to_build(ls: ModelTraceServer, uri: str, path: str, model: str | None
 
 
 async def _trace_now(
-    ls: ModelTraceServer, uri: str, path: str, model: str | None, mode: str = "forward", full_tensors: bool = False
+    ls: ModelTraceServer,
+    uri: str,
+    path: str,
+    model: str | None,
+    mode: str = "forward",
+    full_tensors: bool = False,
+    regenerated: Path | None = None,
 ) -> dict[str, Any]:
     if not ls.workspace_trusted:
         # NOTE: checked again here: trust can be withdrawn while a trace waited for the one before it
         # (trace-on-save queues behind a running trace).
         return _refuse(ls, UNTRUSTED_MESSAGE, types.MessageType.Warning)
-    if is_modular_file(path):
+    if is_modular_file(path) and regenerated is None:
         # NOTE: a modular file runs as its generated twin; without a usable one no worker needs to start
         try:
             resolve_generated(path)
         except ModelTraceError as error:
             return _fail(ls, uri, None, f"ModelTrace: {error}")
-    name = _model_to_build(ls, uri, path, model)
+    try:
+        sources = trace_sources(ls, path, model)
+    except ProjectFileError as error:
+        # NOTE: on the project file's offending line; the trace on view stays, no worker starts
+        publish_project_error(ls, path, error)
+        return _fail(ls, uri, None, f"ModelTrace: {error}")
+    except ModelTraceError as error:
+        return _fail(ls, uri, None, f"ModelTrace: {error}")
+    session = ls.sessions.open(path, uri)
+    session.recipe = str(Path(sources.recipe).resolve()) if sources.recipe else None
+    name = _model_to_build(ls, uri, path, sources.model)
     if mode != "forward":
         name += f" ({TRACE_MODES[mode]})"
     loop = asyncio.get_running_loop()
@@ -255,9 +306,15 @@ async def _trace_now(
         if token is not None:
             loop.call_soon_threadsafe(ls.work_done_progress.report, token, types.WorkDoneProgressReport(message=text))
 
+    request = _request(ls, path, sources, mode, full_tensors)
+    if regenerated is not None:
+        # NOTE: the worker runs the regenerated copy (its twin is fresh); the hints are the user's file's
+        request = dataclasses.replace(request, file=str(regenerated))
     try:
-        result = await asyncio.to_thread(worker.trace, _request(ls, path, model, mode, full_tensors), on_progress)
+        result = await asyncio.to_thread(worker.trace, request, on_progress)
         loaded = await run_load(result.trace, load_trace, path, uri, result.trace)
+        if regenerated is not None:
+            show_on(loaded, str(regenerated), path)
     except TraceFailed as failure:
         return _report_failure(ls, uri, path, failure, token, cancellation.requested.is_set(), worker.python)
     except TraceFormatError as error:
@@ -269,6 +326,14 @@ async def _trace_now(
         return _fail(ls, uri, token, f"ModelTrace: internal error while tracing ({type(error).__name__}: {error})")
     # NOTE: a clear while this trace ran closed the session it was asked from; the trace opens a new one.
     session = ls.sessions.open(path, uri)
+    # NOTE: before the views are redrawn: the document's hovers and lenses read the regenerated twin held
+    # (`modular.shown_map`); a plain trace replaces a regenerated one, whose folder is no longer shown
+    root = regenerated_root(regenerated) if regenerated is not None else None
+    if root is not None:
+        await asyncio.to_thread(ls.regenerated.hold, path, root)
+    else:
+        await asyncio.to_thread(ls.regenerated.release, path)
+    session.full_sizes = session.full_sizes_note = None
     install(ls, session, loaded, [])
     summary = (
         f"{loaded.model_class}: {loaded.call_count} module calls on "
@@ -278,8 +343,17 @@ async def _trace_now(
     diff = await update_diff(ls, session)
     if diff is not None:
         summary += "; matches the reference" if diff.matched else "; differs from the reference"
+    if ls.settings.hint_sizes == HintSizes.FULL or session.show_full_sizes:
+        _report_progress(ls, token, f"{loaded.model_class} at full size, shape-only")
+        if await compute_full_sizes(ls, session, request, uri) is None:
+            ls.refresh_views()
     _end_progress(ls, token, summary)
-    notify_status(ls, ServerState.IDLE, summary, uri)
+    ran = loaded.ran
+    sizes = sizes_shown(ls, session)
+    # NOTE: one line per trace in the log, as each failure gets one (its traceback)
+    why = f" (no full sizes: {session.full_sizes_note})" if session.full_sizes_note else ""
+    ls.log(f"traced {path}: {summary}; ran {ran}; hints at {sizes} sizes{why}", types.MessageType.Info)
+    notify_status(ls, ServerState.IDLE, summary, uri, ran=ran, sizes=sizes)
     return {
         "ok": True,
         "trace": result.trace,
@@ -333,9 +407,52 @@ def _report_failure(
     if error.traceback:
         ls.log(f"trace of {path} failed:\n{error.traceback}", types.MessageType.Log)
     publish_failure(ls, path, error)
+    session = ls.sessions.open(path, uri)
+    # NOTE: what the worker tried, when only a recipe can build the class: "Create recipe…" starts from it
+    session.recipe_draft = error.recipe
     # NOTE: the cause as data (`WorkerError.cause`), for clients that act on it rather than on the message
     message = _worker_start_message(error, python) or f"ModelTrace: {editor_wording(str(failure))}"
-    return {**_fail(ls, uri, token, message), "cause": error.cause}
+    if error.recipe is None:
+        return {**_fail(ls, uri, token, message), "cause": error.cause}
+    message += f"; {CREATE_RECIPE_ACTION} writes one for {error.recipe.model_class} from what ModelTrace tried"
+    _end_progress(ls, token, "failed")
+    notify_status(ls, ServerState.ERROR, message, uri)
+    window = ls.client_capabilities.window
+    if window is not None and window.show_message is not None:
+        _offer_recipe(ls, uri, message, error.recipe.model_class)
+    else:
+        # NOTE: a client that declares no `window.showMessage` (message actions) gets the message; the lens offers
+        # "Create recipe…"
+        ls.show_message(message, types.MessageType.Error)
+    ls.refresh_views()  # NOTE: the class's lens now offers "Create recipe…"
+    return {"ok": False, "message": message, "cause": error.cause, "needsRecipe": error.recipe.model_class}
+
+
+CREATE_RECIPE_ACTION = "Create recipe…"
+
+
+def _offer_recipe(ls: ModelTraceServer, uri: str, message: str, model_class: str) -> None:
+    """Show the failure with a "Create recipe…" button (`window/showMessageRequest`); a click runs the command.
+    NOTE: in a task of its own: the trace's answer does not wait for the user."""
+
+    async def ask() -> None:
+        try:
+            chosen = await ls.window_show_message_request_async(
+                types.ShowMessageRequestParams(
+                    type=types.MessageType.Error,
+                    message=message,
+                    actions=[types.MessageActionItem(title=CREATE_RECIPE_ACTION)],
+                )
+            )
+        except Exception as error:  # noqa: BLE001 - a client that cannot ask still has the lens
+            logger.info("the client did not show the Create recipe… button: %s", error)
+            return
+        if chosen is not None and chosen.title == CREATE_RECIPE_ACTION:
+            await create_recipe_command(ls, uri, model_class)
+
+    task = asyncio.get_running_loop().create_task(ask())
+    ls.background_tasks.add(task)
+    task.add_done_callback(ls.background_tasks.discard)
 
 
 def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrace, notes: list[Located]) -> None:
@@ -343,6 +460,7 @@ def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrac
     previous trace's failure and notes give way to this one's `notes`, then clients redraw. (Its diff is the
     caller's: `update_diff` replaces or takes back the previous one.)"""
     ls.sessions.install(session, loaded)
+    session.recipe_draft = None
     show_trace_diagnostics(ls, session, notes)
     for path, hints in loaded.files.items():
         document = ls.open_document(path)
@@ -350,6 +468,64 @@ def install(ls: ModelTraceServer, session: DocumentSession, loaded: DocumentTrac
             hints.follow(split_lines(document.source))
     settle_memory(loaded)
     ls.refresh_views()
+
+
+async def full_sizes_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.fullSizes [uri, show?]`: the document's hints at the model's full sizes (`lsp/full_sizes.py`),
+    or back at the traced sizes; without `show`, a toggle. Answers `{ok, sizes: "full" | "traced", message?}`."""
+    target = _trace_target(ls, arguments[:1])
+    if isinstance(target, dict):
+        return target
+    uri, path, _ = target
+    session = ls.sessions.get(ls.sessions.owner_of(path))
+    if session is None or session.trace is None:
+        return _refuse(
+            ls,
+            "ModelTrace: trace this file first (▶ Trace forward), then show its hints at full size",
+            types.MessageType.Info,
+        )
+    show = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], bool) else None
+    wanted = not showing_full_sizes(ls, session) if show is None else show
+    loaded = session.trace
+    if wanted and session.full_sizes is None:
+        try:
+            # NOTE: the config the project file (or the setting) names is the one to show at full size
+            sources = trace_sources(ls, session.owner, loaded.model_class)
+        except ModelTraceError as error:
+            return _refuse(ls, f"ModelTrace: {error}")
+        async with ls.trace_lock:
+            notify_status(ls, ServerState.TRACING, f"{loaded.model_class} at full size, shape-only", uri)
+            reason = await compute_full_sizes(ls, session, _request(ls, session.owner, sources), uri)
+        if reason is not None:
+            notify_status(
+                ls,
+                ServerState.IDLE,
+                f"{loaded.model_class}: hints at the traced sizes",
+                uri,
+                ran=loaded.ran,
+                sizes="traced",
+            )
+            return {
+                **_refuse(ls, f"ModelTrace: no hints at full size: {reason}", types.MessageType.Info),
+                "sizes": "traced",
+            }
+    session.show_full_sizes = wanted
+    ls.refresh_views()
+    sizes = sizes_shown(ls, session)
+    message = None
+    if not wanted and sizes == "full":
+        message = "ModelTrace: modelTrace.hintSizes is full: the hints stay at full size"
+        ls.show_message(message, types.MessageType.Info)
+    full_ran = session.full_sizes.ran if session.full_sizes is not None and sizes == "full" else None
+    notify_status(
+        ls,
+        ServerState.STALE if loaded.stale else ServerState.IDLE,
+        f"{loaded.model_class}: hints at {'full size (' + full_ran + ')' if full_ran else 'the traced sizes'}",
+        uri,
+        ran=loaded.ran,
+        sizes=sizes,
+    )
+    return {"ok": True, "sizes": sizes, **({"message": message} if message else {})}
 
 
 async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
@@ -363,6 +539,7 @@ async def clear_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]
     session = ls.sessions.close(ls.sessions.owner_of(path))
     if session is not None:
         withdraw(ls, session)
+        await asyncio.to_thread(ls.regenerated.release, session.owner)
     else:
         ls.refresh_views()
     notify_status(ls, ServerState.IDLE, "trace cleared", uri)
@@ -405,13 +582,17 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     install(ls, session, loaded, [_changed_note(ls, trace_path, match) for match in shown if match.changed])
     # NOTE: the diff on view was of the trace this one replaces; a loaded trace is compared at its next trace.
     forget_diff(ls, session)
-    message = _load_message(trace_path, loaded, shown)
+    message = load_message(trace_path, loaded, shown)
     if message is not None:
         ls.show_message(
             message, types.MessageType.Warning if loaded.stale or loaded.parameters_note else types.MessageType.Info
         )
     notify_status(
-        ls, ServerState.STALE if loaded.stale else ServerState.IDLE, f"{loaded.model_class}: loaded {trace_path}", uri
+        ls,
+        ServerState.STALE if loaded.stale else ServerState.IDLE,
+        f"{loaded.model_class}: loaded {trace_path}",
+        uri,
+        ran=loaded.ran,
     )
     return {
         "ok": True,
@@ -444,25 +625,6 @@ def _changed_note(ls: ModelTraceServer, trace_path: str, match: SourceMatch) -> 
         severity=types.DiagnosticSeverity.Information,
         source=DIAGNOSTIC_SOURCE,
     )
-
-
-def _load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatch]) -> str | None:
-    """What the user is told after a load when its files were not simply where the trace recorded them."""
-    moved = [match for match in shown if match.how != AT_RECORDED_PATH]
-    changed = [match for match in shown if match.changed]
-    if not moved and not changed and not loaded.parameters_note:
-        return None
-    parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
-    if loaded.parameters_note:
-        parts.append(loaded.parameters_note)
-    if moved:
-        parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
-    if changed:
-        parts.append(
-            f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
-            "hints may be off by the lines edited since (marked stale)"
-        )
-    return "; ".join(parts)
 
 
 async def set_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
@@ -519,20 +681,6 @@ STATISTICS_ONLY = (
 )
 
 
-def _tensors_held(loaded: DocumentTrace) -> tuple[str, str | None]:
-    """What a trace holds for a diff: "full" (every tensor), "partial" (some not stored: over a size limit) or
-    "statistics" (no tensors); and, when not full, why."""
-    options = loaded.trace.model.get("options") or {}
-    if options.get("shape_only"):
-        return "statistics", "the trace is shape-only (modelTrace.shapeOnly or a checkpoint on the meta device)"
-    if not tensors_paths(Path(loaded.trace_path)):
-        return "statistics", "the trace kept no full tensors"
-    skipped = loaded.trace.model.get("tensors_not_stored")
-    if skipped:
-        return "partial", f"{skipped} tensor(s) were over modelTrace.maxTensorMB / modelTrace.maxTraceMB"
-    return "full", None
-
-
 def _why_not_retraced(ls: ModelTraceServer, loaded: DocumentTrace) -> str | None:
     """Why the document cannot be traced again with full tensors before pinning, or None when it can."""
     if not ls.workspace_trusted:
@@ -558,7 +706,7 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
     if loaded is None:
         return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
     retraced = False
-    held, why = _tensors_held(loaded)
+    held, why = tensors_held(loaded)
     blocked = _why_not_retraced(ls, loaded) if held == "statistics" else None
     if held == "statistics" and blocked is not None:
         why = blocked
@@ -572,13 +720,15 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
             request.model if request is not None else None,
             request.mode if request is not None else "forward",
             full_tensors=True,
+            # NOTE: a regenerated trace is pinned as it is shown: traced again from the same regenerated copy
+            regenerated=ls.regenerated.copy_of(loaded.owner) if request is not None and request.regenerate else None,
         )
         if not result.get("ok"):
             # NOTE: the failed trace said why (message, diagnostic); nothing is pinned from a trace no longer shown
             return {**result, "message": f"ModelTrace: nothing pinned: {result.get('message')}"}
         loaded = ls.sessions.trace_showing(path) or loaded
         retraced = True
-        held, why = _tensors_held(loaded)
+        held, why = tensors_held(loaded)
     pinned = pinned_path_for(ls, loaded.owner)
     async with ls.trace_lock:
         try:
@@ -600,21 +750,38 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
 
 
 def trace_on_save(ls: ModelTraceServer, params: types.DidSaveTextDocumentParams) -> None:
-    """`textDocument/didSave`: with `traceOnSave`, repeat the last request of the session whose trace the saved file
-    shows (the same class and kind), if there is one."""
-    if not ls.settings.trace_on_save or not ls.workspace_trusted:
+    """`textDocument/didSave`: a saved recipe traces again the documents last traced with it; with `traceOnSave`,
+    repeat the last request of the session whose trace the saved file shows (the same class and kind), if any."""
+    if not ls.workspace_trusted:
         return
     path = ls.document_path(params.text_document.uri)
     if path is None:
+        return
+    # NOTE: a recipe is saved to be used: the documents traced with it are traced again, whatever traceOnSave says
+    for recipe_user in [session for session in ls.sessions if session.recipe == str(Path(path).resolve())]:
+        _repeat_last_request(ls, recipe_user)
+    if not ls.settings.trace_on_save:
         return
     session = ls.sessions.showing(path)
     request = session.last_request if session is not None else None
     if session is None or request is None or session.waiting:
         # NOTE: a trace still waiting for the worker reads the file when it starts: it sees this save too.
         return
-    task = asyncio.get_running_loop().create_task(
-        run_trace(ls, request.uri, session.owner, request.model, request.mode)
+    _repeat_last_request(ls, session)
+
+
+def _repeat_last_request(ls: ModelTraceServer, session: DocumentSession) -> None:
+    """Trace the session's document again as it was last asked for (in the background; regenerated again when
+    it was a regenerated trace)."""
+    request = session.last_request
+    if request is None or session.waiting:
+        return
+    repeat = (
+        _trace_regenerated(ls, request.uri, session.owner, request.model)
+        if request.regenerate
+        else run_trace(ls, request.uri, session.owner, request.model, request.mode)
     )
+    task = asyncio.get_running_loop().create_task(repeat)
     # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
     ls.background_tasks.add(task)
     task.add_done_callback(ls.background_tasks.discard)
@@ -626,9 +793,17 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
     target = _trace_target(ls, arguments)
     if isinstance(target, dict):
         return target
-    _, path, model = target
+    uri, path, model = target
     if not is_modular_file(path):
         return _refuse(ls, f"ModelTrace: {path}: regenerating is for a modular file (modular_<name>.py)")
+    return await _trace_regenerated(ls, uri, path, model)
+
+
+async def _trace_regenerated(ls: ModelTraceServer, uri: str, path: str, model: str | None) -> dict[str, Any]:
+    """Regenerate the modular file `path` into a temporary folder and trace the copy, its hints on `path`'s
+    document. The folder stays while that trace is shown (hovers and lenses open the regenerated file, the diff's
+    replay reruns it): a later trace of the document, a clear, shutdown or newer folders remove it
+    (`ls.regenerated`); a failed trace removes it at once."""
     checkout = find_checkout(path)
     if checkout is None:
         return _refuse(ls, f"ModelTrace: {no_checkout_message(path)}")
@@ -636,19 +811,78 @@ async def trace_regenerated_command(ls: ModelTraceServer, *arguments: Any) -> di
         copy = await asyncio.to_thread(regenerate_copy, path, checkout, ls.worker().python)
     except ModelTraceError as error:
         return _refuse(ls, f"ModelTrace: {error}")
-    copy_uri = from_fs_path(str(copy)) or str(copy)
-    result = await run_trace(ls, copy_uri, str(copy), model)
-    if result.get("ok"):
-        await _open_document(ls, copy_uri)
+    root = regenerated_root(copy)
+    result: dict[str, Any] = {"ok": False}
+    try:
+        # NOTE: a trace that succeeds holds the folder (`_trace_now`)
+        result = await run_trace(ls, uri, path, model, regenerated=copy)
+    finally:
+        # NOTE: also when the trace was cancelled: a folder no trace shows is removed at once
+        if root is not None and not result.get("ok"):
+            await asyncio.to_thread(remove_regenerated, root)
     return {**result, "regenerated": str(copy)}
 
 
 async def _open_document(ls: ModelTraceServer, uri: str) -> None:
-    """Ask the client to show the traced copy (LSP `window/showDocument`), when it can."""
+    """Ask the client to show a document (LSP `window/showDocument`: the written recipe), when it can."""
     window = ls.client_capabilities.window
     if window is None or window.show_document is None or not window.show_document.support:
         return
     try:
         await ls.window_show_document_async(types.ShowDocumentParams(uri=uri, take_focus=True))
-    except Exception as error:  # noqa: BLE001 - the trace is done either way; the copy can be opened by hand
+    except Exception as error:  # noqa: BLE001 - the recipe is written either way; it can be opened by hand
         logger.warning("the client did not open %s: %s", uri, error)
+
+
+async def create_recipe_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
+    """`modelTrace.createRecipe [uri, model class?]`: write a recipe for the class next to its file, from what the
+    last failed trace tried (a trace runs first when there is none), register it in the project file and open it.
+    With nothing left to fill in it is traced at once; otherwise saving it traces (`trace_on_save`)."""
+    target = _trace_target(ls, arguments)
+    if isinstance(target, dict):
+        return target
+    uri, path, model = target
+    session = ls.sessions.open(path, uri)
+    draft = session.recipe_draft
+    if draft is None or (model is not None and draft.model_class != model):
+        # NOTE: no failure to start from yet (the lens of a class that needs a recipe, before any trace): the
+        # trace says what it tries, and fails with the draft, or runs and needs no recipe
+        tried = await run_trace(ls, uri, path, model)
+        draft = ls.sessions.open(path, uri).recipe_draft
+        if tried.get("ok") or draft is None:
+            message = (
+                f"ModelTrace: {model or Path(path).name} traces without a recipe"
+                if tried.get("ok")
+                else f"ModelTrace: no recipe to write: {tried.get('message')}"
+            )
+            return _refuse(ls, message, types.MessageType.Info if tried.get("ok") else types.MessageType.Error)
+    try:
+        written = await asyncio.to_thread(create_recipe, ls, path, draft)
+    except ProjectFileError as error:
+        publish_project_error(ls, path, error)
+        return _refuse(ls, f"ModelTrace: cannot register a recipe: {error}")
+    except (ModelTraceError, OSError) as error:
+        return _refuse(ls, f"ModelTrace: cannot write a recipe for {draft.model_class}: {error}")
+    session = ls.sessions.open(path, uri)
+    session.recipe = str(written.path.resolve())
+    session.last_request = LastRequest(uri=uri, model=draft.model_class, mode="forward")
+    await _open_document(ls, recipe_uri(written))
+    answer: dict[str, Any] = {
+        "ok": True,
+        "recipe": str(written.path),
+        "projectFile": str(written.project_file),
+        "todo": list(written.todo_names),
+        "todoLines": [line - 1 for line in written.todo_lines],
+    }
+    if written.todo_names:
+        message = (
+            f"ModelTrace: wrote {written.path.name} (registered in {written.project_file.name}): fill in "
+            f"{', '.join(written.todo_names)}, then save it to trace {draft.model_class}"
+        )
+        ls.show_message(message, types.MessageType.Info)
+        return {**answer, "message": message}
+    traced = await run_trace(ls, uri, path, draft.model_class)
+    message = f"ModelTrace: wrote {written.path.name} (registered in {written.project_file.name}) and traced with it"
+    if traced.get("ok"):
+        ls.show_message(message, types.MessageType.Info)
+    return {**answer, "message": message, "trace": traced}

@@ -28,6 +28,7 @@ from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
 from modeltrace.errors import ModelTraceError
 from modeltrace.lsp.wire import converter
+from modeltrace.modular.regenerate import RegeneratedFolders
 from modeltrace.worker.client import WorkerClient
 
 
@@ -66,6 +67,9 @@ class ModelTraceServer(LanguageServer):
         # The latest text of each open document, by path: what gutter marks and diagnostics on it refer to, and
         # what the next edit is diffed against to move them (`stale`).
         self.followed_text: dict[str, list[str]] = {}
+        # The temporary folders modular files were regenerated into, while their traces are shown
+        # (`modelTrace.traceRegenerated`); removed when replaced, cleared, beyond a few, and at shutdown.
+        self.regenerated = RegeneratedFolders()
 
     @property
     def references(self) -> Mapping[str, str]:
@@ -102,9 +106,10 @@ class ModelTraceServer(LanguageServer):
         if settings.python != previous.python:
             self.close_worker()
         # NOTE: the recipe setting changes the "Trace forward" lens of a class only a recipe builds
-        if (settings.hint_detail, settings.hint_placement, bool(settings.recipe)) != (
+        if (settings.hint_detail, settings.hint_placement, settings.hint_sizes, bool(settings.recipe)) != (
             previous.hint_detail,
             previous.hint_placement,
+            previous.hint_sizes,
             bool(previous.recipe),
         ):
             self.refresh_views()
@@ -159,7 +164,9 @@ class ModelTraceServer(LanguageServer):
         self.window_show_message(types.ShowMessageParams(type=kind, message=message))
 
     def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
-        logger.info("%s", message)
+        # NOTE: once, to the client's log (window/logMessage): the server's stderr reaches the same output
+        # channel, so logging it there as well printed every message, tracebacks included, twice.
+        logger.debug("%s", message)
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
 
     def refresh_views(self) -> None:
@@ -176,11 +183,12 @@ class ModelTraceServer(LanguageServer):
 @dataclass(frozen=True, slots=True)
 class MapKey:
     """What a modular document's map was computed from (`lsp.modular`): its version and text, and its generated
-    twin's modification time."""
+    twin's modification time (and path: the twin beside it, or a regenerated copy's)."""
 
     version: int | None
     source: str
     twin_mtime_ns: int
+    twin: str = ""
 
 
 @dataclass(slots=True)
@@ -192,5 +200,7 @@ class ParsedDocument:
     recorders: tuple[int | None, str, Analysis] | None = None
     # (what it was computed from, the map or None) of a modular document (`lsp.modular`)
     modular: tuple[MapKey, ModularMap | None] | None = None
+    # the same onto the regenerated twin whose trace the document shows (`lsp.modular.shown_map`)
+    shown_modular: tuple[MapKey, ModularMap | None] | None = None
     # (modification time, module classes) of a modular document's generated twin (`lsp.modular`)
     generated_classes: tuple[int, list[ModuleClass]] | None = None

@@ -32,6 +32,20 @@ EDITOR_WORDING: tuple[tuple[str, str], ...] = (
     (r"--recipe\b", "modelTrace.recipe set to a recipe"),
     (r"--config\b", "modelTrace.config"),
     (r"--shape-only\b", "modelTrace.shapeOnly"),
+    (r"(trace )?--model \w+ --generate N", "the ▶ Trace generate lens of that class"),
+    (r"--generate( N)?\b", "▶ Trace generate"),
+    (r"--backward\b", "▶ Trace forward + backward"),
+    (r"--device-map\b", "modelTrace.deviceMap"),
+    (r"--checkpoint( DIR)?\b", "modelTrace.checkpoint"),
+    (r"--timeout\b", "modelTrace.timeout"),
+    (r"--dtype\b", "modelTrace.dtype"),
+    (r"--device\b(?!-)", "modelTrace.device"),
+    (r"--attention\b", "modelTrace.attention"),
+    (r"--max-tensor-mb\b", "modelTrace.maxTensorMB"),
+    (r"--max-trace-mb\b", "modelTrace.maxTraceMB"),
+    (r"--tensor-memory-mb\b", "modelTrace.tensorMemoryMB"),
+    (r"--full-tensors\b", "full tensors (a reference, or Pin Current Trace as Reference)"),
+    (r"--model( CLASS)?\b", "the ▶ Trace forward lens of the class"),
 )
 
 

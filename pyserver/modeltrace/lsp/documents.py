@@ -8,13 +8,17 @@ two moves them (`stale`: marks and diagnostics on changed lines are dropped, the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.project_files import recheck_project_file
 from modeltrace.lsp.publish import ServerState, notify_status
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.stale import follow_shown
 from modeltrace.lsp.store import read_lines
+from modeltrace.project import PROJECT_FILE_NAME, PYPROJECT_NAME
 
 
 def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None, closed: bool = False) -> None:
@@ -32,7 +36,11 @@ def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None, closed: boo
     if loaded is not None and not loaded.stale:
         loaded.stale = True
         notify_status(
-            ls, ServerState.STALE, f"{loaded.model_class}: the code changed since the last trace", loaded.uri
+            ls,
+            ServerState.STALE,
+            f"{loaded.model_class}: the code changed since the last trace",
+            loaded.uri,
+            ran=loaded.ran,
         )
 
 
@@ -52,3 +60,12 @@ def did_close(ls: ModelTraceServer, params: types.DidCloseTextDocumentParams) ->
     path = ls.document_path(uri)
     if path is not None:
         _follow(ls, uri, read_lines(path), closed=True)
+
+
+def did_change_watched_files(ls: ModelTraceServer, params: types.DidChangeWatchedFilesParams) -> None:
+    """`workspace/didChangeWatchedFiles` (the client watches `modeltrace.toml` and `pyproject.toml`): a project
+    file's diagnostics follow its edits without waiting for the next trace."""
+    for change in params.changes:
+        path = ls.uri_to_path(change.uri)
+        if path is not None and Path(path).name in (PROJECT_FILE_NAME, PYPROJECT_NAME):
+            recheck_project_file(ls, path)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.full_sizes import full_size_hints, full_size_line
 from modeltrace.lsp.markdown import line_markdown
 from modeltrace.lsp.settings import HintPlacement
 from modeltrace.lsp.steps import gradient_label, hover_markdown, step_label
@@ -40,6 +41,8 @@ from modeltrace.trace.lines import (
 HINT_PREFIX = "→ "
 NAME_PREFIX = ": "
 STALE_SUFFIX = " (stale)"
+# A hint of the full-size model (`lsp/full_sizes.py`), not of the shrunk run that was traced.
+FULL_SUFFIX = " (full)"
 RETURN_NAME = "return"
 # NOTE: past this many named hints a line reads as noise (`a, b, c, ... = x.shape` with dozens of names); the
 # rest are counted in one last hint and listed in the hover.
@@ -117,10 +120,11 @@ def _target_names(text: str, stop: int) -> list[str]:
 
 
 def placed_labels(
-    traced: TracedLine, text: str, detail: HintDetail, model_dtype: str | None, stale: bool
+    traced: TracedLine, text: str, detail: HintDetail, model_dtype: str | None, stale: bool, full: bool = False
 ) -> list[PlacedLabel]:
-    """The hints of one traced line in the `afterName` placement (see the module docstring)."""
-    suffix = STALE_SUFFIX if stale else ""
+    """The hints of one traced line in the `afterName` placement (see the module docstring); `full`: the line's
+    values are the full-size model's, marked as such."""
+    suffix = STALE_SUFFIX if stale else FULL_SUFFIX if full else ""
     entry = traced.entry
     placed: list[PlacedLabel] = []
     unplaced: list[str] = []
@@ -192,13 +196,16 @@ def _line_hints(
     detail: HintDetail,
     stale: bool,
     model_dtype: str | None,
+    full: TracedLine | None = None,
 ) -> list[types.InlayHint]:
     text = hints.lines[line] if line < len(hints.lines) else ""
     data = f"{hints.key}:{traced.entry.line}"
+    shown = full or traced
     if ls.settings.hint_placement == HintPlacement.END_OF_LINE:
-        labels = [PlacedLabel(len(text), HINT_PREFIX + traced.label(detail) + (STALE_SUFFIX if stale else ""), True)]
+        suffix = STALE_SUFFIX if stale else FULL_SUFFIX if full is not None else ""
+        labels = [PlacedLabel(len(text), HINT_PREFIX + shown.label(detail) + suffix, True)]
     else:
-        labels = placed_labels(traced, text, detail, model_dtype, stale)
+        labels = placed_labels(shown, text, detail, model_dtype, stale, full is not None)
     labels.extend(_step_and_gradient_labels(ls, hints, traced, text, model_dtype))
     # NOTE: cached hints (`FileHints.hint_cache`), serialised once (`wire`)
     return [
@@ -237,13 +244,16 @@ def inlay_hints(ls: ModelTraceServer, params: types.InlayHintParams) -> list[typ
     model_dtype = _model_dtype(loaded.trace.model) if loaded is not None else None
     detail = ls.settings.hint_detail
     placement = ls.settings.hint_placement
+    # NOTE: the full-size model's hints where asked for (never on a stale trace: its lines moved since)
+    full_sizes = full_size_hints(ls, hints)
     last, last_character = params.range.end.line, params.range.end.character
     found = []
     for line, traced in hints.between(params.range.start.line, last):
-        key = (detail, placement, stale, line, ls.settings.gradient_hints)
+        full = full_sizes.by_trace_line.get(traced.entry.line) if full_sizes is not None else None
+        key = (detail, placement, stale, line, ls.settings.gradient_hints, full is not None)
         line_hints = hints.hint_cache.get(key)
         if line_hints is None:
-            line_hints = hints.hint_cache[key] = _line_hints(ls, hints, line, traced, detail, stale, model_dtype)
+            line_hints = hints.hint_cache[key] = _line_hints(ls, hints, line, traced, detail, stale, model_dtype, full)
         for hint in line_hints:
             if line == last and hint.position.character > last_character:
                 continue
@@ -269,7 +279,12 @@ def resolve_inlay_hint(ls: ModelTraceServer, hint: types.InlayHint) -> types.Inl
     if hints is None or traced is None:
         return hint
     loaded = ls.sessions.trace_of(hints.owner)
-    markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
+    markdown = line_markdown(
+        traced.entry,
+        bool(loaded and loaded.stale),
+        loaded.ran if loaded is not None else None,
+        full_size_line(ls, hints, traced),
+    )
     extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
     hint.tooltip = types.MarkupContent(
         kind=types.MarkupKind.Markdown, value=markdown + ("\n\n" + extra if extra else "")

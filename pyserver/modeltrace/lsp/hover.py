@@ -7,6 +7,7 @@ from __future__ import annotations
 from lsprotocol import types
 
 from modeltrace.lsp.context import ModelTraceServer
+from modeltrace.lsp.full_sizes import full_size_line
 from modeltrace.lsp.markdown import line_markdown, reference_markdown
 from modeltrace.lsp.modular import class_hover, twin_line_markdown
 from modeltrace.lsp.steps import hover_markdown
@@ -25,7 +26,12 @@ def hover(ls: ModelTraceServer, params: types.HoverParams) -> types.Hover | None
     session = ls.sessions.get(hints.owner)
     loaded = session.trace if session is not None else None
     text = hints.lines[params.position.line] if params.position.line < len(hints.lines) else ""
-    markdown = line_markdown(traced.entry, bool(loaded and loaded.stale))
+    markdown = line_markdown(
+        traced.entry,
+        bool(loaded and loaded.stale),
+        loaded.ran if loaded is not None else None,
+        full_size_line(ls, hints, traced),
+    )
     extra = hover_markdown(loaded.trace, traced.entry, ls.settings.gradient_hints) if loaded is not None else None
     if extra:
         markdown += "\n\n" + extra

@@ -102,8 +102,11 @@ def variables_table(variables: list[LineRecord]) -> str:
     return _table(header, rows, len(variables) - len(shown), "values")
 
 
-def line_markdown(entry: LineEntry, stale: bool) -> str:
-    """The hover text of a traced line: its assigned values, its calls, the calls nested in them."""
+def line_markdown(
+    entry: LineEntry, stale: bool, ran: str | None = None, full_size: tuple[str, str] | None = None
+) -> str:
+    """The hover text of a traced line: what ran (`ran`, `trace/ran.py`), its assigned values, its calls, the calls
+    nested in them; `full_size`: (the line's label at full size, what that run was) when the hints show it."""
     runs = run_count(entry)
     title = "**ModelTrace**"
     if runs > 1:
@@ -113,6 +116,16 @@ def line_markdown(entry: LineEntry, stale: bool) -> str:
             "for example once per layer); each run is a row below"
         )
     parts = [title]
+    if ran:
+        parts.append(f"Ran: {ran}")
+    if full_size is not None:
+        label, full_ran = full_size
+        parts.append(
+            f"The hints show the full-size model, marked `(full)`: `{label}` ({full_ran}). "
+            "The values below are the traced run's."
+        )
+    elif ran:
+        parts.append("The hints show the traced run's sizes.")
     if stale:
         parts.append("_The file changed since this trace: trace again to refresh it._")
     if entry.variables:

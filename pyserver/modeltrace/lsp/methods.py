@@ -17,6 +17,10 @@ SET_REFERENCE = "modelTrace.setReference"
 PIN_REFERENCE = "modelTrace.pinReference"
 # a modular file regenerated into a temporary folder and traced there (`lsp/commands.py`)
 TRACE_REGENERATED = "modelTrace.traceRegenerated"
+# a recipe written from what a failed trace tried, registered in the project file, opened and traced
+CREATE_RECIPE = "modelTrace.createRecipe"
+# the document's hints at the model's full sizes, or back at the traced ones (`lsp/full_sizes.py`)
+FULL_SIZES = "modelTrace.fullSizes"
 
 # Notifications, server → client.
 STATUS = "modelTrace/status"
@@ -35,6 +39,8 @@ SERVER_COMMANDS = (
     SET_REFERENCE,
     PIN_REFERENCE,
     TRACE_REGENERATED,
+    CREATE_RECIPE,
+    FULL_SIZES,
 )
 NOTIFICATIONS = (STATUS, LINE_STATUS, DIFF_RESULT)
 REQUESTS = (DIFF_PLOT,)

@@ -26,13 +26,15 @@ SOURCE = "ModelTrace modular"
 GO_TO_LINE = "modelTrace.goToLine"
 
 
-def _twin_of(ls: ModelTraceServer, uri: str) -> tuple[str, Path, int] | None:
+def _twin_of(ls: ModelTraceServer, uri: str, shown: bool = False) -> tuple[str, Path, int] | None:
     """(path, generated twin, its modification time) of an open modular document; None for any other document or
-    without a twin on disk."""
+    without a twin on disk. `shown`: the twin of the regenerated copy whose trace the document shows, when there is
+    one (`modelTrace.traceRegenerated`), else the twin beside it."""
     path = ls.document_path(uri)
     if path is None or not is_modular_file(path):
         return None
-    twin = generated_path(path)
+    copy = ls.regenerated.copy_of(path) if shown else None
+    twin = generated_path(copy if copy is not None else path)
     try:
         return path, twin, twin.stat().st_mtime_ns
     except OSError:
@@ -40,17 +42,30 @@ def _twin_of(ls: ModelTraceServer, uri: str) -> tuple[str, Path, int] | None:
 
 
 def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
-    """The map of an open modular document onto its generated twin; None for any other document, without a
-    twin, or when either does not parse."""
-    found = _twin_of(ls, uri)
+    """The map of an open modular document onto its generated twin (the file beside it, as on disk: staleness,
+    recorder checks); None for any other document, without a twin, or when either does not parse."""
+    return _map(ls, uri, shown=False)
+
+
+def shown_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
+    """The map of an open modular document onto the generated file its shown hints come from: a regenerated copy's
+    twin while a regenerated trace is shown (hovers and lenses then open the file that ran), else `document_map`."""
+    path = ls.document_path(uri)
+    if path is None or ls.regenerated.copy_of(path) is None:
+        return document_map(ls, uri)
+    return _map(ls, uri, shown=True)
+
+
+def _map(ls: ModelTraceServer, uri: str, shown: bool) -> ModularMap | None:
+    found = _twin_of(ls, uri, shown)
     if found is None:
         return None
     path, twin, mtime = found
     document = ls.workspace.get_text_document(uri)
     source = document.source
-    key = MapKey(document.version, source, mtime)
+    key = MapKey(document.version, source, mtime, str(twin))
     parsed = ls.parsed_document(uri)
-    cached = parsed.modular
+    cached = parsed.shown_modular if shown else parsed.modular
     if cached is not None and cached[0] == key:
         return cached[1]
     try:
@@ -59,7 +74,10 @@ def document_map(ls: ModelTraceServer, uri: str) -> ModularMap | None:
         )
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         mapping = None
-    parsed.modular = (key, mapping)
+    if shown:
+        parsed.shown_modular = (key, mapping)
+    else:
+        parsed.modular = (key, mapping)
     return mapping
 
 
@@ -88,7 +106,7 @@ def _generated_name(mapping: ModularMap) -> str:
 def inherited_lenses(ls: ModelTraceServer, uri: str) -> list[types.CodeLens]:
     """A lens on each modular class line per method it inherits unchanged, opening the generated method, and one on
     each `super()` call line, opening the parent body inlined there."""
-    mapping = document_map(ls, uri)
+    mapping = shown_map(ls, uri)
     if mapping is None:
         return []
     lenses = []
@@ -135,7 +153,7 @@ def _inherited_markdown(mapping: ModularMap, inherited: list[InheritedMethod]) -
 
 def class_hover(ls: ModelTraceServer, uri: str, line: int) -> str | None:
     """Markdown for a modular class line (0-based): the methods it inherits, with links into the generated file."""
-    mapping = document_map(ls, uri)
+    mapping = shown_map(ls, uri)
     if mapping is None:
         return None
     inherited = [item for item in mapping.inherited if item.class_line == line + 1]
@@ -146,7 +164,7 @@ def class_hover(ls: ModelTraceServer, uri: str, line: int) -> str | None:
 
 def twin_line_markdown(ls: ModelTraceServer, uri: str, line: int) -> str | None:
     """ "Runs as modeling_x.py:NN" for a mapped modular line (0-based), linking the generated line."""
-    mapping = document_map(ls, uri)
+    mapping = shown_map(ls, uri)
     if mapping is None:
         return None
     generated = mapping.generated_lines(line + 1)

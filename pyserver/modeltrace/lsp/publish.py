@@ -2,7 +2,8 @@
 
 Features change a session, then say here which URIs or files to send again; the state sent is always read
 from the sessions, so a cleared session sends nothing. `modelTrace/status` params:
-`{state: "idle" | "tracing" | "stale" | "error", message?: str, uri?: str}`, sent on every change.
+`{state: "idle" | "tracing" | "stale" | "error", message?: str, uri?: str, ran?: str, sizes?: "traced" | "full"}`,
+sent on every change: `ran` says what ran (`trace/ran.py`), `sizes` which sizes the hints show.
 """
 
 from __future__ import annotations
@@ -27,13 +28,23 @@ class ServerState(str, Enum):
 
 
 def notify_status(
-    ls: ModelTraceServer, state: ServerState, message: str | None = None, uri: str | None = None
+    ls: ModelTraceServer,
+    state: ServerState,
+    message: str | None = None,
+    uri: str | None = None,
+    *,
+    ran: str | None = None,
+    sizes: str | None = None,
 ) -> None:
     params: dict[str, Any] = {"state": state.value}
     if message is not None:
         params["message"] = message
     if uri is not None:
         params["uri"] = uri
+    if ran is not None:
+        params["ran"] = ran
+    if sizes is not None:
+        params["sizes"] = sizes
     ls.protocol.notify(methods.STATUS, params)
 
 

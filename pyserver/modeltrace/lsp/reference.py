@@ -25,6 +25,7 @@ from modeltrace.lsp.publish import file_uri, notify_line_marks
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.session import CallDiff, DocumentDiff, DocumentSession, Located
 from modeltrace.lsp.store import read_lines
+from modeltrace.project import ProjectChoices, project_choices
 from modeltrace.trace.lines import format_number
 
 
@@ -102,6 +103,16 @@ def compute_diff(
         close_result(result)
 
 
+def _project_choices(ls: ModelTraceServer, path: str, model_class: str | None) -> ProjectChoices:
+    """The project file's tolerances, maps and mapping for the traced file (DESIGN: the project file: they win over
+    the `diff*` settings); none from a broken project file, which the trace that reads it shows on its line."""
+    explicit = Path(workspace_path(ls, ls.settings.project_file)) if ls.settings.project_file else None
+    try:
+        return project_choices(Path(path), model_class, explicit)
+    except ModelTraceError:
+        return ProjectChoices()
+
+
 async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> DocumentDiff | None:
     """Diff the session's trace against its reference (if any) and show the result; None when nothing ran (the
     previous trace's diff is then taken back: it is not this trace's)."""
@@ -113,17 +124,21 @@ async def update_diff(ls: ModelTraceServer, session: DocumentSession) -> Documen
     # NOTE: the replay re-runs the candidate's modules, which imports (or rebuilds) the workspace's model code:
     # like a trace, it needs a trusted workspace. Untrusted, the plain comparison stands and the notes say why.
     replay = settings.diff_replay and ls.workspace_trusted
+    project = _project_choices(ls, session.owner, loaded.model_class)
+    mapping = str(project.mapping) if project.mapping else None
+    if mapping is None and settings.diff_mapping:
+        mapping = workspace_path(ls, settings.diff_mapping)
     try:
         diff = await asyncio.to_thread(
             compute_diff,
             reference,
             loaded.trace_path,
-            settings.diff_atol,
-            settings.diff_rtol,
-            settings.diff_maps,
+            project.atol if project.atol is not None else settings.diff_atol,
+            project.rtol if project.rtol is not None else settings.diff_rtol,
+            project.maps or settings.diff_maps,
             replay,
             ls.worker() if replay else None,
-            workspace_path(ls, settings.diff_mapping) if settings.diff_mapping else None,
+            mapping,
         )
     except ModelTraceError as error:
         forget_diff(ls, session)
@@ -173,13 +188,16 @@ def show_diff(ls: ModelTraceServer, session: DocumentSession, diff: DocumentDiff
         for file in previous.files - set(by_file):
             notify_line_marks(ls, file, [])
     publish_divergence(ls, session, divergence_diagnostic(ls, diff.divergence, session))
-    ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, session.uri, diff))
+    ls.protocol.notify(methods.DIFF_RESULT, diff_result_params(ls, session.uri, diff, session))
 
 
-def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> dict[str, Any]:
+def diff_result_params(
+    ls: ModelTraceServer, uri: str, diff: DocumentDiff, session: DocumentSession | None = None
+) -> dict[str, Any]:
     """`modelTrace/diffResult`: whether the document's trace matches its reference and, when not, where to look
     (the line that assigns a setting built differently, else the line that first differs inside the diverging
-    module when known, else the module's call site)."""
+    module when known, else the module's call site). A traced modular file's location is its own line that maps
+    onto that generated line, when one does (as the divergence diagnostic's)."""
     divergence = diff.divergence
     where = None
     if divergence is not None:
@@ -196,8 +214,8 @@ def diff_result_params(ls: ModelTraceServer, uri: str, diff: DocumentDiff) -> di
             else divergence.get("called_at")
         )
         if location and location.get("file"):
-            file = str(location["file"])
-            line = _current_lines(ls, file).get(int(location["line"]), int(location["line"]) - 1)
+            file, trace_line = _owned_line(session, str(location["file"]), int(location["line"]))
+            line = _current_lines(ls, file).get(trace_line, trace_line - 1)
             where = {"uri": file_uri(ls, file), "line": line}
     return {
         "uri": uri,
@@ -235,11 +253,7 @@ def divergence_diagnostic(
     called_at = (divergence or {}).get("line") or (divergence or {}).get("called_at")
     if divergence is None or not called_at or not called_at.get("file"):
         return None
-    file, trace_line = called_at["file"], int(called_at["line"])
-    if session is not None and session.trace is not None:
-        owned = [twin for twin in session.trace.modular_lines(file, trace_line) if twin[0] == session.trace.owner]
-        if owned:
-            file, trace_line = owned[0]
+    file, trace_line = _owned_line(session, called_at["file"], int(called_at["line"]))
     line = _current_lines(ls, file).get(trace_line, trace_line - 1)
     document = ls.open_document(file)
     lines = split_lines(document.source) if document is not None else (read_lines(file) or [])
@@ -270,6 +284,16 @@ def divergence_diagnostic(
         severity=types.DiagnosticSeverity.Warning,
         source=DIFF_DIAGNOSTIC_SOURCE,
     )
+
+
+def _owned_line(session: DocumentSession | None, file: str, trace_line: int) -> tuple[str, int]:
+    """(file, trace line) where a generated file's line is shown: the traced modular file's line that maps onto it,
+    when the session's document is that modular file and one does (`modular`); else the line itself."""
+    if session is not None and session.trace is not None:
+        owned = [twin for twin in session.trace.modular_lines(file, trace_line) if twin[0] == session.trace.owner]
+        if owned:
+            return owned[0]
+    return file, trace_line
 
 
 def _evidence_message(divergence: dict[str, Any]) -> str:

@@ -86,6 +86,7 @@ def create_server() -> ModelTraceServer:
     server.feature(types.TEXT_DOCUMENT_DID_OPEN)(documents.did_open)
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(documents.did_change)
     server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(documents.did_close)
+    server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)(documents.did_change_watched_files)
     server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))(commands.trace_on_save)
     server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=True))(
         answered(types.TEXT_DOCUMENT_INLAY_HINT, hints.inlay_hints)
@@ -103,6 +104,8 @@ def create_server() -> ModelTraceServer:
     server.command(methods.SET_REFERENCE)(answered(methods.SET_REFERENCE, commands.set_reference_command))
     server.command(methods.PIN_REFERENCE)(answered(methods.PIN_REFERENCE, commands.pin_reference_command))
     server.command(methods.TRACE_REGENERATED)(answered(methods.TRACE_REGENERATED, commands.trace_regenerated_command))
+    server.command(methods.CREATE_RECIPE)(answered(methods.CREATE_RECIPE, commands.create_recipe_command))
+    server.command(methods.FULL_SIZES)(answered(methods.FULL_SIZES, commands.full_sizes_command))
     server.feature(methods.DIFF_PLOT)(answered(methods.DIFF_PLOT, plot.diff_plot))
     server.feature(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.DIAGNOSTIC_OPTIONS)(
         answered(types.TEXT_DOCUMENT_DIAGNOSTIC, recorders.document_diagnostics)
@@ -116,6 +119,8 @@ def create_server() -> ModelTraceServer:
 
 def _shutdown(ls: ModelTraceServer, params: None) -> None:
     ls.close_worker()
+    # NOTE: the folders modular files were regenerated into are ModelTrace's own: none outlives the server
+    ls.regenerated.clear()
     # NOTE: pygls cancels the requests still awaiting the client while iterating over them, and each
     # cancellation removes its entry: with any pending (an unanswered refresh, say) shutdown fails with
     # "dictionary changed size during iteration". Cancelling them first, over a copy, avoids that.
@@ -130,4 +135,12 @@ def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     # NOTE: pygls logs every message at INFO; its warnings are enough in the client's output channel.
     logging.getLogger("pygls").setLevel(logging.WARNING)
+    logging.getLogger("pygls.protocol.json_rpc").addFilter(drop_routine_cancels)
     create_server().start_io()
+
+
+def drop_routine_cancels(record: logging.LogRecord) -> bool:
+    """False for pygls' warning about a `$/cancelRequest` of a request already answered: VS Code cancels inlay
+    hint, code lens and hover requests as the user scrolls and types, and most were answered before the cancel
+    came (dozens per minute in the log, none a problem)."""
+    return not str(record.msg).startswith("Cancel notification for unknown message id")

@@ -45,6 +45,13 @@ class HintPlacement(str, Enum):
     END_OF_LINE = "endOfLine"
 
 
+class HintSizes(str, Enum):
+    """Which sizes the hints show: the traced (shrunk) run's, or the model's full sizes (`lsp/full_sizes.py`)."""
+
+    TRACED = "traced"
+    FULL = "full"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """What the user can set; `python` is the interpreter of the trace worker (it needs torch)."""
@@ -56,6 +63,7 @@ class Settings:
     attention: str = DEFAULT_ATTENTION
     hint_detail: HintDetail = HintDetail.DTYPE
     hint_placement: HintPlacement = HintPlacement.AFTER_NAME
+    hint_sizes: HintSizes = HintSizes.TRACED
     trace_on_save: bool = False
     # NOTE: the same default as the editor's setting (package.json, compared by a test): every client gets line hints
     lines: bool = True
@@ -84,6 +92,9 @@ class Settings:
     # `--recipe` / `--config`; a relative path is the workspace's. None: the unaided build.
     recipe: str | None = None
     config: str | None = None
+    # The project file to read (`modeltrace.toml` or a `pyproject.toml`), instead of the nearest one above each
+    # traced file; its entries win over `recipe` / `config` (DESIGN: the project file).
+    project_file: str | None = None
     # With a checkpoint: accelerate's device map (`auto`, or a JSON object / file), as `--device-map`.
     device_map: str | None = None
     # "Trace generate": decode steps after the prefill; backward traces: a gradient hint after each line's value.
@@ -151,8 +162,9 @@ def _tolerance(value: Any) -> float | None:
 
 
 def _device_map(value: Any) -> str | None:
-    # NOTE: read by the worker (`worker/placement.py: parse_device_map`), which names what is wrong with it
-    if value is None:
+    # NOTE: read by the worker (`worker/placement.py: parse_device_map`), which names what is wrong with it. Empty
+    # is the setting's default (one device): no warning for it.
+    if value is None or value == "":
         return None
     text = _text(value).strip()
     return text or None
@@ -219,6 +231,7 @@ _SETTINGS = {
     "attention": ("attention", _attention),
     "hintDetail": ("hint_detail", HintDetail),
     "hintPlacement": ("hint_placement", HintPlacement),
+    "hintSizes": ("hint_sizes", HintSizes),
     "traceOnSave": ("trace_on_save", _boolean),
     "lines": ("lines", _boolean),
     "follow": ("follow", _paths),
@@ -236,6 +249,7 @@ _SETTINGS = {
     "checkpoint": ("checkpoint", _checkpoint),
     "recipe": ("recipe", _optional_path),
     "config": ("config", _optional_path),
+    "projectFile": ("project_file", _optional_path),
     "deviceMap": ("device_map", _device_map),
     "generateSteps": ("generate_steps", _steps),
     "gradientHints": ("gradient_hints", _boolean),

@@ -11,6 +11,8 @@ import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 from lsprotocol import types
 
 from modeltrace.lsp.remap import remap_lines, split_lines
@@ -18,7 +20,10 @@ from modeltrace.modular.annotate import modular_entries
 from modeltrace.modular.mapping import map_modular_file
 from modeltrace.modular.twins import modular_twin
 from modeltrace.trace.lines import HintDetail, LineEntry, index_module_calls, line_label
+from modeltrace.trace.ran import what_ran
 from modeltrace.trace.records import Trace
+from modeltrace.trace.relocate import AT_RECORDED_PATH, SourceMatch
+from modeltrace.trace.storage import tensors_paths
 from modeltrace.trace.source_files import MAX_SOURCE_LINES, UnreadableSource, read_source_text
 
 
@@ -52,8 +57,11 @@ class FileHints:
     twin: str | None = None
     from_twin: dict[int, list[int]] = field(default_factory=dict)
     # NOTE: building lsprotocol objects dominates a whole-file hint request; they only change with the text.
-    # Keyed by (detail, placement, stale, line, gradient hints): a line may have several hints (one per assigned name).
-    hint_cache: dict[tuple[HintDetail, str, bool, int, bool], list[types.InlayHint]] = field(default_factory=dict)
+    # Keyed by (detail, placement, stale, line, gradient hints, full size): a line may have several hints (one per
+    # assigned name).
+    hint_cache: dict[tuple[HintDetail, str, bool, int, bool, bool], list[types.InlayHint]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if not self.by_line:
@@ -103,6 +111,11 @@ class DocumentTrace:
     def call_count(self) -> int:
         return len(self.trace.modules)
 
+    @property
+    def ran(self) -> str:
+        """What ran, in one line (`trace/ran.py`): the hover's header and the status tooltip say it."""
+        return what_ran(self.trace.model)
+
     def modular_lines(self, file: str, trace_line: int) -> list[tuple[str, int]]:
         """(modular file, its trace line) for each modular line that maps onto `file`'s `trace_line`."""
         return [
@@ -111,6 +124,16 @@ class DocumentTrace:
             if hints.twin == file
             for modular_line in hints.from_twin.get(trace_line, ())
         ]
+
+
+def show_on(loaded: DocumentTrace, copy: str, modular: str) -> None:
+    """A trace of a regenerated copy of a modular file (`modular/regenerate.py`) shown on the user's modular file:
+    the copy's hints (the copy is the user's file byte for byte, mapped onto the regenerated generated file) move
+    to the user's path, so the open document gets them, and marks on the regenerated lines reach it."""
+    hints = loaded.files.pop(copy, None)
+    if hints is not None:
+        hints.path = modular
+        loaded.files[modular] = hints
 
 
 def read_lines(path: str) -> list[str] | None:
@@ -174,3 +197,36 @@ def build_document_trace(
         if hints is not None and hints.path not in files:
             files[hints.path] = hints
     return DocumentTrace(owner=owner, uri=uri, trace_path=trace_path, trace=trace, files=files)
+
+
+def tensors_held(loaded: DocumentTrace) -> tuple[str, str | None]:
+    """What a trace holds for a diff: "full" (every tensor), "partial" (some not stored: over a size limit) or
+    "statistics" (no tensors); and, when not full, why."""
+    options = loaded.trace.model.get("options") or {}
+    if options.get("shape_only"):
+        return "statistics", "the trace is shape-only (modelTrace.shapeOnly or a checkpoint on the meta device)"
+    if not tensors_paths(Path(loaded.trace_path)):
+        return "statistics", "the trace kept no full tensors"
+    skipped = loaded.trace.model.get("tensors_not_stored")
+    if skipped:
+        return "partial", f"{skipped} tensor(s) were over modelTrace.maxTensorMB / modelTrace.maxTraceMB"
+    return "full", None
+
+
+def load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatch]) -> str | None:
+    """What the user is told after a load when its files were not simply where the trace recorded them."""
+    moved = [match for match in shown if match.how != AT_RECORDED_PATH]
+    changed = [match for match in shown if match.changed]
+    if not moved and not changed and not loaded.parameters_note:
+        return None
+    parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
+    if loaded.parameters_note:
+        parts.append(loaded.parameters_note)
+    if moved:
+        parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
+    if changed:
+        parts.append(
+            f"{', '.join(Path(str(match.found)).name for match in changed)} changed since the capture: "
+            "hints may be off by the lines edited since (marked stale)"
+        )
+    return "; ".join(parts)

@@ -16,7 +16,7 @@ from pathlib import Path
 from modeltrace.errors import ModelTraceError
 from modeltrace.modular.annotate import inherited_notes, modular_entries
 from modeltrace.modular.mapping import ModularMap, map_modular_file
-from modeltrace.modular.regenerate import find_checkout
+from modeltrace.modular.regenerate import TEMPORARY_PREFIX, find_checkout
 from modeltrace.modular.twins import generated_path, is_modular_file, regenerate_command
 from modeltrace.trace.lines import HintDetail, index_module_calls, line_label
 from modeltrace.trace.records import Trace
@@ -48,6 +48,12 @@ def render_listing(trace: Trace, file: str | None = None, detail: HintDetail = H
         path = traced
     else:
         raise ModelTraceError("the trace names no model file to annotate; pass the source file with --file")
+    if not path.exists() and TEMPORARY_PREFIX in str(path):
+        # NOTE: `trace --regenerate` traced a copy in a temporary folder, removed once the trace was printed
+        raise ModelTraceError(
+            f"{path}: this trace ran a copy regenerated into a temporary folder, removed after `trace --regenerate`; "
+            "trace again with --regenerate to print it"
+        )
     data = read_source_bytes(path)
     try:
         source_lines = data.decode("utf-8").splitlines()

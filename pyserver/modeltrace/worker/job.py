@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 
-from modeltrace.errors import ModelTraceError
+from modeltrace.errors import ModelTraceError, NeedsRecipe
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.building import BuiltModel, build_from_request
@@ -29,6 +29,7 @@ from modeltrace.worker.generation import check_can_generate, choose_generating_c
 from modeltrace.worker.lines import LineCapture
 from modeltrace.worker.messages import (
     CodeFrame,
+    RecipeDraft,
     ReplayAnswer,
     TraceRequest,
     TraceResult,
@@ -50,13 +51,19 @@ class JobFailed(Exception):
     the phase (`build` or `forward`), the class it built and the advice its build left."""
 
     def __init__(
-        self, error: BaseException, phase: str, model_class: str | None = None, advice: str | None = None
+        self,
+        error: BaseException,
+        phase: str,
+        model_class: str | None = None,
+        advice: str | None = None,
+        recipe: RecipeDraft | None = None,
     ) -> None:
         super().__init__(str(error))
         self.error = error
         self.phase = phase
         self.model_class = model_class
         self.advice = advice
+        self.recipe = recipe
 
 
 def run_trace_job(request: TraceRequest, progress: ProgressCallback) -> TraceResult | ReplayAnswer:
@@ -107,7 +114,9 @@ def _run_trace(
         return _run_built(request, progress, built, constructions, started, modular)
     except Exception as error:
         # NOTE: a failure from here on names the class that ran, and what to provide instead of a guessed build
-        raise JobFailed(error, "forward", built.model_class, built.notes.get("unverified")) from error
+        raise JobFailed(
+            error, "forward", built.model_class, built.notes.get("unverified"), built.recipe_draft
+        ) from error
 
 
 def _run_built(
@@ -299,9 +308,17 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
 
     A `JobFailed` says in which phase it happened (`build`, `forward`) and which class was being run; a
     `ModelTraceError` is bad input whatever the phase (its message is shown as it is)."""
-    phase, model_class, advice = "forward", None, None
+    phase, model_class, advice, recipe = "forward", None, None, None
     if isinstance(error, JobFailed):
-        phase, model_class, advice, error = error.phase, error.model_class, error.advice, error.error
+        phase, model_class, advice, recipe, error = (
+            error.phase,
+            error.model_class,
+            error.advice,
+            error.recipe,
+            error.error,
+        )
+    if isinstance(error, NeedsRecipe):
+        recipe = error.draft
     roots = [str(Path(name).resolve().parent) for name in (request.file, request.recipe) if name] if request else []
     file, line, callers = None, None, ()
     if isinstance(error, SyntaxError) and error.filename:
@@ -338,6 +355,7 @@ def describe_failure(error: BaseException, request: TraceRequest | None) -> Work
         advice=advice,
         traceback="".join(traceback.format_exception(error)),
         callers=callers,
+        recipe=recipe,
     )
 
 

@@ -262,6 +262,36 @@ class CodeFrame:
 
 
 @dataclass(frozen=True)
+class RecipeArgument:
+    """One argument of a recipe draft: its name, a Python expression for its value, and whether ModelTrace chose
+    that value (`guessed`: from its name, annotation or default) or could not (a placeholder the user fills in,
+    `note` says what is known about it)."""
+
+    name: str
+    expression: str
+    guessed: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RecipeDraft:
+    """What the worker tried for a class it could not trace unaided, for the editor's "Create recipe…": the class
+    and the file defining it, the config it built (`config_class` and the fields it set, as Python expressions),
+    the constructor arguments (`arguments`, each guessed or not), the inputs it synthesised (`inputs`), and why
+    the attempt failed (`reason`)."""
+
+    model_class: str
+    file: str
+    module: str = ""  # the dotted name the worker imported the file under (`modeling_tiny`, `pkg.modeling_x`)
+    reason: str = ""
+    config_class: str | None = None
+    config_module: str | None = None  # where the config class is imported from, when not the model file
+    config: tuple[RecipeArgument, ...] = ()
+    arguments: tuple[RecipeArgument, ...] = ()
+    inputs: tuple[RecipeArgument, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorkerError(Message):
     """Why a trace failed: `cause` (what the CLI and the editor decide on), `kind` (the exception type, or the
     worker's own name for what happened: `TimeoutError`, `Cancelled`, `WorkerCrashed`...), the message, and
@@ -270,7 +300,8 @@ class WorkerError(Message):
 
     `model_class` names the class that was being run, `advice` what to provide instead when the unaided build
     settled for a model and inputs that never ran; `detail` is the underlying reason on its own (the import
-    error, the worker's last line of output), for a client's own wording.
+    error, the worker's last line of output), for a client's own wording. `recipe` is what the worker tried when
+    only a recipe can build the class (the editor's "Create recipe…" writes one from it).
     """
 
     TYPE: ClassVar[str] = "error"
@@ -287,6 +318,7 @@ class WorkerError(Message):
     signal: str | None = None
     exit_code: int | None = None
     callers: tuple[CodeFrame, ...] = ()
+    recipe: RecipeDraft | None = None
 
 
 REQUESTS: tuple[type[Message], ...] = (TraceRequest, Cancel, Shutdown, Ping)

@@ -444,6 +444,62 @@ async function checkQuickFix(page, { snippet, title }) {
 }
 
 /** Clicks "Trust" in the workspace trust editor that the extension-host test opened. */
+/** Clicks the first code lens titled `title` on screen, as a person would. */
+async function clickLens(page, { title }) {
+    const lens = page.locator(".monaco-editor .codelens-decoration a", { hasText: title });
+    const deadline = Date.now() + 20_000;
+    while (Date.now() < deadline) {
+        const texts = await lens.allTextContents();
+        const index = texts.findIndex((text) => text.replace(/\u00a0/g, " ").trim() === title);
+        if (index >= 0) {
+            await lens.nth(index).click();
+            log(`clicked the code lens ${JSON.stringify(title)}`);
+            return [];
+        }
+        await sleep(500);
+    }
+    const shown = await page.locator(".monaco-editor .codelens-decoration a").allTextContents();
+    return [`no code lens ${JSON.stringify(title)} on screen (lenses: ${JSON.stringify(shown)})`];
+}
+
+/** Sticky scroll's lines (with the hints drawn in them) must hold each of `includes` and none of `excludes`. */
+async function checkSticky(page, { includes = [], excludes = [] }) {
+    let text = "";
+    const holds = () => includes.every((part) => text.includes(part)) && !excludes.some((part) => text.includes(part));
+    const deadline = Date.now() + 15_000;
+    while (Date.now() < deadline) {
+        text = (await page.locator(".monaco-editor .sticky-widget").allInnerTexts()).join("\n").replace(/\u00a0/g, " ");
+        if (holds()) {
+            log(`sticky scroll: ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+            return [];
+        }
+        await sleep(500);
+    }
+    return [`sticky scroll shows ${JSON.stringify(text)}: expected ${JSON.stringify(includes)}, not ${JSON.stringify(excludes)}`];
+}
+
+/** Some webview's page (its frames are nested iframes) must hold each of `parts`. */
+async function checkWebview(page, parts) {
+    const deadline = Date.now() + 15_000;
+    let seen = [];
+    while (Date.now() < deadline) {
+        seen = [];
+        for (const frame of page.frames()) {
+            const html = await frame.evaluate(() => document.body?.innerHTML ?? "").catch(() => "");
+            if (html !== "") {
+                seen.push(html);
+            }
+        }
+        const found = seen.find((html) => parts.every((part) => html.includes(part)));
+        if (found !== undefined) {
+            log(`webview holds ${JSON.stringify(parts)}`);
+            return [];
+        }
+        await sleep(500);
+    }
+    return [`no webview holds ${JSON.stringify(parts)} (${seen.length} frames read)`];
+}
+
 async function grantTrust(page) {
     const button = page.locator(".workspace-trust-editor .monaco-button", { hasText: /^Trust/ }).first();
     try {
@@ -460,6 +516,10 @@ async function grantTrust(page) {
 async function checkDom(page, request, runDir) {
     if (request.action === "grant-trust") {
         const failures = await grantTrust(page);
+        return { step: request.step, ok: failures.length === 0, failures };
+    }
+    if (request.action === "click-lens") {
+        const failures = await clickLens(page, request.lens);
         return { step: request.step, ok: failures.length === 0, failures };
     }
     const failures = [];
@@ -561,6 +621,12 @@ async function checkDom(page, request, runDir) {
     if (request.quickFix !== undefined) {
         failures.push(...(await checkQuickFix(page, request.quickFix)));
     }
+    if (request.sticky !== undefined) {
+        failures.push(...(await checkSticky(page, request.sticky)));
+    }
+    if (request.webviewIncludes !== undefined) {
+        failures.push(...(await checkWebview(page, request.webviewIncludes)));
+    }
     if (request.mode === "untrusted") {
         const traced = (await page.evaluate(allHintTexts)).filter((text) => /(→ |: )\[[\d,]/.test(text));
         if (traced.length > 0) {
@@ -606,6 +672,48 @@ async function checkDom(page, request, runDir) {
         }
         await page.mouse.move(5, 5);
     }
+    if (request.hoverIncludes !== undefined) {
+        // After the screenshot: hover the line as a person would and read the whole hover.
+        const { snippet, text: expected, dx } = request.hoverIncludes;
+        const line = await findLine(page, snippet);
+        const text = line === undefined ? "" : await hoverText(page, line.box.x + (dx ?? 10), line.box.y + line.box.height / 2, expected);
+        if (!text.includes(expected)) {
+            failures.push(`the hover of ${JSON.stringify(snippet)} does not say ${JSON.stringify(expected)}${line === undefined ? " (line not on screen)" : ""}`);
+        } else {
+            log(`hover: ${text.replace(/\s+/g, " ").trim().slice(0, 300)}`);
+        }
+        await page.mouse.move(5, 5);
+    }
+    if (request.statusBarTooltip !== undefined) {
+        const { item, includes } = request.statusBarTooltip;
+        const target = page.locator(".statusbar-item", { hasText: item }).first();
+        // NOTE: read from the whole page, whatever class the workbench gives the item's hover
+        let text = "";
+        for (let attempt = 0; attempt < 3 && !text.includes(includes); attempt++) {
+            try {
+                await target.waitFor({ state: "visible", timeout: 10_000 });
+                await page.mouse.move(5, 5);
+                await sleep(500);
+                const box = await target.boundingBox();
+                await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2, { steps: 5 });
+                const deadline = Date.now() + 5_000;
+                while (Date.now() < deadline && !text.includes(includes)) {
+                    await sleep(500);
+                    text = (await page.evaluate(() => document.body.innerText)).replace(/\u00a0/g, " ");
+                }
+            } catch (error) {
+                log(`status bar tooltip: ${error}`);
+            }
+        }
+        if (!text.includes(includes)) {
+            const hovers = await page.locator(".monaco-hover, .workbench-hover, [role=tooltip]").allInnerTexts().catch(() => []);
+            failures.push(`the tooltip of the status bar item ${JSON.stringify(item)} does not say ${JSON.stringify(includes)} (hovers: ${JSON.stringify(hovers)})`);
+        } else {
+            const at = text.indexOf(includes);
+            log(`status bar tooltip: ${text.slice(Math.max(0, at - 300), at + 150).replace(/\s+/g, " ").trim()}`);
+        }
+        await page.mouse.move(700, 400);
+    }
     if (request.languageStatus !== undefined) {
         // After the screenshot: the hover covers the editor.
         await page.locator('[id="status.languageStatus"]').hover();
@@ -617,6 +725,17 @@ async function checkDom(page, request, runDir) {
             failures.push(`the language status hover does not show ${JSON.stringify(request.languageStatus)}`);
         }
         await page.mouse.move(700, 400);
+    }
+    if (request.clickStatusBar !== undefined) {
+        const item = page.locator(".statusbar-item", { hasText: request.clickStatusBar }).first();
+        try {
+            await item.waitFor({ state: "visible", timeout: 20_000 });
+            await item.click();
+            log(`clicked the status bar item ${JSON.stringify(request.clickStatusBar)}`);
+        } catch {
+            const shown = await page.locator(".statusbar-item").allInnerTexts();
+            failures.push(`no status bar item ${JSON.stringify(request.clickStatusBar)} to click; shown: ${JSON.stringify(shown)}`);
+        }
     }
     if (request.clickNotificationButton !== undefined) {
         // After the screenshot: a person clicks the notification's button (it runs what it offers).

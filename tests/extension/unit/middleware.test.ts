@@ -71,14 +71,15 @@ describe("executeCommand middleware", () => {
         assert.deepEqual(vscodeFake.executedCommands, [{ command: "workbench.trust.manage", args: [] }]);
     });
 
-    it("refuses Trace generate and Trace forward + backward in an untrusted workspace too", async () => {
+    it("refuses Trace generate, Trace forward + backward and Create recipe… in an untrusted workspace too", async () => {
         vscodeFake.trusted = false;
         const { sent, next } = recordingNext();
-        for (const command of ["modelTrace.traceGenerate", "modelTrace.traceBackward"]) {
+        const commands: string[] = ["modelTrace.traceGenerate", "modelTrace.traceBackward", "modelTrace.createRecipe"];
+        for (const command of commands) {
             assert.equal(await executeCommand(command, [`file://${modelingFile}`, "TinyLlamaForCausalLM"], next), undefined);
         }
         assert.deepEqual(sent, []);
-        assert.deepEqual(vscodeFake.warnings, [untrustedTraceMessage, untrustedTraceMessage]);
+        assert.deepEqual(vscodeFake.warnings, commands.map(() => untrustedTraceMessage));
     });
 
     it("sends a palette Trace generate with the active editor's URI", async () => {

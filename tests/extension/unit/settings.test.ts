@@ -17,6 +17,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.attention", "sdpa");
         vscodeFake.settings.set("modelTrace.hintDetail", "stats");
         vscodeFake.settings.set("modelTrace.hintPlacement", "endOfLine");
+        vscodeFake.settings.set("modelTrace.hintSizes", "full");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.follow", [" helpers/rope.py ", ""]);
@@ -28,6 +29,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
         vscodeFake.settings.set("modelTrace.deviceMap", " auto ");
         vscodeFake.settings.set("modelTrace.recipe", " recipes/block.py ");
+        vscodeFake.settings.set("modelTrace.projectFile", " tools/modeltrace.toml ");
         vscodeFake.settings.set("modelTrace.config", " /configs/tiny.json ");
         vscodeFake.settings.set("modelTrace.diffAtol", 1e-4);
         vscodeFake.settings.set("modelTrace.diffRtol", 0);
@@ -48,6 +50,7 @@ describe("settings", () => {
                 attention: "sdpa",
                 hintDetail: "stats",
                 hintPlacement: "endOfLine",
+                hintSizes: "full",
                 traceOnSave: true,
                 lines: true,
                 follow: ["helpers/rope.py"],
@@ -60,6 +63,7 @@ describe("settings", () => {
                 deviceMap: "auto",
                 recipe: "recipes/block.py",
                 config: "/configs/tiny.json",
+                projectFile: "tools/modeltrace.toml",
                 diffAtol: 1e-4,
                 diffRtol: 0,
                 diffMaps: ["h\\.(\\d+)=>layers.\\1"],
@@ -81,6 +85,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.follow", "helpers.py");
         vscodeFake.settings.set("modelTrace.hintDetail", 3);
         vscodeFake.settings.set("modelTrace.hintPlacement", "middle");
+        vscodeFake.settings.set("modelTrace.hintSizes", "huge");
         vscodeFake.settings.set("modelTrace.notifications", "no");
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
         vscodeFake.settings.set("modelTrace.lines", "no");
@@ -114,6 +119,7 @@ describe("settings", () => {
         assert.deepEqual(contributed["modelTrace.attention"]?.enum, ["eager", "sdpa", "flex_attention"]);
         assert.deepEqual(contributed["modelTrace.hintDetail"]?.enum, ["shape", "dtype", "stats"]);
         assert.deepEqual(contributed["modelTrace.hintPlacement"]?.enum, ["afterName", "endOfLine"]);
+        assert.deepEqual(contributed["modelTrace.hintSizes"]?.enum, ["traced", "full"]);
     });
 
     it("keeps modelTrace.python and importStrategy out of reach of untrusted workspace settings", () => {

@@ -56,12 +56,19 @@ class Recorder:
     diff_results: list[dict[str, Any]] = field(default_factory=list)
     inlay_hint_refreshes: int = 0
     code_lens_refreshes: int = 0
+    # `window/showMessageRequest`s (a failure with "Create recipe…"), answered as dismissed
+    message_requests: list[types.ShowMessageRequestParams] = field(default_factory=list)
 
 
 def client_capabilities() -> types.ClientCapabilities:
     """A client like VS Code: progress, markdown, hint tooltips resolved lazily, refresh requests."""
     return types.ClientCapabilities(
-        window=types.WindowClientCapabilities(work_done_progress=True),
+        window=types.WindowClientCapabilities(
+            work_done_progress=True,
+            show_message=types.ShowMessageRequestClientCapabilities(
+                message_action_item=types.ClientShowMessageActionItemOptions(additional_properties_support=False)
+            ),
+        ),
         workspace=types.WorkspaceClientCapabilities(
             inlay_hint=types.InlayHintWorkspaceClientCapabilities(refresh_support=True),
             code_lens=types.CodeLensWorkspaceClientCapabilities(refresh_support=True),
@@ -124,6 +131,10 @@ def record_server_pushes(client: LanguageClient) -> Recorder:
                 "notes": list(params.notes),
             }
         )
+
+    @client.feature(types.WINDOW_SHOW_MESSAGE_REQUEST)
+    def on_message_request(params: types.ShowMessageRequestParams) -> None:
+        recorder.message_requests.append(params)
 
     @client.feature(types.WORKSPACE_INLAY_HINT_REFRESH)
     def on_inlay_hint_refresh(params: None) -> None:
@@ -232,3 +243,15 @@ def inject_into_mlp_forward(client: LanguageClient, modeling_file: Path, uri: st
         )
     )
     return line
+
+
+async def hover_text(client: LanguageClient, uri: str, line: int, character: int = 8) -> str:
+    """The hover's markdown at (`line`, `character`) of `uri`; fails when there is no hover."""
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=character),
+        )
+    )
+    assert hover is not None
+    return hover.contents.value

@@ -121,8 +121,9 @@ from torch import nn
 
 
 class TinyBlock(nn.Module):
-    def __init__(self, dim, hidden):
+    def __init__(self, dim, hidden, activation):
         super().__init__()
+        self.activation = activation
         self.up = nn.Linear(dim, hidden)
         self.down = nn.Linear(hidden, dim)
 
@@ -137,7 +138,7 @@ from block import TinyBlock
 
 
 def build_model():
-    return TinyBlock(8, 16)
+    return TinyBlock(8, 16, torch.relu)
 
 
 def build_inputs(model):
@@ -154,7 +155,8 @@ async def test_a_module_only_a_recipe_builds_says_so_on_its_lens_and_traces_with
     uri = open_document(client, block)
 
     (lens,) = [lens for lens in await code_lenses(client, uri) if lens.command.command == "modelTrace.trace"]
-    assert lens.command.title == "▶ Trace forward (needs modelTrace.recipe)"
+    # `activation` says nothing ModelTrace can choose (`dim` and `hidden` alone would be 64 and 128)
+    assert lens.command.title == "▶ Trace forward (needs a recipe)"
     failed = await execute(client, "modelTrace.trace", *lens.command.arguments)
     # The advice names the editor's setting, not a command-line flag.
     assert not failed["ok"] and "modelTrace.recipe" in failed["message"], failed

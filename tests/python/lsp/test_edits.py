@@ -50,8 +50,14 @@ async def test_hints_move_with_inserted_lines_and_leave_changed_ones(client: Lan
     moved = await inlay_hints(client, uri)
     # The same labels, marked stale: the trace is older than the text now.
     assert moved == {line + 2: label + STALE_SUFFIX for line, label in traced.items()}
+    # (and what the stale trace ran, for the status bar's tooltip)
     assert client.recorder.statuses[statuses:] == [
-        {"state": "stale", "message": "TinyLlamaModel: the code changed since the last trace", "uri": uri}
+        {
+            "state": "stale",
+            "message": "TinyLlamaModel: the code changed since the last trace",
+            "uri": uri,
+            "ran": "TinyLlamaConfig as is: hidden 64, layers 2, heads 4 · 7 tokens · random weights (seed 0)",
+        }
     ]
 
     mlp_call = line_of(modeling_file, "hidden_states = self.mlp(hidden_states)") + 2

@@ -6,18 +6,32 @@ from __future__ import annotations
 
 import ast
 import shutil
+import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import pytest_lsp
 import transformers
 from lsprotocol import types
 from pygls.uris import from_fs_path
-from pytest_lsp import LanguageClient
+from pytest_lsp import ClientServerConfig, LanguageClient
 
+from checkout_layout import FORWARD_EDIT, SKIP_REASON, edited_modular, transformers_source
 from fake_converter import fake_runs, make_fake_checkout
 
-from .support import COLD_TRACE_SECONDS, execute, inlay_hints, line_of, open_document, wait_until
+from .support import (
+    COLD_TRACE_SECONDS,
+    SERVER_COMMAND,
+    execute,
+    initialize,
+    inlay_hints,
+    line_of,
+    open_document,
+    record_server_pushes,
+    wait_until,
+)
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -146,6 +160,12 @@ async def test_an_out_of_date_or_missing_generated_file_is_a_warning_on_the_modu
     assert "modeling_qwen3.py does not exist" in missing.message
 
 
+def line_statuses(client: LanguageClient, uri: str, since: int) -> dict[int, str] | None:
+    """The gutter statuses last sent for a document after the `since`-th `modelTrace/lineStatus`, by line."""
+    marks = [params for params in client.recorder.line_statuses[since:] if params["uri"] == uri]
+    return {item["line"]: item["status"] for item in marks[-1]["lines"]} if marks else None
+
+
 def warnings(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
     return [diagnostic for diagnostic in client.diagnostics.get(uri, []) if diagnostic.source == "ModelTrace diff"]
 
@@ -172,21 +192,20 @@ async def test_a_diff_puts_its_marks_and_its_divergence_on_the_modular_lines(
     assert result["diff"]["firstDivergence"]["path"] == "layers.0.self_attn.q_norm"
     query = line_of(modular, "query_states = self.q_norm(self.q_proj(hidden_states)")
 
-    def statuses_of(document: str) -> dict[int, str] | None:
-        marks = [params for params in client.recorder.line_statuses[sent:] if params["uri"] == document]
-        return {item["line"]: item["status"] for item in marks[-1]["lines"]} if marks else None
-
-    statuses = await wait_until(lambda: statuses_of(uri))
+    statuses = await wait_until(lambda: line_statuses(client, uri, sent))
     assert statuses[query] == "divergence"
     # every modular line shows the mark of its generated twin line
     generated = folder / "modeling_qwen3.py"
-    generated_statuses = await wait_until(lambda: statuses_of(from_fs_path(str(generated))))
+    generated_statuses = await wait_until(lambda: line_statuses(client, from_fs_path(str(generated)), sent))
     for statement in ("key_states = self.k_norm(", "value_states = self.v_proj(", "attn_output = self.o_proj("):
         assert statuses[line_of(modular, statement)] == generated_statuses[line_of(generated, statement)], statement
     assert len(statuses) >= 4
     (warning,) = await wait_until(lambda: warnings(client, uri))
     assert warning.range.start.line == query
     assert warning.message.startswith("First divergence from the reference: layers.0.self_attn.q_norm (Qwen3RMSNorm)")
+    # "Go to Line" of `modelTrace/diffResult` goes where the diagnostic is: the modular line, not its twin
+    sent = [params for params in client.recorder.diff_results if params["uri"] == uri][-1]
+    assert sent["divergence"]["location"] == {"uri": uri, "line": query}
 
 
 async def test_recorder_problems_of_the_generated_twin_sit_on_the_modular_file(
@@ -224,9 +243,30 @@ async def test_recorder_problems_of_the_generated_twin_sit_on_the_modular_file(
     assert "from ..qwen2.modeling_qwen2 import Qwen2PreTrainedModel" in inserted
 
 
-async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporary_folder_and_traced(
-    client: LanguageClient, restricted_client: LanguageClient, tmp_path: Path
+@pytest_lsp.fixture(scope="session", config=ClientServerConfig(server_command=SERVER_COMMAND))
+async def own_server(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[None]:
+    """A server of its own (the test that uses it shuts it down), trusted, as `client` is."""
+    record_server_pushes(lsp_client)
+    await initialize(
+        lsp_client,
+        {
+            "settings": {"hintDetail": "dtype", "traceOnSave": False, "timeout": 60, "lines": False},
+            "workspaceTrusted": True,
+            "traceDirectory": str(tmp_path_factory.mktemp("own-traces")),
+        },
+    )
+    yield
+    # NOTE: a test that failed before its own shutdown leaves the server running: it is shut down here (a server
+    # only stopped, never shut down, keeps the session waiting)
+    server = lsp_client._server
+    if server is not None and server.returncode is None:
+        await lsp_client.shutdown_session()
+
+
+async def test_a_stale_modular_file_in_a_checkout_is_regenerated_traced_and_shown_on_it(
+    own_server: LanguageClient, restricted_client: LanguageClient, tmp_path: Path
 ) -> None:
+    client = own_server
     # the modular file sits in a transformers checkout (a stand-in converter: `fake_converter`), edited since its
     # generated file was written
     checkout = make_fake_checkout(
@@ -266,22 +306,99 @@ async def test_a_stale_modular_file_in_a_checkout_is_regenerated_into_a_temporar
     # is told apart by the `command` key), its `command` the CodeAction's command object, printed
     command = ast.literal_eval(action.command) if isinstance(action, types.Command) else action.command
     command = command if isinstance(command, dict) else {"command": command.command, "arguments": command.arguments}
-    assert command["command"] == "modelTrace.traceRegenerated" and command["arguments"] == [from_fs_path(str(modular))]
-    result = await execute(client, command["command"], *command["arguments"], timeout=COLD_TRACE_SECONDS)
+    uri = from_fs_path(str(modular))
+    assert command["command"] == "modelTrace.traceRegenerated" and command["arguments"] == [uri]
+
+    async def regenerated() -> Path:
+        result = await execute(client, command["command"], *command["arguments"], timeout=COLD_TRACE_SECONDS)
+        assert result["ok"], result
+        return Path(result["regenerated"])
+
+    copy = await regenerated()
+    (run,) = fake_runs(checkout)
+    assert Path(run["file"]) == copy and run["cwd"] == str(checkout.resolve())
+    assert copy.read_bytes() == modular.read_bytes() and copy.parent != folder
+    root = copy.parents[4]
+    assert root.name.startswith("modeltrace-regenerated-") and root.parent == Path(tempfile.gettempdir()).resolve()
+    # the user's folder is left as it is; the copy's generated file is the regenerated one
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert "attn_output = self.o_proj(attn_output) * 2" in (copy.parent / "modeling_qwen3.py").read_text()
+    # the hints show on the user's own modular document, the edited line (only in the regenerated twin) included,
+    # and as the regenerated twin's lines got them
+    hints = await inlay_hints(client, uri)
+    edited = line_of(modular, "attn_output = self.o_proj(attn_output) * 2")
+    assert hints.get(edited), hints
+    twin = copy.parent / "modeling_qwen3.py"
+    twin_hints = await inlay_hints(client, open_document(client, twin))
+    assert hints[edited] == twin_hints[line_of(twin, "attn_output = self.o_proj(attn_output) * 2")]
+    query = "query_states = self.q_norm(self.q_proj(hidden_states)"
+    assert hints[line_of(modular, query)] == twin_hints[line_of(twin, query)]
+    assert await inlay_hints(client, open_document(client, copy)) == {}
+    # the hover of the edited line (no line of the stale generated file beside it) opens the regenerated line that ran
+    hover = await hover_text(client, uri, edited)
+    ran = line_of(twin, "attn_output = self.o_proj(attn_output) * 2") + 1
+    assert hover is not None and f"Runs as [modeling_qwen3.py:{ran}]({from_fs_path(str(twin))}#L{ran})" in hover
+    # regenerated again, the folder before goes; cleared, the one shown goes
+    second = (await regenerated()).parents[4]
+    assert second.is_dir() and not root.exists()
+    # saved with trace-on-save, it is regenerated and traced again, and that folder replaces the one shown
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"modelTrace": {"traceOnSave": True}})
+    )
+    try:
+        statuses = len(client.recorder.statuses)
+        client.text_document_did_save(
+            types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+        await wait_until(
+            lambda: [status["state"] for status in client.recorder.statuses[statuses:]] == ["tracing", "idle"]
+        )
+    finally:
+        client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"modelTrace": {"traceOnSave": False}})
+        )
+    saved = Path(fake_runs(checkout)[-1]["file"]).parents[4]
+    assert len(fake_runs(checkout)) == 3 and saved.is_dir() and not second.exists()
+    assert (await inlay_hints(client, uri)).get(edited)
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
+    assert not saved.exists() and await inlay_hints(client, uri) == {}
+    # a plain trace of the document replaces the regenerated one: its folder goes
+    third = (await regenerated()).parents[4]
+    assert third.is_dir()
+    assert (await execute(client, "modelTrace.trace", uri, timeout=COLD_TRACE_SECONDS))["ok"]
+    assert not third.exists()
+    # that plain trace (the stale generated file) pinned as the reference, a regenerated trace is compared with it:
+    # the user's document gets the gutter marks of the regenerated file's lines, the edited line included
+    assert (await execute(client, "modelTrace.pinReference", uri, timeout=COLD_TRACE_SECONDS))["ok"]
+    sent = len(client.recorder.line_statuses)
+    copy = await regenerated()
+    fourth, twin = copy.parents[4], copy.parent / "modeling_qwen3.py"
+    marks = await wait_until(lambda: line_statuses(client, uri, sent))
+    twin_marks = await wait_until(lambda: line_statuses(client, from_fs_path(str(twin)), sent))
+    for statement in ("attn_output = self.o_proj(attn_output) * 2", "value_states = self.v_proj(hidden_states)"):
+        assert marks[line_of(modular, statement)] == twin_marks[line_of(twin, statement)], (statement, marks)
+    # and the server's shutdown removes what it still holds; never the user's files
+    assert fourth.is_dir()
+    await client.shutdown_session()
+    assert not fourth.exists()
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+@pytest.mark.skipif(transformers_source() is None, reason=SKIP_REASON)
+async def test_the_real_converter_regenerates_for_the_editor_and_its_hints_land_on_the_users_lines(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    """`modelTrace.traceRegenerated` with transformers' own converter (`checkout_layout`): the regenerated file
+    carries the modular file's edits, and the trace's hints land on the user's modular document."""
+    _, modular = edited_modular(tmp_path)
+    uri = open_document(client, modular)
+    result = await execute(client, "modelTrace.traceRegenerated", uri, timeout=COLD_TRACE_SECONDS)
     assert result["ok"], result
     copy = Path(result["regenerated"])
-    try:
-        (run,) = fake_runs(checkout)
-        assert Path(run["file"]) == copy and run["cwd"] == str(checkout.resolve())
-        assert copy.read_bytes() == modular.read_bytes() and copy.parent != folder
-        assert copy.parents[4].name.startswith("modeltrace-regenerated-")
-        # the user's folder is left as it is; the copy's generated file is the regenerated one, and its
-        # modular file is traced: the edited line carries a hint and nothing there is out of date
-        assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
-        assert "attn_output = self.o_proj(attn_output) * 2" in (copy.parent / "modeling_qwen3.py").read_text()
-        copy_uri = open_document(client, copy)
-        assert [item for item in await pulled_diagnostics(client, copy_uri) if item.code == "modular-stale"] == []
-        hints = await inlay_hints(client, copy_uri)
-        assert hints.get(line_of(copy, "attn_output = self.o_proj(attn_output) * 2")), hints
-    finally:
-        shutil.rmtree(copy.parents[4], ignore_errors=True)  # the temporary folder: <it>/src/transformers/models/qwen3
+    regenerated = (copy.parent / "modeling_qwen3.py").read_text()
+    assert FORWARD_EDIT[1] in regenerated and "OutputRecorder(Qwen3Attention, index=1)" in regenerated
+    hints = await inlay_hints(client, uri)
+    assert hints.get(line_of(modular, FORWARD_EDIT[1])), hints
+    assert hints.get(line_of(modular, "query_states = self.q_norm(self.q_proj(hidden_states)")), hints
+    assert (await execute(client, "modelTrace.clear", uri))["ok"]
+    assert not copy.parents[4].exists()

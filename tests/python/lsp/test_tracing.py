@@ -41,7 +41,13 @@ async def test_the_trace_reports_progress_from_begin_to_end(client: LanguageClie
     assert reports[-1].message.startswith("TinyLlamaModel: 30 module calls on 14 lines")
     assert client.recorder.statuses[:2] == [
         {"state": "tracing", "message": "tracing TinyLlamaModel", "uri": client.example_uri},
-        {"state": "idle", "message": reports[-1].message, "uri": client.example_uri},
+        {
+            "state": "idle",
+            "message": reports[-1].message,
+            "uri": client.example_uri,
+            "ran": "TinyLlamaConfig as is: hidden 64, layers 2, heads 4 · 7 tokens · random weights (seed 0)",
+            "sizes": "traced",
+        },
     ]
     assert client.recorder.inlay_hint_refreshes >= 1 and client.recorder.code_lens_refreshes >= 1
 

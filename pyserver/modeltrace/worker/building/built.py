@@ -13,6 +13,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker.building.inputs import InputSynthesizer
 from modeltrace.worker.building.trials import Ran
+from modeltrace.worker.messages import RecipeDraft
 
 
 @dataclass
@@ -31,6 +32,9 @@ class BuiltModel:
     notes: dict[str, Any] = field(default_factory=dict)
     shape_only: bool = False
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # What a recipe would start from, when the build guessed (a plain module's arguments): a forward that fails
+    # reports it (`WorkerError.recipe`), for the editor's "Create recipe…".
+    recipe_draft: RecipeDraft | None = None
 
 
 def cannot_synthesise(model_class: type, synthesizer: InputSynthesizer) -> ModelTraceError:
@@ -56,5 +60,26 @@ def built_model(
         kwargs=ran.fresh_inputs(),
         model_class=model_class.__name__,
         config=jsonable(config.to_dict()),
-        notes={**notes, "inputs": ran.variant.name},
+        notes={"config_class": type(config).__name__, **notes, "inputs": ran.variant.name},
     )
+
+
+# NOTE: ids and flags are ints too, but not sizes: a shrunk vocabulary remaps token ids, which say nothing of size
+_NOT_SIZES = ("_id", "_token_id", "_token_ids", "_index")
+
+
+def own_sizes(defaults: Any, shrunk: Any) -> dict[str, list[int]]:
+    """The sizes the shrink changed, `{field: [shrunk, the config's own]}`, the fields of sub-configs as
+    `text_config.hidden_size`: what the trace header says ran against what the config class describes."""
+    return _changed_sizes(defaults.to_dict(), shrunk.to_dict(), "")
+
+
+def _changed_sizes(own: dict[str, Any], shrunk: dict[str, Any], prefix: str) -> dict[str, list[int]]:
+    changed: dict[str, list[int]] = {}
+    for name, value in shrunk.items():
+        before = own.get(name)
+        if isinstance(value, dict) and isinstance(before, dict):
+            changed.update(_changed_sizes(before, value, f"{prefix}{name}."))
+        elif type(value) is int and type(before) is int and value != before and not name.endswith(_NOT_SIZES):
+            changed[prefix + name] = [value, before]
+    return changed

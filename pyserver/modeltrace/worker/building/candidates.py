@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ from torch import nn
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.worker.building import shrink as shrinking
-from modeltrace.worker.building.built import BuiltModel, built_model
+from modeltrace.worker.building.built import BuiltModel, built_model, own_sizes
+from modeltrace.worker.building.drafts import argument, draft, placeholder
 from modeltrace.worker.building.configs import set_attention
 from modeltrace.worker.building.input_spec import InputVariant
 from modeltrace.worker.building.inputs import InputSynthesizer
@@ -111,7 +113,7 @@ def build_shrunk(
             break
         previous_failures = attempts[failed_before:]
         if ran is not None:
-            notes: dict[str, Any] = {"shrink": level}
+            notes: dict[str, Any] = {"shrink": level, "own_sizes": own_sizes(defaults, config)}
             if attempts:
                 notes["failed_candidates"] = [attempt.describe() for attempt in attempts]
             return built_model(model, model_class, config, ran, ran.synthesizer, notes)
@@ -121,14 +123,33 @@ def build_shrunk(
             break
     if first is None or first.variant is None:
         raise _no_candidate(model_class, defaults, file, first, attempts)
-    notes = {"shrink": first.level, "failed_candidates": [attempt.describe() for attempt in attempts]}
+    notes = {
+        "shrink": first.level,
+        "own_sizes": own_sizes(defaults, first.config),
+        "failed_candidates": [attempt.describe() for attempt in attempts],
+    }
     tried = len({(attempt.level, attempt.inputs) for attempt in attempts})
-    notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code_error(attempts))
+    code = code_error(attempts)
+    notes["unverified"] = _unverified(type(defaults).__name__, file, tried, code)
     # Rebuilt so that the traced run starts from the same weights and inputs as a fresh build.
     model = construct(model_class, first.config, seed, file)
     synthesizer = InputSynthesizer(model, first.config, seed)
     ran = Ran(first.variant, first.variant.spec, synthesizer)
-    return built_model(model, model_class, first.config, ran, synthesizer, notes)
+    built = built_model(model, model_class, first.config, ran, synthesizer, notes)
+    if code is not None:
+        # NOTE: an error in the code, not in the inputs: a recipe would not help, so none is offered
+        return built
+    # NOTE: no input set ran: a recipe that starts from this config and these inputs is what the user can fix
+    built.recipe_draft = draft(
+        model_class,
+        sys.modules.get(model_class.__module__),
+        str(file),
+        f"no shrunk {type(defaults).__name__} and synthesised input set ran",
+        (placeholder("config", f"a {type(first.config).__name__}"),),
+        tuple(argument(name, value) for name, value in built.kwargs.items()),
+        first.config,
+    )
+    return built
 
 
 def _unverified(config_name: str, file: Path, tried: int, code: Attempt | None) -> str:

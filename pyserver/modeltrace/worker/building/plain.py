@@ -1,7 +1,10 @@
 """The plain-module strategy: a non-model class of the file (a decoder layer, an attention block, an MLP).
 
 Built from the file's shrunk config (its text part), with `layer_idx=0` where its `__init__` wants one, and fed
-hidden states, rotary position embeddings from the file's rotary class, and so on (`--model CLASS`).
+hidden states, rotary position embeddings from the file's rotary class, and so on (`--model CLASS`). A class whose
+`__init__` takes no config (`TinyBlock(dim, hidden, num_heads=8)`) is built with small values its arguments' names
+and annotations call for (`plain_arguments.py`), with or without a config class in the file. What cannot be
+guessed is a `NeedsRecipe` carrying what was tried (`drafts.py`), for the editor's "Create recipe…".
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from modeltrace.errors import ModelTraceError
+from modeltrace.errors import ModelTraceError, NeedsRecipe
+from modeltrace.plain_arguments import guess_argument, is_config_argument
 from modeltrace.worker.assemble import jsonable
 from modeltrace.worker.building import shrink as shrinking
-from modeltrace.worker.building.built import BuiltModel
+from modeltrace.worker.building.built import BuiltModel, own_sizes
+from modeltrace.worker.building.drafts import argument, draft, placeholder
 from modeltrace.worker.building.configs import (
     config_class_of,
     default_config,
@@ -30,6 +35,7 @@ from modeltrace.worker.building.input_spec import BATCH_SIZE, SEQUENCE_LENGTH, s
 from modeltrace.worker.building.meta import TORCH_DTYPES, meta_inputs
 from modeltrace.worker.building.sizes import HIDDEN_WIDTH_NAMES, WIDTH
 from modeltrace.worker.building.source import module_classes
+from modeltrace.worker.messages import RecipeArgument
 
 
 _HIDDEN_INPUTS = (
@@ -57,16 +63,31 @@ def build_plain_module(
     shape_only: bool,
     dtype: str,
 ) -> BuiltModel:
-    """A non-model class of the file (a decoder layer, an attention block, an MLP) from the file's config."""
-    config_class = config_class_of(model_class, module, file)
-    if config_path is not None:
-        config = read_config(config_class, Path(config_path))
-    elif shape_only:
-        config = shrinking.shrink(default_config(config_class, file), "default")
-    else:
-        config = shrink_config(config_class, default_config(config_class, file), file)
-    set_attention(config, attention)
-    text_config = sub_config(config, "text")
+    """A non-model class of the file (a decoder layer, an attention block, an MLP) from the file's config, or from
+    small values for its arguments when it takes no config."""
+    try:
+        config_class = config_class_of(model_class, module, file)
+    except ModelTraceError as error:
+        if config_path is not None or _takes_config(model_class):
+            raise NeedsRecipe(
+                str(error), draft(model_class, module, str(file), f"{model_class.__name__} names no config class")
+            ) from None
+        # NOTE: no config anywhere (a plain file of nn.Modules): the arguments' names and annotations are all
+        config_class = None
+    notes: dict[str, Any] = {"plain_module": True}
+    text_config = None
+    if config_class is not None:
+        if config_path is not None:
+            config = read_config(config_class, Path(config_path))
+        elif shape_only:
+            config = shrinking.shrink(default_config(config_class, file), "default")
+        else:
+            defaults = default_config(config_class, file)
+            config = shrink_config(config_class, defaults, file)
+            notes["own_sizes"] = own_sizes(defaults, config)
+        set_attention(config, attention)
+        text_config = sub_config(config, "text")
+        notes["config_class"] = type(config).__name__
     torch.manual_seed(seed)
     mode = None
     if shape_only:
@@ -74,12 +95,12 @@ def build_plain_module(
 
         mode = ShapeOnlyMode()
         with mode, meta_device():
-            model = _construct_plain(model_class, text_config, file)
+            model, arguments = _construct_plain(module, model_class, text_config, file)
             model.to(dtype=TORCH_DTYPES.get(dtype, torch.float32))
     else:
-        model = _construct_plain(model_class, text_config, file)
+        model, arguments = _construct_plain(module, model_class, text_config, file)
     model.eval()
-    kwargs = _plain_inputs(module, model, text_config, seed, file)
+    kwargs = _plain_inputs(module, model, text_config, seed, file, arguments)
     if mode is not None:
         kwargs = {
             name: meta_inputs(mode, value, TORCH_DTYPES.get(dtype, torch.float32)) for name, value in kwargs.items()
@@ -88,47 +109,150 @@ def build_plain_module(
         model=model,
         kwargs=kwargs,
         model_class=model_class.__name__,
-        config=jsonable(text_config.to_dict()),
-        notes={"plain_module": True},
+        config=jsonable(text_config.to_dict()) if text_config is not None else {},
+        notes=notes,
         shape_only=shape_only,
+    )
+    # NOTE: a forward that fails on guessed arguments (a size the code expects otherwise) can be traced with a
+    # recipe that starts from them; one built from the file's config has nothing guessed to fix
+    built.recipe_draft = (
+        None
+        if config_class is not None
+        else draft(
+            model_class,
+            module,
+            str(file),
+            f"{model_class.__name__} built with guessed arguments",
+            arguments,
+            tuple(argument(name, value) for name, value in kwargs.items()),
+        )
     )
     if mode is not None:
         built.forward_context = lambda: mode
     return built
 
 
-def _construct_plain(model_class: type, config: Any, file: Path) -> nn.Module:
+def _takes_config(model_class: type) -> bool:
+    parameters = list(inspect.signature(model_class.__init__).parameters.values())[1:]
+    return any(
+        is_config_argument(parameter.name, parameter.default is not inspect.Parameter.empty)
+        for parameter in parameters
+    )
+
+
+def _annotation_text(annotation: Any) -> str | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+
+def _construct_plain(
+    module: ModuleType, model_class: type, config: Any, file: Path
+) -> tuple[nn.Module, tuple[RecipeArgument, ...]]:
+    """The class built with the config's values where its arguments name them, else small values their names and
+    annotations call for; also each argument as a recipe would write it. `NeedsRecipe` when one cannot be chosen."""
     parameters = inspect.signature(model_class.__init__).parameters
     arguments: dict[str, Any] = {}
+    drafted: list[RecipeArgument] = []
     unknown = []
     hidden = _hidden_size(config)
     for name, parameter in list(parameters.items())[1:]:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        if name == "config" or name.endswith("_config") and parameter.default is inspect.Parameter.empty:
+        has_default = parameter.default is not inspect.Parameter.empty
+        guess = guess_argument(name, _annotation_text(parameter.annotation))
+        if config is not None and is_config_argument(name, has_default):
             arguments[name] = config
+            drafted.append(placeholder(name, f"a {type(config).__name__}"))
         elif name in ("layer_idx", "layer_id", "layer_index", "layer_number", "block_idx"):
             arguments[name] = 0
-        elif parameter.default is not inspect.Parameter.empty:
+        elif has_default and not (guess is not None and guess.by_name and _is_number(parameter.default)):
+            # NOTE: a default is kept, unless it is a size the name says can be small (`dim=4096`)
             continue
-        elif name in ("hidden_size", "dim", "embed_dim", "d_model", "hidden_dim", "in_features", "input_dim"):
+        elif config is not None and name in ("hidden_size", "dim", "embed_dim", "d_model", "hidden_dim"):
             arguments[name] = hidden
-        elif isinstance(getattr(config, name, None), (int, float, str)):
+        elif config is not None and isinstance(getattr(config, name, None), (int, float, str)):
             arguments[name] = getattr(config, name)
+        elif guess is not None:
+            arguments[name] = guess.value
         else:
             unknown.append(name)
+            annotation = _annotation_text(parameter.annotation)
+            drafted.append(
+                placeholder(
+                    name, f"annotated {annotation}" if annotation else "no annotation, and its name says no size"
+                )
+            )
+            continue
+        if name in arguments and not (config is not None and arguments[name] is config):
+            drafted.append(argument(name, arguments[name]))
+    drafted_arguments = tuple(drafted)
     if unknown:
-        raise ModelTraceError(
-            f"{file}: {model_class.__name__}.__init__ needs {', '.join(unknown)}, which ModelTrace cannot guess; "
-            "pass --recipe with build_model() and build_inputs(model)"
+        raise NeedsRecipe(
+            f"{file}: {model_class.__name__}.__init__ needs {', '.join(unknown)}, which ModelTrace cannot guess "
+            "from a name or an annotation; pass --recipe with build_model() and build_inputs(model)",
+            draft(
+                model_class,
+                module,
+                str(file),
+                f"cannot guess {', '.join(unknown)}",
+                drafted_arguments,
+                _draft_inputs(model_class, arguments),
+            ),
+            # NOTE: on the `def __init__` line that takes them, where the editor shows it
+            *_init_location(model_class),
         )
     try:
-        return model_class(**arguments)
+        return model_class(**arguments), drafted_arguments
     except Exception as error:  # noqa: BLE001
-        raise ModelTraceError(
-            f"{file}: building {model_class.__name__}({', '.join(arguments)}) failed: {type(error).__name__}: "
-            f"{error_line(error)}; pass --recipe"
+        raise NeedsRecipe(
+            f"{file}: building {model_class.__name__}({_call_text(arguments, config)}) failed: "
+            f"{type(error).__name__}: {error_line(error)}; pass --recipe",
+            draft(
+                model_class,
+                module,
+                str(file),
+                f"{model_class.__name__}({_call_text(arguments, config)}) raised {type(error).__name__}",
+                drafted_arguments,
+            ),
         ) from error
+
+
+def _draft_inputs(model_class: type, arguments: dict[str, Any]) -> tuple[RecipeArgument, ...]:
+    """The inputs a recipe would give `forward` when the class could not be built: hidden states of the width
+    its arguments say (else 64), placeholders for the rest."""
+    widths = [value for name, value in arguments.items() if _is_number(value) and name in _WIDTH_ARGUMENTS]
+    width = int(widths[0]) if widths else WIDTH
+    drafted = []
+    for name, parameter in list(inspect.signature(model_class.forward).parameters.items())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in _HIDDEN_INPUTS:
+            drafted.append(argument(name, torch.zeros(BATCH_SIZE, SEQUENCE_LENGTH, width)))
+        elif parameter.default is inspect.Parameter.empty:
+            drafted.append(placeholder(name, f"an input of {model_class.__name__}.forward"))
+    return tuple(drafted)
+
+
+# The arguments whose value is the width of the hidden states a module takes.
+_WIDTH_ARGUMENTS = ("dim", "hidden_size", "d_model", "embed_dim", "hidden_dim", "in_features", "input_dim", "width")
+
+
+def _init_location(model_class: type) -> tuple[str | None, int | None]:
+    """(file, line) of the class's own `def __init__`, when it has one in Python source."""
+    code = getattr(model_class.__dict__.get("__init__"), "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _call_text(arguments: dict[str, Any], config: Any) -> str:
+    """`dim=64, hidden=128` (a config argument by name only)."""
+    return ", ".join(
+        name if value is config and config is not None else f"{name}={value!r}" for name, value in arguments.items()
+    )
 
 
 def _hidden_size(config: Any) -> int:
@@ -139,7 +263,16 @@ def _hidden_size(config: Any) -> int:
     return WIDTH
 
 
-def _plain_inputs(module: ModuleType, model: nn.Module, config: Any, seed: int, file: Path) -> dict[str, Any]:
+def _plain_inputs(
+    module: ModuleType,
+    model: nn.Module,
+    config: Any,
+    seed: int,
+    file: Path,
+    arguments: tuple[RecipeArgument, ...] = (),
+) -> dict[str, Any]:
+    """Inputs for the module's `forward` by their names (hidden states, position embeddings...); `NeedsRecipe`,
+    with the constructor `arguments` and what was synthesised, when a required one has no rule."""
     generator = torch.Generator().manual_seed(seed)
     hidden = _hidden_size(config)
     shape = (BATCH_SIZE, SEQUENCE_LENGTH)
@@ -153,7 +286,7 @@ def _plain_inputs(module: ModuleType, model: nn.Module, config: Any, seed: int, 
         required = parameter.default is inspect.Parameter.empty
         if name in _HIDDEN_INPUTS:
             inputs[name] = hidden_states
-        elif name == "position_embeddings" and (required or _rotary_class(module) is not None):
+        elif name == "position_embeddings" and config is not None and (required or _rotary_class(module) is not None):
             embeddings = _position_embeddings(module, config, hidden_states, file)
             if embeddings is None and required:
                 missing.append(name)
@@ -171,9 +304,15 @@ def _plain_inputs(module: ModuleType, model: nn.Module, config: Any, seed: int, 
         elif required:
             missing.append(name)
     if missing:
-        raise ModelTraceError(
+        drafted_inputs = tuple(argument(name, value) for name, value in inputs.items()) + tuple(
+            placeholder(name, f"an input of {type(model).__name__}.forward") for name in missing
+        )
+        raise NeedsRecipe(
             f"{file}: {type(model).__name__}.forward needs {', '.join(missing)}, which ModelTrace cannot synthesise "
-            "for a plain module; pass --recipe with build_model() and build_inputs(model)"
+            "for a plain module; pass --recipe with build_model() and build_inputs(model)",
+            draft(
+                type(model), module, str(file), f"cannot synthesise {', '.join(missing)}", arguments, drafted_inputs
+            ),
         )
     return inputs
 

@@ -35,13 +35,20 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         ) from None
     for function_name in ("build_model", "build_inputs"):
         if not callable(getattr(module, function_name, None)):
+            # NOTE: placed on the recipe's first line, so that the editor shows it in the recipe
             raise ModelTraceError(
-                f"{recipe}: defines no {function_name}() (a recipe needs build_model() and build_inputs(model))"
+                f"{recipe}: defines no {function_name}() (a recipe needs build_model() and build_inputs(model))",
+                str(recipe),
+                1,
             )
     torch.manual_seed(seed)
     model = module.build_model()
     if not isinstance(model, nn.Module):
-        raise ModelTraceError(f"{recipe}: build_model() returned {type(model).__name__}, not an nn.Module")
+        raise ModelTraceError(
+            f"{recipe}: build_model() returned {type(model).__name__}, not an nn.Module",
+            str(recipe),
+            _line_of(module.build_model),
+        )
     model.eval()
     torch.manual_seed(seed)
     inputs = module.build_inputs(model)
@@ -56,7 +63,9 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
     else:
         raise ModelTraceError(
             f"{recipe}: build_inputs(model) returned {type(inputs).__name__}; return a dict of keyword "
-            "arguments or a tuple of positional ones"
+            "arguments or a tuple of positional ones",
+            str(recipe),
+            _line_of(module.build_inputs),
         )
     config = getattr(model, "config", None)
     return BuiltModel(
@@ -65,4 +74,11 @@ def build_from_recipe(recipe: Path, seed: int) -> BuiltModel:
         kwargs=kwargs,
         model_class=type(model).__name__,
         config=jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        notes={"config_class": type(config).__name__} if hasattr(config, "to_dict") else {},
     )
+
+
+def _line_of(function: Any) -> int:
+    """The `def` line of a recipe's function (1 when it has no code object: a callable object)."""
+    code = getattr(function, "__code__", None)
+    return code.co_firstlineno if code is not None else 1

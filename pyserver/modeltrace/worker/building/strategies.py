@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from modeltrace.errors import ModelTraceError
+from modeltrace.errors import ModelTraceError, NeedsRecipe
 from modeltrace.worker.building import shrink as shrinking
 from modeltrace.worker.building.built import BuiltModel, built_model
 from modeltrace.worker.building.candidates import CannotSynthesise, NothingBuilt, build_shrunk
+from modeltrace.worker.building.drafts import draft, placeholder
 from modeltrace.worker.building.checkpoint import DEFAULT_TRIAL_BUDGET, build_checkpoint, check_checkpoint
 from modeltrace.worker.building.configs import (
     config_class_of,
@@ -130,7 +131,14 @@ def build(spec: BuildSpec, trial_budget: float | None = None) -> BuiltModel:
         return build_plain_module(
             module, model_class, spec.config, spec.seed, spec.attention, file, spec.shape_only, spec.dtype
         )
-    config_class = config_class_of(model_class, module, file)
+    try:
+        config_class = config_class_of(model_class, module, file)
+    except ModelTraceError as error:
+        # NOTE: a model whose config cannot be found is built by a recipe: "Create recipe…" starts one
+        reason = f"{model_class.__name__} names no config class"
+        raise NeedsRecipe(
+            str(error), draft(model_class, module, str(file), reason, (placeholder("config", "its config"),))
+        ) from None
     if strategy == "shape-only":
         config = (
             read_config(config_class, Path(spec.config))

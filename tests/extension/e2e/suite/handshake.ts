@@ -6,7 +6,19 @@ import * as path from "node:path";
 export interface DomRequest {
     mode: "trusted" | "untrusted" | "bundled";
     /** "check": look at the screen; "grant-trust": click "Trust" in the open workspace trust editor, as a person would. */
-    action: "check" | "grant-trust";
+    action: "check" | "grant-trust" | "click-lens";
+    /** With action "click-lens": click the first code lens on screen titled `title`, as a person would. */
+    lens?: { title: string };
+    /** Sticky scroll's lines (hints included) must show each of `includes` and none of `excludes`. */
+    sticky?: { includes?: string[]; excludes?: string[] };
+    /** Some webview's page must hold each of these (the difference plot's HTML). */
+    webviewIncludes?: string[];
+    /** Hovering the line holding `snippet` must show a hover holding `text`. */
+    hoverIncludes?: { snippet: string; text: string; dx?: number };
+    /** After the checks, click the status bar item showing this text, as a person would. */
+    clickStatusBar?: string;
+    /** Hovering the status bar item showing `item` must show a tooltip holding `includes`. */
+    statusBarTooltip?: { item: string; includes: string };
     /** Lines and the hint label expected on each, as found through the LSP in the extension host. */
     hints: { line: number; snippet: string; label: string }[];
     /** Each hint must be drawn whole (not cut by VS Code) inside the visible text area. */

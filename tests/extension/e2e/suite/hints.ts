@@ -44,6 +44,17 @@ export function sleep(milliseconds: number): Promise<void> {
     return new Promise((resolve) => setTimeout(resolve, milliseconds));
 }
 
+/** `what()` again every half second until `done` says so or `timeoutMs` passes; its last value either way. */
+export async function waitFor<T>(what: () => Promise<T> | T, done: (value: T) => boolean, timeoutMs: number): Promise<T> {
+    const deadline: number = Date.now() + timeoutMs;
+    let value: T = await what();
+    while (!done(value) && Date.now() < deadline) {
+        await sleep(500);
+        value = await what();
+    }
+    return value;
+}
+
 export async function openInEditor(workspaceRelativePath: string): Promise<vscode.TextEditor> {
     const folder: vscode.WorkspaceFolder | undefined = vscode.workspace.workspaceFolders?.[0];
     if (folder === undefined) {

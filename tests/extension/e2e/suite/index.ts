@@ -1,5 +1,5 @@
 // Test runner loaded by the extension host (the `extensionTestsPath` contract: export run()).
-// MODELTRACE_E2E_MODE picks the suite: trusted.test.js (then reference.test.js) or untrusted.test.js.
+// MODELTRACE_E2E_MODE picks the suite: trusted.test.js (then reference, recorders and recipe) or untrusted.test.js.
 import * as path from "node:path";
 import Mocha from "mocha";
 import { hostLog } from "./handshake";
@@ -11,6 +11,8 @@ export function run(): Promise<void> {
     if (mode === "trusted") {
         mocha.addFile(path.join(__dirname, "reference.test.js"));
         mocha.addFile(path.join(__dirname, "recorders.test.js"));
+        mocha.addFile(path.join(__dirname, "recipe.test.js"));
+        mocha.addFile(path.join(__dirname, "editor.test.js"));
     }
     return new Promise((resolve, reject) => {
         const runner: Mocha.Runner = mocha.run((failures: number) => {

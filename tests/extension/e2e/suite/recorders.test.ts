@@ -5,7 +5,7 @@
 import * as assert from "node:assert/strict";
 import * as vscode from "vscode";
 import { askForDomCheck, type DomResult, hostLog } from "./handshake";
-import { activateInstalledExtension, sleep } from "./hints";
+import { activateInstalledExtension, sleep, waitFor } from "./hints";
 
 const originalFile: string = "tiny_llama/modeling_tiny_llama.py";
 /** The broken copy sits in its own folder of the workspace (the package's relative imports need not resolve). */
@@ -14,16 +14,6 @@ const removed: string = '        "attentions": TinyLlamaAttention,\n';
 
 function recorderDiagnostics(uri: vscode.Uri): vscode.Diagnostic[] {
     return vscode.languages.getDiagnostics(uri).filter((diagnostic: vscode.Diagnostic) => diagnostic.source === "ModelTrace recorders");
-}
-
-async function waitFor<T>(what: () => Promise<T> | T, done: (value: T) => boolean, timeoutMs: number): Promise<T> {
-    const deadline: number = Date.now() + timeoutMs;
-    let value: T = await what();
-    while (!done(value) && Date.now() < deadline) {
-        await sleep(500);
-        value = await what();
-    }
-    return value;
 }
 
 describe("ModelTrace: _can_record_outputs quick fix", () => {

@@ -1,0 +1,68 @@
+"""bench/bench_peers.py's ModelTrace rows at the tiny size for one round: the peers benchmark cannot rot unseen.
+
+The peers themselves (TorchLens, nnsight) live in `make bench-peers`'s own environment, not in the project's venv;
+here they are left out and named as such. No timing is asserted: only that every row is there and measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "bench_peers.py")
+bench_peers = importlib.util.module_from_spec(_spec)
+sys.modules["bench_peers"] = bench_peers  # NOTE: its dataclasses look their module up there
+_spec.loader.exec_module(bench_peers)
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    """The benchmark sets one torch thread for the process: put the suite's setting back afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_modeltrace_rows_at_tiny_size(tmp_path: Path, capsys: pytest.CaptureFixture[str], torch_threads: None):
+    output = tmp_path / "peers.json"
+    variants = [*bench_peers.MODELTRACE_VARIANTS, "hf debugger safetensors"]
+    assert bench_peers.main(["--sizes", "tiny", "--rounds", "1", "--json", str(output), "--variants", *variants]) == 0
+
+    printed = capsys.readouterr().out
+    summary_header = next(line for line in printed.splitlines() if line.startswith("| size |"))
+    for name in variants[1:]:
+        assert bench_peers.VARIANTS[name].column in summary_header
+    summary_row = next(line for line in printed.splitlines() if line.startswith("| tiny (h64, 2 layers, seq 7) |"))
+    ratios = [float(cell.strip().rstrip("×")) for cell in summary_row.split("|")[3:-1]]
+    assert len(ratios) == len(variants) - 1
+    assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), summary_row
+
+    result = json.loads(output.read_text())["sizes"][0]
+    assert set(result["paired_ratio_median"]) == set(variants)
+    assert all(math.isfinite(ratio) and ratio > 0 for ratio in result["paired_ratio_median"].values())
+    captured = result["captured"]
+    # every ModelTrace path records the same 32 module calls of the tiny LlamaForCausalLM, and writes a trace
+    for name in bench_peers.MODELTRACE_VARIANTS[1:]:
+        assert captured[name]["calls"] == captured["plain"]["calls"] == 32, (name, captured[name])
+        assert captured[name]["tensors"] > 0 and captured[name]["bytes_written"] > 0, (name, captured[name])
+        assert f"| {name} | {captured[name]['what']}" in printed
+    # full tensors store the parameters once per trace (the engine alone stores none): more bytes than statistics
+    assert captured["capture() full"]["bytes_written"] > captured["capture() stats"]["bytes_written"]
+    assert captured["hf debugger safetensors"]["tensors"] > 0
+
+
+def test_missing_peers_are_named_not_failed():
+    missing = bench_peers.missing_packages(list(bench_peers.VARIANTS))
+    assert set(missing.values()) <= {"torchlens", "nnsight"}
+    for name, package in missing.items():
+        assert importlib.util.find_spec(package) is None, name
