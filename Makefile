@@ -75,6 +75,7 @@ $(VSIX): $(PY_STAMP) $(NODE_STAMP) package.json tsconfig.json requirements.lock 
 # fresh processes): `make bench-large` runs it, or `$(PY) bench/bench_capture.py --large`.
 bench: $(PY_STAMP)
 	$(PY) bench/bench_capture.py
+	$(PY) bench/bench_paths.py
 	$(PY) bench/bench_lines.py
 	$(PY) bench/bench_server.py
 	$(PY) bench/bench_diff.py
@@ -85,6 +86,7 @@ bench: $(PY_STAMP)
 
 bench-large: $(PY_STAMP)
 	$(PY) bench/bench_capture.py --sizes large --large
+	$(PY) bench/bench_paths.py --sizes large
 
 # NOTE: the peers benchmark runs in an environment of its own (never .venv): the pinned CPU torch first, then the
 # project from this checkout (non-editable, reinstalled when its source changes), TorchLens and nnsight, all under

@@ -21,7 +21,6 @@ the numbers.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +61,7 @@ def capture(
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
     max_trace_mb: float = DEFAULT_MAX_TRACE_MB,
     tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB,
+    parameters: bool = True,
 ) -> Iterator[CaptureSession]:
     """Record every module call of `model` run inside the block, then write the trace folder `path`.
 
@@ -70,13 +70,21 @@ def capture(
     `lines` records the tensors each line assigns in the model class's source file and in `files`. An exception
     inside the block still writes what was recorded until then, marked `incomplete` in the header, and then
     propagates unchanged. The folder is written atomically (a trace already there is replaced only by a whole
-    one)."""
+    one), and flushed to the disk when the interpreter exits (`storage.sync_later`).
+
+    With `full_tensors`, the model's parameters go to the shared parameter store (`trace/parameter_store.py`),
+    written once per content and referred to by every trace of the same weights; `parameters=False` leaves
+    them out (the activations alone). What does not depend on the forward (source files, config, construction
+    records, the parameters' digest) is worked out at the first capture of a model and reused while it is
+    unchanged (`worker/reuse.py`)."""
     from torch import nn
 
-    from modeltrace.worker.assemble import assemble_trace, discarded_on_error, jsonable, start_stream, write_captured
-    from modeltrace.worker.builds import record_builds
+    from modeltrace.trace.storage import sync_later
+    from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
     from modeltrace.worker.capture import ModuleCapture
     from modeltrace.worker.lines import LineCapture
+    from modeltrace.worker.reuse import model_facts
+    from modeltrace.worker.reuse import model_files as model_files_of
     from modeltrace.worker.source_map import real_path
 
     if not isinstance(model, nn.Module):
@@ -88,11 +96,14 @@ def capture(
     ):
         if not (isinstance(value, (int, float)) and value >= 0):
             raise ModelTraceError(f"modeltrace.capture: {name} must be a number of megabytes >= 0, not {value!r}")
+    if not isinstance(parameters, bool):
+        raise ModelTraceError(f"modeltrace.capture: parameters must be True or False, not {parameters!r}")
     destination = Path(path).absolute()
     if destination.exists() and not destination.is_dir():
         raise ModelTraceError(f"{destination}: exists and is not a folder; give a NAME.mtrace folder to write")
-    model_files = _model_files(model)
-    source = model_files[0] if model_files else None
+    # NOTE: the model's files are needed before the forward only to record lines; the header's `file` comes from
+    # the facts worked out after it (one walk of the modules fewer on a tiny model's 2 ms forward)
+    model_files = model_files_of(list(model.modules())) if lines else []
     line_files = model_files + [str(Path(item).resolve()) for item in files or []]
     if lines and not line_files:
         raise ModelTraceError(
@@ -125,16 +136,19 @@ def capture(
             yield session
         except BaseException as error:  # noqa: BLE001 - written down, then raised again unchanged
             failure = error
-    with discarded_on_error(stream):  # the parameters go to the stream too
-        builds = record_builds(model, None, module_capture._keep_unless_meta if module_capture.full_tensors else None)
+    # NOTE: after the block (a training step inside it changes the weights): what does not depend on the forward
+    # is reused from an earlier capture of this model when its change check is equal (`worker/reuse.py`)
+    with discarded_on_error(stream):
+        facts = model_facts(model)
+        builds, stored = _builds(model, facts, full_tensors and parameters, int(max_tensor_mb * 2**20))
     first_parameter = next(model.parameters(), None)
     config = getattr(model, "config", None)
     root_inputs = module_capture.records[0].inputs if module_capture.records else []
     header = {
         "class": type(model).__name__,
-        "file": real_path(source) if source else None,
+        "file": real_path(facts.files[0]) if facts.files else None,
         "recipe": None,
-        "config": jsonable(config.to_dict()) if hasattr(config, "to_dict") else {},
+        "config": facts.config,
         "inputs": [summary.to_json() for summary in root_inputs],
         "options": {
             "device": str(first_parameter.device) if first_parameter is not None else "cpu",
@@ -143,38 +157,42 @@ def capture(
             "attention": getattr(config, "_attn_implementation", None),
             "shape_only": False,
             "checkpoint": None,
+            **({"parameters": parameters} if full_tensors else {}),
         },
         "build": {"source": "library: modeltrace.capture"},
         "seconds": {},
+        **({"parameters": stored} if stored is not None else {}),
     }
     if failure is not None:
         # NOTE: what ran before the exception is often what the user needs to see: kept, and said to be partial
         header["incomplete"] = f"{type(failure).__name__}: {failure}"
     trace = assemble_trace(header, module_capture, line_capture, builds)
-    session.path = write_captured(trace, module_capture, destination)
+    trace.builds_json = facts.builds_json(builds, stored)
+    # NOTE: flushed to the disk once, at exit, after the rename (`storage.sync_later`): the caller does not wait
+    # for the disk
+    session.path = write_captured(trace, module_capture, destination, durable=False)
+    sync_later(session.path)
     session.trace = trace
     if failure is not None:
         raise failure
 
 
-def _model_files(model: Any) -> list[str]:
-    """The source files of the model's module classes, the root's first, torch's own left out: the files whose
-    lines are recorded (a `Sequential` of blocks written in a script records the script)."""
-    import torch
+def _builds(
+    model: Any, facts: Any, store_parameters_too: bool, max_tensor_bytes: int
+) -> tuple[list, dict[str, Any] | None]:
+    """The model's construction records (reused while the model is unchanged) and, with full tensors, its
+    parameters' reference in the shared store (`worker/parameter_store.py`: written there once per content)."""
+    from modeltrace.worker.builds import record_builds
+    from modeltrace.worker.parameter_store import store_parameters
 
-    torch_folder = Path(torch.__file__).resolve().parent
-    found: list[str] = []
-    for module in model.modules():
-        try:
-            file = inspect.getsourcefile(type(module))
-        except (TypeError, OSError):
-            continue
-        if file is None:
-            continue
-        resolved = Path(file).resolve()
-        if not resolved.is_relative_to(torch_folder) and str(resolved) not in found:
-            found.append(str(resolved))
-    return found
+    key = (store_parameters_too, max_tensor_bytes if store_parameters_too else None)
+    builds = facts.builds.get(key)
+    if builds is None:
+        builds = facts.builds[key] = record_builds(model)
+    # NOTE: asked of the store every time (its digest reused, its file checked by a stat): a store file deleted
+    # or damaged since the last capture is written again
+    stored = store_parameters(model, builds, max_tensor_bytes) if store_parameters_too else None
+    return builds, stored
 
 
 @dataclass

@@ -21,6 +21,7 @@ from modeltrace.trace.lines import HintDetail
 from modeltrace.modular.twins import generated_path, is_modular_file, resolve_generated
 from modeltrace.project import project_choices
 from modeltrace.trace.listing import render_listing
+from modeltrace.trace.parameter_store import parameters_note
 from modeltrace.trace.storage import TRACE_SUFFIX, check_destination, read_trace
 from modeltrace.worker.messages import (
     ATTENTION_IMPLEMENTATIONS,
@@ -90,6 +91,7 @@ def _trace_file(file: Path, out: Path, arguments: argparse.Namespace) -> int:
         max_tensor_mb=arguments.max_tensor_mb,
         max_trace_mb=arguments.max_trace_mb,
         tensor_memory_mb=arguments.tensor_memory_mb,
+        parameters=not arguments.no_parameters,
         lines=arguments.lines,
         follow=follow,
         attention=arguments.attention,
@@ -276,6 +278,10 @@ def _local_path(value: str | None) -> str | None:
 
 def _show_command(arguments: argparse.Namespace) -> int:
     trace = read_trace(arguments.trace)
+    # NOTE: on stderr, so that `--format json` stays one document: the activations show either way
+    note = parameters_note(trace, arguments.trace)
+    if note:
+        print(f"modeltrace show: note: {note}", file=sys.stderr)
     if arguments.format == "json":
         json.dump(trace.to_json(), sys.stdout)
         sys.stdout.write("\n")
@@ -635,6 +641,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --full-tensors: tensors are written to disk during the forward, at most this "
         "many MB of them waiting in memory; past it the forward waits for the disk "
         f"(default: {DEFAULT_TENSOR_MEMORY_MB:g})",
+    )
+    trace.add_argument(
+        "--no-parameters",
+        action="store_true",
+        help="with --full-tensors: store the activations only, not the model's parameters (by default they go "
+        "to the shared parameter store, $MODELTRACE_PARAMETER_STORE or ~/.cache/modeltrace/parameters, once "
+        "per content)",
     )
     trace.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     trace.add_argument("--dtype", default=DEFAULT_DTYPE, help=", ".join(DTYPE_NAMES[:-1]) + f" or {DTYPE_NAMES[-1]}")

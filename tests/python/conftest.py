@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +14,12 @@ import pytest
 
 from modeltrace.worker.client import WorkerClient
 
+
+# NOTE: the shared parameter store (`trace/parameter_store.py`) of this test run, never the user's cache; set
+# before any worker or server process starts, so that they inherit it
+if "MODELTRACE_PARAMETER_STORE" not in os.environ:
+    os.environ["MODELTRACE_PARAMETER_STORE"] = tempfile.mkdtemp(prefix="modeltrace-test-parameters-")
+    atexit.register(shutil.rmtree, os.environ["MODELTRACE_PARAMETER_STORE"], ignore_errors=True)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PACKAGE = REPO_ROOT / "examples" / "tiny_llama"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLE_MODELING_FILE
+from modeltrace.trace.parameter_store import parameters_file
 from modeltrace.trace.reference import load_reference
 from modeltrace.trace.storage import read_trace
 from modeltrace.trace.tensors import SafetensorsFile
@@ -29,8 +30,8 @@ def run_cli(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def summaries(trace_folder: Path) -> list:
-    """Every summary that may name a stored tensor: the calls' inputs and outputs, and (stored after them, within
-    the same limits) the modules' parameters and buffers."""
+    """Every summary that may name a stored tensor: the calls' inputs and outputs, and the modules' parameters
+    and buffers (in the shared parameter store, within the per-tensor limit; the trace's limit is the trace's)."""
     trace = read_trace(trace_folder)
     calls = [summary for record in trace.modules for summary in (*record.inputs, *record.outputs)]
     return calls + [parameter.summary for build in trace.builds for parameter in build.parameters]
@@ -38,6 +39,12 @@ def summaries(trace_folder: Path) -> list:
 
 def stored_sizes(trace_folder: Path) -> dict[str, int]:
     with SafetensorsFile(trace_folder / "tensors.safetensors") as tensors:
+        return {name: info.end - info.begin for name, info in tensors.tensors.items()}
+
+
+def parameter_sizes(trace_folder: Path) -> dict[str, int]:
+    """The sizes of the trace's parameters in the shared parameter store (`trace/parameter_store.py`)."""
+    with SafetensorsFile(parameters_file(read_trace(trace_folder))) as tensors:
         return {name: info.end - info.begin for name, info in tensors.tensors.items()}
 
 
@@ -76,7 +83,7 @@ def test_tensors_over_the_per_tensor_limit_keep_statistics_only(traces: dict[str
     assert all("limit per tensor" in summary.not_stored for summary in skipped)
     # Statistics are there for the tensors that were not stored.
     assert all(summary.mean is not None and summary.std is not None for summary in skipped)
-    sizes = stored_sizes(traces["tensor_limit"])
+    sizes = {**stored_sizes(traces["tensor_limit"]), **parameter_sizes(traces["tensor_limit"])}
     assert set(sizes) == {summary.tensor for summary in kept}
     assert max(sizes.values()) <= limit
     # Counted once per tensor (a tensor passed on to the next module is summarised once).

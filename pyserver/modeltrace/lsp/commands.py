@@ -584,7 +584,9 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
     forget_diff(ls, session)
     message = load_message(trace_path, loaded, shown)
     if message is not None:
-        ls.show_message(message, types.MessageType.Warning if loaded.stale else types.MessageType.Info)
+        ls.show_message(
+            message, types.MessageType.Warning if loaded.stale or loaded.parameters_note else types.MessageType.Info
+        )
     notify_status(
         ls,
         ServerState.STALE if loaded.stale else ServerState.IDLE,
@@ -598,6 +600,7 @@ async def load_trace_command(ls: ModelTraceServer, *arguments: Any) -> dict[str,
         "modules": loaded.call_count,
         "files": [match.to_json() for match in matches],
         "modelFile": _found_model_file(loaded, matches),
+        **({"parameters": loaded.parameters_note} if loaded.parameters_note else {}),
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from modeltrace.errors import TraceFormatError
 from modeltrace.lsp.store import DocumentTrace, build_document_trace
+from modeltrace.trace.parameter_store import parameters_note
 from modeltrace.trace.relocate import SourceMatch, locate_sources, relocate
 from modeltrace.trace.storage import read_trace
 
@@ -127,6 +128,8 @@ def load_trace_here(
         if was_enabled:
             gc.enable()
     loaded.stale = any(match.changed for match in matches if match.found in loaded.files)
+    # NOTE: a trace whose parameters' store file is gone still shows its activations; the user is told
+    loaded.parameters_note = parameters_note(trace, trace_path)
     return loaded, matches
 
 

@@ -100,6 +100,8 @@ class DocumentTrace:
     trace: Trace
     files: dict[str, FileHints]
     stale: bool = False
+    # why the trace's stored parameters cannot be had (their store file is gone or damaged), for "Load Trace…"
+    parameters_note: str | None = None
 
     @property
     def model_class(self) -> str:
@@ -215,9 +217,11 @@ def load_message(trace_path: str, loaded: DocumentTrace, shown: list[SourceMatch
     """What the user is told after a load when its files were not simply where the trace recorded them."""
     moved = [match for match in shown if match.how != AT_RECORDED_PATH]
     changed = [match for match in shown if match.changed]
-    if not moved and not changed:
+    if not moved and not changed and not loaded.parameters_note:
         return None
     parts = [f"ModelTrace: loaded {Path(trace_path).name} ({loaded.model_class})"]
+    if loaded.parameters_note:
+        parts.append(loaded.parameters_note)
     if moved:
         parts.append("found " + ", ".join(f"{Path(match.recorded).name} here by {match.how}" for match in moved))
     if changed:

@@ -349,6 +349,12 @@ class Trace:
     # NOTE: only in generation traces (`--generate`) and backward traces (`--backward`); None elsewhere.
     generation: GenerationRecord | None = None
     gradients: BackwardRecord | None = None
+    # NOTE: `[build.to_json() for build in builds]` when the writer has it already: `modeltrace.capture` reuses a
+    # model's construction records between captures (`worker/reuse.py`), and their JSON with them
+    builds_json: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def builds_to_json(self) -> list[dict[str, Any]]:
+        return self.builds_json if self.builds_json is not None else [build.to_json() for build in self.builds]
 
     def to_json(self) -> dict[str, Any]:
         """The `modeltrace.trace/1` JSON of the contract (`show --format json`), plus `builds`; a generation
@@ -362,7 +368,7 @@ class Trace:
             "model": self.model,
             "modules": modules,
             "lines": [record.to_json() for record in self.lines],
-            "builds": [build.to_json() for build in self.builds],
+            "builds": self.builds_to_json(),
         }
         if self.generation is not None:
             data["generation"] = self.generation.to_json()

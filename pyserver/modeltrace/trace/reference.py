@@ -1,7 +1,7 @@
 """`load_reference`: open anything accepted where a trace is, with access to its full tensors.
 
 Accepted: a `NAME.mtrace/` folder (or its `trace.msgpack`), with `tensors.safetensors` when it was traced with
-`--full-tensors`; a transformers `model_addition_debugger_context` output (its folder, `*_SUMMARY.json` or
+`--full-tensors` (and its parameters from the shared store, `parameter_store.py`, when it refers to them); a transformers `model_addition_debugger_context` output (its folder, `*_SUMMARY.json` or
 `*_FULL_TENSORS.json`, repr values or per-tensor safetensors files). No torch import (the language server
 calls this for "Load Reference Trace…"); every problem is a `TraceFormatError` naming the file.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from modeltrace.errors import TraceFormatError
 from modeltrace.trace.hf_debugger import is_debugger_file, read_debugger_output
+from modeltrace.trace.parameter_store import parameters_file, parameters_note
 from modeltrace.trace.records import TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, TRACE_FILE, read_trace, require_readable, tensors_path
 from modeltrace.trace.tensors import LoadedTrace, SafetensorsStore, shard_paths
@@ -23,7 +24,14 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
     folder = path.parent if path.name == TRACE_FILE else path
     trace = read_trace(path)
     tensors_file = tensors_path(folder)
-    store = SafetensorsStore(tensors_file, *shard_paths(folder)[1:]) if tensors_file is not None else None
+    # NOTE: the parameters live in the shared store (`parameter_store.py`): a missing or damaged store file
+    # costs the parameters only, said in a note, never the activations
+    parameters_problem = parameters_note(trace, folder)
+    stored_parameters = parameters_file(trace) if parameters_problem is None else None
+    files = ([tensors_file, *shard_paths(folder)[1:]] if tensors_file is not None else []) + (
+        [stored_parameters] if stored_parameters is not None else []
+    )
+    store = SafetensorsStore(*files) if files else None
     if store is not None:
         missing = [
             summary.tensor
@@ -34,11 +42,11 @@ def load_trace_folder(path: Path | str) -> LoadedTrace:
         if missing:
             store.close()
             raise TraceFormatError(
-                f"{tensors_file}: lacks {len(missing)} tensor(s) the trace names (first: {missing[0]!r}); "
+                f"{tensors_file or folder}: lacks {len(missing)} tensor(s) the trace names (first: {missing[0]!r}); "
                 "the trace folder is incomplete"
             )
-    notes = []
-    if store is None and any(summary.tensor for record in trace.modules for summary in record.outputs):
+    notes = [parameters_problem] if parameters_problem else []
+    if tensors_file is None and any(summary.tensor for record in trace.modules for summary in record.outputs):
         notes.append(
             f"{folder.name}: its records name full tensors but the folder holds no {TENSORS_FILE}; "
             "comparing statistics only"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import platform
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,8 +141,19 @@ def write_captured(trace: Trace, capture: ModuleCapture, out: Path, durable: boo
     return write_trace(trace, out, write_extra, durable=durable)
 
 
+# path -> (modification time, size, sha256): a file is hashed again only when either changed (a capture in a loop
+# hashed the same files every time)
+_HASHES: dict[str, tuple[int, int, str]] = {}
+
+
 def _sha256(file: str) -> str | None:
     try:
-        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        status = os.stat(file)
+        cached = _HASHES.get(file)
+        if cached is not None and cached[:2] == (status.st_mtime_ns, status.st_size):
+            return cached[2]
+        digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()
     except OSError:
         return None
+    _HASHES[file] = (status.st_mtime_ns, status.st_size, digest)
+    return digest

@@ -75,25 +75,44 @@ class ConstructionRecorder:
 
 
 def record_builds(
-    model: nn.Module, constructions: ConstructionRecorder | None = None, keep_tensor: Any = None
+    model: nn.Module,
+    constructions: ConstructionRecorder | None = None,
+    keep_tensor: Any = None,
+    parameters: dict[str, list[ParameterRecord]] | None = None,
 ) -> list[ModuleBuild]:
     """A `ModuleBuild` for every module of `model` (`named_modules()` order, the root's path `""`).
 
     `keep_tensor(tensor, summary, name)`, when given, stores a parameter's full tensor (the capture's `_keep`
-    with its size limits) under `parameters/{path}/{name}`.
+    with its size limits) under `parameters/{path}/{name}`. `parameters`: the fingerprints `parameter_records`
+    already made (the worker makes them on a second thread during the forward).
     """
     with torch.no_grad():
-        return _record_builds(model, constructions, keep_tensor)
+        return _record_builds(model, constructions, keep_tensor, parameters)
+
+
+def parameter_records(model: nn.Module) -> dict[str, list[ParameterRecord]]:
+    """The fingerprints of every module's own parameters and buffers, by module path: the torch-heavy part of
+    `record_builds`, safe on a second thread (it parses no source: in Python 3.11, `ast` on two threads at once
+    fails with a SystemError)."""
+    seen: dict[int, str] = {}
+    with torch.no_grad():
+        return {path: _parameters(module, path, seen, None) for path, module in list(model.named_modules())}
 
 
 def _record_builds(
-    model: nn.Module, constructions: ConstructionRecorder | None, keep_tensor: Any
+    model: nn.Module,
+    constructions: ConstructionRecorder | None,
+    keep_tensor: Any,
+    fingerprints: dict[str, list[ParameterRecord]] | None,
 ) -> list[ModuleBuild]:
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
-    for path, module in model.named_modules():
-        for child_name, child in module._modules.items():
+    # NOTE: the worker fingerprints the parameters on a second thread while the forward runs (`BeforeTheForward`):
+    # every dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while
+    # model code may add to it
+    for path, module in list(model.named_modules()):
+        for child_name, child in list(module._modules.items()):
             if child is not None:
                 parents.setdefault(f"{path}.{child_name}" if path else child_name, (module, child_name))
         built_at = None
@@ -110,7 +129,11 @@ def _record_builds(
                 qualified_class=f"{module_class.__module__}.{module_class.__qualname__}",
                 built_at=built_at,
                 settings=settings,
-                parameters=_parameters(module, path, seen, keep_tensor),
+                parameters=(
+                    fingerprints[path]
+                    if fingerprints is not None and path in fingerprints
+                    else _parameters(module, path, seen, keep_tensor)
+                ),
                 assigned_at={name: assigned[name] for name in settings if name in assigned},
             )
         )
@@ -124,7 +147,7 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
     class, and the attributes hold them by name (`normalized_shape`).
     """
     settings: dict[str, Any] = {}
-    for name, value in vars(module).items():
+    for name, value in list(vars(module).items()):
         if name.startswith("_") or name in _NOT_SETTINGS:
             continue
         plain = _plain(value)
@@ -202,8 +225,8 @@ def split_fields(text: str) -> list[str]:
 
 def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor: Any) -> list[ParameterRecord]:
     records = []
-    own = [("parameter", name, tensor) for name, tensor in module._parameters.items()]
-    own += [("buffer", name, tensor) for name, tensor in module._buffers.items()]
+    own = [("parameter", name, tensor) for name, tensor in list(module._parameters.items())]
+    own += [("buffer", name, tensor) for name, tensor in list(module._buffers.items())]
     for kind, name, tensor in own:
         if tensor is None:
             continue

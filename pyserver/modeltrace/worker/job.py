@@ -37,6 +37,7 @@ from modeltrace.worker.messages import (
     WorkerProtocolError,
 )
 from modeltrace.worker.moving import move_built
+from modeltrace.worker.parameter_store import BeforeTheForward, store_parameters
 from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -152,6 +153,14 @@ def _run_built(
         if request.full_tensors and not built.shape_only
         else None
     )
+    # NOTE: the parameters' fingerprints and digest do not depend on the forward: they are worked out on a
+    # second thread while it runs (torch's kernels release the GIL). Not for a model spread by a device map
+    # (its offloaded weights are loaded for the fingerprints: `onloaded`) nor for a backward (it writes `.grad`).
+    background = (
+        BeforeTheForward(built.model, request.max_tensor_mb if stream is not None and request.parameters else None)
+        if not request.device_map and not request.backward
+        else None
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(discarded_on_error(stream))
         if not request.backward:
@@ -196,8 +205,16 @@ def _run_built(
     from modeltrace.worker.placement import onloaded
 
     # weights accelerate offloaded: fingerprinted for real, then offloaded again; they go to the stream too
+    # (with full tensors, to the shared parameter store, once per content: `worker/parameter_store.py`)
     with onloaded(built.model), discarded_on_error(stream):
-        builds = record_builds(built.model, constructions, capture._keep_unless_meta if capture.full_tensors else None)
+        builds = record_builds(
+            built.model, constructions, parameters=background.fingerprints() if background is not None else None
+        )
+        stored = None
+        if capture.full_tensors and request.parameters and not built.shape_only:
+            if background is not None:
+                background.wait()
+            stored = store_parameters(built.model, builds, limit_bytes("max-tensor-mb", request.max_tensor_mb))
     constructions.clear()
     builds_at = time.perf_counter()
     trace = assemble_trace(
@@ -210,6 +227,7 @@ def _run_built(
             "inputs": [summary.to_json() for summary in _input_summaries(built)],
             "options": trace_options(request, built, **_placement_options(request, built)),
             "build": _jsonable_notes(built.notes),
+            **({"parameters": stored} if stored is not None else {}),
             "seconds": {
                 "build": built_at - started,
                 "forward": finished_at - built_at,
@@ -255,6 +273,7 @@ def trace_options(request: TraceRequest, built: BuiltModel, **extra: Any) -> dic
         "attention": request.attention,
         "shape_only": built.shape_only,
         "checkpoint": request.checkpoint or None,
+        **({"parameters": request.parameters} if request.full_tensors else {}),
         **extra,
     }
 

@@ -133,6 +133,9 @@ class TraceRequest(Message):
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB
     max_trace_mb: float = DEFAULT_MAX_TRACE_MB
     tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB
+    # With full tensors: the model's parameters go to the shared parameter store (`trace/parameter_store.py`),
+    # once per content; False leaves them out.
+    parameters: bool = True
     keep_calls_mb: float = DEFAULT_KEEP_CALLS_MB
     # Leave the child alive after answering, holding the model for the diff's replay (`worker/zygote.py`).
     keep_for_replay: bool = False

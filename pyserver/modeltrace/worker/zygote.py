@@ -327,9 +327,10 @@ class Zygote:
             result = run_trace_job(request, lambda text: write_frame(write_end, Progress(message=text).to_frame()))
             write_frame(write_end, result.to_frame())
             if isinstance(result, TraceResult):
-                from modeltrace.trace.storage import sync_trace
+                from modeltrace.trace.storage import flush_written, sync_trace
 
                 sync_trace(result.trace)  # after answering: the user does not wait for the disk
+                flush_written()  # a parameter store file written for this trace (`worker/parameter_store.py`)
             if requests is not None and isinstance(result, TraceResult) and result.kept_for_replay:
                 _serve_replays(requests, write_end)
         except BaseException as error:  # noqa: BLE001 - every failure becomes an error frame

@@ -18,6 +18,9 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
+from modeltrace.trace.parameter_store import parameters_file
+from modeltrace.trace.storage import read_trace
+
 from .support import (
     CAPTURE_SCRIPT,
     SERVER_COMMAND,
@@ -92,3 +95,34 @@ async def test_a_loaded_trace_shows_hints_hovers_and_lenses_without_numpy(
         types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
     )
     assert lenses, "no code lens on the traced model's file"
+
+
+async def test_a_trace_with_stored_parameters_loads_without_numpy_and_names_a_damaged_store(
+    numpy_free_client: LanguageClient, tmp_path: Path
+) -> None:
+    client = numpy_free_client
+    modeling_file = copy_example(tmp_path)
+    trace = tmp_path / "full.mtrace"
+    script = tmp_path / "capture.py"
+    script.write_text(CAPTURE_SCRIPT.replace("lines=True", "lines=True, full_tensors=True"))
+    # NOTE: a store of this test's own: the file is damaged below
+    environment = {**os.environ, "MODELTRACE_PARAMETER_STORE": str(tmp_path / "store")}
+    completed = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert completed.returncode == 0, completed.stderr
+    uri = open_document(client, modeling_file)
+    loaded = await execute(client, "modelTrace.loadTrace", uri, str(trace))
+    assert loaded["ok"] and "parameters" not in loaded, loaded
+
+    store_file = parameters_file(read_trace(trace))
+    store_file.write_bytes(store_file.read_bytes()[:100])
+    loaded = await execute(client, "modelTrace.loadTrace", uri, str(trace))
+    assert loaded["ok"], loaded
+    assert "cannot be read" in loaded["parameters"] and str(store_file) in loaded["parameters"]
+    hints = await inlay_hints(client, uri)
+    assert "[1,4,7,16]" in hints.get(line_of(modeling_file, "query_states = self.q_proj(hidden_states)"), "")

@@ -1,0 +1,187 @@
+"""The shared parameter store and what a capture reuses: a model's weights are written once per content and
+referred to by every trace of them; a store file that is gone or damaged costs a trace its parameters only (its
+activations load, show and diff, with a note naming the file) and never touches a trace that does not use it;
+`capture()` reuses the construction records and the parameters' digest while the model is unchanged, and sees a
+change (a weight written in place, a setting reassigned) at the next capture."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaModel
+
+import modeltrace
+from modeltrace.errors import ModelTraceError
+from modeltrace.trace.parameter_store import STORE_ENVIRONMENT, parameters_file
+from modeltrace.trace.reference import load_reference
+from modeltrace.trace.storage import read_trace, tensors_paths
+from modeltrace.trace.tensors import SafetensorsFile
+from modeltrace.worker.client import WorkerClient
+from modeltrace.worker.messages import TraceRequest
+
+from test_tensor_stream import small_llama
+
+
+INPUT_IDS = torch.tensor([[1, 17, 42, 99, 5, 63, 120]])
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "store"
+    monkeypatch.setenv(STORE_ENVIRONMENT, str(folder))
+    return folder
+
+
+def _model(other: bool = False) -> LlamaModel:
+    model = small_llama()[0]
+    if other:  # other weights: another store file
+        with torch.no_grad():
+            model.norm.weight.add_(1)
+    return model
+
+
+def _capture(model: torch.nn.Module, path: Path, **options: object) -> Path:
+    with torch.no_grad(), modeltrace.capture(model, path, full_tensors=True, **options) as session:
+        model(INPUT_IDS)
+    return session.path
+
+
+def _stored_names(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for shard in tensors_paths(folder):
+        with SafetensorsFile(shard) as tensors:
+            names.update(tensors.names())
+    return names
+
+
+def test_two_traces_of_one_model_share_one_store_file(tmp_path: Path, store: Path) -> None:
+    model = _model()
+    first = _capture(model, tmp_path / "first.mtrace")
+    second = _capture(model, tmp_path / "second.mtrace")
+    assert [path.name for path in store.iterdir()] == [read_trace(first).model["parameters"]["file"]]
+    assert read_trace(second).model["parameters"] == read_trace(first).model["parameters"]
+    # the trace folders hold the activations only
+    assert not any(name.startswith("parameters/") for name in _stored_names(first) | _stored_names(second))
+    with load_reference(second) as loaded:
+        assert loaded.notes == []
+        weight = loaded.tensors.get("parameters/layers.1.self_attn.o_proj.weight")
+        assert torch.equal(torch.from_numpy(weight.copy()), model.layers[1].self_attn.o_proj.weight)
+        assert any(name.startswith("0/") for name in _stored_names(second))
+
+
+def test_a_weight_changed_in_place_is_stored_anew(tmp_path: Path, store: Path) -> None:
+    model = _model()
+    before = read_trace(_capture(model, tmp_path / "before.mtrace"))
+    with torch.no_grad():
+        model.layers[0].mlp.up_proj.weight.mul_(2)
+    after = read_trace(_capture(model, tmp_path / "after.mtrace"))
+    assert before.model["parameters"]["file"] != after.model["parameters"]["file"]
+    assert len(list(store.iterdir())) == 2
+    fingerprints = [
+        next(build for build in trace.builds if build.path == "layers.0.mlp.up_proj").parameters[0].summary.abs_max
+        for trace in (before, after)
+    ]
+    assert fingerprints[1] == pytest.approx(2 * fingerprints[0])
+
+
+def test_a_setting_reassigned_between_captures_is_recorded(tmp_path: Path, store: Path) -> None:
+    model = _model()
+    _capture(model, tmp_path / "before.mtrace")
+    model.norm.variance_epsilon = 0.125
+    after = read_trace(_capture(model, tmp_path / "after.mtrace"))
+    norm = next(build for build in after.builds if build.path == "norm")
+    assert norm.settings["variance_epsilon"] == 0.125
+
+
+def test_no_parameters_stores_the_activations_only(tmp_path: Path, store: Path) -> None:
+    trace_path = _capture(_model(), tmp_path / "bare.mtrace", parameters=False)
+    trace = read_trace(trace_path)
+    assert "parameters" not in trace.model and trace.model["options"]["parameters"] is False
+    assert not store.exists()
+    assert all(parameter.summary.tensor is None for build in trace.builds for parameter in build.parameters)
+    with pytest.raises(ModelTraceError, match="parameters must be True or False"):
+        _capture(_model(), tmp_path / "bad.mtrace", parameters="no")
+
+
+def test_a_deleted_store_leaves_the_activations_shown_and_diffed(tmp_path: Path, store: Path) -> None:
+    model = _model()
+    reference = _capture(model, tmp_path / "reference.mtrace")
+    candidate = _capture(model, tmp_path / "candidate.mtrace")
+    file = parameters_file(read_trace(reference))
+    for item in store.iterdir():
+        item.unlink()
+    store.rmdir()
+
+    view = modeltrace.load(reference)
+    assert len(view.modules) > 10
+    result = modeltrace.diff(reference, candidate, replay=False)
+    assert result.match
+    assert any("parameters are missing" in note and file.name in note for note in result.document["notes"])
+    shown = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "show", str(reference)], capture_output=True, text=True, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "layers.1" in shown.stdout or "LlamaDecoderLayer" in shown.stdout
+    assert "parameters are missing" in shown.stderr and file.name in shown.stderr
+    compared = subprocess.run(
+        [sys.executable, "-m", "modeltrace", "diff", str(reference), str(candidate), "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert "parameters are missing" in compared.stdout
+
+
+def test_a_damaged_store_file_is_named_and_breaks_no_other_trace(tmp_path: Path, store: Path) -> None:
+    first_model, other_model = _model(), _model(other=True)
+    damaged_user = _capture(first_model, tmp_path / "damaged_user.mtrace")
+    unaffected = _capture(other_model, tmp_path / "unaffected.mtrace")
+    statistics_only = tmp_path / "statistics.mtrace"
+    with torch.no_grad(), modeltrace.capture(first_model, statistics_only):
+        first_model(INPUT_IDS)
+    damaged = parameters_file(read_trace(damaged_user))
+    damaged.write_bytes(b"\xff" * 64)  # garbage where the store file was
+
+    for untouched in (unaffected, statistics_only):
+        with load_reference(untouched) as loaded:
+            assert loaded.notes == []
+    with load_reference(damaged_user) as loaded:
+        assert [note for note in loaded.notes if str(damaged) in note and "cannot be read" in note]
+        assert loaded.tensors is not None and "parameters/norm.weight" not in loaded.tensors
+    assert modeltrace.diff(damaged_user, damaged_user, replay=False).match
+
+    # the next capture of that model does not trust the damaged file: it writes it whole again
+    _capture(first_model, tmp_path / "again.mtrace")
+    with SafetensorsFile(damaged) as rewritten:
+        assert "parameters/norm.weight" in rewritten
+
+
+def test_the_worker_stores_parameters_once_and_leaves_them_out_on_request(
+    tmp_path: Path, worker: WorkerClient
+) -> None:
+    recipe = tmp_path / "recipe.py"
+    recipe.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def build_model():\n    torch.manual_seed(0)\n    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))\n\n"
+        "def build_inputs(model):\n    return (torch.ones(2, 8),)\n"
+    )
+    traces = []
+    for name, parameters in (("a", True), ("b", True), ("bare", False)):
+        request = TraceRequest(
+            file=str(recipe),
+            recipe=str(recipe),
+            out=str(tmp_path / f"{name}.mtrace"),
+            full_tensors=True,
+            parameters=parameters,
+        )
+        traces.append(read_trace(worker.trace(request).trace))
+    first, second, bare = traces
+    assert first.model["parameters"]["file"] == second.model["parameters"]["file"]
+    assert first.model["parameters"]["tensors"] == 4
+    assert "parameters" not in bare.model and bare.model["options"]["parameters"] is False
+    assert not any(name.startswith("parameters/") for name in _stored_names(tmp_path / "a.mtrace"))
