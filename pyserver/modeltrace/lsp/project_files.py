@@ -21,7 +21,7 @@ from modeltrace.lsp.publish import file_uri, publish_diagnostics
 from modeltrace.lsp.reference import workspace_path
 from modeltrace.lsp.remap import split_lines
 from modeltrace.lsp.store import read_lines
-from modeltrace.project import ProjectChoices, ProjectFileError, project_choices, read_project
+from modeltrace.project import ProjectChoices, ProjectFileError, find_project_file, project_choices, read_project
 from modeltrace.recipe_writer import WrittenRecipe, write_recipe
 from modeltrace.worker.messages import RecipeDraft
 
@@ -99,10 +99,17 @@ def publish_project_error(ls: ModelTraceServer, owner: str, error: ProjectFileEr
 
 
 def recheck_project_file(ls: ModelTraceServer, path: str) -> None:
-    """A project file changed on disk (`workspace/didChangeWatchedFiles`): the failures it holds are read again,
-    so that a fixed file loses its diagnostic at once and a still broken one shows where it is broken now."""
+    """A project file changed on disk (`workspace/didChangeWatchedFiles`): read it again at once, so that a fixed
+    file loses its diagnostic and a broken one shows where it is broken, without waiting for a trace. Its holders
+    are the sessions whose failure it is, and the open sessions it applies to (their traces stay on view)."""
     uri = file_uri(ls, path)
-    holders = [session for session in ls.sessions if session.failure is not None and session.failure[0] == uri]
+    changed = Path(path).resolve()
+    holders = [
+        session
+        for session in ls.sessions
+        if (session.failure is not None and session.failure[0] == uri)
+        or (session.failure is None and _applies_to(ls, changed, session.owner))
+    ]
     if not holders:
         return
     try:
@@ -113,6 +120,13 @@ def recheck_project_file(ls: ModelTraceServer, path: str) -> None:
     for session in holders:
         session.failure = located
     publish_diagnostics(ls, {uri})
+
+
+def _applies_to(ls: ModelTraceServer, project_file: Path, model_file: str) -> bool:
+    """Whether `project_file` is the one a trace of `model_file` reads (`modelTrace.projectFile`, else the nearest
+    one walking up)."""
+    chosen = _explicit_project(ls) or find_project_file(Path(model_file))
+    return chosen is not None and chosen.resolve() == project_file
 
 
 def _workspace_folder_of(ls: ModelTraceServer, path: str) -> Path | None:

@@ -202,3 +202,28 @@ async def test_a_broken_project_file_or_recipe_is_shown_on_its_line_and_the_last
     assert traced["ok"], traced
     await wait_until(lambda: not client.diagnostics.get(recipe_uri))
     assert "[1,3,16]" in (await inlay_hints(client, uri))[hinted]
+
+
+async def test_a_project_file_broken_on_disk_is_shown_before_any_trace_reads_it(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    """Saving a broken project file beside a traced model shows it on its line at once; the trace stays."""
+    block = tmp_path / "tiny_block.py"
+    block.write_text(TINY_BLOCK)
+    uri = open_document(client, block)
+    assert (await execute(client, "modelTrace.trace", uri, "TinyBlock"))["ok"]
+    hinted = line_of(block, "hidden = torch.relu(")
+    before = (await inlay_hints(client, uri))[hinted]
+
+    project = tmp_path / "modeltrace.toml"
+    project_uri = from_fs_path(str(project))
+    project.write_text('atol = 1e-3\n\n[[model]]\nfile = "tiny_block.py"\nclas = "TinyBlock"\n')
+    _changed(client, project)
+    (diagnostic,) = await wait_until(lambda: client.diagnostics.get(project_uri))
+    assert diagnostic.range.start.line == 4 and "clas" in diagnostic.message, diagnostic
+    assert (await inlay_hints(client, uri))[hinted] == before
+
+    project.write_text('atol = 1e-3\n\n[[model]]\nfile = "tiny_block.py"\nclass = "TinyBlock"\n')
+    _changed(client, project)
+    await wait_until(lambda: not client.diagnostics.get(project_uri))
+    assert (await inlay_hints(client, uri))[hinted] == before

@@ -67,6 +67,19 @@ class Bug:
     unpaired_input: str = ""
 
 
+def _transformers_conversion(script: str, sha256: str) -> Source:
+    """transformers' conversion script for a vision pair (its weights are converted by the script's own
+    functions, `vision_common.upstream_definitions`): the wheel does not ship these scripts, so they are staged
+    from a mirrored snapshot of a transformers fork whose package is renamed `transformers_4573` (the functions
+    used do not import it)."""
+    return Source(
+        repo="feisenyu/transformers_4573",
+        commit="e9d73c31189a2235385bbaf4be9224d9d5c8a1fc",
+        license="LICENSE",
+        files=(SourceFile(f"src/transformers_4573/models/{script}", f"upstream/{script.split('/')[-1]}", sha256),),
+    )
+
+
 PAIRS: tuple[Pair, ...] = (
     Pair(
         name="gpt2",
@@ -143,6 +156,12 @@ PAIRS: tuple[Pair, ...] = (
         reference_module="transformers.models.convnext.modeling_convnext",
         reference_file="vendored/convnext.py",
         maps=(),
+        sources=(
+            _transformers_conversion(
+                "convnext/convert_convnext_to_pytorch.py",
+                "6303f75aee446b42836ff5db69b1cc8be27001c791f09750ff17406107d96911",
+            ),
+        ),
     ),
     Pair(
         name="swin",
@@ -151,6 +170,12 @@ PAIRS: tuple[Pair, ...] = (
         reference_module="transformers.models.swin.modeling_swin",
         reference_file="vendored/swin_transformer.py",
         maps=(),
+        sources=(
+            _transformers_conversion(
+                "swin/convert_swin_timm_to_pytorch.py",
+                "0f57d0796cb94ab0f3051bb530415c51df9f930b3cc2f27e22bb3d4521240b91",
+            ),
+        ),
     ),
     Pair(
         name="resnet",
@@ -159,6 +184,12 @@ PAIRS: tuple[Pair, ...] = (
         reference_module="transformers.models.resnet.modeling_resnet",
         reference_file="vendored/resnet.py",
         maps=(),
+        sources=(
+            _transformers_conversion(
+                "resnet/convert_resnet_to_pytorch.py",
+                "b2643d8029c53d814dc54d92a1d5c20f0cc80ffa0af98c02357df95fb979f375",
+            ),
+        ),
     ),
     Pair(
         name="clip",
@@ -167,6 +198,12 @@ PAIRS: tuple[Pair, ...] = (
         reference_module="transformers.models.clip.modeling_clip",
         reference_file="vendored/open_clip/transformer.py",
         maps=(),
+        sources=(
+            _transformers_conversion(
+                "clip/convert_clip_original_pytorch_to_hf.py",
+                "0a81a8afee54bcddd6251226118ad07c985ec04d773c505175095ed6249c9d3f",
+            ),
+        ),
     ),
     # independent: LLMs and speech
     Pair(

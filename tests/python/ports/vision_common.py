@@ -17,6 +17,7 @@ Like `corpus_common.py`, this file sits beside the pair folders, and the harness
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -24,6 +25,7 @@ import importlib.util
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 STUBBED = ("torchvision", "PIL")
@@ -107,3 +109,39 @@ def import_timm() -> None:
     """Import timm (its package `__init__` imports its data transforms, which import torchvision and PIL)."""
     with importing_without():
         import timm  # noqa: F401
+
+
+def upstream_definitions(script: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """The top-level functions and classes `names` of a transformers conversion script, by name.
+
+    The script is published code, not committed here: the corpus stages it from its mirror beside the pair's
+    files (`Pair.sources`, see ports/sources.py). It cannot be imported as a module (it imports the package it
+    was written in, a hub client and image libraries at its top, for the download and checks around the
+    conversion), so its own imports are run one by one, those that cannot be satisfied here skipped (the
+    functions used do not read them), and then just the named definitions, unchanged.
+    """
+    # NOTE: a module registered under its own name, as an import would: dataclasses look their class's module up
+    module = types.ModuleType(f"upstream_{script.stem}")
+    module.__file__ = str(script)
+    sys.modules[module.__name__] = module
+    namespace = module.__dict__
+    source = script.read_text()
+    tree = ast.parse(source, filename=str(script))
+    with importing_without():
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                try:
+                    exec(compile(ast.Module(body=[node], type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
+                except ImportError:
+                    continue
+    found = {
+        node.name: node
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
+    }
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise LookupError(f"{script}: no top-level definition of {', '.join(missing)}")
+    body = [found[name] for name in names]
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
+    return {name: namespace[name] for name in names}
