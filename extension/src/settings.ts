@@ -35,6 +35,8 @@ export interface ModelTraceSettings {
     /** Full tensors over this many MB keep their statistics only; the trace stores at most maxTraceMB in all. */
     maxTensorMB: number;
     maxTraceMB: number;
+    /** Full tensors a trace without a reference keeps (MB in all); 0: statistics only until a reference is set. */
+    fullTensorsMB: number;
     /** Full tensors waiting in memory for the trace's writer (MB); past it the forward waits for the disk. */
     tensorMemoryMB: number;
     /** Full-size config on the meta device: shapes and dtypes, no statistics. */
@@ -83,6 +85,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     timeout: 120,
     maxTensorMB: 1024,
     maxTraceMB: 8192,
+    fullTensorsMB: 256,
     tensorMemoryMB: 1024,
     shapeOnly: false,
     checkpoint: "",
@@ -135,6 +138,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const timeout: unknown = configuration.get("timeout");
     const maxTensorMB: unknown = configuration.get("maxTensorMB");
     const maxTraceMB: unknown = configuration.get("maxTraceMB");
+    const fullTensorsMB: unknown = configuration.get("fullTensorsMB");
     const tensorMemoryMB: unknown = configuration.get("tensorMemoryMB");
     const shapeOnly: unknown = configuration.get("shapeOnly");
     const checkpoint: unknown = configuration.get("checkpoint");
@@ -166,6 +170,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         timeout: typeof timeout === "number" && Number.isFinite(timeout) && timeout > 0 ? timeout : defaultSettings.timeout,
         maxTensorMB: megabytes(maxTensorMB, defaultSettings.maxTensorMB),
         maxTraceMB: megabytes(maxTraceMB, defaultSettings.maxTraceMB),
+        fullTensorsMB: megabytes(fullTensorsMB, defaultSettings.fullTensorsMB),
         tensorMemoryMB: megabytes(tensorMemoryMB, defaultSettings.tensorMemoryMB),
         shapeOnly: typeof shapeOnly === "boolean" ? shapeOnly : defaultSettings.shapeOnly,
         checkpoint: typeof checkpoint === "string" ? checkpoint.trim() : defaultSettings.checkpoint,

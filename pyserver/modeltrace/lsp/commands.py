@@ -224,6 +224,9 @@ def _request(
     full_tensors: bool = False,
 ) -> messages.TraceRequest:
     settings = ls.settings
+    # NOTE: with a reference (or to pin), full tensors make the diff compare every value, not only statistics;
+    # without one a trace keeps them within `fullTensorsMB`, so that pinning it needs no second trace
+    wanted = full_tensors or path in ls.references
     return messages.TraceRequest(
         file=path,
         out=str(trace_path_for(ls, path)),
@@ -236,12 +239,11 @@ def _request(
         recipe=sources.recipe,
         config=sources.config,
         device_map=settings.device_map,
-        # NOTE: with a reference, full tensors make the diff compare every value, not only statistics.
-        full_tensors=(full_tensors or path in ls.references) and not settings.shape_only,
+        full_tensors=(wanted or settings.full_tensors_mb > 0) and not settings.shape_only,
         # NOTE: the diff against that reference follows, and its replay runs on the model this trace keeps alive
         keep_for_replay=path in ls.references and settings.diff_replay and not settings.shape_only,
         max_tensor_mb=settings.max_tensor_mb,
-        max_trace_mb=settings.max_trace_mb,
+        max_trace_mb=settings.max_trace_mb if wanted else min(settings.max_trace_mb, settings.full_tensors_mb),
         tensor_memory_mb=settings.tensor_memory_mb,
         lines=settings.lines,
         # NOTE: a relative path is the workspace's; the traced file itself is captured already
@@ -695,8 +697,8 @@ def _why_not_retraced(ls: ModelTraceServer, loaded: DocumentTrace) -> str | None
 async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[str, Any]:
     """`modelTrace.pinReference [uri]`: keep the document's current trace as its reference.
 
-    A trace without full tensors (a plain trace keeps statistics only) is traced again with full tensors first
-    when it can be (trusted workspace, not shape-only), so that the reference compares every value; otherwise the
+    A trace without every full tensor (over the editor's `fullTensorsMB`, or taken with it 0) is traced again with
+    full tensors first when it can be (trusted workspace, not shape-only), so that the reference compares every value; otherwise the
     statistics are pinned and the answer (`tensors`, `message`) and the notification say so."""
     uri = arguments[0] if arguments else None
     path = ls.uri_to_path(uri) if isinstance(uri, str) else None
@@ -707,10 +709,11 @@ async def pin_reference_command(ls: ModelTraceServer, *arguments: Any) -> dict[s
         return _refuse(ls, f"ModelTrace: {Path(path).name} has no trace to pin; trace it first")
     retraced = False
     held, why = tensors_held(loaded)
-    blocked = _why_not_retraced(ls, loaded) if held == "statistics" else None
-    if held == "statistics" and blocked is not None:
-        why = blocked
-    elif held == "statistics":
+    # NOTE: a trace over the editor's budget (`fullTensorsMB`) holds some tensors: traced again within maxTraceMB
+    blocked = _why_not_retraced(ls, loaded) if held != "full" else None
+    if held != "full" and blocked is not None:
+        why = blocked if held == "statistics" else why
+    elif held != "full":
         session = ls.sessions.showing(path)
         request = session.last_request if session is not None else None
         result = await run_trace(

@@ -26,6 +26,9 @@ from modeltrace.worker.messages import (
 )
 from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB, DEFAULT_TENSOR_MEMORY_MB
 
+# the editor's budget of full tensors for a trace taken without a reference (`modelTrace.fullTensorsMB`)
+DEFAULT_EDITOR_FULL_TENSORS_MB = 256.0
+
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,9 @@ class Settings:
     # Full tensors kept by a trace (recorded while a reference is set): larger ones keep their statistics only.
     max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB
     max_trace_mb: float = DEFAULT_MAX_TRACE_MB
+    # NOTE: a trace taken without a reference keeps its tensors too, up to this many MB (the rest: statistics), so
+    # that pinning it gives a full reference without tracing again; 0 keeps statistics only until a reference is set
+    full_tensors_mb: float = DEFAULT_EDITOR_FULL_TENSORS_MB
     # Full tensors waiting in memory for the trace's writer; past it the forward waits for the disk.
     tensor_memory_mb: float = DEFAULT_TENSOR_MEMORY_MB
     trace_directory: Path = field(default_factory=default_trace_directory)
@@ -238,6 +244,7 @@ _SETTINGS = {
     "timeout": ("timeout", _seconds),
     "maxTensorMB": ("max_tensor_mb", _megabytes),
     "maxTraceMB": ("max_trace_mb", _megabytes),
+    "fullTensorsMB": ("full_tensors_mb", _megabytes),
     "tensorMemoryMB": ("tensor_memory_mb", _megabytes),
     "traceDirectory": ("trace_directory", _directory),
     "diffAtol": ("diff_atol", _tolerance),

@@ -209,7 +209,7 @@ def tensors_held(loaded: DocumentTrace) -> tuple[str, str | None]:
         return "statistics", "the trace kept no full tensors"
     skipped = loaded.trace.model.get("tensors_not_stored")
     if skipped:
-        return "partial", f"{skipped} tensor(s) were over modelTrace.maxTensorMB / modelTrace.maxTraceMB"
+        return "partial", f"{skipped} tensor(s) were over modelTrace.fullTensorsMB / maxTensorMB / maxTraceMB"
     return "full", None
 
 

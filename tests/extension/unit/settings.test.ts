@@ -24,6 +24,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.timeout", 30);
         vscodeFake.settings.set("modelTrace.maxTensorMB", 0.5);
         vscodeFake.settings.set("modelTrace.maxTraceMB", 0);
+        vscodeFake.settings.set("modelTrace.fullTensorsMB", 64);
         vscodeFake.settings.set("modelTrace.tensorMemoryMB", 256);
         vscodeFake.settings.set("modelTrace.shapeOnly", true);
         vscodeFake.settings.set("modelTrace.checkpoint", " /models/tiny-llama ");
@@ -57,6 +58,7 @@ describe("settings", () => {
                 timeout: 30,
                 maxTensorMB: 0.5,
                 maxTraceMB: 0,
+                fullTensorsMB: 64,
                 tensorMemoryMB: 256,
                 shapeOnly: true,
                 checkpoint: "/models/tiny-llama",

@@ -255,3 +255,8 @@ async def hover_text(client: LanguageClient, uri: str, line: int, character: int
     )
     assert hover is not None
     return hover.contents.value
+
+
+def configure(client: LanguageClient, values: dict) -> None:
+    """Change the server's `modelTrace` settings as the client does (`workspace/didChangeConfiguration`)."""
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": values}))

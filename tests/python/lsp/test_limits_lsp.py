@@ -13,16 +13,12 @@ from modeltrace.lsp.settings import Settings
 from modeltrace.trace.storage import read_trace
 from modeltrace.trace.tensors import SafetensorsFile
 
-from .support import REPOSITORY, copy_example, execute, line_of, open_document
+from .support import configure, REPOSITORY, copy_example, execute, line_of, open_document
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 REFERENCE = REPOSITORY / "examples" / "reference" / "tiny_llama.mtrace"
-
-
-def configure(client: LanguageClient, values: dict) -> None:
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": values}))
 
 
 async def test_max_tensor_mb_limits_what_a_reference_trace_stores(client: LanguageClient, tmp_path: Path) -> None:

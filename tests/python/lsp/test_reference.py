@@ -13,7 +13,7 @@ from pytest_lsp import LanguageClient
 
 from modeltrace.lsp.settings import Settings
 
-from .support import REPOSITORY, copy_example, execute, line_of, open_document, wait_until
+from .support import REPOSITORY, configure, copy_example, execute, line_of, open_document, wait_until
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -154,13 +154,10 @@ async def test_a_pinned_trace_is_the_reference_of_the_next_trace(client: Languag
 
     assert pinned["ok"] and pinned["diff"]["match"] is True
     assert pinned["reference"].endswith("-reference.mtrace") and Path(pinned["reference"], "trace.msgpack").is_file()
-    # A plain trace keeps statistics only: pinning traced the file again with full tensors and pinned those.
-    assert pinned["tensors"] == "full" and pinned["retraced"] is True, pinned
+    # The editor's trace kept its full tensors (within modelTrace.fullTensorsMB): pinned as they are, no new trace.
+    assert pinned["tensors"] == "full" and pinned["retraced"] is False, pinned
     assert Path(pinned["reference"], "tensors.safetensors").is_file()
-    assert pinned["message"] == (
-        "ModelTrace: pinned modeling_tiny_llama.py as its reference with full tensors "
-        "(traced again with full tensors to pin it)"
-    )
+    assert pinned["message"] == "ModelTrace: pinned modeling_tiny_llama.py as its reference with full tensors"
     assert client.messages[-1].message == pinned["message"]
     assert set((await wait_until(lambda: statuses_since(client, sent, uri))).values()) == {"match"}
     assert warnings(client, uri) == []
@@ -186,12 +183,35 @@ async def test_a_pinned_trace_is_the_reference_of_the_next_trace(client: Languag
     assert await wait_until(lambda: warnings(client, uri) == [])
 
 
+async def test_a_trace_over_the_editors_budget_is_traced_again_with_full_tensors_to_pin_it(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    modeling_file = copy_example(tmp_path)
+    uri = open_document(client, modeling_file)
+    try:
+        configure(client, {"fullTensorsMB": 0.001})  # MB: the example's hidden states alone are 1,792 bytes
+        assert (await execute(client, "modelTrace.trace", uri))["ok"]
+        pinned = await execute(client, "modelTrace.pinReference", uri)
+    finally:
+        configure(client, {"fullTensorsMB": Settings().full_tensors_mb})
+
+    assert pinned["ok"] and pinned["tensors"] == "full" and pinned["retraced"] is True, pinned
+    assert pinned["message"] == (
+        "ModelTrace: pinned modeling_tiny_llama.py as its reference with full tensors "
+        "(traced again with full tensors to pin it)"
+    )
+
+
 async def test_pinning_where_no_full_tensors_can_be_had_says_it_is_a_statistics_only_reference(
     client: LanguageClient, tmp_path: Path
 ) -> None:
     modeling_file = copy_example(tmp_path)
     uri = open_document(client, modeling_file)
-    assert (await execute(client, "modelTrace.trace", uri))["ok"]
+    try:
+        configure(client, {"fullTensorsMB": 0})  # statistics only until a reference is set
+        assert (await execute(client, "modelTrace.trace", uri))["ok"]
+    finally:
+        configure(client, {"fullTensorsMB": Settings().full_tensors_mb})
     # Untrusted, the file cannot be traced again with full tensors: what there is gets pinned, and said to be weaker.
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"modelTrace": {"workspaceTrusted": False}})

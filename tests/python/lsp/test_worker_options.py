@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from modeltrace.trace.storage import read_trace
 
-from .support import MLP_FORWARD, copy_example, execute, inject_into_mlp_forward, open_document
+from .support import configure, MLP_FORWARD, copy_example, execute, inject_into_mlp_forward, open_document
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -25,10 +24,6 @@ def scaled(hidden_states: torch.Tensor) -> torch.Tensor:
     doubled = hidden_states * 2.0
     return doubled / 2.0
 '''
-
-
-def configure(client: LanguageClient, values: dict) -> None:
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"modelTrace": values}))
 
 
 async def test_the_attention_setting_reaches_the_worker(client: LanguageClient, tmp_path: Path) -> None:
