@@ -94,3 +94,29 @@ def test_a_transpose_of_the_same_rank_is_not_a_regrid() -> None:
     # the same width over other positions (0.6), never the regrid score (0.9), in both forms of the score
     assert abs(pair_score(grid, swapped)[0] - _score_rows(_Codes([grid], [swapped]), slice(None))[0, 0]) < 1e-6
     assert pair_score(grid, swapped)[0] < pair_score(grid, grid)[0]
+
+
+def test_a_regrid_under_other_names_needs_values_that_agree() -> None:
+    """The merged corpora's gemma_pytorch case: the reference's rotary `cos` `[1, T, d]` and the port's zero-filled
+    `kv_cache` `[1, T, 1, d]` hold as many rows of one width, but their statistics refute that they hold the same
+    numbers; paired, the attention's inputs "differed" and the verdict climbed to the root. They are left out."""
+
+    def named(key: str, shape: list[int], mean: float, std: float) -> TensorSummary:
+        return TensorSummary(key=key, shape=shape, dtype="float32", mean=mean, std=std, min=mean - std, max=mean + std)
+
+    hidden = named("hidden_states", [1, 7, 64], 0.0, 1.0)
+    cos, cache = named("position_embeddings.0", [1, 7, 16], 0.6, 0.4), named("kv_cache.0", [1, 7, 1, 16], 0.0, 0.0)
+    pairing = pair_leaves([hidden, cos], [hidden, cache])
+    assert [(pair.reference.key, pair.candidate.key) for pair in pairing.pairs] == [("hidden_states", "hidden_states")]
+    assert sorted(item.key for item in pairing.left_out) == ["kv_cache.0", "position_embeddings.0"]
+    assert "statistics say other numbers" in pairing.left_out[0].reason
+    # the same regrid whose statistics agree pairs (a block's input under another name), and so do unnamed
+    # tensors (a single output against a tuple's first) whatever their values (a bug may sit in the block)
+    grid = named("x", [1, 4, 4, 8], 0.1, 1.0)
+    assert [pair.relation for pair in pair_leaves([named("hidden_states", [1, 16, 8], 0.1, 1.1)], [grid]).pairs] == [
+        BROADCAST
+    ]
+    assert [
+        pair.relation
+        for pair in pair_leaves([named("0", [1, 16, 8], 0.8, 8.0)], [named("", [1, 4, 4, 8], 0.1, 1.0)]).pairs
+    ] == [BROADCAST]

@@ -194,6 +194,34 @@ def _single_number_of_another_role(ref: TensorSummary, cand: TensorSummary) -> b
     return abs(ref.mean - cand.mean) > 1e-3 * max(abs(ref.mean), abs(cand.mean), 1e-12)
 
 
+def _regridded(reference: list[int], candidate: list[int]) -> bool:
+    """Whether two shapes relate only as the same rows in another grid (not equal, not broadcast)."""
+    rank = max(len(reference), len(candidate))
+    return len(reference) != len(candidate) and _padded(reference, rank) != _padded(candidate, rank)
+
+
+def _named(key: str) -> str:
+    """The last component of a key that names something (tuple and list positions name nothing)."""
+    return next((part for part in reversed(key.split(".")) if part and not part.isdigit()), "")
+
+
+def _regrid_of_another_role(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Two tensors under other names that hold the same rows only in another grid, whose statistics lie further
+    apart than either's scale: a regrid keeps the numbers, so such a pair is a guess by element count that the
+    values refute (the reference's rotary `cos` `[1, T, d]` against gemma_pytorch's zero-filled `kv_cache`
+    `[1, T, 1, d]`); both are left out with their reason. Tensors without names (a block's single output against
+    a tuple's first) and pairs whose statistics agree still pair (timm's Swin `[B, H, W, C]` blocks)."""
+    if not _regridded(list(ref.shape), list(cand.shape)):
+        return False
+    ref_name, cand_name = _named(ref.key), _named(cand.key)
+    if not ref_name or not cand_name or ref_name == cand_name:
+        return False
+    if ref.mean is None or cand.mean is None or ref.std is None or cand.std is None:
+        return False
+    distance = abs(ref.mean - cand.mean) + abs(ref.std - cand.std)
+    return distance >= max(abs(ref.std), abs(cand.std), abs(ref.mean), abs(cand.mean), 1e-12)
+
+
 def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairing:
     """Pair the tensors of one side of two aligned calls (see the module docstring)."""
     if in_order(refs, cands) and not any(_meanings_differ(ref, cand) for ref, cand in zip(refs, cands)):
@@ -208,6 +236,8 @@ def pair_leaves(refs: list[TensorSummary], cands: list[TensorSummary]) -> Pairin
             if relation == DIFFERENT:
                 continue
             if _single_number_of_another_role(ref, cand) or _meanings_differ(ref, cand):
+                continue
+            if _regrid_of_another_role(ref, cand):
                 continue
             score = _RELATION_SCORE[relation]
             if ref.key == cand.key:
@@ -272,6 +302,12 @@ def _why_left_out(leaf: TensorSummary, others: list[TensorSummary], other_side: 
         return (
             f"{meaning}, unlike the {other_side}'s {alike[0].key!r} of the same shape (attention weights of another "
             "meaning: scores before the softmax against probabilities after it)"
+        )
+    refuted = [other for other in others if dtype_kind(other.dtype) == kind and _regrid_of_another_role(leaf, other)]
+    if refuted:
+        return (
+            f"the {other_side}'s {refuted[0].key!r} holds as many rows in another grid under another name, but its "
+            "statistics say other numbers"
         )
     fitting = [
         other
