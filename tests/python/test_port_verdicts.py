@@ -60,8 +60,6 @@ KNOWN_WRONG: dict[str, str] = {
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
     "convnext-max_pooling": "blames the root (312-317): the pooling line sits in ConvNextModel, which timm has no "
     "counterpart of (its head pools in a module of its own)",
-    "swin-attention_scale": "right module, range 418-466 and construction 519: the setting `scaling` is found "
-    "(settings[].assigned_at is line 408) but no range, line or construction line names 408 (item 5)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
     "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
