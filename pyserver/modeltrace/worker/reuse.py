@@ -5,13 +5,19 @@ Reused: the model's source files, its config as JSON, its construction records (
 parameter fingerprints) and the reference to its parameters in the shared store. A tiny model's forward takes
 2 ms; these took 6-15 ms per capture before (resolving each module class's file, fingerprinting every weight).
 
-The change check (`ChangeCheck`) costs a few µs per module: the identity of every module and of every value in
-each module's attributes and in the config (the values themselves are kept alive by the check, so that an
-identity cannot be reused by a new object), each parameter's and buffer's identity, data pointer, shape and
-version counter (every in-place write bumps it: `load_state_dict`, an optimizer step, `copy_`), and the source
-files' modification time and size. Anything else changes the check and the facts are worked out again. What it
-cannot see: a list or dict attribute changed in place (`module.sizes.append(3)`) and a file rewritten within one
-timestamp tick with the same size.
+The change check (`ChangeCheck`) costs a few µs per module: the identity of every module, of each module's
+public attributes (name and value) and of its private ones that hold a plain value (a number, a string, a
+tuple, a dtype: what a setting or an `extra_repr` may be made of), of every value in the config (the values
+themselves are kept alive by the check, so that an identity cannot be reused by a new object), each
+parameter's and buffer's identity, data pointer, shape and version counter (every in-place write bumps it:
+`load_state_dict`, an optimizer step, `copy_`), and the source files' modification time and size. Anything else
+changes the check and the facts are worked out again. Private attributes holding a list, a dict or an object are
+left out: they are never settings, and tools that run the model store their per-call state there (transformers'
+model debugger replaces `_call_tree` and `_debugger_model_call_stack` at every call; nnsight adds
+`__nnsight__`), which made every capture after such a call work the facts out again (10-30 ms at medium).
+What it cannot see: a list or dict attribute changed in place (`module.sizes.append(3)`), a private list or
+dict reassigned that a custom `extra_repr` prints, and a file rewritten within one timestamp tick with the same
+size.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ class ModelFacts:
         return data
 
 
+# the types of a private attribute's value that the change check looks at (see the module docstring)
+_PLAIN_TYPES = frozenset({bool, int, float, str, type(None), tuple, torch.Size, torch.dtype})
+
 _FACTS: weakref.WeakKeyDictionary[nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
 
 
@@ -84,7 +93,11 @@ def _change_check(model: nn.Module, modules: list[nn.Module], files: list[str]) 
     for module in modules:
         if module is not model:  # NOTE: never the root itself: the weak cache entry would keep it alive
             alive.append(module)
-        alive.extend(module.__dict__.values())
+        for name, value in module.__dict__.items():
+            # NOTE: one type lookup per private attribute: the state other tools keep there is left out (docstring)
+            if not name.startswith("_") or type(value) in _PLAIN_TYPES:
+                alive.append(name)
+                alive.append(value)
         for tensor in (*module._parameters.values(), *module._buffers.values()):
             if tensor is None or tensors is None:
                 continue
