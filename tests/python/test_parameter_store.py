@@ -97,6 +97,22 @@ def test_a_setting_reassigned_between_captures_is_recorded(tmp_path: Path, store
     assert norm.settings["variance_epsilon"] == 0.125
 
 
+def test_other_tools_call_state_keeps_the_facts_and_a_private_scalar_does_not(tmp_path: Path, store: Path) -> None:
+    """Tools that run the model keep per-call state in private attributes (transformers' model debugger replaces
+    `_call_tree` and `_debugger_model_call_stack` at every call): the facts are reused across it, while a private
+    scalar an `extra_repr` may print, reassigned, makes them anew."""
+    from modeltrace.worker.reuse import model_facts
+
+    model = _model()
+    _capture(model, tmp_path / "first.mtrace")
+    facts = model_facts(model)
+    model._call_tree = {"module_path": "LlamaModel", "children": []}
+    model.layers[0]._debugger_model_call_stack = []
+    assert model_facts(model) is facts
+    model.norm._eps_scale = 0.5
+    assert model_facts(model) is not facts
+
+
 def test_no_parameters_stores_the_activations_only(tmp_path: Path, store: Path) -> None:
     trace_path = _capture(_model(), tmp_path / "bare.mtrace", parameters=False)
     trace = read_trace(trace_path)
