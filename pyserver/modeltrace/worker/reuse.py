@@ -27,9 +27,9 @@ import inspect
 import operator
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
