@@ -16,12 +16,13 @@ imports torch (the language server reads traces).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from modeltrace.errors import TraceFormatError
 from modeltrace.trace.records import Trace
+from modeltrace.trace.safetensors_header import read_header
 
 
 STORE_ENVIRONMENT = "MODELTRACE_PARAMETER_STORE"
@@ -99,25 +100,18 @@ MAX_STORE_HEADER_BYTES = 64 * 2**20
 
 def header_problem(path: Path) -> str | None:
     """What is wrong with a store file's safetensors header (sizes, JSON, each entry's offsets within the file),
-    None when nothing is. Read without numpy: the language server that only shows a trace never imports it
-    (`tests/python/lsp/test_without_numpy.py`); the diff reads the tensors through `trace/tensors.py`."""
+    None when nothing is. Read without numpy (`trace/safetensors_header.py`): the language server that only shows
+    a trace never imports it (`tests/python/lsp/test_without_numpy.py`); the diff reads the tensors through
+    `trace/tensors.py`."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                return f"truncated safetensors file ({size} bytes)"
-            header_size = int.from_bytes(head, "little")
-            if header_size > min(MAX_STORE_HEADER_BYTES, size - 8):
-                return f"corrupt or truncated safetensors file (header of {header_size} bytes in a file of {size})"
-            header = json.loads(handle.read(header_size))
+            header, data_start = read_header(handle, path, size, MAX_STORE_HEADER_BYTES)
     except OSError as error:
         return f"cannot be read ({(error.strerror or str(error)).lower()})"
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        return f"corrupt safetensors header ({type(error).__name__})"
-    if not isinstance(header, dict):
-        return "corrupt safetensors header (not a JSON object)"
-    data_size = size - 8 - header_size
+    except TraceFormatError as error:
+        return str(error).removeprefix(f"{path}: ")
+    data_size = size - data_start
     for name, entry in header.items():
         if name == "__metadata__":
             continue

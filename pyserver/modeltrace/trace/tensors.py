@@ -29,6 +29,7 @@ import numpy as np
 
 from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.records import Trace
+from modeltrace.trace.safetensors_header import read_header
 
 
 # safetensors dtype code -> (NumPy dtype or None for bfloat16, item size, ModelTrace/torch dtype name)
@@ -91,31 +92,14 @@ class SafetensorsFile:
         if not stat.S_ISREG(status.st_mode):
             raise TraceFormatError(f"{self.path}: not a regular file, refused as a tensor file")
         size = status.st_size
-        if size < 8:
-            raise TraceFormatError(f"{self.path}: truncated safetensors file ({size} bytes)")
         with open(self.path, "rb") as handle:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            if header_size > min(MAX_HEADER_BYTES, size - 8):
-                raise TraceFormatError(
-                    f"{self.path}: corrupt or truncated safetensors file (header of {header_size} bytes "
-                    f"in a file of {size})"
-                )
-            header_bytes = handle.read(header_size)
-            try:
-                header = json.loads(header_bytes)
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise TraceFormatError(f"{self.path}: corrupt safetensors header ({error})") from None
-            except RecursionError:
-                raise TraceFormatError(f"{self.path}: corrupt safetensors header (nested too deeply)") from None
-            self._data_start = 8 + header_size
+            header, self._data_start = read_header(handle, self.path, size, MAX_HEADER_BYTES)
             data_size = size - self._data_start
             self._parse_header(header, data_size)
             if data_size > 0:
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
 
-    def _parse_header(self, header: Any, data_size: int) -> None:
-        if not isinstance(header, dict):
-            raise TraceFormatError(f"{self.path}: corrupt safetensors header (not a JSON object)")
+    def _parse_header(self, header: dict[str, Any], data_size: int) -> None:
         for name, entry in header.items():
             if name == "__metadata__":
                 if isinstance(entry, dict):
