@@ -6,8 +6,10 @@ tensor within the memory budget, a tensor changed in place after capture is stor
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -68,13 +70,14 @@ def copied_tensors(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Te
 @pytest.fixture
 def slow_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer sleeps before each tensor: the forward outruns it."""
-    write = StreamingSafetensorsWriter.write
+    write_many = StreamingSafetensorsWriter.write_many
 
-    def throttled(self: StreamingSafetensorsWriter, *arguments: object) -> None:
-        time.sleep(0.02)
-        write(self, *arguments)
+    def throttled(self: StreamingSafetensorsWriter, tensors: Iterable[tuple]) -> None:
+        tensors = list(tensors)
+        time.sleep(0.02 * len(tensors))
+        write_many(self, tensors)
 
-    monkeypatch.setattr(StreamingSafetensorsWriter, "write", throttled)
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write_many", throttled)
 
 
 def test_a_slow_writer_stores_every_tensor_within_the_memory_budget(slow_writer: None, tmp_path: Path) -> None:
@@ -103,14 +106,14 @@ def test_a_slow_writer_stores_every_tensor_within_the_memory_budget(slow_writer:
 def held_writer(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """The writer writes nothing until the event is set (by the end of the model's forward): every captured
     tensor is still waiting in the queue when the forward changes it, however loaded the machine is."""
-    write = StreamingSafetensorsWriter.write
+    write_many = StreamingSafetensorsWriter.write_many
     gate = threading.Event()
 
-    def held(self: StreamingSafetensorsWriter, *arguments: object) -> None:
+    def held(self: StreamingSafetensorsWriter, tensors: Iterable[tuple]) -> None:
         assert gate.wait(timeout=60)
-        write(self, *arguments)
+        write_many(self, tensors)
 
-    monkeypatch.setattr(StreamingSafetensorsWriter, "write", held)
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write_many", held)
     return gate
 
 
@@ -178,23 +181,24 @@ def test_a_disk_full_mid_forward_leaves_no_folder_and_one_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     model, inputs = small_llama()
-    write = StreamingSafetensorsWriter.write
+    write_many = StreamingSafetensorsWriter.write_many
     calls = []
 
-    def filling(self: StreamingSafetensorsWriter, *arguments: object) -> None:
-        calls.append(1)
+    def filling(self: StreamingSafetensorsWriter, tensors: Iterable[tuple]) -> None:
+        tensors = list(tensors)
+        calls.extend(tensors)
         if len(calls) > 5:
             raise OSError(errno.ENOSPC, "No space left on device")
-        write(self, *arguments)
+        write_many(self, tensors)
 
-    monkeypatch.setattr(StreamingSafetensorsWriter, "write", filling)
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write_many", filling)
     out = tmp_path / "full.mtrace"
     with pytest.raises(ModelTraceError) as failure:
         with modeltrace.capture(model, out, full_tensors=True), torch.no_grad():
             model(inputs)
     assert "No space left on device" in str(failure.value) and str(tmp_path) in str(failure.value)
     assert list(tmp_path.iterdir()) == []  # neither the trace nor its temporary folder
-    monkeypatch.setattr(StreamingSafetensorsWriter, "write", write)
+    monkeypatch.setattr(StreamingSafetensorsWriter, "write_many", write_many)
     with modeltrace.capture(model, out, full_tensors=True), torch.no_grad():
         model(inputs)
     with load_reference(out) as loaded:
@@ -265,15 +269,34 @@ def test_a_cancelled_full_tensor_trace_leaves_nothing_and_the_next_one_works(tmp
         assert loaded.tensors is not None
 
 
-def test_streamed_shards_read_like_any_safetensors_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["one by one", "in one batch, written a few bytes per call"])
+def test_streamed_shards_read_like_any_safetensors_file(
+    how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     writer = StreamingSafetensorsWriter(tmp_path, first_header_bytes=512)
     tensors = {f"{index}/outputs/": torch.randn(index + 1, 3) for index in range(40)}
     tensors["bf16"] = torch.randn(5).to(torch.bfloat16)
     tensors["empty"] = torch.zeros(0, 4)
-    for name, tensor in tensors.items():
-        data = tensor.reshape(-1).view(torch.uint8).numpy()
-        code = {torch.float32: "F32", torch.bfloat16: "BF16"}[tensor.dtype]
-        writer.write(name, code, tensor.shape, memoryview(data))
+    items = [
+        (
+            name,
+            {torch.float32: "F32", torch.bfloat16: "BF16"}[tensor.dtype],
+            tensor.shape,
+            memoryview(tensor.reshape(-1).view(torch.uint8).numpy()),
+        )
+        for name, tensor in tensors.items()
+    ]
+    if how == "one by one":
+        for item in items:
+            writer.write(*item)
+    else:
+        writev = os.writev
+
+        def short_writev(descriptor: int, buffers: list) -> int:  # as a system may: less than asked
+            return writev(descriptor, [bytes(memoryview(buffers[0]).cast("B")[:7])])
+
+        monkeypatch.setattr(os, "writev", short_writev)
+        writer.write_many(items)  # crosses shard boundaries mid-batch
     writer.close()
     shards = shard_paths(tmp_path)
     assert len(shards) > 1 and shards[0].name == "tensors.safetensors"

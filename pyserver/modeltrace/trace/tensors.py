@@ -14,6 +14,7 @@ returns and what the diff compares.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
@@ -340,6 +341,10 @@ def file_size_checked(path: Path, limit: int, what: str) -> int:
 # 64 KB of spaces, a 1B model's few thousand tensors fit in the first two or three shards.
 FIRST_SHARD_HEADER_BYTES = 64 * 1024
 MAX_SHARD_HEADER_BYTES = 16 * 1024 * 1024
+try:
+    _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):  # a system that does not say
+    _IOV_MAX = 16
 
 
 def shard_name(index: int) -> str:
@@ -390,8 +395,14 @@ class StreamingSafetensorsWriter:
 
     def write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
         """Append one tensor: `data` its little-endian row-major bytes (any buffer: written without a copy)."""
+        self.write_many([(name, code, shape, data)])
+
+    def write_many(self, tensors: Iterable[tuple[str, str, Iterable[int], memoryview]]) -> None:
+        """Append tensors, each `(name, dtype code, shape, bytes)`, with one `os.writev` per shard they land in
+        (the writer thread of a stream hands the GIL back and forth with the forward once per call, not once
+        per tensor)."""
         try:
-            self._write(name, code, shape, data)
+            self._write_many(tensors)
         except OSError as error:
             raise self._write_error(error) from None
 
@@ -401,28 +412,49 @@ class StreamingSafetensorsWriter:
         reason = (error.strerror or str(error)).lower()
         return ModelTraceError(f"cannot write the trace's tensors into {self.folder.parent}: {reason}")
 
-    def _write(self, name: str, code: str, shape: Iterable[int], data: memoryview) -> None:
-        length = data.nbytes
-        entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
-        # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
-        size = len(json.dumps({name: entry}, separators=(",", ":"))) + 1
-        if self._descriptor is None or self._header_used + size > self._header_bytes:
-            if self._descriptor is not None:
-                self._close_shard()
-                self._header_bytes = min(self._header_bytes * 4, MAX_SHARD_HEADER_BYTES)
-            # NOTE: a name too long for any reservation would loop: it is a caller's bug, said as such
-            if size + 2 > self._header_bytes:
-                raise ValueError(f"tensor name {name[:80]!r}… is too long for a safetensors header")
-            self._open_shard()
-            entry["data_offsets"] = [0, length]
-        assert self._descriptor is not None
-        view = data.cast("B") if data.ndim != 1 or data.format != "B" else data
-        while view:
-            view = view[os.write(self._descriptor, view) :]
-        self._entries[name] = entry
-        self._header_used += size
-        self._offset += length
-        self.bytes_written += length
+    def _write_many(self, tensors: Iterable[tuple[str, str, Iterable[int], memoryview]]) -> None:
+        buffers: list[memoryview] = []  # of this shard, not written yet
+        for name, code, shape, data in tensors:
+            length = data.nbytes
+            entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
+            # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
+            size = len(json.dumps({name: entry}, separators=(",", ":"))) + 1
+            if self._descriptor is None or self._header_used + size > self._header_bytes:
+                if self._descriptor is not None:
+                    self._write_buffers(buffers)
+                    self._close_shard()
+                    self._header_bytes = min(self._header_bytes * 4, MAX_SHARD_HEADER_BYTES)
+                # NOTE: a name too long for any reservation would loop: it is a caller's bug, said as such
+                if size + 2 > self._header_bytes:
+                    raise ValueError(f"tensor name {name[:80]!r}… is too long for a safetensors header")
+                self._open_shard()
+                entry["data_offsets"] = [0, length]
+            if length:
+                buffers.append(data.cast("B") if data.ndim != 1 or data.format != "B" else data)
+            self._entries[name] = entry
+            self._header_used += size
+            self._offset += length
+            self.bytes_written += length
+        self._write_buffers(buffers)
+
+    def _write_buffers(self, buffers: list[memoryview]) -> None:
+        """Write `buffers` back to back at the shard's position (then empty the list), in as few calls as the
+        system allows (`os.writev` takes at most `SC_IOV_MAX` buffers and may write less than asked)."""
+        descriptor = self._descriptor
+        index = 0
+        while index < len(buffers):
+            assert descriptor is not None
+            batch = buffers[index : index + _IOV_MAX]
+            written = os.writev(descriptor, batch)
+            if not written:
+                raise OSError(errno.EIO, "the system wrote nothing")
+            for buffer in batch:
+                if written < buffer.nbytes:
+                    buffers[index] = buffer[written:]
+                    break
+                written -= buffer.nbytes
+                index += 1
+        buffers.clear()
 
     def _close_shard(self) -> None:
         descriptor, self._descriptor = self._descriptor, None

@@ -3,7 +3,11 @@
 `ModuleCapture(..., stream=TensorStream(...))` hands each tensor to keep to `TensorStream.put` instead of copying
 it: the queue holds the live tensor (no copy), and a writer thread writes its bytes into the safetensors shards
 of the trace's temporary folder (`StreamingSafetensorsWriter`) while the forward goes on; the write releases the
-GIL, so it hides behind torch's compute. Three things keep that correct and bounded:
+GIL, so it hides behind torch's compute. The writer runs no torch call and little Python: each tensor's bytes
+are located when it is queued, and the writer is woken per few megabytes queued (`WAKE_BYTES`), writing all of
+them with one `os.writev`; the forward's thread, which takes the GIL back after each of its kernels, otherwise
+waits for the writer's Python code once per tensor (that waiting was most of what streaming cost). Three things
+keep that correct and bounded:
 
 - Memory: the queue holds at most `memory_budget` bytes of tensors not yet written (tensors the forward would
   otherwise have freed by then); a `put` that would go past it waits for the writer (back-pressure), so a
@@ -23,6 +27,7 @@ Device tensors are copied to the CPU when captured (that copy has to happen anyw
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import deque
@@ -57,6 +62,9 @@ class _Entry:
     size: int
     version: int  # at capture; -1: no version counter (an inference tensor), or a private copy
     storage: int  # the address of its storage, 0 for a private copy (nothing else can change it)
+    code: str  # its safetensors dtype
+    data: memoryview | None  # its bytes, in place (a contiguous tensor); None: the writer makes it contiguous
+    writing: bool = False  # taken by the writer
     written: bool = False
 
 
@@ -88,8 +96,10 @@ class TensorStream:
         self.error: BaseException | None = None
         self._queue: deque[_Entry] = deque()
         self._by_storage: dict[int, list[_Entry]] = {}
-        self._writing: _Entry | None = None
         self._closing = False
+        self._ready = False
+        self._unsignalled = 0  # bytes queued since the writer was last woken
+        self._wake_bytes = max(1, min(WAKE_BYTES, self.memory_budget // 4))
         self._condition = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="modeltrace-tensor-writer", daemon=True)
         self._thread.start()
@@ -115,11 +125,13 @@ class TensorStream:
             version = -1
         elif size:
             storage = tensor.untyped_storage().data_ptr()
-        entry = _Entry(name, tensor, summary, size, version, storage)
+        entry = _Entry(name, tensor, summary, size, version, storage, code, _bytes_of(tensor, size))
         condition = self._condition
         with condition:
             if self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
                 waited = time.perf_counter()
+                self._ready = True  # NOTE: whatever is queued goes now, to make room
+                condition.notify_all()
                 while self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
                     condition.wait()
                 self.waited_seconds += time.perf_counter() - waited
@@ -130,7 +142,11 @@ class TensorStream:
             self._queue.append(entry)
             if storage:
                 self._by_storage.setdefault(storage, []).append(entry)
-            condition.notify_all()
+            self._unsignalled += size
+            if self._unsignalled >= self._wake_bytes:
+                self._unsignalled = 0
+                self._ready = True
+                condition.notify_all()
         return True
 
     def protect(self, target: Any) -> None:
@@ -148,10 +164,11 @@ class TensorStream:
             if not entries:
                 return
             for entry in entries:
-                while self._writing is entry and not entry.written:
+                while entry.writing and not entry.written:
                     condition.wait()
                 if not entry.written:
                     entry.tensor = entry.tensor.clone(memory_format=torch.contiguous_format)
+                    entry.data = _bytes_of(entry.tensor, entry.size)
                     entry.version, entry.storage = -1, 0
                     self.copies += 1
 
@@ -199,43 +216,55 @@ class TensorStream:
         self.queued_bytes = 0
 
     def _run(self) -> None:
+        # NOTE: the writer takes every tensor queued when it wakes (put wakes it per `WAKE_BYTES` queued, not per
+        # tensor) and writes them with one `os.writev`: the forward's thread, which takes the GIL back after
+        # each of its kernels, finds it held by the writer's Python code a few times per trace, not per tensor.
         condition = self._condition
         while True:
             with condition:
-                while not self._queue and not self._closing:
+                while not (self._queue and self._ready) and not self._closing:
                     condition.wait()
                 if not self._queue:
                     return
-                entry = self._queue.popleft()
-                if entry.version >= 0 and _version(entry.tensor) != entry.version:
-                    self._forget(
-                        entry,
-                        "changed in place before it was written, by an operation ModelTrace "
-                        "cannot see; its statistics are from before the change",
-                    )
-                    continue
-                self._writing = entry
-                tensor = entry.tensor
+                batch: list[_Entry] = []
+                while self._queue:
+                    entry = self._queue.popleft()
+                    if entry.version >= 0 and _version(entry.tensor) != entry.version:
+                        self._forget(
+                            entry,
+                            "changed in place before it was written, by an operation ModelTrace "
+                            "cannot see; its statistics are from before the change",
+                        )
+                        continue
+                    entry.writing = True
+                    batch.append(entry)
+                self._ready = False
+                tensors = [entry.tensor for entry in batch]
             try:
-                self._write(entry.name, tensor)
+                self.files.write_many(
+                    (entry.name, entry.code, tensor.shape, _bytes_of(tensor.contiguous(), entry.size))
+                    if entry.data is None
+                    else (entry.name, entry.code, tensor.shape, entry.data)
+                    for entry, tensor in zip(batch, tensors)
+                )
             except BaseException as error:  # noqa: BLE001 - handed to the capturing thread, raised there
                 with condition:
                     self.error = error
-                    self._writing = None
-                    entry.written = True
+                    for entry in batch:
+                        entry.written = True
                     self._drop_queue()
                     condition.notify_all()
                 return
             with condition:
-                if entry.version >= 0 and _version(tensor) != entry.version:
-                    self.stale.append(
-                        (
-                            entry.summary,
-                            "changed in place while it was being written, by an operation ModelTrace cannot see",
+                for entry, tensor in zip(batch, tensors):
+                    if entry.version >= 0 and _version(tensor) != entry.version:
+                        self.stale.append(
+                            (
+                                entry.summary,
+                                "changed in place while it was being written, by an operation ModelTrace cannot see",
+                            )
                         )
-                    )
-                self._writing = None
-                self._forget(entry, None)
+                    self._forget(entry, None)
 
     def _forget(self, entry: _Entry, stale_reason: str | None) -> None:
         """Done with `entry` (the condition's lock held): written, or not to be."""
@@ -249,19 +278,36 @@ class TensorStream:
                     siblings.remove(entry)
                 if not siblings:
                     del self._by_storage[entry.storage]
-        entry.tensor = _RELEASED
+        entry.tensor, entry.data = _RELEASED, None
         self.queued_bytes -= entry.size
         self._condition.notify_all()
 
-    def _write(self, name: str, tensor: torch.Tensor) -> None:
-        # NOTE: `contiguous` (a copy for a strided view, made here, off the forward's thread) then the bytes as a
-        # flat uint8 view: the write goes from the tensor's own memory, without a copy.
-        flat = tensor.contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy() if flat.numel() else memoryview(b"")
-        self.files.write(name, safetensors_code(tensor.dtype) or "", tensor.shape, memoryview(data))
+
+def _bytes_of(tensor: torch.Tensor, size: int) -> memoryview | None:
+    """The `size` bytes of a contiguous CPU `tensor`, in place (no copy: valid while the tensor is), or None
+    for a strided one.
+
+    NOTE: made on the capturing thread when a tensor is queued, from its address (a few attribute reads), so that
+    the writer thread runs no torch call: each one hands the GIL back and forth with the forward's thread, which
+    then waits for the writer's Python code between its own kernels (measured: most of what streaming cost)."""
+    if not size:
+        return memoryview(b"")
+    if not tensor.is_contiguous():
+        return None
+    return _memory_view(tensor.data_ptr(), size, _PYBUF_READ)
+
+
+# NOTE: CPython's C API (stable since 3.3): a read-only byte memoryview over memory the caller keeps alive
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_memory_view.restype = ctypes.py_object
+_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_READ = 0x100
 
 
 _RELEASED = torch.empty(0)
+# the writer is woken once this much is queued (or a quarter of the memory budget, if less), at `finish`, and when
+# the queue is full; written in one go: a few wake-ups per trace, each one `os.writev`
+WAKE_BYTES = 4 << 20
 
 
 # Dunder methods that change their tensor in place (`x += y`, `x[i] = v`); every other in-place torch call ends
