@@ -177,6 +177,63 @@ def test_a_damaged_store_file_is_named_and_breaks_no_other_trace(tmp_path: Path,
         assert "parameters/norm.weight" in rewritten
 
 
+@pytest.fixture
+def hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the weights' SHA-256 digests worked out (`compute_digest`), each call's tensor count."""
+    from modeltrace.worker import parameter_store
+
+    computed: list[int] = []
+    compute = parameter_store.compute_digest
+
+    def counting(tensors: list) -> str:
+        computed.append(len(tensors))
+        return compute(tensors)
+
+    monkeypatch.setattr(parameter_store, "compute_digest", counting)
+    return computed
+
+
+def test_a_fresh_model_with_stored_weights_is_matched_not_hashed(
+    tmp_path: Path, store: Path, hashes: list[int]
+) -> None:
+    """The worker builds a fresh model per trace: one with the weights of a store file (same recipe, same seed)
+    is compared with that file and takes its name; other weights (another seed, one value changed past the
+    first 4 KB of a tensor, where the quick pass does not look) are hashed and stored anew."""
+    first = read_trace(_capture(_model(), tmp_path / "first.mtrace"))
+    assert len(hashes) == 1
+    again = read_trace(_capture(_model(), tmp_path / "again.mtrace"))  # another object, the same weights
+    assert len(hashes) == 1 and again.model["parameters"] == first.model["parameters"]
+
+    torch.manual_seed(1)
+    reseeded = LlamaModel(_model().config).eval()
+    other_seed = read_trace(_capture(reseeded, tmp_path / "seed1.mtrace"))
+    edited = _model()
+    with torch.no_grad():
+        edited.embed_tokens.weight[-1, -1] += 1  # the last value of the largest tensor
+    one_value = read_trace(_capture(edited, tmp_path / "edited.mtrace"))
+    assert len(hashes) == 3
+    files = {trace.model["parameters"]["file"] for trace in (first, other_seed, one_value)}
+    assert len(files) == 3 and sorted(files) == sorted(path.name for path in store.iterdir())
+
+
+def test_a_store_file_damaged_behind_its_header_is_written_again(
+    tmp_path: Path, store: Path, hashes: list[int]
+) -> None:
+    first = read_trace(_capture(_model(), tmp_path / "first.mtrace"))
+    path = parameters_file(first)
+    damaged = bytearray(path.read_bytes())
+    damaged[-8:] = b"\xff" * 8  # the last bytes of the data: the header still says the right tensors
+    path.write_bytes(bytes(damaged))
+
+    again = read_trace(_capture(_model(), tmp_path / "again.mtrace"))
+    assert len(hashes) == 2  # compared, found to differ, hashed: the same digest
+    assert again.model["parameters"]["file"] == path.name
+    with load_reference(tmp_path / "again.mtrace") as loaded:
+        weight = loaded.tensors.get("parameters/norm.weight")
+        assert torch.equal(torch.from_numpy(weight.copy()), _model().norm.weight)
+    assert path.read_bytes() != bytes(damaged)
+
+
 def test_the_worker_stores_parameters_once_and_leaves_them_out_on_request(
     tmp_path: Path, worker: WorkerClient
 ) -> None:
@@ -201,3 +258,10 @@ def test_the_worker_stores_parameters_once_and_leaves_them_out_on_request(
     assert first.model["parameters"]["tensors"] == 4
     assert "parameters" not in bare.model and bare.model["options"]["parameters"] is False
     assert not any(name.startswith("parameters/") for name in _stored_names(tmp_path / "a.mtrace"))
+    # the recipe's seed changed: the fresh model's other weights are hashed and stored anew, not matched
+    recipe.write_text(recipe.read_text().replace("manual_seed(0)", "manual_seed(1)"))
+    request = TraceRequest(file=str(recipe), recipe=str(recipe), out=str(tmp_path / "seed1.mtrace"), full_tensors=True)
+    reseeded = read_trace(worker.trace(request).trace)
+    assert reseeded.model["parameters"]["file"] != first.model["parameters"]["file"]
+    with load_reference(tmp_path / "seed1.mtrace") as loaded:
+        assert loaded.notes == [] and "parameters/0.weight" in loaded.tensors

@@ -20,10 +20,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from modeltrace.trace.parameter_store import STORE_SUFFIX, default_store, open_parameters
+from modeltrace.errors import TraceFormatError
+from modeltrace.trace.parameter_store import MAX_STORE_HEADER_BYTES, STORE_SUFFIX, default_store, open_parameters
+from modeltrace.trace.safetensors_header import read_header
 from modeltrace.trace.records import ModuleBuild
 from modeltrace.trace.tensors import write_safetensors
 from modeltrace.worker.stats import without_storage
@@ -35,6 +38,12 @@ DIGEST_NAME = "sha256"
 _DIGESTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 # store files checked to be whole, by (path, size, mtime): checked again only when they change
 _VERIFIED: set[tuple[str, int, int]] = set()
+# store files whose bytes differed from the model compared with them: rewritten if the digest says they are its
+_DIFFERING: set[str] = set()
+# NOTE: bounds on `_matching_digest`: the store files whose header it reads, those it compares, the bytes per read
+MAX_HEADERS_READ = 64
+MAX_FILES_COMPARED = 4
+COMPARE_CHUNK_BYTES = 8 << 20
 
 
 def stored_tensors(model: nn.Module, max_tensor_bytes: int | None) -> tuple[list[tuple[str, torch.Tensor]], dict]:
@@ -89,16 +98,105 @@ def compute_digest(tensors: list[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
-def model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """`compute_digest`, reused while the model's stored tensors are unchanged (see the module docstring)."""
+def model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]], folder: Path | None = None) -> str:
+    """`compute_digest`, reused while the model's stored tensors are unchanged, or read from the name of the store
+    file in `folder` that holds exactly them (see the module docstring)."""
     key = _version_key(tensors)
     cached = _DIGESTS.get(model)
     if key is not None and cached is not None and cached[0] == key:
         return cached[1]
-    digest = compute_digest(tensors)
+    digest = _matching_digest(folder, tensors) if folder is not None and tensors else None
+    if digest is None:
+        digest = compute_digest(tensors)
     if key is not None:
         _DIGESTS[model] = (key, digest)
     return digest
+
+
+def _matching_digest(folder: Path, tensors: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The digest of a store file in `folder` that holds exactly `tensors` (the same names, dtypes, shapes and
+    bytes), among the newest ones whose header lists them; None when none does. Files that list them but hold
+    other bytes are noted in `_DIFFERING`. Anything unreadable counts as no match: never an error."""
+    layout = {name: (safetensors_code(tensor.dtype), list(tensor.shape), _nbytes(tensor)) for name, tensor in tensors}
+    try:
+        with os.scandir(folder) as listing:
+            files = [
+                (entry.stat().st_mtime_ns, entry.path)
+                for entry in listing
+                if entry.name.endswith(STORE_SUFFIX) and entry.name[: -len(STORE_SUFFIX)].isalnum()
+            ]
+    except OSError:
+        return None
+    compared = 0
+    for _, path in sorted(files, reverse=True)[:MAX_HEADERS_READ]:
+        if compared >= MAX_FILES_COMPARED:
+            break
+        try:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                header, data_start = read_header(handle, Path(path), size, MAX_STORE_HEADER_BYTES)
+                offsets = _offsets_if_same_layout(header, layout, size - data_start)
+                if offsets is None:
+                    continue
+                compared += 1
+                if _same_bytes(handle.fileno(), data_start, offsets, tensors):
+                    return Path(path).name.removesuffix(STORE_SUFFIX)
+        except (OSError, TraceFormatError):
+            continue
+        _DIFFERING.add(path)
+    return None
+
+
+def _offsets_if_same_layout(header: dict, layout: dict[str, tuple], data_size: int) -> dict[str, int] | None:
+    """Where each tensor of `layout` starts in the file's data, when the header lists exactly those tensors with
+    their dtypes and shapes, each entry's bytes inside the data and of its size; else None."""
+    if len(header) - ("__metadata__" in header) != len(layout):
+        return None
+    starts: dict[str, int] = {}
+    for name, (code, shape, nbytes) in layout.items():
+        entry = header.get(name)
+        if not isinstance(entry, dict) or entry.get("dtype") != code or entry.get("shape") != shape:
+            return None
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(value) is int for value in offsets)):
+            return None
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_size or end - begin != nbytes:
+            return None
+        starts[name] = begin
+    return starts
+
+
+def _same_bytes(descriptor: int, data_start: int, starts: dict[str, int], tensors: list) -> bool:
+    """Whether the file's bytes at `starts` equal each tensor's: the first 4 KB of every tensor first (other
+    weights differ there: a mismatch costs a few small reads), then all of them, a chunk at a time (a tensor
+    off the CPU is copied to it one at a time, as for hashing)."""
+    buffer = bytearray(min(COMPARE_CHUNK_BYTES, max(_nbytes(tensor) for _, tensor in tensors)))
+    with torch.no_grad():
+        for first_pass in (True, False):
+            for name, tensor in tensors:
+                if first_pass:
+                    tensor = tensor.detach().reshape(-1)[: max(1, 4096 // tensor.element_size())]
+                raw = _raw(tensor)
+                for offset in range(0, raw.nbytes, len(buffer)):
+                    count = min(len(buffer), raw.nbytes - offset)
+                    chunk = memoryview(buffer)[:count]
+                    if os.preadv(descriptor, [chunk], data_start + starts[name] + offset) != count:
+                        return False
+                    if not _equal(chunk, raw[offset : offset + count]):
+                        return False
+    return True
+
+
+def _equal(first: memoryview, second: memoryview) -> bool:
+    # NOTE: compared as 8-byte words where the length allows (NumPy releases the GIL over the loop)
+    width = 8 if first.nbytes % 8 == 0 else 1
+    dtype = np.int64 if width == 8 else np.uint8
+    return bool(np.array_equal(np.frombuffer(first, dtype=dtype), np.frombuffer(second, dtype=dtype)))
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 class BeforeTheForward:
@@ -127,7 +225,8 @@ class BeforeTheForward:
             self._recorded.set()
         if self._max_tensor_mb is not None:
             try:
-                model_digest(self._model, stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0])
+                tensors = stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0]
+                model_digest(self._model, tensors, default_store())
             except Exception:  # noqa: BLE001 - `store_parameters` hashes again and reports what fails
                 pass
         self._finished.set()
@@ -152,11 +251,13 @@ def store_parameters(
     (read-only, full) leaves the parameters unstored, each record saying why, and the trace is written anyway."""
     tensors, too_large = stored_tensors(model, max_tensor_bytes)
     folder = Path(store) if store is not None else default_store()
-    digest = model_digest(model, tensors)
+    digest = model_digest(model, tensors, folder)
     path = folder / f"{digest}{STORE_SUFFIX}"
     try:
-        if not _is_whole(path, tensors):
+        # NOTE: a file found holding other bytes than the weights its name says: damaged, written again
+        if str(path) in _DIFFERING or not _is_whole(path, tensors):
             _write(path, tensors)
+            _DIFFERING.discard(str(path))
     except OSError as error:
         reason = f"cannot write the parameter store {path}: {(error.strerror or str(error)).lower()}"
         _mark(builds, {}, dict.fromkeys((name.removeprefix("parameters/") for name, _ in tensors), reason))
