@@ -102,8 +102,9 @@ class TensorStream:
         self._unsignalled = 0  # bytes queued since the writer was last woken
         self._wake_bytes = max(1, min(WAKE_BYTES, self.memory_budget // 4))
         self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="modeltrace-tensor-writer", daemon=True)
-        self._thread.start()
+        # NOTE: started at the first wake-up: a trace under `WAKE_BYTES` is written by `finish`, on the caller's
+        # thread, with no thread started or woken (at the tiny size, those hand-offs cost more than the forward)
+        self._thread: threading.Thread | None = None
         self.guard = _InPlaceGuard(self)
 
     # -- the capturing thread ------------------------------------------------------------------------------
@@ -131,8 +132,7 @@ class TensorStream:
         with condition:
             if self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
                 waited = time.perf_counter()
-                self._ready = True  # NOTE: whatever is queued goes now, to make room
-                condition.notify_all()
+                self._wake()  # NOTE: whatever is queued goes now, to make room
                 while self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
                     condition.wait()
                 self.waited_seconds += time.perf_counter() - waited
@@ -145,10 +145,17 @@ class TensorStream:
                 self._by_storage.setdefault(storage, []).append(entry)
             self._unsignalled += size
             if self._unsignalled >= self._wake_bytes:
-                self._unsignalled = 0
-                self._ready = True
-                condition.notify_all()
+                self._wake()
         return True
+
+    def _wake(self) -> None:
+        """Have the writer take what is queued (the condition's lock held), starting it the first time."""
+        self._unsignalled = 0
+        self._ready = True
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="modeltrace-tensor-writer", daemon=True)
+            self._thread.start()
+        self._condition.notify_all()
 
     def protect(self, target: Any) -> None:
         """Called before an in-place change of `target`: a queued tensor over the same storage is copied first
@@ -178,7 +185,11 @@ class TensorStream:
         with self._condition:
             self._closing = True
             self._condition.notify_all()
-        self._thread.join()
+            batch = self._take_batch() if self._thread is None and self._queue else []
+        if batch:
+            self._write_batch(batch)
+        if self._thread is not None:
+            self._thread.join()
         if self.error is not None:
             self.files.abort()
             raise self._failure()
@@ -196,7 +207,8 @@ class TensorStream:
                 self.error = ModelTraceError("the trace was stopped")
             self._drop_queue()
             self._condition.notify_all()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self.files.abort()
 
     def _failure(self) -> ModelTraceError:
@@ -227,45 +239,57 @@ class TensorStream:
                     condition.wait()
                 if not self._queue:
                     return
-                batch: list[_Entry] = []
-                while self._queue:
-                    entry = self._queue.popleft()
-                    if entry.version >= 0 and _version(entry.tensor) != entry.version:
-                        self._forget(
-                            entry,
-                            "changed in place before it was written, by an operation ModelTrace "
-                            "cannot see; its statistics are from before the change",
-                        )
-                        continue
-                    entry.writing = True
-                    batch.append(entry)
-                self._ready = False
-                tensors = [entry.tensor for entry in batch]
-            try:
-                self.files.write_many(
-                    (entry.name, entry.code, tensor.shape, _bytes_of(tensor.contiguous(), entry.size))
-                    if entry.data is None
-                    else (entry.name, entry.code, tensor.shape, entry.data)
-                    for entry, tensor in zip(batch, tensors)
-                )
-            except BaseException as error:  # noqa: BLE001 - handed to the capturing thread, raised there
-                with condition:
-                    self.error = error
-                    for entry in batch:
-                        entry.written = True
-                    self._drop_queue()
-                    condition.notify_all()
+                batch = self._take_batch()
+            if not self._write_batch(batch):
                 return
+
+    def _take_batch(self) -> list[_Entry]:
+        """Everything queued, less what changed unseen since (the condition's lock held)."""
+        batch: list[_Entry] = []
+        while self._queue:
+            entry = self._queue.popleft()
+            if entry.version >= 0 and _version(entry.tensor) != entry.version:
+                self._forget(
+                    entry,
+                    "changed in place before it was written, by an operation ModelTrace "
+                    "cannot see; its statistics are from before the change",
+                )
+                continue
+            entry.writing = True
+            batch.append(entry)
+        self._ready = False
+        return batch
+
+    def _write_batch(self, batch: list[_Entry]) -> bool:
+        """Write `batch` (taken by `_take_batch`); False after an error, which stops the stream."""
+        condition = self._condition
+        tensors = [entry.tensor for entry in batch]
+        try:
+            self.files.write_many(
+                (entry.name, entry.code, tensor.shape, _bytes_of(tensor.contiguous(), entry.size))
+                if entry.data is None
+                else (entry.name, entry.code, tensor.shape, entry.data)
+                for entry, tensor in zip(batch, tensors)
+            )
+        except BaseException as error:  # noqa: BLE001 - handed to the capturing thread, raised there
             with condition:
-                for entry, tensor in zip(batch, tensors):
-                    if entry.version >= 0 and _version(tensor) != entry.version:
-                        self.stale.append(
-                            (
-                                entry.summary,
-                                "changed in place while it was being written, by an operation ModelTrace cannot see",
-                            )
+                self.error = error
+                for entry in batch:
+                    entry.written = True
+                self._drop_queue()
+                condition.notify_all()
+            return False
+        with condition:
+            for entry, tensor in zip(batch, tensors):
+                if entry.version >= 0 and _version(tensor) != entry.version:
+                    self.stale.append(
+                        (
+                            entry.summary,
+                            "changed in place while it was being written, by an operation ModelTrace cannot see",
                         )
-                    self._forget(entry, None)
+                    )
+                self._forget(entry, None)
+        return True
 
     def _forget(self, entry: _Entry, stale_reason: str | None) -> None:
         """Done with `entry` (the condition's lock held): written, or not to be."""
