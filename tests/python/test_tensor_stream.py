@@ -277,6 +277,7 @@ def test_streamed_shards_read_like_any_safetensors_file(
     tensors = {f"{index}/outputs/": torch.randn(index + 1, 3) for index in range(40)}
     tensors["bf16"] = torch.randn(5).to(torch.bfloat16)
     tensors["empty"] = torch.zeros(0, 4)
+    tensors['ünïcode "quoted"\\'] = torch.randn(2)  # escaped in the header: its reserved size must hold
     items = [
         (
             name,

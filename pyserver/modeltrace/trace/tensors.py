@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import json.encoder
 import math
 import mmap
 import os
@@ -341,6 +342,10 @@ def file_size_checked(path: Path, limit: int, what: str) -> int:
 # 64 KB of spaces, a 1B model's few thousand tensors fit in the first two or three shards.
 FIRST_SHARD_HEADER_BYTES = 64 * 1024
 MAX_SHARD_HEADER_BYTES = 16 * 1024 * 1024
+# the characters of a header entry besides its name, dtype, shape and offsets: `:{"dtype":,"shape":[],
+# "data_offsets":[,]}` and the comma before the next entry
+_ENTRY_FRAME = len(':{"dtype":,"shape":[],"data_offsets":[,]}') + 1
+_quoted = json.encoder.encode_basestring_ascii  # what `json.dumps` writes for a string (ensure_ascii)
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (AttributeError, ValueError, OSError):  # a system that does not say
@@ -416,9 +421,18 @@ class StreamingSafetensorsWriter:
         buffers: list[memoryview] = []  # of this shard, not written yet
         for name, code, shape, data in tensors:
             length = data.nbytes
-            entry = {"dtype": code, "shape": list(shape), "data_offsets": [self._offset, self._offset + length]}
-            # NOTE: a generous bound on the entry's encoded size (offsets can only grow by the time of `close`)
-            size = len(json.dumps({name: entry}, separators=(",", ":"))) + 1
+            shape = list(shape)
+            entry = {"dtype": code, "shape": shape, "data_offsets": [self._offset, self._offset + length]}
+            # NOTE: the entry's size in the header `close` writes (`json.dumps` with these separators), plus its
+            # comma; spelled out, as `json.dumps` per tensor cost more than a tiny model's layer
+            size = (
+                len(_quoted(name))
+                + len(_quoted(code))
+                + len(",".join(map(str, shape)))
+                + len(str(self._offset))
+                + len(str(self._offset + length))
+                + _ENTRY_FRAME
+            )
             if self._descriptor is None or self._header_used + size > self._header_bytes:
                 if self._descriptor is not None:
                     self._write_buffers(buffers)
