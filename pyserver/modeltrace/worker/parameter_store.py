@@ -13,6 +13,7 @@ hashes the weights on a second thread while the worker's forward runs (its fresh
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 import uuid
@@ -40,10 +41,9 @@ _DIGESTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str]] = weakref.Weak
 _VERIFIED: set[tuple[str, int, int]] = set()
 # store files whose bytes differed from the model compared with them: rewritten if the digest says they are its
 _DIFFERING: set[str] = set()
-# NOTE: bounds on `_matching_digest`: the store files whose header it reads, those it compares, the bytes per read
+# NOTE: bounds on `_matching_digest`: the store files whose header it reads, those it compares
 MAX_HEADERS_READ = 64
 MAX_FILES_COMPARED = 4
-COMPARE_CHUNK_BYTES = 8 << 20
 
 
 def stored_tensors(model: nn.Module, max_tensor_bytes: int | None) -> tuple[list[tuple[str, torch.Tensor]], dict]:
@@ -141,7 +141,7 @@ def _matching_digest(folder: Path, tensors: list[tuple[str, torch.Tensor]]) -> s
                 compared += 1
                 if _same_bytes(handle.fileno(), data_start, offsets, tensors):
                     return Path(path).name.removesuffix(STORE_SUFFIX)
-        except (OSError, TraceFormatError):
+        except (OSError, ValueError, BufferError, TraceFormatError):  # unreadable, empty, changed meanwhile
             continue
         _DIFFERING.add(path)
     return None
@@ -169,23 +169,27 @@ def _offsets_if_same_layout(header: dict, layout: dict[str, tuple], data_size: i
 
 def _same_bytes(descriptor: int, data_start: int, starts: dict[str, int], tensors: list) -> bool:
     """Whether the file's bytes at `starts` equal each tensor's: the first 4 KB of every tensor first (other
-    weights differ there: a mismatch costs a few small reads), then all of them, a chunk at a time (a tensor
-    off the CPU is copied to it one at a time, as for hashing)."""
-    buffer = bytearray(min(COMPARE_CHUNK_BYTES, max(_nbytes(tensor) for _, tensor in tensors)))
-    with torch.no_grad():
-        for first_pass in (True, False):
-            for name, tensor in tensors:
-                if first_pass:
-                    tensor = tensor.detach().reshape(-1)[: max(1, 4096 // tensor.element_size())]
-                raw = _raw(tensor)
-                for offset in range(0, raw.nbytes, len(buffer)):
-                    count = min(len(buffer), raw.nbytes - offset)
-                    chunk = memoryview(buffer)[:count]
-                    if os.preadv(descriptor, [chunk], data_start + starts[name] + offset) != count:
+    weights differ there: a mismatch costs a few pages read), then all of them, from a read-only map of the file
+    (no copy; a tensor off the CPU is copied to it one at a time, as for hashing)."""
+    with mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ) as mapped:
+        return _mapped_bytes_equal(memoryview(mapped), data_start, starts, tensors)
+
+
+def _mapped_bytes_equal(mapped: memoryview, data_start: int, starts: dict[str, int], tensors: list) -> bool:
+    # NOTE: its own function so that every view of the map is gone when the caller closes it
+    try:
+        with torch.no_grad():
+            for first_pass in (True, False):
+                for name, tensor in tensors:
+                    if first_pass:
+                        tensor = tensor.detach().reshape(-1)[: max(1, 4096 // tensor.element_size())]
+                    raw = _raw(tensor)
+                    begin = data_start + starts[name]
+                    if not _equal(mapped[begin : begin + raw.nbytes], raw):
                         return False
-                    if not _equal(chunk, raw[offset : offset + count]):
-                        return False
-    return True
+        return True
+    finally:
+        mapped.release()
 
 
 def _equal(first: memoryview, second: memoryview) -> bool:
