@@ -44,6 +44,7 @@ from modeltrace.diff.call_scores import (
     Codes as _Codes,
     score_rows as _score_rows,
 )
+from modeltrace.diff.chains import chain_runs
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
 from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
@@ -68,17 +69,20 @@ _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 @dataclass
 class ModulePair:
     """Reference module(s) aligned with candidate module(s): one-to-one, or one side a fused module against a
-    run of modules on the other (compared on the concatenation along the last dimension)."""
+    run of modules on the other (compared on the concatenation along the last dimension), or, with `chain`, one
+    side a module against a run of modules on the other that it computes in sequence (compared on the run's
+    first inputs and last outputs: `diff/chains.py`)."""
 
     reference: list[str]
     candidate: list[str]
     confidence: float
     evidence: str
     line: int | None = None  # where a mapping file gave it
+    chain: bool = False
 
     @property
     def fused(self) -> bool:
-        return len(self.reference) > 1 or len(self.candidate) > 1
+        return (len(self.reference) > 1 or len(self.candidate) > 1) and not self.chain
 
 
 @dataclass
@@ -652,6 +656,35 @@ def _parent_pairs(
     return found
 
 
+def _chain_pairs(
+    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_ref: set[str], taken_cand: set[str]
+) -> list[ModulePair]:
+    """Modules left unaligned on either side that compute what a run of modules on the other side computes in
+    sequence (`diff/chains.py`), paired with that run; the run's members keep their own pairs."""
+    found = []
+    for own, other, taken, is_candidate in (
+        (candidate, reference, taken_cand, True),
+        (reference, candidate, taken_ref, False),
+    ):
+        partners = {
+            (pair.candidate if is_candidate else pair.reference)[0]: (
+                tuple(pair.reference if is_candidate else pair.candidate),
+                pair.confidence,
+            )
+            for pair in [*pairs, *found]
+            if not pair.fused and len(pair.candidate if is_candidate else pair.reference) == 1
+        }
+        for chain in chain_runs(own, other, partners, taken):
+            taken.add(chain.module)
+            run = list(chain.run)
+            found.append(
+                ModulePair(run, [chain.module], chain.confidence, chain.evidence, chain=True)
+                if is_candidate
+                else ModulePair([chain.module], run, chain.confidence, chain.evidence, chain=True)
+            )
+    return found
+
+
 def _same_input(left: ModuleCall, right: ModuleCall) -> bool:
     first, second = left.inputs[0], right.inputs[0]
     if _normalised(first.shape) != _normalised(second.shape):
@@ -827,6 +860,7 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
+    pairs.extend(_chain_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)
