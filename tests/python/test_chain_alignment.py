@@ -19,6 +19,7 @@ from torch import nn
 from modeltrace import capture
 from modeltrace.diff import align_modules, close_result, diff_paths, read_mapping, render_mapping
 from modeltrace.diff.chains import chain_runs
+from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.storage import read_trace
 
@@ -111,6 +112,10 @@ def test_a_module_pairs_with_the_run_it_computes_in_sequence(traces: dict[str, P
     assert "conv1 -> bn1 -> act1 => layer.0" in written.read_text()
     again = read_mapping(written, reference, port)
     assert {pair.candidate[0]: pair.reference for pair in again.pairs if pair.chain} == chains
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("conv1 -> bn1 + act1 => layer.0\n")
+    with pytest.raises(ModelTraceError, match=r"mixed.txt:1: a pair is a fused run \('\+'\) or a chain"):
+        read_mapping(mixed, reference, port)
 
 
 def test_a_chain_is_judged_on_the_runs_first_input_and_last_output(traces: dict[str, Path]) -> None:

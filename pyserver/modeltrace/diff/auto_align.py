@@ -657,31 +657,23 @@ def _parent_pairs(
 
 
 def _chain_pairs(
-    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_ref: set[str], taken_cand: set[str]
+    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_cand: set[str]
 ) -> list[ModulePair]:
-    """Modules left unaligned on either side that compute what a run of modules on the other side computes in
-    sequence (`diff/chains.py`), paired with that run; the run's members keep their own pairs."""
+    """Candidate modules left unaligned that compute what a run of reference modules computes in sequence
+    (`diff/chains.py`), paired with that run; the run's members keep their own pairs.
+
+    NOTE: the run on the reference side only: a run on the candidate side would add a candidate record called at
+    its first member's line and returning its last member's output, which the line drill-down reads as that
+    line's tensor (a loop's `x = layer(x)` compared, at its first iteration, with the reference's encoder output)."""
+    partners = {
+        pair.candidate[0]: (tuple(pair.reference), pair.confidence)
+        for pair in pairs
+        if not pair.fused and len(pair.candidate) == 1
+    }
     found = []
-    for own, other, taken, is_candidate in (
-        (candidate, reference, taken_cand, True),
-        (reference, candidate, taken_ref, False),
-    ):
-        partners = {
-            (pair.candidate if is_candidate else pair.reference)[0]: (
-                tuple(pair.reference if is_candidate else pair.candidate),
-                pair.confidence,
-            )
-            for pair in [*pairs, *found]
-            if not pair.fused and len(pair.candidate if is_candidate else pair.reference) == 1
-        }
-        for chain in chain_runs(own, other, partners, taken):
-            taken.add(chain.module)
-            run = list(chain.run)
-            found.append(
-                ModulePair(run, [chain.module], chain.confidence, chain.evidence, chain=True)
-                if is_candidate
-                else ModulePair([chain.module], run, chain.confidence, chain.evidence, chain=True)
-            )
+    for chain in chain_runs(candidate, reference, partners, taken_cand):
+        taken_cand.add(chain.module)
+        found.append(ModulePair(list(chain.run), [chain.module], chain.confidence, chain.evidence, chain=True))
     return found
 
 
@@ -860,7 +852,7 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
-    pairs.extend(_chain_pairs(reference, candidate, pairs, taken_ref, taken_cand))
+    pairs.extend(_chain_pairs(reference, candidate, pairs, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

@@ -6,7 +6,9 @@ calls `conv1`, `bn1`, `act1` itself. Each child aligns one to one, but the layer
 input is `conv1`'s input and its output `act1`'s output. It pairs with the run `conv1 -> bn1 -> act1`, compared
 on the run's first inputs and last outputs, so that the first-divergence search can judge it as any module
 (inputs match, outputs differ) and its aligned children bound the lines inside it. A module built of such
-modules builds on their runs (a Sequential of three such layers pairs with `conv1 -> … -> bn3`).
+modules builds on their runs (a Sequential of three such layers pairs with `conv1 -> … -> bn3`). The alignment
+looks for chains of candidate modules against reference runs (`auto_align._chain_pairs` says why not the other
+way).
 
 The rule reads the module's own side only for what makes it a chain, so that a bug downstream changes nothing:
 the module takes one tensor and passes it to its first child (the same statistics) and returns its output kid's

@@ -105,7 +105,8 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
         if any(not item.strip() for item in items[0] + items[1]):
             raise ModelTraceError(f"{where}: an empty module path in {raw.strip()!r}")
         if len(reference_paths) > 1 and len(candidate_paths) > 1:
-            raise ModelTraceError(f"{where}: a fused pair or chain has one module on one side, not runs on both")
+            kind = "a chain" if chain else "a fused pair"
+            raise ModelTraceError(f"{where}: {kind} has one module on one side, not runs on both")
         for side, paths, known, seen in (
             ("reference", reference_paths, ref_paths, seen_ref),
             ("candidate", candidate_paths, cand_paths, seen_cand),
