@@ -164,11 +164,17 @@ def align_traces(
 def _fill_by_evidence(alignment: Alignment, reference: Trace, candidate: Trace) -> None:
     """Names first, evidence for what names leave: where names aligned most modules, the automatic alignment's
     fused pairs and chains whose modules names left unaligned on both sides join them (gemma_pytorch's fused
-    `qkv_proj` against transformers' `q_proj`, `k_proj`, `v_proj`, every other name shared). A chain's run keeps the pairs its
-    members have (`diff/chains.py`): only its one module must be unaligned."""
+    `qkv_proj` against transformers' `q_proj`, `k_proj`, `v_proj`, every other name shared). A chain's run keeps
+    the pairs its members have (`diff/chains.py`): only its one module must be unaligned."""
     reference_for = alignment.reference_for
     if not any(
         found < 0 and not is_no_op(candidate.modules[position]) for position, found in enumerate(reference_for)
+    ):
+        return
+    # NOTE: the automatic alignment reads a call's children by its index: records numbered otherwise (made up by
+    # hand, not written by a capture) keep what names gave
+    if any(
+        record.index != position for trace in (reference, candidate) for position, record in enumerate(trace.modules)
     ):
         return
     try:
