@@ -157,50 +157,39 @@ def _record(index: int, path: str, parent: int, finish: int, inputs: list[float]
     )
 
 
+def _trace(rows: list[tuple[str, int, int, float, float]]) -> Trace:
+    """A trace from (path, parent, finish order, input mean, output mean) rows, the root first."""
+    return Trace({}, [_record(index, *row[:3], [row[3]], row[4]) for index, row in enumerate(rows)])
+
+
 def test_parallel_branches_and_extra_inputs_are_no_chain() -> None:
     """q, k and v take one input side by side: a module that calls them and returns the last one's output is no
     chain of them; nor is a module whose children also take a tensor the module made (a mask, a rotary table),
     which a chain's record (its first member's inputs) would leave uncompared."""
-    other = Trace(
-        {},
-        [
-            _record(0, "", -1, 3, [0.1], 0.4),
-            _record(1, "q", 0, 0, [0.1], 0.2),
-            _record(2, "k", 0, 1, [0.1], 0.3),
-            _record(3, "v", 0, 2, [0.1], 0.4),
-        ],
+    parallel_reference = _trace(
+        [("", -1, 3, 0.1, 0.4), ("q", 0, 0, 0.1, 0.2), ("k", 0, 1, 0.1, 0.3), ("v", 0, 2, 0.1, 0.4)]
     )
-    parallel = Trace(
-        {},
+    parallel = _trace(
         [
-            _record(0, "", -1, 4, [0.1], 0.4),
-            _record(1, "attention", 0, 3, [0.1], 0.4),
-            _record(2, "attention.q", 1, 0, [0.1], 0.2),
-            _record(3, "attention.k", 1, 1, [0.1], 0.3),
-            _record(4, "attention.v", 1, 2, [0.1], 0.4),
-        ],
+            ("", -1, 4, 0.1, 0.4),
+            ("attention", 0, 3, 0.1, 0.4),
+            ("attention.q", 1, 0, 0.1, 0.2),
+            ("attention.k", 1, 1, 0.1, 0.3),
+            ("attention.v", 1, 2, 0.1, 0.4),
+        ]
     )
     partners = {"attention.q": (("q",), 1.0), "attention.k": (("k",), 1.0), "attention.v": (("v",), 1.0)}
-    assert chain_runs(parallel, other, dict(partners), set()) == []
+    assert chain_runs(parallel, parallel_reference, dict(partners), set()) == []
     # the same three as a pipeline (each takes its predecessor's output) form a chain...
-    pipeline = Trace(
-        {},
+    stages = _trace([("", -1, 3, 0.1, 0.4), ("q", 0, 0, 0.1, 0.2), ("k", 0, 1, 0.2, 0.3), ("v", 0, 2, 0.3, 0.4)])
+    pipeline = _trace(
         [
-            _record(0, "", -1, 4, [0.1], 0.4),
-            _record(1, "stack", 0, 3, [0.1], 0.4),
-            _record(2, "stack.q", 1, 0, [0.1], 0.2),
-            _record(3, "stack.k", 1, 1, [0.2], 0.3),
-            _record(4, "stack.v", 1, 2, [0.3], 0.4),
-        ],
-    )
-    stages = Trace(
-        {},
-        [
-            _record(0, "", -1, 3, [0.1], 0.4),
-            _record(1, "q", 0, 0, [0.1], 0.2),
-            _record(2, "k", 0, 1, [0.2], 0.3),
-            _record(3, "v", 0, 2, [0.3], 0.4),
-        ],
+            ("", -1, 4, 0.1, 0.4),
+            ("stack", 0, 3, 0.1, 0.4),
+            ("stack.q", 1, 0, 0.1, 0.2),
+            ("stack.k", 1, 1, 0.2, 0.3),
+            ("stack.v", 1, 2, 0.3, 0.4),
+        ]
     )
     partners = {"stack.q": (("q",), 1.0), "stack.k": (("k",), 1.0), "stack.v": (("v",), 1.0)}
     assert [(chain.module, chain.run) for chain in chain_runs(pipeline, stages, dict(partners), set())] == [

@@ -183,19 +183,26 @@ def _group_calls(trace: Trace, paths: list[str], calls: dict[str, list[int]], ch
     positions = []
     for call_index in range(count):
         members = [trace.modules[calls[path][call_index]] for path in paths]
-        record = (_chain_record if chain else _group_record)(len(trace.modules), members, call_index)
+        record = _group_record(len(trace.modules), members, call_index, chain)
         trace.modules.append(record)
         positions.append(record.index)
     return positions
 
 
-def _group_record(index: int, members: list[ModuleCall], call_index: int) -> ModuleCall:
+def _group_record(index: int, members: list[ModuleCall], call_index: int, chain: bool = False) -> ModuleCall:
+    """A fused run's record, whose first output is the members' outputs concatenated; or, with `chain`, a chain's
+    (`diff/chains.py`): the run's first inputs and its last member's outputs, the tensors the module on the other
+    side takes and returns."""
     first, last = members[0], max(members, key=lambda item: item.finish_order)
-    outputs = [_concatenated(members)] if all(item.outputs for item in members) else []
+    joiner = CHAIN if chain else " + "
+    if chain:
+        outputs = list(last.outputs)
+    else:
+        outputs = [_concatenated(members)] if all(item.outputs for item in members) else []
     return ModuleCall(
         index=index,
-        path=" + ".join(item.path for item in members),
-        class_name="(" + " + ".join(item.class_name for item in members) + ")",
+        path=joiner.join(item.path for item in members),
+        class_name="(" + joiner.join(item.class_name for item in members) + ")",
         defined_at=first.defined_at,
         called_at=first.called_at,
         call_index=call_index,
@@ -203,24 +210,6 @@ def _group_record(index: int, members: list[ModuleCall], call_index: int) -> Mod
         finish_order=last.finish_order,
         inputs=list(first.inputs),
         outputs=outputs,
-    )
-
-
-def _chain_record(index: int, members: list[ModuleCall], call_index: int) -> ModuleCall:
-    """A chain's record (`diff/chains.py`): the run's first inputs and its last member's outputs, the tensors
-    the module on the other side takes and returns."""
-    first, last = members[0], members[-1]
-    return ModuleCall(
-        index=index,
-        path=CHAIN.join(item.path for item in members),
-        class_name="(" + CHAIN.join(item.class_name for item in members) + ")",
-        defined_at=first.defined_at,
-        called_at=first.called_at,
-        call_index=call_index,
-        parent=first.parent,
-        finish_order=last.finish_order,
-        inputs=list(first.inputs),
-        outputs=list(last.outputs),
     )
 
 
