@@ -1,7 +1,8 @@
 """Alignment where the two implementations cut one computation into modules differently (issue 30, coverage):
 a module on one side that computes what a run of modules on the other side computes in sequence pairs with that
-run (a chain, `diff/chains.py`), and where names align most modules, evidence pairs what names left (a fused
-projection beside shared names, `align._fill_by_evidence`).
+run (a chain, `diff/chains.py`), where names align most modules, evidence pairs what names left (a fused
+projection beside shared names, `align._fill_by_evidence`), and a pair that the pairs inside it contradict, with
+outputs that differ, is dropped (`diff/nesting.py`).
 
 The models are small torch modules written the two ways (timm's `Bottleneck` calls `conv1`, `bn1`, `act1` itself,
 transformers' `ResNetConvLayer` wraps convolution, norm and activation), captured with `modeltrace.capture`,
@@ -19,6 +20,7 @@ from torch import nn
 from modeltrace import capture
 from modeltrace.diff import align_modules, close_result, diff_paths, read_mapping, render_mapping
 from modeltrace.diff.chains import chain_runs
+from modeltrace.diff.nesting import contradicted
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.storage import read_trace
@@ -264,3 +266,18 @@ def test_evidence_pairs_what_names_left(tmp_path: Path) -> None:
         assert result.first_divergence is None
     finally:
         close_result(result)
+
+
+def test_a_pair_the_pairs_inside_it_contradict_is_dropped() -> None:
+    """Swin: the order alignment paired timm's `layers` (every stage) with transformers' first stage, while the
+    second stage's blocks pair inside `layers.1`. With outputs that differ, nothing speaks for that pair; with
+    outputs that agree, it stays."""
+    pairs = [
+        ("", ""),
+        ("layers", "encoder.layers.0"),
+        ("layers.0.blocks.0", "encoder.layers.0.blocks.0"),
+        ("layers.1.downsample", "encoder.layers.0.downsample"),
+        ("layers.1.blocks", "encoder.layers.1"),
+    ]
+    assert contradicted(pairs, lambda reference, candidate: False) == {("layers", "encoder.layers.0")}
+    assert contradicted(pairs, lambda reference, candidate: True) == set()

@@ -46,6 +46,7 @@ from modeltrace.diff.call_scores import (
 )
 from modeltrace.diff.chains import chain_runs
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
+from modeltrace.diff.nesting import contradicted
 from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
 
@@ -850,6 +851,14 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     """The module mapping between two traces, found without names."""
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
+    ref_first, cand_first = _first_calls(reference), _first_calls(candidate)
+    dropped = contradicted(
+        [(pair.reference[0], pair.candidate[0]) for pair in pairs],
+        lambda ref, cand: _outputs_agree(ref_features[ref_first[ref]], cand_features[cand_first[cand]]),
+    )
+    pairs = [pair for pair in pairs if (pair.reference[0], pair.candidate[0]) not in dropped]
+    taken_ref.difference_update(ref for ref, _ in dropped)
+    taken_cand.difference_update(cand for _, cand in dropped)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
     pairs.extend(_chain_pairs(reference, candidate, pairs, taken_cand))
