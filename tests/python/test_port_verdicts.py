@@ -55,10 +55,10 @@ KNOWN_WRONG: dict[str, str] = {
     "the first differing line, which reads self.scale (assigned at 78), is not known",
     "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "
     "numbers in another order, so their statistics match; the helper's line 35 is never named",
-    "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 263-338: the bug is in the helper "
+    "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 277-338: the bug is in the helper "
     "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
-    "convnext-max_pooling": "blames the root (312-317): the pooling line sits in ConvNextModel, which timm has no "
+    "convnext-max_pooling": "blames the root (315-317): the pooling line sits in ConvNextModel, which timm has no "
     "counterpart of (its head pools in a module of its own)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",

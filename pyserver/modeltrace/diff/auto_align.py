@@ -44,7 +44,9 @@ from modeltrace.diff.call_scores import (
     Codes as _Codes,
     score_rows as _score_rows,
 )
+from modeltrace.diff.chains import chain_runs
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
+from modeltrace.diff.nesting import contradicted
 from modeltrace.diff.pairing import rows_of
 from modeltrace.trace.records import ModuleCall, Trace
 
@@ -68,17 +70,20 @@ _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 @dataclass
 class ModulePair:
     """Reference module(s) aligned with candidate module(s): one-to-one, or one side a fused module against a
-    run of modules on the other (compared on the concatenation along the last dimension)."""
+    run of modules on the other (compared on the concatenation along the last dimension), or, with `chain`, one
+    side a module against a run of modules on the other that it computes in sequence (compared on the run's
+    first inputs and last outputs: `diff/chains.py`)."""
 
     reference: list[str]
     candidate: list[str]
     confidence: float
     evidence: str
     line: int | None = None  # where a mapping file gave it
+    chain: bool = False
 
     @property
     def fused(self) -> bool:
-        return len(self.reference) > 1 or len(self.candidate) > 1
+        return (len(self.reference) > 1 or len(self.candidate) > 1) and not self.chain
 
 
 @dataclass
@@ -652,6 +657,27 @@ def _parent_pairs(
     return found
 
 
+def _chain_pairs(
+    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_cand: set[str]
+) -> list[ModulePair]:
+    """Candidate modules left unaligned that compute what a run of reference modules computes in sequence
+    (`diff/chains.py`), paired with that run; the run's members keep their own pairs.
+
+    NOTE: the run on the reference side only: a run on the candidate side would add a candidate record called at
+    its first member's line and returning its last member's output, which the line drill-down reads as that
+    line's tensor (a loop's `x = layer(x)` compared, at its first iteration, with the reference's encoder output)."""
+    partners = {
+        pair.candidate[0]: (tuple(pair.reference), pair.confidence)
+        for pair in pairs
+        if not pair.fused and len(pair.candidate) == 1
+    }
+    found = []
+    for chain in chain_runs(candidate, reference, partners, taken_cand):
+        taken_cand.add(chain.module)
+        found.append(ModulePair(list(chain.run), [chain.module], chain.confidence, chain.evidence, chain=True))
+    return found
+
+
 def _same_input(left: ModuleCall, right: ModuleCall) -> bool:
     first, second = left.inputs[0], right.inputs[0]
     if _normalised(first.shape) != _normalised(second.shape):
@@ -825,8 +851,17 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     """The module mapping between two traces, found without names."""
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
+    ref_first, cand_first = _first_calls(reference), _first_calls(candidate)
+    dropped = contradicted(
+        [(pair.reference[0], pair.candidate[0]) for pair in pairs],
+        lambda ref, cand: _outputs_agree(ref_features[ref_first[ref]], cand_features[cand_first[cand]]),
+    )
+    pairs = [pair for pair in pairs if (pair.reference[0], pair.candidate[0]) not in dropped]
+    taken_ref.difference_update(ref for ref, _ in dropped)
+    taken_cand.difference_update(cand for _, cand in dropped)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
+    pairs.extend(_chain_pairs(reference, candidate, pairs, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

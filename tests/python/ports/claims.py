@@ -76,7 +76,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "bert-softmax_scale": LineClaim(59, (58, 62), full="range of 5 lines", with_lines=LINE),
     "bert-embedding_norm_eps": LineClaim(37, (42, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "bert-silu_for_gelu": LineClaim(69, (73, 73), full=CONSTRUCTION, with_lines=CONSTRUCTION),
-    "bert-ffn_residual_missing": LineClaim(87, (86, 87), full="range of 2 lines", with_lines=LINE),
+    "bert-ffn_residual_missing": LineClaim(87, (87, 87), full="range of 1 line", with_lines=LINE),
     "bert-query_key_swapped": LineClaim(50, (56, 56), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "bert-segment_embedding_not_copied": LineClaim(36, (42, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "bert-positions_from_one": LineClaim(40, (39, 42), full="range of 4 lines", with_lines=LINE),
@@ -127,12 +127,12 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "gemma_pytorch-final_norm_without_unit_offset": LineClaim(
         484, (182, 190), full=CONSTRUCTION, with_lines=CONSTRUCTION
     ),
-    "gemma_pytorch-scaling_in_init": LineClaim(239, (263, 338), full=ASSIGNMENT, with_lines=ASSIGNMENT),
+    "gemma_pytorch-scaling_in_init": LineClaim(239, (277, 338), full=ASSIGNMENT, with_lines=ASSIGNMENT),
     "gemma_pytorch-gate_up_swapped": LineClaim(
         207, (207, 211), full="range of 5 lines", with_lines="range of 5 lines; line 211 is not the bug's"
     ),
     "gemma_pytorch-rotary_interleaved": LineClaim(
-        107, (263, 338), full="", with_lines="range of 7 lines (the drill-down's stretch)"
+        107, (277, 338), full="", with_lines="range of 7 lines (the drill-down's stretch)"
     ),
 }
 
