@@ -48,9 +48,6 @@ from ports.harness import (
 # variant -> reason); remove a row when it becomes right.
 KNOWN_WRONG: dict[str, str] = {
     # independent: LLMs and speech
-    "meta_llama-gate_up_swapped": "blames layers.0.feed_forward.w3 (built at its construction line): the SiLU on "
-    "w3 with correct weights computes what a converter swap of w1 and w3 computes; the alignment pairs the first "
-    "called projection with gate_proj, and nothing in the values tells the two bugs apart",
     "mistral-softmax_scale_in_init@full": "layers.0, range 112-147 (the attention's forward): without line records "
     "the first differing line, which reads self.scale (assigned at 78), is not known",
     "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "

@@ -106,6 +106,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         with_lines="range of 5 lines (where an unpaired input was produced)",
     ),
     "meta_llama-softmax_scale": LineClaim(298, (274, 304), full="range of 31 lines", with_lines=LINE),
+    "meta_llama-gate_up_swapped": LineClaim(348, (348, 348), full="range of 1 line", with_lines=LINE),
     "meta_llama-mask_off_by_one": LineClaim(480, (470, 492), full="range of 23 lines", with_lines="range of 23 lines"),
     "meta_llama-last_layer_not_converted": LineClaim(383, (65, 77), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "mistral-rope_base": LineClaim(

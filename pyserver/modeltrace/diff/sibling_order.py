@@ -1,0 +1,84 @@
+"""Re-pairing the children of two aligned calls against their call order (`auto_align._pair_leftover_children`):
+which evidence may do it, and the vote of weights, call order and construction order.
+
+Two codebases may call siblings in another order (q/k/v, the position and segment embeddings), so the aligner
+pairs the children of each aligned parent pair again regardless of order where the evidence clearly says so.
+Identical parameters are such evidence even where the parents' outputs differ: they are what each side holds,
+upstream of any bug in the children's forward. They are weighed against call order by the order in which each
+side built its modules (`named_modules()` order): two of the three agreeing tell a forward that calls its
+projections in another order (weights and construction agree) from a converter that loaded them into the wrong
+ones (call order and construction agree).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from modeltrace.diff.call_scores import CallFeatures, weights_score
+from modeltrace.trace.records import Trace
+
+
+def unique_weight_pairs(
+    refs: list[int], cands: list[int], ref_features: list[CallFeatures], cand_features: list[CallFeatures]
+) -> set[tuple[int, int]]:
+    """(reference, candidate) sibling calls whose modules hold the same parameter values (directly or transposed),
+    where neither call has another such partner among the siblings: a weight copied to two modules (a converter
+    loading `up_proj` into both `w1` and `w3`), or one module called twice, identifies nothing, and call order
+    stays the evidence."""
+    ref_partners: dict[int, list[int]] = defaultdict(list)
+    cand_partners: dict[int, list[int]] = defaultdict(list)
+    for c in cands:
+        for r in refs:
+            if weights_score(ref_features[r], cand_features[c]) == 1.0:
+                cand_partners[c].append(r)
+                ref_partners[r].append(c)
+    return {
+        (found[0], c) for c, found in cand_partners.items() if len(found) == 1 and len(ref_partners[found[0]]) == 1
+    }
+
+
+def repaired(
+    current: dict[int, tuple[int, float]],
+    scores: dict[tuple[int, int], float],
+    evidence_of: Callable[[int, int], float],
+    floor: float,
+    gain: float,
+) -> dict[int, tuple[int, float]] | None:
+    """The greedy order-free pairing of sibling calls (`scores[candidate, reference]`, pairs under `floor`
+    refused) by `evidence_of(candidate, reference)`, ties by score, when its total evidence beats the current
+    pairs' by more than `gain` (between near-equal siblings, q/k/v of random weights, the statistics differ by
+    noise and call order is the better evidence); else None."""
+    options = sorted(((evidence_of(c, r), score, c, r) for (c, r), score in scores.items()), reverse=True)
+    chosen: dict[int, tuple[int, float]] = {}
+    chosen_evidence = 0.0
+    taken: set[int] = set()
+    for evidence, score, cand_index, ref_index in options:
+        if score < floor or cand_index in chosen or ref_index in taken:
+            continue
+        chosen[cand_index] = (ref_index, score)
+        chosen_evidence += evidence
+        taken.add(ref_index)
+    current_evidence = sum(evidence_of(c, r) for c, (r, _) in current.items())
+    return chosen if chosen_evidence > current_evidence + gain else None
+
+
+def built_order(trace: Trace) -> dict[str, int]:
+    """Module path -> its rank in the order the model was built (the builds are recorded in `named_modules()`
+    order); empty for traces without builds."""
+    return {build.path: rank for rank, build in enumerate(getattr(trace, "builds", None) or [])}
+
+
+def keeps_construction_order(
+    changed: list[tuple[str, str]], ref_order: dict[str, int], cand_order: dict[str, int]
+) -> bool:
+    """Whether the re-paired (reference, candidate) modules were built in the same order on both sides; an
+    unknown order is no evidence for a re-pairing."""
+    ranks = [(ref_order.get(ref_path), cand_order.get(cand_path)) for ref_path, cand_path in changed]
+    if any(ref_rank is None or cand_rank is None for ref_rank, cand_rank in ranks):
+        return False
+    return all(
+        (first[0] < second[0]) == (first[1] < second[1])
+        for position, first in enumerate(ranks)
+        for second in ranks[position + 1 :]
+    )
