@@ -130,3 +130,16 @@ def test_a_weight_copied_to_two_projections_identifies_neither(traces: dict[str,
     first = document["first_divergence"]
     assert first["path"] == "layers.0.feed_forward.w1"
     assert first["built_at"]["line"] == _line_of("self.w1 = nn.Linear")
+
+
+def test_a_last_position_head_pairs_with_the_whole_sequence_head(traces: dict[str, Path]) -> None:
+    """Issue 30, item 10: the port computes the logits of the last position only ([1, 1, V] against [1, T, V]).
+    The head's signature differs, but it holds the reference head's weights: the two pair, are compared on the
+    position they share, and the report says which positions were compared."""
+    exit_code, document = _diff(traces, "last_position")
+    assert exit_code == 0
+    assert document["unaligned"] == {"reference": [], "candidate": []}
+    head = next(item for item in document["modules"] if item["path"] == "output")
+    assert head["reference_path"] == "lm_head" and head["status"] == "match"
+    assert head["alignment"]["overlap"].startswith("the last 1 of 7 positions of dimension 1")
+    assert [pair["relation"] for pair in head["compared"]["outputs"]] == ["overlap"]

@@ -48,7 +48,13 @@ from modeltrace.diff.call_scores import (
 )
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
 from modeltrace.diff.pairing import rows_of
-from modeltrace.diff.sibling_order import built_order, keeps_construction_order, repaired, unique_weight_pairs
+from modeltrace.diff.weight_evidence import (
+    built_order,
+    keeps_construction_order,
+    leftover_weight_pairs,
+    repaired,
+    unique_weight_pairs,
+)
 from modeltrace.trace.records import ModuleCall, Trace
 
 
@@ -78,6 +84,8 @@ class ModulePair:
     confidence: float
     evidence: str
     line: int | None = None  # where a mapping file gave it
+    # the positions compared where one side's output is a slice of the other's (a last-position head)
+    overlap: str | None = None
 
     @property
     def fused(self) -> bool:
@@ -821,6 +829,15 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
+    left_ref = {path: index for path, index in _first_calls(reference).items() if path not in taken_ref}
+    left_cand = {path: index for path, index in _first_calls(candidate).items() if path not in taken_cand}
+    for ref_path, cand_path, evidence, overlap in leftover_weight_pairs(
+        reference, candidate, left_ref, left_cand, ref_features, cand_features
+    ):
+        # NOTE: identical weights are as sure as the best sequence pairs; a slice of the positions is still the module
+        pairs.append(ModulePair([ref_path], [cand_path], 0.9, evidence, overlap=overlap))
+        taken_ref.add(ref_path)
+        taken_cand.add(cand_path)
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

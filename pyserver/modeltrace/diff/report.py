@@ -109,6 +109,8 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             "evidence": pair.evidence,
             "fused": pair.fused,
             **({"mapping_line": pair.line} if pair.line else {}),
+            # NOTE: one side's output a slice of the other's (a last-position head): the positions compared
+            **({"overlap": pair.overlap} if getattr(pair, "overlap", None) else {}),
         }
     if module.status in (MISMATCH, DIVERGENCE):
         data["differing"] = [

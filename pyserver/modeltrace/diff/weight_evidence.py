@@ -1,5 +1,6 @@
-"""Re-pairing the children of two aligned calls against their call order (`auto_align._pair_leftover_children`):
-which evidence may do it, and the vote of weights, call order and construction order.
+"""Identical parameters as alignment evidence (`diff/auto_align.py`): re-pairing the children of two aligned calls
+against their call order (the vote of weights, call order and construction order), and pairing modules left
+unaligned whose weights are the same and whose outputs hold the same numbers or a slice of them.
 
 Two codebases may call siblings in another order (q/k/v, the position and segment embeddings), so the aligner
 pairs the children of each aligned parent pair again regardless of order where the evidence clearly says so.
@@ -8,6 +9,12 @@ upstream of any bug in the children's forward. They are weighed against call ord
 side built its modules (`named_modules()` order): two of the three agreeing tell a forward that calls its
 projections in another order (weights and construction agree) from a converter that loaded them into the wrong
 ones (call order and construction agree).
+
+A module the sequence alignment could not place because its signature differs, a last-position head (`[1, 1, V]`
+against `[1, T, V]`: Meta's inference code computes the logits of the last position only), still holds the
+same weights as its counterpart: left over on both sides, with the same parameters (and no other module left
+over holding them) and outputs that relate as the same, broadcast or overlapping positions, the two pair, and the
+diff compares them on the positions they share (`pairing.OVERLAP`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from modeltrace.diff.call_scores import CallFeatures, weights_score
+from modeltrace.diff.pairing import DIFFERENT, OVERLAP, LeafPair, shape_relation
 from modeltrace.trace.records import Trace
 
 
@@ -82,3 +90,39 @@ def keeps_construction_order(
         for position, first in enumerate(ranks)
         for second in ranks[position + 1 :]
     )
+
+
+def leftover_weight_pairs(
+    reference: Trace,
+    candidate: Trace,
+    left_ref: dict[str, int],
+    left_cand: dict[str, int],
+    ref_features: list[CallFeatures],
+    cand_features: list[CallFeatures],
+) -> list[tuple[str, str, str, str | None]]:
+    """(reference path, candidate path, evidence, overlap) for modules left unaligned on both sides (path -> first
+    call) that hold the same parameters, each the only one left over on its side to hold them, and whose first
+    outputs hold the same numbers or overlapping positions; `overlap` describes the positions compared (None when
+    the outputs have the same numbers)."""
+    matches: dict[str, list[str]] = defaultdict(list)
+    ref_matches: dict[str, list[str]] = defaultdict(list)
+    for cand_path, cand_index in left_cand.items():
+        for ref_path, ref_index in left_ref.items():
+            if weights_score(ref_features[ref_index], cand_features[cand_index]) == 1.0:
+                matches[cand_path].append(ref_path)
+                ref_matches[ref_path].append(cand_path)
+    found = []
+    for cand_path, refs in matches.items():
+        if len(refs) != 1 or len(ref_matches[refs[0]]) != 1:
+            continue
+        ref_call, cand_call = reference.modules[left_ref[refs[0]]], candidate.modules[left_cand[cand_path]]
+        if not ref_call.outputs or not cand_call.outputs:
+            continue
+        ref_out, cand_out = ref_call.outputs[0], cand_call.outputs[0]
+        relation, dimension, count = shape_relation(ref_out.shape, cand_out.shape)
+        if relation == DIFFERENT:
+            continue
+        described = LeafPair(ref_out, cand_out, relation, dimension, count).describe()
+        overlap = described.removeprefix("overlap: ") if relation == OVERLAP else None
+        found.append((refs[0], cand_path, f"weights equal, outputs {described}", overlap))
+    return found
