@@ -155,6 +155,16 @@ def _side_pairs(
         }
         for pair in pairing.pairs
     ]
+    # NOTE: a rotary table against its cosines and sines (`diff/rotary_tables.py`): one tensor against two
+    pairs += [
+        {
+            "reference": table.complex_key if table.owner == "reference" else f"{table.cos_key} + {table.sin_key}",
+            "candidate": table.complex_key if table.owner == "candidate" else f"{table.cos_key} + {table.sin_key}",
+            "how": table.describe(),
+            "relation": "rotary",
+        }
+        for table in pairing.tables
+    ]
     left = [
         {"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason} for leaf in pairing.left_out
     ]
