@@ -23,7 +23,6 @@ BUGS = ("clean", "silu_on_w3", "converter_swap", "converter_up_twice", "last_pos
 # the pairs a user would write by hand (the llama corpus pair's rules, for these names)
 MAPS = (
     r"^tok_embeddings$=>embed_tokens",
-    r"^output$=>lm_head",
     r"\.feed_forward\.w1$=>.mlp.gate_proj",
     r"\.feed_forward\.w2$=>.mlp.down_proj",
     r"\.feed_forward\.w3$=>.mlp.up_proj",
@@ -134,12 +133,13 @@ def test_a_weight_copied_to_two_projections_identifies_neither(traces: dict[str,
 
 def test_a_last_position_head_pairs_with_the_whole_sequence_head(traces: dict[str, Path]) -> None:
     """Issue 30, item 10: the port computes the logits of the last position only ([1, 1, V] against [1, T, V]).
-    The head's signature differs, but it holds the reference head's weights: the two pair, are compared on the
-    position they share, and the report says which positions were compared."""
+    The head's signature differs, but it holds the reference head's weights under the same name: the two pair,
+    are compared on the position they share, and the report says which positions were compared."""
     exit_code, document = _diff(traces, "last_position")
     assert exit_code == 0
     assert document["unaligned"] == {"reference": [], "candidate": []}
-    head = next(item for item in document["modules"] if item["path"] == "output")
-    assert head["reference_path"] == "lm_head" and head["status"] == "match"
+    head = next(item for item in document["modules"] if item["path"] == "lm_head")
+    assert head["status"] == "match" and "reference_path" not in head  # the reference's lm_head
+    assert head["alignment"]["evidence"].startswith("weights equal, outputs overlap")
     assert head["alignment"]["overlap"].startswith("the last 1 of 7 positions of dimension 1")
     assert [pair["relation"] for pair in head["compared"]["outputs"]] == ["overlap"]

@@ -74,7 +74,7 @@ class PortModel(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(VOCAB, WIDTH)
         self.layers = nn.ModuleList(PortBlock(silu_on_w3) for _ in range(LAYERS))
-        self.output = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
         self.last_position_only = last_position_only
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ class PortModel(nn.Module):
             h = layer(h)
         if self.last_position_only:
             h = h[:, -1:, :]
-        return self.output(h)
+        return self.lm_head(h)
 
 
 def reference_model() -> ReferenceModel:
@@ -104,7 +104,7 @@ def port_model(bug: str = "") -> PortModel:
         gate = "up_proj"
     with torch.no_grad():
         port.tok_embeddings.weight.copy_(source["embed_tokens.weight"])
-        port.output.weight.copy_(source["lm_head.weight"])
+        port.lm_head.weight.copy_(source["lm_head.weight"])
         for index, layer in enumerate(port.layers):
             prefix = f"layers.{index}.mlp."
             layer.feed_forward.w1.weight.copy_(source[prefix + gate + ".weight"])
