@@ -6,17 +6,12 @@ runs the same rule in tests/python/test_port_verdicts.py."""
 
 from __future__ import annotations
 
-import io
-import json
-import textwrap
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from modeltrace.cli import main
 from modeltrace.worker.client import WorkerClient
-from modeltrace.worker.messages import TraceRequest
+from tiny_pairs import diff_json, trace_models
 
 
 MODEL_FILE = Path(__file__).parent / "align_pairs" / "rotary_tables.py"
@@ -32,36 +27,11 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("rotary_tables")
-    found = {}
-    for name, build in MODELS.items():
-        recipe = folder / f"recipe_{name}.py"
-        recipe.write_text(
-            textwrap.dedent(f"""
-            import sys
-            import torch
-            sys.path.insert(0, {str(MODEL_FILE.parent)!r})
-            from rotary_tables import TOKENS, port_model, reference_model
-
-            def build_model():
-                return {build}
-
-            def build_inputs(model):
-                return (torch.tensor(TOKENS),)
-            """)
-        )
-        out = folder / f"{name}.mtrace"
-        worker.trace(TraceRequest(file=str(MODEL_FILE), recipe=str(recipe), out=str(out), full_tensors=True))
-        found[name] = out
-    return found
+    return trace_models(worker, tmp_path_factory.mktemp("rotary_tables"), MODEL_FILE, MODELS)
 
 
 def _diff(traces: dict[str, Path], reference: str, candidate: str) -> tuple[int, dict]:
-    stdout = io.StringIO()
-    arguments = ["diff", str(traces[reference]), str(traces[candidate]), "--format", "json"]
-    with redirect_stdout(stdout), redirect_stderr(io.StringIO()):
-        exit_code = main(arguments)
-    return exit_code, json.loads(stdout.getvalue())
+    return diff_json(traces[reference], traces[candidate])
 
 
 @pytest.mark.parametrize(

@@ -5,17 +5,12 @@ verdicts (tests/python/test_port_verdicts.py, Meta's Llama) run the same rules e
 
 from __future__ import annotations
 
-import io
-import json
-import textwrap
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from modeltrace.cli import main
 from modeltrace.worker.client import WorkerClient
-from modeltrace.worker.messages import TraceRequest
+from tiny_pairs import diff_json, trace_models
 
 
 MODEL_FILE = Path(__file__).parent / "align_pairs" / "gated_mlp.py"
@@ -38,37 +33,14 @@ def _line_of(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("weight_pairing")
-    found = {}
-    for name in ("reference", *BUGS):
-        build = "reference_model()" if name == "reference" else f"port_model({'' if name == 'clean' else repr(name)})"
-        recipe = folder / f"recipe_{name}.py"
-        recipe.write_text(
-            textwrap.dedent(f"""
-            import sys
-            import torch
-            sys.path.insert(0, {str(MODEL_FILE.parent)!r})
-            from gated_mlp import TOKENS, port_model, reference_model
-
-            def build_model():
-                return {build}
-
-            def build_inputs(model):
-                return (torch.tensor(TOKENS),)
-            """)
-        )
-        out = folder / f"{name}.mtrace"
-        worker.trace(TraceRequest(file=str(MODEL_FILE), recipe=str(recipe), out=str(out), full_tensors=True))
-        found[name] = out
-    return found
+    builds = {name: f"port_model({'' if name == 'clean' else repr(name)})" for name in BUGS}
+    return trace_models(
+        worker, tmp_path_factory.mktemp("weight_pairing"), MODEL_FILE, {"reference": "reference_model()", **builds}
+    )
 
 
 def _diff(traces: dict[str, Path], name: str, *options: str) -> tuple[int, dict]:
-    stdout = io.StringIO()
-    arguments = ["diff", str(traces["reference"]), str(traces[name]), "--format", "json", *options]
-    with redirect_stdout(stdout), redirect_stderr(io.StringIO()):
-        exit_code = main(arguments)
-    return exit_code, json.loads(stdout.getvalue())
+    return diff_json(traces["reference"], traces[name], *options)
 
 
 def _maps() -> tuple[str, ...]:
@@ -97,38 +69,24 @@ def test_identical_weights_pair_projections_against_call_order(traces: dict[str,
         assert record["status"] == "match" and "weights equal" in record["alignment"]["evidence"]
 
 
-def test_a_converter_swap_is_still_blamed_at_the_projection_where_a_map_names_its_role(
-    traces: dict[str, Path],
+@pytest.mark.parametrize(
+    ("bug", "with_map"), [("converter_swap", True), ("converter_swap", False), ("converter_up_twice", False)]
+)
+def test_weights_loaded_into_the_wrong_projection_are_blamed_there(
+    traces: dict[str, Path], bug: str, with_map: bool
 ) -> None:
-    """Weights loaded into the wrong projections compute what the forward's swap computes; with the user's map
-    (w1 is the gate), the map is the stronger evidence and the projection is blamed at its construction."""
-    exit_code, document = _diff(traces, "converter_swap", *_maps())
+    """Weights loaded into the wrong projections compute what the forward's swap computes, and are blamed at the
+    projection's construction line all the same. With the user's map (w1 is the gate), the map is the stronger
+    evidence. Without one, construction order breaks the tie between call order and weights: the port builds w1
+    before w3 as the reference builds gate_proj before up_proj, and calls w1 first as the reference calls gate_proj
+    first; only the weights disagree, so they are what is wrong. w1 and w3 both loaded from up_proj match up_proj
+    twice, which identifies neither: call order pairs them."""
+    exit_code, document = _diff(traces, bug, *(_maps() if with_map else ()))
     assert exit_code == 1
     first = document["first_divergence"]
     assert first["path"] == "layers.0.feed_forward.w1"
     assert first["built_at"]["line"] == _line_of("self.w1 = nn.Linear")
     assert any(item["name"] == "weight" and item["status"] == "different" for item in first["parameters"])
-
-
-def test_a_converter_swap_is_blamed_at_the_projection_without_a_map(traces: dict[str, Path]) -> None:
-    """With no map, the order each side built its modules breaks the tie between call order and weights: the
-    port builds w1 before w3 as the reference builds gate_proj before up_proj, and calls w1 first as the reference
-    calls gate_proj first; only the weights disagree, so they are what is wrong."""
-    exit_code, document = _diff(traces, "converter_swap")
-    assert exit_code == 1
-    first = document["first_divergence"]
-    assert first["path"] == "layers.0.feed_forward.w1"
-    assert first["built_at"]["line"] == _line_of("self.w1 = nn.Linear")
-
-
-def test_a_weight_copied_to_two_projections_identifies_neither(traces: dict[str, Path]) -> None:
-    """w1 and w3 both loaded from up_proj: their weights match up_proj twice, which is no evidence of role, so the
-    call order pairs them and the gate projection with up_proj's weights is blamed, at its construction line."""
-    exit_code, document = _diff(traces, "converter_up_twice")
-    assert exit_code == 1
-    first = document["first_divergence"]
-    assert first["path"] == "layers.0.feed_forward.w1"
-    assert first["built_at"]["line"] == _line_of("self.w1 = nn.Linear")
 
 
 def test_a_last_position_head_pairs_with_the_whole_sequence_head(traces: dict[str, Path]) -> None:
