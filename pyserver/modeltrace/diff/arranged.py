@@ -80,12 +80,20 @@ def _variance(summary: TensorSummary) -> float:
     return std * std * (count - 1) / count if count > 1 else 0.0
 
 
-@functools.lru_cache(maxsize=32)
 def _statements(file: str) -> dict[int, ast.stmt]:
     """First line -> the innermost simple statement starting there (compound statements' headers left out)."""
     try:
-        tree = ast.parse(read_source_text(file))
-    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
+        return _parsed(read_source_text(file))
+    except UnreadableSource:
+        return {}
+
+
+# NOTE: cached by the text, not the path: a file edited between two diffs (the language server's) is parsed again
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> dict[int, ast.stmt]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     found: dict[int, ast.stmt] = {}
     for node in ast.walk(tree):
