@@ -105,13 +105,28 @@ def leftover_weight_pairs(
     call) that hold the same parameters, each the only one left over on its side to hold them, and whose first
     outputs hold the same numbers or overlapping positions; `overlap` describes the positions compared (None when
     the outputs have the same numbers)."""
+    # NOTE: indexed by fingerprint, not compared pair by pair: a large trace leaves thousands of modules over
+    by_weights: dict[tuple, list[str]] = defaultdict(list)
+    by_transposed: dict[tuple, list[str]] = defaultdict(list)
+    for ref_path, ref_index in left_ref.items():
+        feature = ref_features[ref_index]
+        if feature.weights is not None:
+            by_weights[feature.weights].append(ref_path)
+            by_transposed[feature.weights_transposed or feature.weights].append(ref_path)
     matches: dict[str, list[str]] = defaultdict(list)
     ref_matches: dict[str, list[str]] = defaultdict(list)
     for cand_path, cand_index in left_cand.items():
-        for ref_path, ref_index in left_ref.items():
-            if weights_score(ref_features[ref_index], cand_features[cand_index]) == 1.0:
-                matches[cand_path].append(ref_path)
-                ref_matches[ref_path].append(cand_path)
+        feature = cand_features[cand_index]
+        if feature.weights is None:
+            continue
+        found = [
+            *by_weights.get(feature.weights, ()),
+            *by_weights.get(feature.weights_transposed or feature.weights, ()),
+            *by_transposed.get(feature.weights, ()),
+        ]
+        for ref_path in dict.fromkeys(found):
+            matches[cand_path].append(ref_path)
+            ref_matches[ref_path].append(cand_path)
     found = []
     for cand_path, refs in matches.items():
         if len(refs) != 1 or len(ref_matches[refs[0]]) != 1:
