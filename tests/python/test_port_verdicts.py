@@ -48,13 +48,10 @@ from ports.harness import (
 # variant -> reason); remove a row when it becomes right.
 KNOWN_WRONG: dict[str, str] = {
     # independent: LLMs and speech
-    "meta_llama-gate_up_swapped": "blames layers.0.feed_forward.w3 (built at its construction line): the SiLU on "
-    "w3 with correct weights computes what a converter swap of w1 and w3 computes; the alignment pairs the first "
-    "called projection with gate_proj, and nothing in the values tells the two bugs apart",
     "mistral-softmax_scale_in_init@full": "layers.0, range 112-147 (the attention's forward): without line records "
     "the first differing line, which reads self.scale (assigned at 78), is not known",
-    "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "
-    "numbers in another order, so their statistics match; the helper's line 35 is never named",
+    "mistral-kv_heads_tiled@full": "layers.0, range 112-147: the tiled keys hold the same numbers in another "
+    "order; without line records nothing names the helper's line 35 (with them, the line that made the copies)",
     "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 277-338: the bug is in the helper "
     "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from modeltrace.diff.arranged import arranged_inputs
 from modeltrace.diff.divergence import enclosing_function
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
@@ -52,6 +53,9 @@ class LineDivergence:
     # the reference also computed (values no line compares, a complex intermediate, lie in between), else the
     # function's first line; None where unknown
     since: int | None = None
+    # values the line reads that were made of repeated copies earlier in the call (`diff/arranged.py`): (name read,
+    # file, line that made the copies); their arrangement is invisible to statistics
+    arranged: tuple[tuple[str, str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -69,6 +73,7 @@ class LineDivergence:
             "called_from": None
             if self.called_from is None
             else {"file": self.called_from[0], "line": self.called_from[1]},
+            "arranged": [{"name": name, "file": file, "line": line} for name, file, line in self.arranged],
         }
 
 
@@ -237,7 +242,7 @@ def _by_order(
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
     last_right: LineRecord | None = None
-    for cand_record in cand_body:
+    for cand_position, cand_record in enumerate(cand_body):
         if cand_record.tensor.dtype.startswith("complex"):
             continue  # statistics of a complex tensor (a rotary table) have no real counterpart to compare with
         # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
@@ -277,8 +282,17 @@ def _by_order(
             continue  # an intermediate the reference does not have
         found = _differs(counterpart, cand_record, tolerance)
         if found is not None:
-            return replace(found, since=_since(last_right, found))
+            return _with_arranged(replace(found, since=_since(last_right, found)), cand_body, cand_position)
     return None
+
+
+def _with_arranged(found: LineDivergence, cand_body: list[LineRecord], position: int) -> LineDivergence:
+    arranged = arranged_inputs(cand_body, position)
+    if not arranged:
+        return found
+    said = ", ".join(f"{name} at {_short(file)}:{line}" for name, file, line in arranged)
+    reason = f"{found.reason}; made of repeated copies, whose order statistics cannot see: {said}"
+    return replace(found, arranged=arranged, reason=reason)
 
 
 def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:

@@ -109,6 +109,8 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             "evidence": pair.evidence,
             "fused": pair.fused,
             **({"mapping_line": pair.line} if pair.line else {}),
+            # NOTE: one side's output a slice of the other's (a last-position head): the positions compared
+            **({"overlap": pair.overlap} if getattr(pair, "overlap", None) else {}),
         }
     if module.status in (MISMATCH, DIVERGENCE):
         data["differing"] = [
@@ -152,6 +154,16 @@ def _side_pairs(
             "relation": pair.relation,
         }
         for pair in pairing.pairs
+    ]
+    # NOTE: a rotary table against its cosines and sines (`diff/rotary_tables.py`): one tensor against two
+    pairs += [
+        {
+            "reference": table.complex_key if table.owner == "reference" else f"{table.cos_key} + {table.sin_key}",
+            "candidate": table.complex_key if table.owner == "candidate" else f"{table.cos_key} + {table.sin_key}",
+            "how": table.describe(),
+            "relation": "rotary",
+        }
+        for table in pairing.tables
     ]
     left = [
         {"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason} for leaf in pairing.left_out

@@ -20,7 +20,9 @@ from ports.harness import Judged
 LINE = "line"
 CONSTRUCTION = "construction line"
 ASSIGNMENT = "assignment line"
-EXACT = (LINE, CONSTRUCTION, ASSIGNMENT)
+# the line that made a value the first differing line reads of repeated copies (`line.arranged`)
+ARRANGEMENT = "arrangement line"
+EXACT = (LINE, CONSTRUCTION, ASSIGNMENT, ARRANGEMENT)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         with_lines="range of 5 lines (where an unpaired input was produced)",
     ),
     "meta_llama-softmax_scale": LineClaim(298, (274, 304), full="range of 31 lines", with_lines=LINE),
+    "meta_llama-gate_up_swapped": LineClaim(348, (348, 348), full="range of 1 line", with_lines=LINE),
     "meta_llama-mask_off_by_one": LineClaim(480, (470, 492), full="range of 23 lines", with_lines="range of 23 lines"),
     "meta_llama-last_layer_not_converted": LineClaim(383, (65, 77), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "mistral-rope_base": LineClaim(
@@ -115,6 +118,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         with_lines="range of 2 lines (where an unpaired input was produced)",
     ),
     "mistral-softmax_scale_in_init": LineClaim(78, (112, 147), full="", with_lines=ASSIGNMENT),
+    "mistral-kv_heads_tiled": LineClaim(35, (112, 147), full="", with_lines=ARRANGEMENT),
     "mistral-gelu_for_silu": LineClaim(
         159, (159, 159), full="range of 1 line", with_lines="range of 1 line; line 141 is not the bug's"
     ),
@@ -137,7 +141,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
-EXACT_LINES_CLAIMED = {"full": 19, "lines": 30}
+EXACT_LINES_CLAIMED = {"full": 19, "lines": 32}
 
 
 def claim_mismatches(judged: Judged, claim: LineClaim, variant: str) -> list[str]:
