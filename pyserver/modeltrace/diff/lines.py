@@ -52,6 +52,9 @@ class LineDivergence:
     # the reference also computed (values no line compares, a complex intermediate, lie in between), else the
     # function's first line; None where unknown
     since: int | None = None
+    # the candidate module call that ran the line (`LineRecord.module_call`): a call inside the divergence that
+    # has no counterpart, where the difference arises (`unaligned.into_line_owner`), or the divergence's own
+    module_call: int = -1
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -88,6 +91,10 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
+    if reference is None and divergence.compared_in is not None:
+        # a module without counterpart (`diff/unaligned.py`): its lines against those of the reference call that
+        # showed the difference, inline code included
+        reference = divergence.compared_in.reference
     if reference is None:
         return None
     aligned_ref = {module.reference.index for module in result.modules if module.reference is not None}
@@ -321,6 +328,7 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
             cand_record.name,
             None,
             f"shape {cand.shape} vs {ref.shape} ({where} in the reference)",
+            module_call=cand_record.module_call,
         )
     if _within(ref, cand, tolerance):
         return None
@@ -333,6 +341,7 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
         gap,
         f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
         f"({where} in the reference)",
+        module_call=cand_record.module_call,
     )
 
 
