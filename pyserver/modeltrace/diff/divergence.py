@@ -24,7 +24,7 @@ from modeltrace.diff.result import (
     ModuleResult,
     finish_key,
 )
-from modeltrace.trace.records import SourceRange
+from modeltrace.trace.records import ModuleCall, SourceRange
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
 
@@ -319,6 +319,13 @@ def _nested_range(file: str, span: tuple[int, int], after: object, before: objec
     return SourceRange(file, after.line, before.line)
 
 
+def is_library_class(record: ModuleCall) -> bool:
+    """Whether the call's class lives in an installed library (a torch `nn.Sequential`, `nn.Conv2d`): its code is
+    not the port's; how it was built and called is."""
+    defined = record.defined_at
+    return defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS)
+
+
 def _derivable(last_match: ModuleResult, first_differing: ModuleResult | None) -> bool:
     """Whether the first differing child's differing inputs can have been computed from the last matching
     child's outputs: not when every one of them is of another kind (integer position ids against floating
@@ -340,7 +347,7 @@ def source_range(divergence: Divergence) -> SourceRange | None:
     how it was built: see `built_at`)."""
     record = divergence.module.candidate
     defined = record.defined_at
-    if defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS):
+    if defined is not None and is_library_class(record):
         called = record.called_at
         return SourceRange(called.file, called.line, called.line) if called is not None else None
     span = _forward_ranges(defined.file).get(defined.line) if defined is not None else None

@@ -26,7 +26,7 @@ differing tensor), `Divergence.compared_in` names D, whose reference call the li
 
 from __future__ import annotations
 
-from modeltrace.diff.divergence import bounded
+from modeltrace.diff.divergence import bounded, is_library_class
 from modeltrace.diff.kinds import is_no_op
 from modeltrace.diff.pairing import dtype_kind
 from modeltrace.diff.result import (
@@ -55,9 +55,17 @@ def tensor_identity(summary: TensorSummary) -> TensorIdentity | None:
     return ("statistics", tuple(summary.shape), summary.dtype, summary.mean, summary.std, summary.min, summary.max)
 
 
+# the checks that compare values (full tensors, statistics), not only shapes
+_VALUES_COMPARED = ("full", "statistics")
+# a tensor compared at several calls, with both outcomes: it holds the right values in one role and not in another
+# (fc2's output matches, and is norm2's differing input where the reference adds the residual first): the code
+# between those calls differs, not the tensor; no evidence either way
+AMBIGUOUS = "ambiguous"
+
+
 def _compared_tensors(results: list[ModuleResult]) -> dict[TensorIdentity, tuple[str, LeafResult, ModuleResult]]:
-    """{identity: (status, leaf, call)} of every candidate tensor an aligned call compared; a tensor found
-    differing anywhere stays differing (a match under one pairing does not clear it)."""
+    """{identity: (status, leaf, call)} of every candidate tensor an aligned call compared: MATCH, MISMATCH, or
+    AMBIGUOUS where it matched at one call and differed at another."""
     known: dict[TensorIdentity, tuple[str, LeafResult, ModuleResult]] = {}
     for result in results:
         if result.reference is None:
@@ -70,11 +78,15 @@ def _compared_tensors(results: list[ModuleResult]) -> dict[TensorIdentity, tuple
             for leaf in leaves:
                 if leaf.status not in (MATCH, MISMATCH) or leaf.key not in by_key:
                     continue
+                if leaf.check not in _VALUES_COMPARED:
+                    continue  # shapes that differ say the roles were not paired, not which values differ
                 identity = tensor_identity(by_key[leaf.key])
                 if identity is None:
                     continue
-                if identity not in known or (leaf.status == MISMATCH and known[identity][0] == MATCH):
+                if identity not in known:
                     known[identity] = (leaf.status, leaf, result)
+                elif known[identity][0] != leaf.status:
+                    known[identity] = (AMBIGUOUS, leaf, result)
     return known
 
 
@@ -93,7 +105,7 @@ def into_unaligned(divergence: Divergence | None, results: list[ModuleResult]) -
             (
                 found
                 for kid in sorted(children.get(divergence.module.candidate.index, []), key=_call_order)
-                if kid.reference is None and not is_no_op(kid.candidate)
+                if kid.reference is None and _searchable(kid)
                 for found in [_difference_inside(kid, children, known)]
                 if found is not None
             ),
@@ -124,6 +136,14 @@ def forget_moved_into(module: ModuleResult) -> None:
     module.reason = "no counterpart in the reference"
 
 
+def _searchable(module: ModuleResult) -> bool:
+    """Whether a call without counterpart can be the divergence: not a no-op, and a class of the candidate's own
+    code. A library class (an `nn.Sequential` of convolutions built with another stride) computes what its
+    construction and its arguments say: those are its caller's code, which stays the divergence (an aligned
+    library module is judged by its build comparison; one without counterpart has none)."""
+    return not is_no_op(module.candidate) and not is_library_class(module.candidate)
+
+
 def _call_order(result: ModuleResult) -> int:
     return result.candidate.index
 
@@ -150,10 +170,10 @@ def _difference_inside(
                 f"{leaf.key or 'tensor'}, which differs (max abs diff {_number(leaf.max_abs_diff)})"
             )
             return module, reason, leaf, call
-    inner = _first_receiving_difference(module, children)
-    if inner is None:
+    found = _first_receiving_difference(module, children, known)
+    if found is None:
         return None
-    leaf = next(leaf for leaf in inner.input_leaves if leaf.status == MISMATCH)
+    inner, leaf = found
     reason = (
         f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs {where} "
         f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: max abs diff "
@@ -175,8 +195,8 @@ def _matching_inputs(
             return None  # it receives a differing tensor: the difference arose before it
         if dtype_kind(summary.dtype) != "f":
             continue  # ids and masks are compared where they are paired, not evidence of values here
-        if status is None:
-            return None  # a floating-point input nobody compared: not known to match
+        if status is None or status[0] != MATCH:
+            return None  # a floating-point input nobody compared (or compared both ways): not known to match
         matching.append((summary.key or "input", status[2]))
     if not matching:
         return None
@@ -184,15 +204,22 @@ def _matching_inputs(
 
 
 def _first_receiving_difference(
-    module: ModuleResult, children: dict[int, list[ModuleResult]]
-) -> ModuleResult | None:
-    """The first aligned call inside `module` (any depth, in call order) whose compared inputs differ."""
+    module: ModuleResult,
+    children: dict[int, list[ModuleResult]],
+    known: dict[TensorIdentity, tuple[str, LeafResult, ModuleResult]],
+) -> tuple[ModuleResult, LeafResult] | None:
+    """The first aligned call inside `module` (any depth, in call order) that receives a differing tensor (one no
+    other call found matching), with that tensor's comparison."""
     pending = sorted(children.get(module.candidate.index, []), key=_call_order, reverse=True)
     while pending:
         kid = pending.pop()
         if kid.reference is not None and kid.inputs == MISMATCH:
-            if any(leaf.status == MISMATCH for leaf in kid.input_leaves):
-                return kid
+            by_key = {summary.key: summary for summary in kid.candidate.inputs}
+            for leaf in kid.input_leaves:
+                identity = tensor_identity(by_key[leaf.key]) if leaf.key in by_key else None
+                status = known.get(identity) if identity is not None else None
+                if leaf.status == MISMATCH and status is not None and status[0] == MISMATCH:
+                    return kid, leaf
         pending.extend(sorted(children.get(kid.candidate.index, []), key=_call_order, reverse=True))
     return None
 
@@ -231,7 +258,7 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
     known = _compared_tensors(results)
     for module in chain:
         where = _matching_inputs(module, known)
-        if where is None or is_no_op(module.candidate):
+        if where is None or not _searchable(module):
             continue
         enclosing = divergence.module
         if enclosing.status == DIVERGENCE:
