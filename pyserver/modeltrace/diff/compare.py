@@ -276,7 +276,7 @@ def decide(result: DiffResult) -> None:
     for module in result.modules:
         module.boundary, module.absorbed_by = False, None
     divergence, boundaries = find_divergence(result.modules)
-    divergence = into_unaligned(divergence, result.modules)
+    divergence = into_unaligned(divergence, result.modules, result.reference.trace)
     for module in boundaries:
         module.boundary = True
     if divergence is not None:

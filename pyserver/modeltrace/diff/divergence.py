@@ -270,7 +270,7 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
 _function_cache: dict[tuple[str, float], list[tuple[int, int]]] = {}
 
 
-def _function_spans(file: str) -> list[tuple[int, int]]:
+def function_spans(file: str) -> list[tuple[int, int]]:
     """(first, last) line of every function of a file (methods and nested functions too)."""
     import ast
     import os
@@ -299,7 +299,7 @@ def _function_spans(file: str) -> list[tuple[int, int]]:
 
 def enclosing_function(file: str, line: int) -> tuple[int, int] | None:
     """(first, last) line of the innermost function of `file` holding `line`, or None."""
-    spans = [span for span in _function_spans(file) if span[0] <= line <= span[1]]
+    spans = [span for span in function_spans(file) if span[0] <= line <= span[1]]
     return min(spans, key=lambda span: span[1] - span[0]) if spans else None
 
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from modeltrace.diff.divergence import enclosing_function
+from modeltrace.diff.divergence import enclosing_function, function_spans
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
 
@@ -55,6 +55,8 @@ class LineDivergence:
     # the candidate module call that ran the line (`LineRecord.module_call`): a call inside the divergence that
     # has no counterpart, where the difference arises (`unaligned.into_line_owner`), or the divergence's own
     module_call: int = -1
+    # the candidate's value on that line (statistics)
+    value: TensorSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -91,7 +93,8 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
-    if reference is None and divergence.compared_in is not None:
+    moved_into = reference is None and divergence.compared_in is not None
+    if moved_into:
         # a module without counterpart (`diff/unaligned.py`): its lines against those of the reference call that
         # showed the difference, inline code included
         reference = divergence.compared_in.reference
@@ -107,7 +110,9 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
         return None
     ref_body, ref_inputs = _split_prologue(ref_lines)
     cand_body, cand_inputs = _split_prologue(cand_lines)
-    tolerance = _tolerance(ref_lines, cand_lines, ref_inputs, cand_inputs)
+    # NOTE: a module moved into has other parameters than the reference call (the root's `x` is not its `x`), and
+    # its inputs are the very tensors found matching: no upstream error to widen the tolerance by
+    tolerance = _tolerance(ref_lines, cand_lines, [] if moved_into else ref_inputs, cand_inputs)
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
         found = _same_file(ref_body, cand_body, tolerance)
     else:
@@ -265,6 +270,8 @@ def _by_order(
                 position = explained + 1
             last_right = cand_record
             continue
+        if _is_parameter(cand_record):
+            continue  # an argument its caller computed inline: what the callee computes from it is compared
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
         later = [record for index, record in enumerate(ref_body[position:], position) if fresh[index]]
@@ -286,6 +293,11 @@ def _by_order(
         if found is not None:
             return replace(found, since=_since(last_right, found))
     return None
+
+
+def _is_parameter(record: LineRecord) -> bool:
+    """Whether the record is a parameter of a function (recorded on its `def` line), not a computed value."""
+    return any(start == record.line for start, _ in function_spans(record.file))
 
 
 def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
@@ -314,6 +326,13 @@ def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool
     return fresh
 
 
+def same_values(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Whether two tensors hold the same values, as far as their statistics tell (over as many elements, whatever
+    the layout), at the lower precision of their two dtypes."""
+    tolerance = max(_RELATIVE.get(ref.dtype, _RELATIVE_DEFAULT), _RELATIVE.get(cand.dtype, _RELATIVE_DEFAULT))
+    return _same_values(ref, cand, tolerance)
+
+
 def _same_values(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> bool:
     return math.prod(ref.shape) == math.prod(cand.shape) and _within(ref, cand, tolerance)
 
@@ -329,6 +348,7 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
             None,
             f"shape {cand.shape} vs {ref.shape} ({where} in the reference)",
             module_call=cand_record.module_call,
+            value=cand,
         )
     if _within(ref, cand, tolerance):
         return None
@@ -342,6 +362,7 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
         f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
         f"({where} in the reference)",
         module_call=cand_record.module_call,
+        value=cand,
     )
 
 

@@ -15,8 +15,16 @@ divergence when
 - its inputs match: each of its floating-point inputs is a tensor an aligned call compared and found matching
   (none was found differing), and there is at least one: a module without compared inputs (a bias computed from
   its own parameters alone) has no evidence on that side and is not moved into;
-- its difference arises inside it: an aligned call inside it receives differing inputs, or one of its outputs is a
-  tensor an aligned call compared and found differing (the pooled output that the classifier receives).
+- its difference arises inside it: an aligned call inside it receives differing inputs (transformers'
+  `ConvNextModel` pools before its `layernorm`, aligned with timm's head norm, which then receives a differing
+  tensor); or, where the reference has line records there, one of its outputs is a tensor an aligned call
+  compared and found differing and that the reference never computes (its inline values included: the
+  embeddings `vision_model.pre_layrnorm` receives). An output the reference computes too, in another role, clears
+  the module: its caller's code passes it where something else belongs (a residual it leaves out). Without line
+  records that cannot be told apart, and the output is no evidence.
+
+A tensor compared both ways (matching at one call, differing at another) and a comparison of shapes alone are no
+evidence; a library class (a torch `nn.Sequential`) is not moved into: its caller built and called it.
 
 The search repeats inside M (a module on one side only inside another: open_clip has neither CLIP's
 `vision_model` nor its `embeddings`), and M's range of lines is bounded by its aligned children as any
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 from modeltrace.diff.divergence import bounded, is_library_class
 from modeltrace.diff.kinds import is_no_op
+from modeltrace.diff.lines import same_values
 from modeltrace.diff.pairing import dtype_kind
 from modeltrace.diff.result import (
     DIVERGENCE,
@@ -39,7 +48,7 @@ from modeltrace.diff.result import (
     LeafResult,
     ModuleResult,
 )
-from modeltrace.trace.records import TensorSummary
+from modeltrace.trace.records import TensorSummary, Trace
 
 # how a tensor is known within one trace: its stored tensor's name, else its shape, dtype and statistics
 TensorIdentity = tuple
@@ -90,9 +99,10 @@ def _compared_tensors(results: list[ModuleResult]) -> dict[TensorIdentity, tuple
     return known
 
 
-def into_unaligned(divergence: Divergence | None, results: list[ModuleResult]) -> Divergence | None:
+def into_unaligned(divergence: Divergence | None, results: list[ModuleResult], reference: Trace) -> Divergence | None:
     """`divergence`, moved into the candidate module without counterpart that holds the difference (see the module
-    docstring), repeatedly; unchanged where no such module qualifies."""
+    docstring), repeatedly; unchanged where no such module qualifies. `reference`: the reference trace, whose
+    values inside the divergence's reference call clear an output that the reference computes too."""
     if divergence is None:
         return None
     known = _compared_tensors(results)
@@ -100,13 +110,16 @@ def into_unaligned(divergence: Divergence | None, results: list[ModuleResult]) -
     for result in results:
         children.setdefault(result.candidate.parent, []).append(result)
     compared_in = divergence.compared_in or divergence.module
+    if compared_in.reference is None:
+        return divergence
+    computed = _reference_values(reference, compared_in.reference.index)
     while True:
         inner = next(
             (
                 found
                 for kid in sorted(children.get(divergence.module.candidate.index, []), key=_call_order)
                 if kid.reference is None and _searchable(kid)
-                for found in [_difference_inside(kid, children, known)]
+                for found in [_difference_inside(kid, children, known, computed)]
                 if found is not None
             ),
             None,
@@ -123,9 +136,27 @@ def into_unaligned(divergence: Divergence | None, results: list[ModuleResult]) -
         module.atol, module.rtol = where.atol, where.rtol
         module.reason = reason
         kids = [kid for kid in children.get(module.candidate.index, []) if kid.reference is not None]
-        divergence = bounded(
-            Divergence(module, inputs_match=True, by_replay=divergence.by_replay, compared_in=compared_in), kids
-        )
+        divergence = bounded(Divergence(module, inputs_match=True, compared_in=compared_in), kids)
+
+
+def _reference_values(reference: Trace, call: int) -> list[TensorSummary] | None:
+    """Every value the reference computed inside its call `call`: its descendants' inputs and outputs and the
+    values its lines assigned; None without line records there (its inline values are not known)."""
+    inside = {call}
+    for record in reference.modules:  # calls are stored in the order they started: parents first
+        if record.parent in inside:
+            inside.add(record.index)
+    lines = [line.tensor for line in reference.lines if line.module_call in inside and line.tensor.mean is not None]
+    if not lines:
+        return None
+    values = [
+        summary
+        for record in reference.modules
+        if record.index in inside
+        for summary in (*record.inputs, *record.outputs)
+        if summary.mean is not None
+    ]
+    return values + lines
 
 
 def forget_moved_into(module: ModuleResult) -> None:
@@ -152,6 +183,7 @@ def _difference_inside(
     module: ModuleResult,
     children: dict[int, list[ModuleResult]],
     known: dict[TensorIdentity, tuple[str, LeafResult, ModuleResult]],
+    computed: list[TensorSummary] | None,
 ) -> tuple[ModuleResult, str, LeafResult, ModuleResult] | None:
     """(module, reason, the differing leaf, the call that compared it) when `module` (no counterpart) has
     matching inputs and a difference that arises inside it; else None."""
@@ -159,27 +191,34 @@ def _difference_inside(
     where = _matching_inputs(module, known)
     if where is None:
         return None
-    for summary in record.outputs:
+    found = _first_receiving_difference(module, children, known)
+    if found is not None:
+        inner, leaf = found
+        reason = (
+            f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs {where} "
+            f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: max abs diff "
+            f"{_number(leaf.max_abs_diff)})"
+        )
+        return module, reason, leaf, inner
+    # NOTE: an output that an aligned call receives as a differing input says the values differ where they are
+    # received; whether this module computed them wrong, or its caller should have passed something else (a
+    # residual it leaves out), only the reference's own inline values tell: without its line records, no evidence
+    for summary in record.outputs if computed is not None else ():
         identity = tensor_identity(summary)
         status = known.get(identity) if identity is not None else None
         if status is not None and status[0] == MISMATCH:
             _, leaf, call = status
+            if any(same_values(value, summary) for value in computed):
+                # NOTE: the reference computes these values too, in another role: what differs is the code
+                # between this module and the call that receives it (a residual its caller leaves out)
+                continue
             reason = (
                 f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs "
                 f"{where} match, its output {summary.key or '(output)'} is {_name(call)}'s "
-                f"{leaf.key or 'tensor'}, which differs (max abs diff {_number(leaf.max_abs_diff)})"
+                f"{_role(leaf, call)}, which differs (max abs diff {_number(leaf.max_abs_diff)})"
             )
             return module, reason, leaf, call
-    found = _first_receiving_difference(module, children, known)
-    if found is None:
-        return None
-    inner, leaf = found
-    reason = (
-        f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs {where} "
-        f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: max abs diff "
-        f"{_number(leaf.max_abs_diff)})"
-    )
-    return module, reason, leaf, inner
+    return None
 
 
 def _matching_inputs(
@@ -224,6 +263,12 @@ def _first_receiving_difference(
     return None
 
 
+def _role(leaf: LeafResult, call: ModuleResult) -> str:
+    """Which tensor of `call` a comparison was: "input hidden_states", "output", "output 0"."""
+    side = "input" if any(other is leaf for other in call.input_leaves) else "output"
+    return f"{side} {leaf.key}" if leaf.key else side
+
+
 def _name(result: ModuleResult) -> str:
     return result.candidate.path or "(root)"
 
@@ -257,6 +302,10 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
         return None  # not inside the divergence
     known = _compared_tensors(results)
     for module in chain:
+        if line.value is not None and any(same_values(summary, line.value) for summary in module.candidate.inputs):
+            # NOTE: the line holds one of its inputs (a parameter, recorded on its `def` line), which the tensor
+            # comparison found matching: the drill-down compared it with a value of another role, no evidence
+            return None
         where = _matching_inputs(module, known)
         if where is None or not _searchable(module):
             continue
@@ -272,7 +321,5 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
         )
         kids = [kid for kid in results if kid.candidate.parent == module.candidate.index and kid.reference is not None]
         compared_in = divergence.compared_in or divergence.module
-        return bounded(
-            Divergence(module, inputs_match=True, by_replay=divergence.by_replay, compared_in=compared_in), kids
-        )
+        return bounded(Divergence(module, inputs_match=True, compared_in=compared_in), kids)
     return None
