@@ -219,25 +219,24 @@ def test_the_clean_port_with_modules_on_one_side_matches(traces: dict, lines: bo
 
 
 @pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
-def test_a_module_on_one_side_holding_the_bug_is_named_through_an_aligned_call_inside_it(
-    traces: dict, lines: bool
-) -> None:
-    """The MLP's scale halved inside `Mlp` (no counterpart: the reference computes it inline in its block): the
-    block is aligned, its `norm` and `fc2` match, the next block's `norm` receives a differing tensor. The block
-    (aligned, inputs match) is the first divergence; the block's own evidence stays with it since `Mlp`'s
-    output is fresh: without line records nothing tells whether `Mlp` or the block's own code differs."""
+def test_a_module_on_one_side_inside_an_aligned_block_is_named_by_its_line(traces: dict, lines: bool) -> None:
+    """The MLP's scale halved inside `Mlp`, which the reference computes inline in its block: the block is aligned,
+    its `norm`, `fc1` and `fc2` match, and `Mlp`'s output goes into the block's own residual sum, which no call
+    compares. With line records, the first differing line (`return ... * scale`, against the reference's `update`)
+    ran in `Mlp`, whose input is the block's matching `norm` output: `Mlp` is the divergence. Without them, the
+    block, which holds both, is as far as the data goes (its parameter `hidden`, recorded on `Mlp`'s `def` line,
+    is an argument, not a value `Mlp` computed: it is not the differing line)."""
     code, document = _diff(traces, "mlp_scale", lines)
     first = document["first_divergence"]
     assert code == 1
-    # with line records, the reference's inline `update` (x 0.5) is known and the port's (x 0.25) is not: the
-    # difference arises in Mlp; without them the block, which holds both, is as far as the data goes
     assert first["path"] == ("body.blocks.0.mlp" if lines else "body.blocks.0"), first
+    if lines:
+        assert "* scale" in Path(first["line"]["file"]).read_text().splitlines()[first["line"]["line"] - 1]
+        assert first["compared_in"] == "body.blocks.0"
 
 
 @pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
-def test_a_module_on_one_side_is_searched_through_the_tensors_crossing_its_boundary(
-    traces: dict, lines: bool
-) -> None:
+def test_a_module_on_one_side_is_searched_through_the_tensors_crossing_its_boundary(traces: dict, lines: bool) -> None:
     """The class token appended last in `Embeddings`, which the reference builds inline: before, the root
     was the first divergence (its outputs differ, its only aligned children are deep inside `Body`). `Body`'s
     input is the root's matching input, and `blocks.0` inside it receives a differing tensor: the difference arises
@@ -269,18 +268,17 @@ def test_a_line_inside_a_module_on_one_side_names_it(traces: dict) -> None:
     code, document = _diff(traces, "pool_mean", True)
     first = document["first_divergence"]
     assert code == 1 and first["path"] == "body", first
-    assert first["line"]["name"] == "pooled" and "mean" in Path(first["line"]["file"]).read_text().splitlines()[
-        first["line"]["line"] - 1
-    ]
+    assert (
+        first["line"]["name"] == "pooled"
+        and "mean" in Path(first["line"]["file"]).read_text().splitlines()[first["line"]["line"] - 1]
+    )
     assert first["compared_in"] == ""
     code, document = _diff(traces, "pool_mean", False)
     assert code == 1 and document["first_divergence"]["path"] == ""
 
 
 @pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
-def test_a_module_whose_values_the_reference_computes_is_not_blamed_for_its_caller(
-    traces: dict, lines: bool
-) -> None:
+def test_a_module_whose_values_the_reference_computes_is_not_blamed_for_its_caller(traces: dict, lines: bool) -> None:
     """The block drops its residual: `Mlp`'s output (no counterpart) goes straight to the next block, whose
     input differs. `Mlp` computed what the reference computes inline (its line `update = ...`): its caller's code
     is the cause, and the block stays the first divergence."""
