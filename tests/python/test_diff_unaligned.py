@@ -23,7 +23,9 @@ MODELS = """
 import torch
 from torch import nn
 
-BUG = {bug!r}  # None, "class_token_last", "pool_mean", "mlp_scale", "residual_dropped"
+BUG = {bug!r}  # None, "class_token_last", "class_token_last_inside", "pool_mean", "mlp_scale", "residual_dropped"
+# the port's Embeddings normalise the tokens themselves (else its Body does, right after them)
+INSIDE = BUG == "class_token_last_inside"
 SIDE = {side!r}  # "reference" (inline code) or "port" (modules of its own)
 DIM, INPUTS, TOKENS, CLASSES = 16, 8, 6, 4
 
@@ -47,6 +49,7 @@ class Reference(nn.Module):
         self.patch = nn.Linear(INPUTS, DIM)
         self.cls = nn.Parameter(torch.randn(1, 1, DIM))
         self.pos = nn.Parameter(torch.randn(1, TOKENS + 1, DIM))
+        self.pre_norm = nn.LayerNorm(DIM)
         self.blocks = nn.ModuleList(RefBlock() for _ in range(2))
         self.norm = nn.LayerNorm(DIM)
         self.proj = nn.Parameter(torch.randn(DIM, CLASSES))
@@ -54,7 +57,7 @@ class Reference(nn.Module):
     def forward(self, x):
         hidden = self.patch(self.input_norm(x))
         hidden = torch.cat([self.cls, hidden], dim=1)
-        hidden = hidden + self.pos
+        hidden = self.pre_norm(hidden + self.pos)
         for block in self.blocks:
             hidden = block(hidden)
         hidden = self.norm(hidden)
@@ -68,13 +71,17 @@ class Embeddings(nn.Module):
         self.patch = nn.Linear(INPUTS, DIM)
         self.cls = nn.Parameter(torch.zeros(1, 1, DIM))
         self.pos = nn.Parameter(torch.zeros(1, TOKENS + 1, DIM))
+        if INSIDE:
+            self.ln_pre = nn.LayerNorm(DIM)
 
     def forward(self, x):
         patches = self.patch(x)
-        if BUG == "class_token_last":
+        if BUG in ("class_token_last", "class_token_last_inside"):
             tokens = torch.cat([patches, self.cls], dim=1)
         else:
             tokens = torch.cat([self.cls, patches], dim=1)
+        if INSIDE:
+            return self.ln_pre(tokens + self.pos)
         return tokens + self.pos
 
 
@@ -105,15 +112,19 @@ class PortBlock(nn.Module):
 class Body(nn.Module):
     def __init__(self):
         super().__init__()
-        self.embeddings = Embeddings()
-        self.blocks = nn.ModuleList(PortBlock() for _ in range(2))
-        self.norm = nn.LayerNorm(DIM)
+        self.stem = nn.Sequential(Embeddings())  # a library container around the port's own module
+        if not INSIDE:
+            self.ln_pre = nn.LayerNorm(DIM)
+        self.layers = nn.ModuleList(PortBlock() for _ in range(2))
+        self.final_norm = nn.LayerNorm(DIM)
 
     def forward(self, x):
-        hidden = self.embeddings(x)
-        for block in self.blocks:
+        hidden = self.stem(x)
+        if not INSIDE:
+            hidden = self.ln_pre(hidden)
+        for block in self.layers:
             hidden = block(hidden)
-        hidden = self.norm(hidden)
+        hidden = self.final_norm(hidden)
         if BUG == "pool_mean":
             pooled = hidden.mean(dim=1)
         else:
@@ -140,9 +151,12 @@ def build_model():
     port = Port().eval()
     state = {{}}
     for name, value in reference.state_dict().items():
-        name = name.replace(".fc1", ".mlp.fc1").replace(".fc2", ".mlp.fc2")
-        if name.startswith(("patch", "cls", "pos")):
-            name = "embeddings." + name
+        name = name.replace(".fc1", ".mlp.fc1").replace(".fc2", ".mlp.fc2").replace("blocks.", "layers.")
+        name = name.replace("pre_norm.", "ln_pre.")
+        if name.startswith("norm."):
+            name = "final_" + name
+        if name.startswith(("patch", "cls", "pos")) or (INSIDE and name.startswith("ln_pre")):
+            name = "stem.0." + name
         state[name if name.startswith(("proj", "input_norm")) else "body." + name] = value
     port.load_state_dict(state)
     return port
@@ -153,7 +167,13 @@ def build_inputs(model):
     return (torch.randn(1, TOKENS, INPUTS),)
 """
 
-MAPS = (r"^body\.embeddings\.patch$=>patch", r"^body\.(blocks\.\d+)\.mlp\.(fc\d)$=>\1.\2", r"^body\.(?!embeddings)=>")
+MAPS = (
+    r"^body\.stem\.0\.patch$=>patch",
+    r"^body\.(?:stem\.0\.)?ln_pre$=>pre_norm",
+    r"^body\.layers\.(\d+)\.mlp\.(fc\d)$=>blocks.\1.\2",
+    r"^body\.layers\.(\d+)=>blocks.\1",
+    r"^body\.final_norm$=>norm",
+)
 
 
 def _trace(worker: WorkerClient, folder: Path, name: str, side: str, bug: str | None, lines: bool) -> Path:
@@ -170,6 +190,7 @@ def _trace(worker: WorkerClient, folder: Path, name: str, side: str, bug: str | 
 CASES = {
     "clean": None,
     "class_token_last": "class_token_last",
+    "class_token_last_inside": "class_token_last_inside",
     "pool_mean": "pool_mean",
     "mlp_scale": "mlp_scale",
     "residual_dropped": "residual_dropped",
@@ -215,7 +236,7 @@ def test_the_clean_port_with_modules_on_one_side_matches(traces: dict, lines: bo
     code, document = _diff(traces, "clean", lines)
     assert code == 0 and document["verdict"] == "match", document["first_divergence"]
     unaligned = {module["path"] for module in document["modules"] if module["status"] == "not_compared"}
-    assert {"body", "body.embeddings"} <= unaligned  # the modules on one side only stay unaligned
+    assert {"body", "body.stem", "body.stem.0"} <= unaligned  # the modules on one side only stay unaligned
 
 
 @pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
@@ -229,35 +250,52 @@ def test_a_module_on_one_side_inside_an_aligned_block_is_named_by_its_line(trace
     code, document = _diff(traces, "mlp_scale", lines)
     first = document["first_divergence"]
     assert code == 1
-    assert first["path"] == ("body.blocks.0.mlp" if lines else "body.blocks.0"), first
+    assert first["path"] == ("body.layers.0.mlp" if lines else "body.layers.0"), first
     if lines:
         assert "* scale" in Path(first["line"]["file"]).read_text().splitlines()[first["line"]["line"] - 1]
-        assert first["compared_in"] == "body.blocks.0"
+        assert first["compared_in"] == "body.layers.0"
 
 
 @pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
-def test_a_module_on_one_side_is_searched_through_the_tensors_crossing_its_boundary(traces: dict, lines: bool) -> None:
-    """The class token appended last in `Embeddings`, which the reference builds inline: before, the root
-    was the first divergence (its outputs differ, its only aligned children are deep inside `Body`). `Body`'s
-    input is the root's matching input, and `blocks.0` inside it receives a differing tensor: the difference arises
-    in `Body`. Inside it, `Embeddings`' output is that tensor; with line records the reference's inline values
-    show it never computes it, so `Embeddings` is the divergence, between its matching `patch` and the end."""
-    code, document = _diff(traces, "class_token_last", lines)
+def test_a_module_on_one_side_is_searched_through_an_aligned_call_inside_it(traces: dict, lines: bool) -> None:
+    """The class token appended last in `Embeddings`, which the reference builds inline: before, the root was the
+    first divergence (its outputs differ; its aligned calls are deep inside `Body`). `Body`'s input is the
+    root's matching `input_norm` output, and `blocks.0` inside it receives a differing tensor: the difference
+    arises in `Body`. Inside it, through the `nn.Sequential` stem (a library container: looked through, never
+    blamed), `Embeddings`' own `ln_pre` (aligned) receives a differing tensor while its `patch` matches: the
+    divergence is `Embeddings`, between those two calls, with or without line records."""
+    code, document = _diff(traces, "class_token_last_inside", lines)
     first = document["first_divergence"]
     assert code == 1
-    assert first["path"] == ("body.embeddings" if lines else "body"), first
-    assert first["inputs_match"] is True
-    assert first["compared_in"] == ""
-    assert "no counterpart in the reference" in first["reason"]
-    if lines:
-        assert first["after"]["path"] == "body.embeddings.patch"
-        assert first["max_abs_diff"] > 0.1  # the differing tensor's comparison (blocks.0.norm's input)
-    else:
-        assert first["before"]["path"] == "body.blocks.0"  # blocks.0 receives the differing tokens
+    assert first["path"] == "body.stem.0", first
+    assert first["inputs_match"] is True and first["compared_in"] == ""
+    assert "no counterpart in the reference" in first["reason"] and "ln_pre" in first["reason"]
+    assert first["after"]["path"] == "body.stem.0.patch" and first["before"]["path"] == "body.stem.0.ln_pre"
+    assert first["max_abs_diff"] > 0.1  # the comparison that shows it: ln_pre's input
     module = next(module for module in document["modules"] if module["path"] == first["path"])
     assert module["status"] == "divergence"
     root = next(module for module in document["modules"] if module["path"] == "")
     assert root["status"] == "mismatch"
+
+
+@pytest.mark.parametrize("lines", [False, True], ids=["full", "lines"])
+def test_a_module_on_one_side_is_named_by_its_output_where_the_reference_never_computes_it(
+    traces: dict, lines: bool
+) -> None:
+    """The same bug, with the tokens normalised by `Body` right after `Embeddings` (as transformers' CLIP does
+    with `pre_layrnorm`): `Embeddings`' output is the differing input of the aligned `ln_pre`. With line
+    records, the reference's values show it never computes those tokens: `Embeddings` is the divergence. Without
+    them, its caller could as well be passing it where something else belongs: `Body`, as far as the data goes."""
+    code, document = _diff(traces, "class_token_last", lines)
+    first = document["first_divergence"]
+    assert code == 1
+    assert first["path"] == ("body.stem.0" if lines else "body"), first
+    assert first["compared_in"] == ""
+    if lines:
+        assert "its output" in first["reason"] and "body.ln_pre" in first["reason"]
+        assert first["after"]["path"] == "body.stem.0.patch"
+    else:
+        assert first["before"]["path"] == "body.ln_pre"
 
 
 def test_a_line_inside_a_module_on_one_side_names_it(traces: dict) -> None:
@@ -283,5 +321,5 @@ def test_a_module_whose_values_the_reference_computes_is_not_blamed_for_its_call
     input differs. `Mlp` computed what the reference computes inline (its line `update = ...`): its caller's code
     is the cause, and the block stays the first divergence."""
     code, document = _diff(traces, "residual_dropped", lines)
-    assert code == 1 and document["first_divergence"]["path"] == "body.blocks.0", document["first_divergence"]
+    assert code == 1 and document["first_divergence"]["path"] == "body.layers.0", document["first_divergence"]
     assert document["first_divergence"]["compared_in"] is None

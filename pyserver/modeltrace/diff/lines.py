@@ -116,7 +116,8 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
         found = _same_file(ref_body, cand_body, tolerance)
     else:
-        found = _by_order(ref_lines, ref_body, cand_body, tolerance)
+        computed = _module_values(result.reference.trace.modules, reference.index)
+        found = _by_order(ref_lines, ref_body, cand_body, tolerance, computed)
     if found is None or not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
@@ -243,8 +244,29 @@ def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str
         yield (record.line, record.name, occurrence), record
 
 
+def _module_values(records: list, call: int) -> list[TensorSummary]:
+    """The inputs and outputs of the reference's calls inside `call` (its aligned children's too): values the
+    reference computed that no line of its own assigns (`self.norm(hidden + self.pos)` computes the sum inline,
+    as the norm's input)."""
+    inside = {call}
+    for record in records:  # stored in the order calls started: a parent before its children
+        if record.parent in inside:
+            inside.add(record.index)
+    return [
+        summary
+        for record in records
+        if record.index in inside and record.index != call
+        for summary in (*record.inputs, *record.outputs)
+        if summary.mean is not None
+    ]
+
+
 def _by_order(
-    ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float
+    ref_lines: list[LineRecord],
+    ref_body: list[LineRecord],
+    cand_body: list[LineRecord],
+    tolerance: float,
+    computed: list[TensorSummary] = (),
 ) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
@@ -269,6 +291,9 @@ def _by_order(
             if explained is not None:
                 position = explained + 1
             last_right = cand_record
+            continue
+        if any(_same_values(summary, cand_record.tensor, tolerance) for summary in computed):
+            last_right = cand_record  # a value the reference computed inline, as a call's argument or result
             continue
         if _is_parameter(cand_record):
             continue  # an argument its caller computed inline: what the callee computes from it is compared

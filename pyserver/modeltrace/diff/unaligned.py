@@ -117,8 +117,8 @@ def into_unaligned(divergence: Divergence | None, results: list[ModuleResult], r
         inner = next(
             (
                 found
-                for kid in sorted(children.get(divergence.module.candidate.index, []), key=_call_order)
-                if kid.reference is None and _searchable(kid)
+                for kid in _unaligned_inside(divergence.module, children)
+                if _searchable(kid)
                 for found in [_difference_inside(kid, children, known, computed)]
                 if found is not None
             ),
@@ -173,6 +173,19 @@ def _searchable(module: ModuleResult) -> bool:
     construction and its arguments say: those are its caller's code, which stays the divergence (an aligned
     library module is judged by its build comparison; one without counterpart has none)."""
     return not is_no_op(module.candidate) and not is_library_class(module.candidate)
+
+
+def _unaligned_inside(module: ModuleResult, children: dict[int, list[ModuleResult]]) -> list[ModuleResult]:
+    """The calls without counterpart directly inside `module`, in call order, looking through the library
+    containers without counterpart between (an `nn.Sequential` holding the port's own blocks)."""
+    found = []
+    for kid in sorted(children.get(module.candidate.index, []), key=_call_order):
+        if kid.reference is not None or is_no_op(kid.candidate):
+            continue
+        found.append(kid)
+        if is_library_class(kid.candidate):
+            found.extend(_unaligned_inside(kid, children))
+    return found
 
 
 def _call_order(result: ModuleResult) -> int:
