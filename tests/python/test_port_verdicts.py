@@ -64,9 +64,10 @@ KNOWN_WRONG: dict[str, str] = {
     "is not named",
     "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
     "(nn.MultiheadAttention keeps no scale setting to compare)",
-    "clip-class_token_last@full": "blames the root (747-821): open_clip builds the tokens inline, and the "
-    "embeddings' output is first compared as vision_model.pre_layrnorm's input; whether CLIPVisionEmbeddings "
-    "computed it wrong or its caller passes it where something else belongs, only open_clip's line values tell",
+    "clip-class_token_last@full": "blames vision_model (603-632), its parent: open_clip builds the tokens inline, "
+    "and the embeddings' output is first compared as vision_model.pre_layrnorm's input; whether "
+    "CLIPVisionEmbeddings computed it wrong or its caller passes it where something else belongs, only open_clip's "
+    "line values tell",
     "clip-mean_pooling@full": "blames the root (747-821): open_clip pools inline and projects with a bare "
     "parameter, so no compared tensor crosses vision_model's boundary after the pooling; with line records its "
     "line 640 differs from open_clip's pooled value and names vision_model",

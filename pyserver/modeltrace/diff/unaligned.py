@@ -23,8 +23,8 @@ divergence when
   the module: its caller's code passes it where something else belongs (a residual it leaves out). Without line
   records that cannot be told apart, and the output is no evidence.
 
-A tensor compared both ways (matching at one call, differing at another) and a comparison of shapes alone are no
-evidence; a library class (a torch `nn.Sequential`) is not moved into: its caller built and called it.
+A tensor compared both ways (matching at one call, differing at another) and a comparison of shapes alone (unless
+both hold as many elements, in another grid: a regrid refused because the values disagree) are no evidence; a library class (a torch `nn.Sequential`) is not moved into: its caller built and called it.
 
 The search repeats inside M (a module on one side only inside another: open_clip has neither CLIP's
 `vision_model` nor its `embeddings`), and M's range of lines is bounded by its aligned children as any
@@ -33,6 +33,8 @@ differing tensor), `Divergence.compared_in` names D, whose reference call the li
 """
 
 from __future__ import annotations
+
+import math
 
 from modeltrace.diff.divergence import bounded, is_library_class
 from modeltrace.diff.kinds import is_no_op
@@ -79,15 +81,18 @@ def _compared_tensors(results: list[ModuleResult]) -> dict[TensorIdentity, tuple
     for result in results:
         if result.reference is None:
             continue
-        for leaves, summaries in (
-            (result.input_leaves, result.candidate.inputs),
-            (result.output_leaves, result.candidate.outputs),
+        for leaves, summaries, references in (
+            (result.input_leaves, result.candidate.inputs, result.reference.inputs),
+            (result.output_leaves, result.candidate.outputs, result.reference.outputs),
         ):
             by_key = {summary.key: summary for summary in summaries}
+            ref_by_key = {summary.key: summary for summary in references}
             for leaf in leaves:
                 if leaf.status not in (MATCH, MISMATCH) or leaf.key not in by_key:
                     continue
-                if leaf.check not in _VALUES_COMPARED:
+                if leaf.check not in _VALUES_COMPARED and not _regrid(
+                    by_key[leaf.key], ref_by_key.get(leaf.reference_key)
+                ):
                     continue  # shapes that differ say the roles were not paired, not which values differ
                 identity = tensor_identity(by_key[leaf.key])
                 if identity is None:
@@ -97,6 +102,12 @@ def _compared_tensors(results: list[ModuleResult]) -> dict[TensorIdentity, tuple
                 elif known[identity][0] != leaf.status:
                     known[identity] = (AMBIGUOUS, leaf, result)
     return known
+
+
+def _regrid(candidate: TensorSummary, reference: TensorSummary | None) -> bool:
+    """Whether a comparison of shapes alone was between the same number of elements in another grid (`[1, 32]`
+    against `[1, 32, 1, 1]`): the same role, not paired as a regrid only because the values disagree."""
+    return reference is not None and math.prod(candidate.shape) == math.prod(reference.shape) > 0
 
 
 def into_unaligned(divergence: Divergence | None, results: list[ModuleResult], reference: Trace) -> Divergence | None:
@@ -209,9 +220,14 @@ def _difference_inside(
         inner, leaf = found
         reason = (
             f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs {where} "
-            f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: max abs diff "
-            f"{_number(leaf.max_abs_diff)})"
+            f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: "
+            + (f"max abs diff {_number(leaf.max_abs_diff)})" if leaf.max_abs_diff is not None else f"{leaf.reason})")
         )
+        # NOTE: the figures shown are those of a differing output of its own, where one was compared by values
+        for summary in record.outputs:
+            status = known.get(tensor_identity(summary) or ())
+            if status is not None and status[0] == MISMATCH and status[1].max_abs_diff is not None:
+                return module, reason, status[1], status[2]
         return module, reason, leaf, inner
     # NOTE: an output that an aligned call receives as a differing input says the values differ where they are
     # received; whether this module computed them wrong, or its caller should have passed something else (a
