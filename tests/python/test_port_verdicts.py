@@ -55,18 +55,19 @@ KNOWN_WRONG: dict[str, str] = {
     "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 277-338: the bug is in the helper "
     "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
-    "convnext-max_pooling": "blames the root (315-317): the pooling line sits in ConvNextModel, which timm has no "
-    "counterpart of (its head pools in a module of its own)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
     "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
     "is not named",
-    "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
-    "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
     "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
     "(nn.MultiheadAttention keeps no scale setting to compare)",
-    "clip-mean_pooling": "blames the root (747-821): open_clip pools inline and projects with a bare parameter, "
-    "so vision_model (whose output is the pooled state) has no counterpart",
+    "clip-class_token_last@full": "blames vision_model (603-632), its parent: open_clip builds the tokens inline, "
+    "and the embeddings' output is first compared as vision_model.pre_layrnorm's input; whether "
+    "CLIPVisionEmbeddings computed it wrong or its caller passes it where something else belongs, only open_clip's "
+    "line values tell",
+    "clip-mean_pooling@full": "blames the root (747-821): open_clip pools inline and projects with a bare "
+    "parameter, so no compared tensor crosses vision_model's boundary after the pooling; with line records its "
+    "line 640 differs from open_clip's pooled value and names vision_model",
 }
 VARIANTS = ("full", "lines")
 

@@ -12,6 +12,7 @@ from modeltrace.diff.divergence import bounded, source_range
 from modeltrace.diff.lines import LineDivergence, drill_down
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.diff.unaligned import into_line_owner
 from modeltrace.diff.unpaired import settings_read, unpaired_inputs
 from modeltrace.trace.records import SourceLocation
 
@@ -39,13 +40,24 @@ def explain(result: DiffResult) -> None:
             divergence.lines = source_range(divergence)
             result.first_divergence = divergence
             own = evidence.get(inner.candidate.path)
-    path = divergence.module.candidate.path
-    divergence.built_at = own.built_at if own is not None else _built_at(result, path)
+    _built(result, divergence, own)
+    divergence.line = _with_reads(drill_down(result, divergence))
+    owner = into_line_owner(divergence, result.modules)
+    if owner is not None:  # the first differing line ran in a call without counterpart inside it
+        divergence = owner
+        divergence.lines = source_range(divergence)
+        result.first_divergence = divergence
+        _built(result, divergence, evidence.get(divergence.module.candidate.path))
+        divergence.line = _with_reads(drill_down(result, divergence))
+    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
+
+
+def _built(result: DiffResult, divergence: Divergence, own: ModuleEvidence | None) -> None:
+    """The divergence's construction line, and its settings and parameters that differ (`own`)."""
+    divergence.built_at = own.built_at if own is not None else _built_at(result, divergence.module.candidate.path)
     if own is not None:
         divergence.settings = list(own.settings)
         divergence.parameters = list(own.parameters)
-    divergence.line = _with_reads(drill_down(result, divergence))
-    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
 
 
 def _built_differently_inside(

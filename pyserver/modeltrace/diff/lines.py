@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from modeltrace.diff.arranged import arranged_inputs
-from modeltrace.diff.divergence import enclosing_function
+from modeltrace.diff.divergence import enclosing_function, function_spans
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.trace.records import LineRecord, TensorSummary
 
@@ -56,6 +56,11 @@ class LineDivergence:
     # values the line reads that were made of repeated copies earlier in the call (`diff/arranged.py`): (name read,
     # file, line that made the copies); their arrangement is invisible to statistics
     arranged: tuple[tuple[str, str, int], ...] = ()
+    # the candidate module call that ran the line (`LineRecord.module_call`): a call inside the divergence that
+    # has no counterpart, where the difference arises (`unaligned.into_line_owner`), or the divergence's own
+    module_call: int = -1
+    # the candidate's value on that line (statistics)
+    value: TensorSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -93,6 +98,11 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
+    moved_into = reference is None and divergence.compared_in is not None
+    if moved_into:
+        # a module without counterpart (`diff/unaligned.py`): its lines against those of the reference call that
+        # showed the difference, inline code included
+        reference = divergence.compared_in.reference
     if reference is None:
         return None
     aligned_ref = {module.reference.index for module in result.modules if module.reference is not None}
@@ -105,11 +115,14 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
         return None
     ref_body, ref_inputs = _split_prologue(ref_lines)
     cand_body, cand_inputs = _split_prologue(cand_lines)
-    tolerance = _tolerance(ref_lines, cand_lines, ref_inputs, cand_inputs)
+    # NOTE: a module moved into has other parameters than the reference call (the root's `x` is not its `x`), and
+    # its inputs are the very tensors found matching: no upstream error to widen the tolerance by
+    tolerance = _tolerance(ref_lines, cand_lines, [] if moved_into else ref_inputs, cand_inputs)
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
         found = _same_file(ref_body, cand_body, tolerance)
     else:
-        found = _by_order(ref_lines, ref_body, cand_body, tolerance)
+        computed = _module_values(result.reference.trace.modules, reference.index)
+        found = _by_order(ref_lines, ref_body, cand_body, tolerance, computed)
     if found is None or not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
@@ -236,8 +249,29 @@ def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str
         yield (record.line, record.name, occurrence), record
 
 
+def _module_values(records: list, call: int) -> list[TensorSummary]:
+    """The inputs and outputs of the reference's calls inside `call` (its aligned children's too): values the
+    reference computed that no line of its own assigns (`self.norm(hidden + self.pos)` computes the sum inline,
+    as the norm's input)."""
+    inside = {call}
+    for record in records:  # stored in the order calls started: a parent before its children
+        if record.parent in inside:
+            inside.add(record.index)
+    return [
+        summary
+        for record in records
+        if record.index in inside and record.index != call
+        for summary in (*record.inputs, *record.outputs)
+        if summary.mean is not None
+    ]
+
+
 def _by_order(
-    ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float
+    ref_lines: list[LineRecord],
+    ref_body: list[LineRecord],
+    cand_body: list[LineRecord],
+    tolerance: float,
+    computed: list[TensorSummary] = (),
 ) -> LineDivergence | None:
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
@@ -263,6 +297,11 @@ def _by_order(
                 position = explained + 1
             last_right = cand_record
             continue
+        if any(_same_values(summary, cand_record.tensor, tolerance) for summary in computed):
+            last_right = cand_record  # a value the reference computed inline, as a call's argument or result
+            continue
+        if _is_parameter(cand_record):
+            continue  # an argument its caller computed inline: what the callee computes from it is compared
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
         later = [record for index, record in enumerate(ref_body[position:], position) if fresh[index]]
@@ -295,6 +334,11 @@ def _with_arranged(found: LineDivergence, cand_body: list[LineRecord], position:
     return replace(found, arranged=arranged, reason=reason)
 
 
+def _is_parameter(record: LineRecord) -> bool:
+    """Whether the record is a parameter of a function (recorded on its `def` line), not a computed value."""
+    return any(start == record.line for start, _ in function_spans(record.file))
+
+
 def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
     """The first line of the stretch of `found`'s function where the difference arises: after the last line of
     that function whose value was right, else after its `def` line."""
@@ -321,6 +365,13 @@ def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool
     return fresh
 
 
+def same_values(ref: TensorSummary, cand: TensorSummary) -> bool:
+    """Whether two tensors hold the same values, as far as their statistics tell (over as many elements, whatever
+    the layout), at the lower precision of their two dtypes."""
+    tolerance = max(_RELATIVE.get(ref.dtype, _RELATIVE_DEFAULT), _RELATIVE.get(cand.dtype, _RELATIVE_DEFAULT))
+    return _same_values(ref, cand, tolerance)
+
+
 def _same_values(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> bool:
     return math.prod(ref.shape) == math.prod(cand.shape) and _within(ref, cand, tolerance)
 
@@ -335,6 +386,8 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
             cand_record.name,
             None,
             f"shape {cand.shape} vs {ref.shape} ({where} in the reference)",
+            module_call=cand_record.module_call,
+            value=cand,
         )
     if _within(ref, cand, tolerance):
         return None
@@ -347,6 +400,8 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
         gap,
         f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
         f"({where} in the reference)",
+        module_call=cand_record.module_call,
+        value=cand,
     )
 
 

@@ -281,6 +281,9 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "by_replay": divergence.by_replay,
         "replay": replay_json(module.replay),
         "compared": compared_json(module) if module.reference is not None else None,
+        # NOTE: a module without counterpart (`diff/unaligned.py`): the path of the aligned call whose comparison
+        # showed the difference, which the search moved into it from; None for an aligned divergence
+        "compared_in": divergence.compared_in.candidate.path if divergence.compared_in is not None else None,
     }
 
 

@@ -83,11 +83,12 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "bert-segment_embedding_not_copied": LineClaim(36, (42, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "bert-positions_from_one": LineClaim(40, (39, 42), full="range of 4 lines", with_lines=LINE),
     "bert-mean_pooling": LineClaim(103, (102, 103), full="range of 2 lines", with_lines=LINE),
-    # independent: vision (a known-wrong verdict has no row, see KNOWN_WRONG)
+    # independent: vision (a verdict wrong in one variant: its row claims the other, see KNOWN_WRONG)
     "convnext-relu_for_gelu": LineClaim(133, (148, 148), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "convnext-layer_scale_skipped": LineClaim(
         150, (149, 154), full="range of 6 lines", with_lines="range of 6 lines; line 153 is not the bug's"
     ),
+    "convnext-max_pooling": LineClaim(277, (273, 277), full="range of 5 lines", with_lines="range of 5 lines"),
     "convnext-final_norm_eps": LineClaim(259, (277, 277), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "swin-patch_merging_order": LineClaim(319, (309, 323), full="range of 15 lines", with_lines="range of 15 lines"),
     "swin-shift_not_undone": LineClaim(
@@ -100,6 +101,10 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     ),
     "resnet-shortcut_norm_eps": LineClaim(105, (109, 109), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "clip-gelu_for_quick_gelu": LineClaim(342, (348, 348), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "clip-class_token_last": LineClaim(
+        213, (209, 218), full="", with_lines="range of 10 lines; line 217 is not the bug's"
+    ),
+    "clip-mean_pooling": LineClaim(640, (634, 646), full="", with_lines=LINE),
     # independent: LLMs and speech (a verdict wrong in one variant: its row claims the other, see KNOWN_WRONG)
     "meta_llama-rope_base": LineClaim(
         453,
@@ -141,7 +146,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
-EXACT_LINES_CLAIMED = {"full": 19, "lines": 32}
+EXACT_LINES_CLAIMED = {"full": 19, "lines": 33}
 
 
 def claim_mismatches(judged: Judged, claim: LineClaim, variant: str) -> list[str]:
