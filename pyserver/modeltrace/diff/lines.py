@@ -237,7 +237,10 @@ def _by_order(
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
     last_right: LineRecord | None = None
-    for cand_record in cand_body:
+    skip_to = 0  # the records of a mask built right, passed over as one value
+    for index, cand_record in enumerate(cand_body):
+        if index < skip_to:
+            continue
         if cand_record.tensor.dtype.startswith("complex"):
             continue  # statistics of a complex tensor (a rotary table) have no real counterpart to compare with
         # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
@@ -254,7 +257,9 @@ def _by_order(
                 ),
                 None,
             )
-            if explained is not None:
+            # NOTE: a mask is built once and passed down (the attention's `mask` parameter): where the reference
+            # happens to record it says nothing of the computation's progress
+            if explained is not None and not _masked_count(cand_record.tensor):
                 position = explained + 1
             last_right = cand_record
             continue
@@ -275,10 +280,50 @@ def _by_order(
             )
         if counterpart is None:
             continue  # an intermediate the reference does not have
+        if _masked_count(counterpart.tensor):
+            run = _mask_run(cand_body, index)
+            found = _differs(counterpart, run[-1], tolerance)
+            if found is None:
+                skip_to, last_right = index + len(run), run[-1]
+                continue
+            return _mask_decided(found, run)
         found = _differs(counterpart, cand_record, tolerance)
         if found is not None:
             return replace(found, since=_since(last_right, found))
     return None
+
+
+def _mask_run(cand_body: list[LineRecord], start: int) -> list[LineRecord]:
+    """The records from `start` that build one mask: the following mask-like records (`_split`) of the same file
+    and as many elements (`mask = torch.full(…, -inf)`, `mask = torch.triu(mask, diagonal=1)`, `mask =
+    torch.hstack([…, mask])`, or a 0/1 matrix turned into an additive mask by `torch.log`), up to the first other
+    value; only the record at `start` when it is not mask-like."""
+    first = cand_body[start]
+    size = math.prod(first.tensor.shape)
+    run = [first]
+    if _split(first.tensor) is None:
+        return run  # not a mask being built (scores that a mask was added to): compared as it is
+    for record in cand_body[start + 1 :]:
+        if record.file != first.file or math.prod(record.tensor.shape) != size or _split(record.tensor) is None:
+            break
+        run.append(record)
+    return run
+
+
+def _mask_decided(found: LineDivergence, run: list[LineRecord]) -> LineDivergence:
+    """A mask the candidate builds in several lines, compared with the reference's mask as it is passed on (the
+    run's last value): the intermediates (a matrix filled with -inf, a 0/1 matrix) have no counterpart. The line
+    named is the first of the run that splits the entries as the final mask does (as many masked, or zero, as
+    there end up masked): the line that decided which entries are masked (`torch.triu(mask, diagonal=2)`); the
+    stretch starts at the run's first line."""
+    last = run[-1]
+    split = _split(last.tensor)
+    decided = next((record for record in run if split is not None and _split(record.tensor) == split), last)
+    reason = found.reason
+    if decided is not last:
+        reason += f"; {decided.name} at {_short(decided.file)}:{decided.line} already splits the entries so"
+    since = run[0].line if run[0].file == decided.file and run[0].line <= decided.line else None
+    return replace(found, line=decided.line, name=decided.name, reason=reason, since=since)
 
 
 def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
@@ -325,6 +370,16 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
     if _within(ref, cand, tolerance):
         return None
     gap, _ = _gap(ref, cand)
+    ref_masked, cand_masked = _masked_count(ref), _masked_count(cand)
+    if (ref_masked or cand_masked) and None not in (ref_masked, cand_masked) and ref_masked != cand_masked:
+        return LineDivergence(
+            cand_record.file,
+            cand_record.line,
+            cand_record.name,
+            None,
+            f"{cand_record.name} masks {cand_masked} of {math.prod(cand.shape)} entries vs {ref_masked} "
+            f"({where} in the reference)",
+        )
     statistic = max(_STATISTICS, key=lambda name: _difference(getattr(ref, name), getattr(cand, name)))
     return LineDivergence(
         cand_record.file,
@@ -372,12 +427,55 @@ def _difference(first: float | None, second: float | None) -> float:
     return abs(first - second)
 
 
+def _masked_count(summary: TensorSummary) -> int | None:
+    """How many entries of an additive mask are masked: infinite ones (statistics leave them out and count them),
+    plus those at the dtype's minimum (-3.4e38: they dominate the mean, so mean × count / min counts them, the
+    unmasked values adding far less than one); 0 for a tensor without such values, None where unknown."""
+    size = math.prod(summary.shape)
+    if summary.min is None or summary.mean is None:
+        return size if size and summary.inf_count == size else None
+    count = summary.inf_count
+    if summary.min <= -_MASKED:
+        count += round(summary.mean * (size - summary.inf_count) / summary.min)
+    return count
+
+
+def _split(summary: TensorSummary) -> tuple[int, int] | None:
+    """How a mask-like tensor splits its entries, as (smaller, larger) class sizes: masked against unmasked for an
+    additive mask, the entries at the minimum against those at the maximum for a two-valued one (a 0/1 matrix:
+    the mean says how many are at the maximum, the std confirms there are no others), (0, size) for a constant;
+    None for any other tensor."""
+    size = math.prod(summary.shape)
+    masked = _masked_count(summary)
+    if masked:
+        return tuple(sorted((masked, size - masked)))  # type: ignore[return-value]
+    if masked is None or None in (summary.min, summary.max, summary.mean, summary.std) or size < 2:
+        return None
+    low, high = summary.min, summary.max
+    if high == low:
+        return (0, size)
+    at_high = round((summary.mean - low) / (high - low) * size)
+    share = at_high / size
+    spread = share * (1 - share) * (high - low) ** 2
+    # NOTE: biased or unbiased, as the recorder computed it: either says two values only
+    if not any(math.isclose(summary.std**2, spread * factor, rel_tol=1e-3) for factor in (1.0, size / (size - 1))):
+        return None
+    return tuple(sorted((at_high, size - at_high)))  # type: ignore[return-value]
+
+
 def _gap(ref: TensorSummary, cand: TensorSummary) -> tuple[float, float]:
-    """(largest statistic difference, the reference's scale). Where a side holds masked values, its mean and
-    std say how they were written down (-inf or the dtype's minimum), not what they compute: only min and max
-    are compared then."""
+    """(largest statistic difference, the reference's scale). Masks compare by how many entries they mask first
+    (infinitely far apart when that differs); where a side writes the masked entries as the dtype's minimum,
+    its min, mean and std say how they were written down, not what they compute: only max is compared then
+    (statistics leave -inf out, so a side written with -inf keeps all four)."""
     names = _STATISTICS
-    if any(value is not None and abs(value) >= _MASKED for value in (ref.min, ref.max, cand.min, cand.max)):
+    ref_masked, cand_masked = _masked_count(ref), _masked_count(cand)
+    if ref_masked or cand_masked:
+        if ref_masked is not None and cand_masked is not None and ref_masked != cand_masked:
+            return math.inf, _scale(ref)
+        if any(value is not None and value <= -_MASKED for value in (ref.min, cand.min)):
+            names = ("max",)
+    elif any(value is not None and abs(value) >= _MASKED for value in (ref.min, ref.max, cand.min, cand.max)):
         names = ("min", "max")
     gap = max((_difference(getattr(ref, name), getattr(cand, name)) for name in names), default=-1.0)
     return max(gap, 0.0), _scale(ref)
