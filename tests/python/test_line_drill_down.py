@@ -31,37 +31,37 @@ def _reference() -> list[LineRecord]:
     ]
 
 
-def _meta_mask(diagonal: int) -> list[LineRecord]:
-    """Meta's Llama: a matrix of -inf, `torch.triu(mask, diagonal)`, `torch.hstack([zeros, mask])`."""
+def _candidate(ids: str, steps: list[tuple[int, str, torch.Tensor]], last_line: int) -> list[LineRecord]:
+    """The port's forward: its ids and embeddings, the lines that build its mask, then a differing value."""
     torch.manual_seed(0)
     embeddings = torch.randn(1, T, 16)
+    return [
+        _record(CANDIDATE, 20, ids, torch.arange(T)[None]),
+        _record(CANDIDATE, 21, "h", embeddings),
+        *(_record(CANDIDATE, line, name, value) for line, name, value in steps),
+        _record(CANDIDATE, last_line, "h", embeddings * 3),
+    ]
+
+
+def _meta_mask(diagonal: int) -> list[LineRecord]:
+    """Meta's Llama: a matrix of -inf, `torch.triu(mask, diagonal)`, `torch.hstack([zeros, mask])`."""
     full = torch.full((T, T), float("-inf"))
     upper = torch.triu(full, diagonal=diagonal)
-    return [
-        _record(CANDIDATE, 20, "tokens", torch.arange(T)[None]),
-        _record(CANDIDATE, 21, "h", embeddings),
-        _record(CANDIDATE, 23, "mask", full),
-        _record(CANDIDATE, 25, "mask", upper),
-        _record(CANDIDATE, 27, "mask", torch.hstack([torch.zeros(T, 0), upper])),
-        _record(CANDIDATE, 30, "h", embeddings * 3),
-    ]
+    steps = [(23, "mask", full), (25, "mask", upper), (27, "mask", torch.hstack([torch.zeros(T, 0), upper]))]
+    return _candidate("tokens", steps, 30)
 
 
 def _mistral_mask(diagonal: int) -> list[LineRecord]:
     """Mistral's reference: a matrix of ones, `torch.tril(tensor, diagonal)`, `torch.log(mask)`."""
-    torch.manual_seed(0)
-    embeddings = torch.randn(1, T, 16)
     ones = torch.ones(T, T)
     lower = torch.tril(ones, diagonal=diagonal)
-    return [
-        _record(CANDIDATE, 20, "input_ids", torch.arange(T)[None]),
-        _record(CANDIDATE, 21, "h", embeddings),
-        _record(CANDIDATE, 23, "tensor", ones),
-        _record(CANDIDATE, 29, "mask", lower),
-        _record(CANDIDATE, 30, "mask", torch.triu(lower, diagonal=-100)),
-        _record(CANDIDATE, 31, "mask", torch.log(lower)),
-        _record(CANDIDATE, 33, "h", embeddings * 3),
+    steps = [
+        (23, "tensor", ones),
+        (29, "mask", lower),
+        (30, "mask", torch.triu(lower, diagonal=-100)),
+        (31, "mask", torch.log(lower)),
     ]
+    return _candidate("input_ids", steps, 33)
 
 
 def _drill(candidate: list[LineRecord]):
