@@ -62,8 +62,6 @@ KNOWN_WRONG: dict[str, str] = {
     "counterpart of (its head pools in a module of its own)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
-    "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
-    "is not named",
     "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
     "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
     "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from modeltrace.diff.divergence import bounded, source_range
+from modeltrace.diff.inner_builds import inner_setting_differences
 from modeltrace.diff.lines import LineDivergence, drill_down
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
@@ -44,6 +45,8 @@ def explain(result: DiffResult) -> None:
     if own is not None:
         divergence.settings = list(own.settings)
         divergence.parameters = list(own.parameters)
+    if not divergence.settings and not divergence.parameters:
+        divergence.settings = inner_setting_differences(result, divergence)
     divergence.line = _with_reads(drill_down(result, divergence))
     divergence.unpaired_inputs = unpaired_inputs(result, divergence)
 

@@ -92,8 +92,8 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
         return None
     aligned_ref = {module.reference.index for module in result.modules if module.reference is not None}
     aligned_cand = {module.candidate.index for module in result.modules if module.reference is not None}
-    ref_calls = _with_unaligned_descendants(result.reference.trace.modules, reference.index, aligned_ref)
-    cand_calls = _with_unaligned_descendants(result.candidate.trace.modules, candidate.index, aligned_cand)
+    ref_calls = unaligned_descendants(result.reference.trace.modules, reference.index, aligned_ref)
+    cand_calls = unaligned_descendants(result.candidate.trace.modules, candidate.index, aligned_cand)
     ref_lines = [record for record in result.reference.trace.lines if record.module_call in ref_calls]
     cand_lines = [record for record in result.candidate.trace.lines if record.module_call in cand_calls]
     if not ref_lines or not cand_lines:
@@ -110,7 +110,7 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     return _in_forward(found, cand_body, cand_inputs[0])
 
 
-def _with_unaligned_descendants(records: list, call: int, aligned: set[int]) -> set[int]:
+def unaligned_descendants(records: list, call: int, aligned: set[int]) -> set[int]:
     """The call and the calls inside it that have no counterpart on the other side (and are not inside an
     aligned one): their lines are inline code as far as the other side can tell (a module on one side only:
     Mistral's one-file reference calls `self.attention.forward(x)` directly, so transformers' attention

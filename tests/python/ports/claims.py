@@ -97,6 +97,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         175, (175, 176), full="range of 2 lines", with_lines="range of 2 lines; line 176 is not the bug's"
     ),
     "resnet-shortcut_norm_eps": LineClaim(105, (109, 109), full=CONSTRUCTION, with_lines=CONSTRUCTION),
+    "resnet-stride_on_1x1": LineClaim(165, (175, 177), full=ASSIGNMENT, with_lines=ASSIGNMENT),
     "clip-gelu_for_quick_gelu": LineClaim(342, (348, 348), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     # independent: LLMs and speech (a verdict wrong in one variant: its row claims the other, see KNOWN_WRONG)
     "meta_llama-rope_base": LineClaim(
@@ -133,7 +134,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
-EXACT_LINES_CLAIMED = {"full": 19, "lines": 33}
+EXACT_LINES_CLAIMED = {"full": 20, "lines": 34}
 
 
 def claim_mismatches(judged: Judged, claim: LineClaim, variant: str) -> list[str]:
