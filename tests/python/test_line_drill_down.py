@@ -1,11 +1,14 @@
 """The line drill-down's rules on hand-made line records (statistics as the worker's recorder computes them):
-masks built in several lines, compared by how many entries they mask."""
+masks built in several lines, compared by how many entries they mask; values compared element by element where
+the full tensors are stored; a name assigned again right after."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from modeltrace.diff.lines import _by_order
+from modeltrace.diff.lines import FullValues, _by_order
 from modeltrace.trace.records import LineRecord
 from modeltrace.worker.stats import summarize
 
@@ -110,3 +113,74 @@ def test_a_mask_passed_down_does_not_move_past_the_values_computed_before_it() -
     found = _by_order(reference, reference[1:], candidate[1:], 1e-4)
     assert found is not None
     assert (found.line, found.name) == (62, "xq")
+
+
+class _Store:
+    """Full tensors by name, as a trace's tensors file gives them."""
+
+    def __init__(self, arrays: dict[str, torch.Tensor]) -> None:
+        self.arrays = arrays
+
+    def get(self, name: str):
+        return self.arrays[name].numpy()
+
+
+def _stored(file: str, line: int, name: str, value: torch.Tensor, key: str) -> LineRecord:
+    record = _record(file, line, name, value)
+    return replace(record, tensor=replace(record.tensor, tensor=key))
+
+
+def test_the_same_numbers_in_another_order_differ_where_the_full_tensors_say() -> None:
+    """Swin's patch merging concatenating the 2x2 neighbours in another order: the statistics agree, the elements
+    do not; the line whose stored value (the norm's input, `[1, 64, 64]` against `[1, 8, 8, 64]`) is out of
+    order is named."""
+    torch.manual_seed(0)
+    grid = torch.randn(1, 16, 16, 16)
+    merged = grid.reshape(1, 8, 2, 8, 2, 16).permute(0, 1, 3, 4, 2, 5).flatten(3)
+    swapped = grid.reshape(1, 8, 2, 8, 2, 16).permute(0, 1, 3, 2, 4, 5).flatten(3)
+    reference = [
+        _stored(REFERENCE, 641, "x", grid, "r0"),
+        _stored(REFERENCE, 656, "x", merged, "r1"),
+    ]
+    candidate = [
+        _stored(CANDIDATE, 309, "input_feature", grid.reshape(1, 256, 16), "c0"),
+        _record(CANDIDATE, 318, "input_feature", swapped),
+        _stored(CANDIDATE, 321, "input_feature", swapped.reshape(1, 64, 64), "c1"),
+    ]
+    store = {"r0": grid, "r1": merged, "c0": grid.reshape(1, 256, 16), "c1": swapped.reshape(1, 64, 64)}
+    full = FullValues(_Store(store), _Store(store), 1e-4)
+    assert _by_order(reference, reference[1:], candidate[1:], 1e-4) is None  # statistics alone see nothing
+    found = _by_order(reference, reference[1:], candidate[1:], 1e-4, full)
+    assert found is not None
+    assert (found.line, found.name) == (321, "input_feature")
+    assert "element by element" in found.reason
+    right = {**store, "c1": merged.reshape(1, 64, 64)}
+    candidate[-1] = _stored(CANDIDATE, 321, "input_feature", merged.reshape(1, 64, 64), "c1")
+    assert (
+        _by_order(reference, reference[1:], candidate[1:], 1e-4, FullValues(_Store(right), _Store(right), 1e-4))
+        is None
+    )
+
+
+def test_a_name_assigned_again_right_after_is_compared_by_its_last_value() -> None:
+    """`attn_mask = a - b` then `attn_mask = attn_mask.masked_fill(...)`: the reference's one line computes the
+    second value; the first is an intermediate, not a difference."""
+    torch.manual_seed(0)
+    regions = torch.randint(0, 3, (4, 16)).float()
+    difference = regions[:, None, :] - regions[:, :, None]
+    mask = difference.masked_fill(difference != 0, -100.0)
+    hidden = torch.randn(4, 16, 8)
+    reference = [
+        _record(REFERENCE, 570, "x", hidden),
+        _record(REFERENCE, 578, "attn_mask", mask),
+        _record(REFERENCE, 590, "x", hidden * 2),
+    ]
+    candidate = [
+        _record(CANDIDATE, 540, "hidden_states", hidden),
+        _record(CANDIDATE, 605, "attn_mask", difference),
+        _record(CANDIDATE, 606, "attn_mask", mask),
+        _record(CANDIDATE, 560, "hidden_states", hidden * 3),
+    ]
+    found = _by_order(reference, reference[1:], candidate[1:], 1e-4)
+    assert found is not None
+    assert (found.line, found.name) == (560, "hidden_states")

@@ -189,6 +189,11 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 41))) == (
         "range of 11 lines; line 41 is not the bug's"
     )
+    # the narrowest named range that holds the line: the drill-down's stretch inside the module's range
+    stretch = Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 49), line_since=45)
+    assert precision(case, port, stretch) == "range of 5 lines (the drill-down's stretch)"
+    wide = Verdict(1, path=bug.module, lines=(here, 44, 50), line=(here, 49), line_since=40)
+    assert precision(case, port, wide) == "range of 7 lines; line 49 is not the bug's"
 
 
 def test_a_verdict_is_held_to_its_line_claim(tmp_path: Path) -> None:

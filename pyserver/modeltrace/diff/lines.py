@@ -104,7 +104,8 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     if {record.file for record in ref_lines} == {record.file for record in cand_lines}:
         found = _same_file(ref_body, cand_body, tolerance)
     else:
-        found = _by_order(ref_lines, ref_body, cand_body, tolerance)
+        full = FullValues(result.reference.tensors, result.candidate.tensors, tolerance)
+        found = _by_order(ref_lines, ref_body, cand_body, tolerance, full)
     if found is None or not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
@@ -231,9 +232,62 @@ def _occurrences(records: Iterable[LineRecord]) -> Iterable[tuple[tuple[int, str
         yield (record.line, record.name, occurrence), record
 
 
+class FullValues:
+    """Whether two line values of the same shape (up to leading 1s) hold the same numbers element by element, read
+    from the traces' full tensors: True, False, or None where either was not stored or the shapes differ.
+    Statistics do not see an order (a cyclic shift rolled the wrong way, patches concatenated in another order);
+    values of the same shape in both implementations are laid out alike, so their elements compare one by one."""
+
+    def __init__(self, reference: Any, candidate: Any, tolerance: float) -> None:
+        self.stores = (reference, candidate)
+        self.tolerance = tolerance
+        self._arrays: dict[tuple[int, str], Any] = {}
+
+    def _array(self, side: int, summary: TensorSummary) -> Any:
+        key = (side, summary.tensor or "")
+        if key not in self._arrays:
+            store = self.stores[side]
+            try:
+                self._arrays[key] = None if store is None or not summary.tensor else store.get(summary.tensor)
+            except Exception:  # noqa: BLE001 - a damaged tensors file: no evidence either way
+                self._arrays[key] = None
+        return self._arrays[key]
+
+    def gap(self, ref: TensorSummary, cand: TensorSummary) -> float | None:
+        """The largest element difference of two same-shape values when it exceeds the tolerance, 0.0 when they
+        agree, None when unknown."""
+        if not _same_grid(ref.shape, cand.shape) or ref.dtype.startswith("complex") or ref.dtype != cand.dtype:
+            return None
+        first, second = self._array(0, ref), self._array(1, cand)
+        if first is None or second is None or first.size != second.size or first.size == 0:
+            return None
+        import numpy as np
+
+        first = np.asarray(first, dtype=np.float64).reshape(-1)
+        second = np.asarray(second, dtype=np.float64).reshape(-1)
+        finite = np.isfinite(first) & np.isfinite(second)
+        if not finite.all():
+            return None  # masks: compared by their statistics
+        largest = float(np.abs(first - second).max())
+        scale = float(np.abs(first).max())
+        return largest if largest > self.tolerance * scale + 1e-12 else 0.0
+
+
 def _by_order(
-    ref_lines: list[LineRecord], ref_body: list[LineRecord], cand_body: list[LineRecord], tolerance: float
+    ref_lines: list[LineRecord],
+    ref_body: list[LineRecord],
+    cand_body: list[LineRecord],
+    tolerance: float,
+    full: FullValues | None = None,
 ) -> LineDivergence | None:
+    """The first differing candidate line in execution order (see the module's docstring); `full` compares values
+    of the same shape element by element where both traces stored them."""
+
+    def same(ref_record: LineRecord, cand_record: LineRecord) -> bool:
+        if not _same_values(ref_record.tensor, cand_record.tensor, tolerance):
+            return False
+        return full is None or not full.gap(ref_record.tensor, cand_record.tensor)
+
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
     last_right: LineRecord | None = None
@@ -246,15 +300,20 @@ def _by_order(
         # NOTE: any reference value of the call explains it, its parameters included (a mask the candidate
         # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
         # same values whatever the layout (`[1, 7, 64]` against `[1, 4, 7, 16]`, permuted heads)
-        if any(_same_values(ref_record.tensor, cand_record.tensor, tolerance) for ref_record in ref_lines):
+        twins = [record for record in ref_lines if _same_values(record.tensor, cand_record.tensor, tolerance)]
+        gaps = [full.gap(twin.tensor, cand_record.tensor) for twin in twins] if full is not None else []
+        if gaps and 0.0 not in gaps and any(gaps):
+            # the same statistics, other elements where the full tensors say (the same numbers in another order,
+            # and none of the values compared element by element agrees): that value is the counterpart
+            twin = twins[next(position for position, gap in enumerate(gaps) if gap)]
+            found = _differs(twin, cand_record, tolerance, full)
+            if found is not None:
+                return replace(found, since=_since(last_right, found))
+        if twins:
             # progress: the first such value at or after the current position (the same tensor is often
             # recorded on several lines: the q of a projection, then the `query` parameter of a helper)
             explained = next(
-                (
-                    index
-                    for index in range(position, len(ref_body))
-                    if _same_values(ref_body[index].tensor, cand_record.tensor, tolerance)
-                ),
+                (index for index in range(position, len(ref_body)) if same(ref_body[index], cand_record)),
                 None,
             )
             # NOTE: a mask is built once and passed down (the attention's `mask` parameter): where the reference
@@ -282,15 +341,29 @@ def _by_order(
             continue  # an intermediate the reference does not have
         if _masked_count(counterpart.tensor):
             run = _mask_run(cand_body, index)
-            found = _differs(counterpart, run[-1], tolerance)
+            found = _differs(counterpart, run[-1], tolerance, full)
             if found is None:
                 skip_to, last_right = index + len(run), run[-1]
                 continue
             return _mask_decided(found, run)
-        found = _differs(counterpart, cand_record, tolerance)
+        found = _differs(counterpart, cand_record, tolerance, full)
+        if found is not None and any(same(counterpart, record) for record in _reassigned(cand_body, index)):
+            continue  # an intermediate of the name, whose next assignment is the reference's value
         if found is not None:
             return replace(found, since=_since(last_right, found))
     return None
+
+
+def _reassigned(cand_body: list[LineRecord], start: int) -> list[LineRecord]:
+    """The records right after `start` that assign the same name again in the same file (`attn_mask = a - b`,
+    then `attn_mask = attn_mask.masked_fill(…)`): its value at `start` is an intermediate of theirs."""
+    first = cand_body[start]
+    found = []
+    for record in cand_body[start + 1 :]:
+        if record.name != first.name or record.file != first.file:
+            break
+        found.append(record)
+    return found
 
 
 def _mask_run(cand_body: list[LineRecord], start: int) -> list[LineRecord]:
@@ -356,9 +429,21 @@ def _same_values(ref: TensorSummary, cand: TensorSummary, tolerance: float) -> b
     return math.prod(ref.shape) == math.prod(cand.shape) and _within(ref, cand, tolerance)
 
 
-def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) -> LineDivergence | None:
+def _differs(
+    ref_record: LineRecord, cand_record: LineRecord, tolerance: float, full: FullValues | None = None
+) -> LineDivergence | None:
     ref, cand = ref_record.tensor, cand_record.tensor
     where = f"{ref_record.name} at {_short(ref_record.file)}:{ref_record.line}"
+    element_gap = full.gap(ref, cand) if full is not None and _within(ref, cand, tolerance) else None
+    if element_gap:
+        return LineDivergence(
+            cand_record.file,
+            cand_record.line,
+            cand_record.name,
+            element_gap,
+            f"{cand_record.name}: the same statistics, other values element by element (max abs diff "
+            f"{element_gap:.5g}, full tensors: the elements in another order) ({where} in the reference)",
+        )
     if not _comparable(ref, cand):
         return LineDivergence(
             cand_record.file,
@@ -389,6 +474,14 @@ def _differs(ref_record: LineRecord, cand_record: LineRecord, tolerance: float) 
         f"{cand_record.name} {statistic} {getattr(ref, statistic):.5g} vs {getattr(cand, statistic):.5g} "
         f"({where} in the reference)",
     )
+
+
+def _same_grid(first: list[int], second: list[int]) -> bool:
+    """The same shape up to leading 1s, or the same rows in another grid (`[1, 64, 64]` against `[1, 8, 8, 64]`:
+    the same last dimension and as many elements): both hold their elements in the same order."""
+    if _core(first) == _core(second):
+        return True
+    return bool(first and second) and first[-1] == second[-1] and math.prod(first) == math.prod(second)
 
 
 def _core(shape: list[int]) -> tuple[int, ...]:

@@ -63,7 +63,7 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     ),
     "llama-softmax_scale": LineClaim(91, (76, 97), full="range of 22 lines", with_lines=LINE),
     "llama-rotary_halves": LineClaim(
-        83, (76, 97), full="range of 22 lines", with_lines="range of 22 lines; line 85 is not the bug's"
+        83, (76, 97), full="range of 22 lines", with_lines="range of 11 lines (the drill-down's stretch)"
     ),
     "llama-ffn_norm_eps_layer_1": LineClaim(118, (40, 42), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "llama-gelu_for_silu": LineClaim(108, (108, 108), full="range of 1 line", with_lines=LINE),
@@ -87,9 +87,11 @@ LINE_CLAIMS: dict[str, LineClaim] = {
         150, (149, 154), full="range of 6 lines", with_lines="range of 6 lines; line 153 is not the bug's"
     ),
     "convnext-final_norm_eps": LineClaim(259, (277, 277), full=CONSTRUCTION, with_lines=CONSTRUCTION),
-    "swin-patch_merging_order": LineClaim(319, (309, 323), full="range of 15 lines", with_lines="range of 15 lines"),
+    "swin-patch_merging_order": LineClaim(
+        319, (309, 323), full="range of 15 lines", with_lines="range of 3 lines (the drill-down's stretch)"
+    ),
     "swin-shift_not_undone": LineClaim(
-        560, (555, 570), full="range of 16 lines", with_lines="range of 16 lines; line 605 is not the bug's"
+        560, (555, 570), full="range of 16 lines", with_lines="range of 7 lines (the drill-down's stretch)"
     ),
     "swin-attention_scale": LineClaim(408, (418, 466), full=ASSIGNMENT, with_lines=ASSIGNMENT),
     "resnet-average_pool_stem": LineClaim(82, (92, 92), full=CONSTRUCTION, with_lines=CONSTRUCTION),
