@@ -184,3 +184,36 @@ def test_a_name_assigned_again_right_after_is_compared_by_its_last_value() -> No
     found = _by_order(reference, reference[1:], candidate[1:], 1e-4)
     assert found is not None
     assert (found.line, found.name) == (560, "hidden_states")
+
+
+def test_a_line_that_only_lays_a_value_out_again_does_not_start_the_stretch(tmp_path) -> None:
+    """ConvNeXt's layer scale skipped before a permute that timm applies after it: the permuted value is right,
+    but the stretch that holds the cause starts after the line that computed it, not after the permute."""
+    port = tmp_path / "port.py"
+    port.write_text(
+        "def forward(x, gamma):\n"
+        "    y = x * 2\n"
+        "    if gamma is None:\n"
+        "        y = y * gamma\n"
+        "    y = y.permute(0, 2, 1)\n"
+        "    y = y + x.permute(0, 2, 1)\n"
+        "    return y\n"
+    )
+    torch.manual_seed(0)
+    x, gamma = torch.randn(1, 4, 8), torch.rand(4, 1) + 0.5
+    reference = [
+        _record(REFERENCE, 9, "x", x),
+        _record(REFERENCE, 10, "x", x * 2),
+        _record(REFERENCE, 11, "x", (x * 2).permute(0, 2, 1)),
+        _record(REFERENCE, 12, "x", (x * 2 * gamma).permute(0, 2, 1)),
+        _record(REFERENCE, 13, "x", (x * 2 * gamma + x).permute(0, 2, 1)),
+    ]
+    candidate = [
+        _record(str(port), 1, "x", x),
+        _record(str(port), 2, "y", x * 2),
+        _record(str(port), 5, "y", (x * 2).permute(0, 2, 1)),
+        _record(str(port), 6, "y", (x * 2 + x).permute(0, 2, 1)),
+    ]
+    found = _by_order(reference, reference[1:], candidate[1:], 1e-4)
+    assert found is not None
+    assert (found.line, found.since) == (6, 3)

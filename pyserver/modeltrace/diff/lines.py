@@ -320,7 +320,11 @@ def _by_order(
             # happens to record it says nothing of the computation's progress
             if explained is not None and not _masked_count(cand_record.tensor):
                 position = explained + 1
-            last_right = cand_record
+            # NOTE: a line that only lays the last right value out again (`permute`, `view`) computes nothing: the
+            # stretch of the cause starts after the line that computed it (a scale skipped before a permute that
+            # the reference applies after it)
+            if not _relaid(last_right, cand_record, tolerance):
+                last_right = cand_record
             continue
         # NOTE: counterparts are values the reference computed there, not re-bindings of earlier ones (the
         # `query` parameter of a helper is the projection's output again)
@@ -352,6 +356,16 @@ def _by_order(
         if found is not None:
             return replace(found, since=_since(last_right, found))
     return None
+
+
+def _relaid(earlier: LineRecord | None, record: LineRecord, tolerance: float) -> bool:
+    """Whether `record` holds `earlier`'s values again, further down the same function (a `permute`, a `view`)."""
+    if earlier is None or earlier.file != record.file or earlier.line >= record.line:
+        return False
+    if not _same_values(earlier.tensor, record.tensor, tolerance):
+        return False
+    function = enclosing_function(record.file, record.line)
+    return function is not None and function == enclosing_function(earlier.file, earlier.line)
 
 
 def _reassigned(cand_body: list[LineRecord], start: int) -> list[LineRecord]:

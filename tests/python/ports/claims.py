@@ -84,11 +84,11 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     # independent: vision (a known-wrong verdict has no row, see KNOWN_WRONG)
     "convnext-relu_for_gelu": LineClaim(133, (148, 148), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "convnext-layer_scale_skipped": LineClaim(
-        150, (149, 154), full="range of 6 lines", with_lines="range of 6 lines; line 153 is not the bug's"
+        150, (149, 154), full="range of 6 lines", with_lines="range of 4 lines (the drill-down's stretch)"
     ),
     "convnext-final_norm_eps": LineClaim(259, (277, 277), full=CONSTRUCTION, with_lines=CONSTRUCTION),
     "swin-patch_merging_order": LineClaim(
-        319, (309, 323), full="range of 15 lines", with_lines="range of 3 lines (the drill-down's stretch)"
+        319, (309, 323), full="range of 15 lines", with_lines="range of 5 lines (the drill-down's stretch)"
     ),
     "swin-shift_not_undone": LineClaim(
         560, (555, 570), full="range of 16 lines", with_lines="range of 7 lines (the drill-down's stretch)"
