@@ -64,8 +64,6 @@ KNOWN_WRONG: dict[str, str] = {
     "bias module has no counterpart",
     "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
     "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
-    "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
-    "(nn.MultiheadAttention keeps no scale setting to compare)",
     "clip-mean_pooling": "blames the root (747-821): open_clip pools inline and projects with a bare parameter, "
     "so vision_model (whose output is the pooled state) has no counterpart",
 }
