@@ -6,14 +6,13 @@ class and parameter shapes inside the diverging pair and names the stride at the
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import pytest
-from modeltrace.cli import main
 from modeltrace.worker.client import WorkerClient
-from modeltrace.worker.messages import TraceRequest
+
+from small_models import diff_json, first_divergence, trace_builds
 
 MODELS = textwrap.dedent("""
     import torch
@@ -59,9 +58,67 @@ MODELS = textwrap.dedent("""
             return torch.relu(self.last(self.layer(x)) + self.shortcut(x))
 
 
+    class SelfAttention(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.scaling = dim ** -0.5
+            self.q_proj = nn.Linear(dim, dim)
+            self.k_proj = nn.Linear(dim, dim)
+            self.v_proj = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            scores = self.q_proj(x) @ self.k_proj(x).transpose(-1, -2) * self.scaling
+            return torch.softmax(scores, dim=-1) @ self.v_proj(x)
+
+
+    class DecoderLayer(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.self_attn = SelfAttention(dim)
+
+        def forward(self, x):
+            return x + self.self_attn(x)
+
+
+    class Attention(nn.Module):
+        def __init__(self, dim, power):
+            super().__init__()
+            self.wq = nn.Linear(dim, dim)
+            self.wk = nn.Linear(dim, dim)
+            self.wv = nn.Linear(dim, dim)
+            self.scale = dim ** power
+
+        def forward(self, x):
+            scores = self.wq(x) @ self.wk(x).transpose(-1, -2) * self.scale
+            return torch.softmax(scores, dim=-1) @ self.wv(x)
+
+
+    class TransformerBlock(nn.Module):
+        def __init__(self, dim, power):
+            super().__init__()
+            self.attention = Attention(dim, power)
+
+        def forward(self, x):
+            return x + self.attention.forward(x)
+
+
     def reference():
         torch.manual_seed(0)
         return Bottleneck(8, 2).eval()
+
+
+    def decoder_reference():
+        torch.manual_seed(0)
+        return DecoderLayer(8).eval()
+
+
+    def decoder_port(power):
+        original = decoder_reference()
+        model = TransformerBlock(8, power)
+        with torch.no_grad():
+            for mine, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")):
+                getattr(model.attention, mine).load_state_dict(getattr(original.self_attn, theirs).state_dict())
+        return model.eval()
 
 
     def port(on_1x1):
@@ -76,53 +133,27 @@ MODELS = textwrap.dedent("""
 """)
 
 
-def _recipe(folder: Path, name: str, build: str) -> Path:
-    path = folder / f"recipe_{name}.py"
-    path.write_text(
-        "import sys\nimport torch\n"
-        f"sys.path.insert(0, {str(folder)!r})\nimport models\n\n"
-        f"def build_model():\n    return {build}\n\n"
-        "def build_inputs(model):\n    return (torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(1)),)\n"
-    )
-    return path
-
-
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("inner-builds")
-    (folder / "models.py").write_text(MODELS)
-    builds = {"reference": "models.reference()", "clean": "models.port(False)", "stride_on_1x1": "models.port(True)"}
-    found = {}
-    for name, build in builds.items():
-        out = folder / f"{name}.mtrace"
-        worker.trace(
-            TraceRequest(
-                file=str(folder / "models.py"),
-                recipe=str(_recipe(folder, name, build)),
-                out=str(out),
-                full_tensors=True,
-            )
-        )
-        found[name] = out
-    return found
-
-
-def _diff(reference: Path, candidate: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
-    code = main(["diff", str(reference), str(candidate), "--format", "json"])
-    return code, json.loads(capsys.readouterr().out)
+    builds = {
+        "reference": ("models.reference()", "1, 8, 8, 8"),
+        "clean": ("models.port(False)", "1, 8, 8, 8"),
+        "stride_on_1x1": ("models.port(True)", "1, 8, 8, 8"),
+        "decoder_reference": ("models.decoder_reference()", "1, 5, 8"),
+        "decoder_scale_inverted": ("models.decoder_port(0.5)", "1, 5, 8"),
+    }
+    return trace_builds(tmp_path_factory.mktemp("inner-builds"), worker, MODELS, builds)
 
 
 def test_the_clean_port_matches(traced: dict[str, Path], capsys) -> None:
-    code, document = _diff(traced["reference"], traced["clean"], capsys)
+    code, document = diff_json(traced["reference"], traced["clean"], capsys)
     assert code == 0, document.get("first_divergence")
 
 
 def test_a_stride_moved_to_an_unaligned_convolution_is_named_where_the_port_passes_it(
     traced: dict[str, Path], capsys
 ) -> None:
-    code, document = _diff(traced["reference"], traced["stride_on_1x1"], capsys)
-    assert code == 1
-    first = document["first_divergence"]
+    first = first_divergence(traced["reference"], traced["stride_on_1x1"], capsys)
     strides = [setting for setting in first["settings"] if setting["name"] == "stride"]
     assert strides, first["settings"]
     setting = strides[0]
@@ -130,3 +161,16 @@ def test_a_stride_moved_to_an_unaligned_convolution_is_named_where_the_port_pass
     source = (traced["reference"].parent / "models.py").read_text().splitlines()
     line = source[setting["assigned_at"]["line"] - 1].strip()
     assert line == "channels, channels // 2, kernel_size=1, stride=stride if on_1x1 else 1"
+
+
+def test_a_child_called_through_forward_is_compared_with_the_module_of_its_kind(
+    traced: dict[str, Path], capsys
+) -> None:
+    """The port's block calls `self.attention.forward(x)`: its attention has no module call, so nothing aligns with
+    the reference's; inside the diverging block the two attentions pair by kind, and the port's `self.scale`
+    (sqrt(dim) where the reference scales by 1/sqrt(dim)) is named at the line that assigns it."""
+    first = first_divergence(traced["decoder_reference"], traced["decoder_scale_inverted"], capsys)
+    [setting] = [setting for setting in first["settings"] if setting["name"] == "scaling"]
+    assert setting["path"] == "attention"
+    source = (traced["reference"].parent / "models.py").read_text().splitlines()
+    assert source[setting["assigned_at"]["line"] - 1].strip() == "self.scale = dim ** power"

@@ -51,8 +51,6 @@ KNOWN_WRONG: dict[str, str] = {
     "meta_llama-gate_up_swapped": "blames layers.0.feed_forward.w3 (built at its construction line): the SiLU on "
     "w3 with correct weights computes what a converter swap of w1 and w3 computes; the alignment pairs the first "
     "called projection with gate_proj, and nothing in the values tells the two bugs apart",
-    "mistral-softmax_scale_in_init@full": "layers.0, range 112-147 (the attention's forward): without line records "
-    "the first differing line, which reads self.scale (assigned at 78), is not known",
     "mistral-kv_heads_tiled": "layers.0, range 112-147 and line 138 (the scores): the tiled keys hold the same "
     "numbers in another order, so their statistics match; the helper's line 35 is never named",
     "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 263-338: the bug is in the helper "
@@ -62,10 +60,11 @@ KNOWN_WRONG: dict[str, str] = {
     "counterpart of (its head pools in a module of its own)",
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
-    "clip-class_token_last": "blames the root (747-821): open_clip builds the tokens inline (no embeddings module), "
-    "so the difference after vision_model.embeddings.patch_embedding is first seen in the root's outputs",
-    "clip-mean_pooling": "blames the root (747-821): open_clip pools inline and projects with a bare parameter, "
-    "so vision_model (whose output is the pooled state) has no counterpart",
+    "clip-class_token_last": "blames the root (747-821; 783-821 with line records): open_clip builds the tokens "
+    "inline (no embeddings module), so the difference after vision_model.embeddings.patch_embedding is first "
+    "seen in the root's outputs",
+    "clip-mean_pooling": "blames the root (747-821; 783-821 with line records): open_clip pools inline and "
+    "projects with a bare parameter, so vision_model (whose output is the pooled state) has no counterpart",
 }
 VARIANTS = ("full", "lines")
 

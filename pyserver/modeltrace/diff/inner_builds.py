@@ -3,8 +3,10 @@
 The alignment pairs modules by what they compute; a module whose output has another shape on the other side (a
 bottleneck's 1x1 convolution given the stride that the reference gives its 3x3 one) stays unaligned, and its build
 is never compared. Inside the diverging pair such modules are still modules the other side builds too: the
-unaligned modules of each side (those inside the pair and not inside an aligned child) are paired by class and
-parameter shapes, in construction order, and their settings compared as aligned pairs' are.
+unaligned modules of each side (those inside the pair and not inside an aligned child, and those never called as
+modules: Mistral's one-file block calls `self.attention.forward(x)`) are paired by class and parameter shapes, in
+construction order, then by kind where one of a kind is left on each side, and their settings compared as aligned
+pairs' are.
 
 A differing setting is named at the line that passes it: the keyword argument of that name in the call that built
 the module (`nn.Conv2d(…, stride=stride)`), followed up to the call that built its parent when the value is a
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 
+from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of_class
 from modeltrace.diff.lines import unaligned_descendants
 from modeltrace.diff.result import DiffResult, Divergence
 from modeltrace.diff.settings import SettingDifference, compare_settings
@@ -29,7 +32,8 @@ _FOLLOW_UP = 4
 
 def inner_setting_differences(result: DiffResult, divergence: Divergence) -> list[SettingDifference]:
     """Settings that differ between the unaligned modules of the diverging pair, paired by class and parameter
-    shapes in construction order; each with `assigned_at` at the argument that passes it where the source says."""
+    shapes in construction order, then the rest by kind where one of a kind is left on each side; each with
+    `assigned_at` at the line that assigns or passes it where the source says."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
     if reference is None:
         return []
@@ -41,13 +45,19 @@ def inner_setting_differences(result: DiffResult, divergence: Divergence) -> lis
     aligned_cand = {module.candidate.index for module in result.modules if module.reference is not None}
     ref_inner = _builds_of(result.reference.trace.modules, reference.index, aligned_ref, ref_builds)
     cand_inner = _builds_of(result.candidate.trace.modules, candidate.index, aligned_cand, cand_builds)
-    differences: list[SettingDifference] = []
-    unused = list(ref_inner)
+    pairs: list[tuple[ModuleBuild, ModuleBuild]] = []
+    unused = [build for build in ref_inner if build.parameters]
+    left = []
     for cand_build in cand_inner:
         ref_build = next((build for build in unused if _shape_key(build) == _shape_key(cand_build)), None)
-        if ref_build is None:
+        if ref_build is None or not cand_build.parameters:
+            left.append(cand_build)
             continue
         unused.remove(ref_build)
+        pairs.append((ref_build, cand_build))
+    pairs.extend(_by_kind([build for build in ref_inner if build in unused or not build.parameters], left))
+    differences: list[SettingDifference] = []
+    for ref_build, cand_build in pairs:
         for difference in compare_settings(ref_build, cand_build):
             if difference.assigned_at is None:
                 where = passed_at(cand_builds, cand_build, difference.name)
@@ -64,13 +74,35 @@ def inner_setting_differences(result: DiffResult, divergence: Divergence) -> lis
     return differences
 
 
+def _by_kind(ref_left: list[ModuleBuild], cand_left: list[ModuleBuild]) -> list[tuple[ModuleBuild, ModuleBuild]]:
+    """The modules left, paired by kind (`diff/kinds.py`: attention, MLP, norm…) where one of that kind is left
+    on each side: their classes differ, so only the settings the synonym table names are compared (`scale` in
+    Mistral's one-file `Attention`, which its block calls through `forward`, against `scaling`)."""
+    pairs = []
+    for kind in dict.fromkeys(kind_of_class(build.class_name) for build in cand_left):
+        if kind in (UNKNOWN, NO_OP):
+            continue
+        cand_kind = [build for build in cand_left if kind_of_class(build.class_name) == kind]
+        ref_kind = [build for build in ref_left if kind_of_class(build.class_name) == kind]
+        if len(cand_kind) == 1 and len(ref_kind) == 1:
+            pairs.append((ref_kind[0], cand_kind[0]))
+    return pairs
+
+
 def _builds_of(records: list, call: int, aligned: set[int], builds: dict[str, ModuleBuild]) -> list[ModuleBuild]:
-    """The builds of the unaligned modules called inside `call` (not `call` itself), in the order of the trace's
-    builds (construction order)."""
+    """The builds of the unaligned modules inside `call` (not `call` itself), in the order of the trace's builds
+    (construction order): those called inside it and not inside an aligned call, and those under its path that were
+    never called as modules (a child whose `forward` its parent calls directly)."""
     inside = unaligned_descendants(records, call, aligned)
     paths = {record.path for record in records if record.index in inside}
+    called = {record.path for record in records}
     own = next((record.path for record in records if record.index == call), None)
-    return [build for path, build in builds.items() if path in paths and path != own and build.parameters]
+    prefix = f"{own}." if own else ""
+    return [
+        build
+        for path, build in builds.items()
+        if path != own and (path in paths or (path.startswith(prefix) and path not in called))
+    ]
 
 
 def _shape_key(build: ModuleBuild) -> tuple:

@@ -52,6 +52,8 @@ class LineDivergence:
     # the reference also computed (values no line compares, a complex intermediate, lie in between), else the
     # function's first line; None where unknown
     since: int | None = None
+    # the module call the line ran in (the divergence's own, or a child of it that has no counterpart); not in JSON
+    module_call: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -106,7 +108,14 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     else:
         full = FullValues(result.reference.tensors, result.candidate.tensors, tolerance)
         found = _by_order(ref_lines, ref_body, cand_body, tolerance, full)
-    if found is None or not cand_inputs:
+    if found is None:
+        return found
+    where = (found.file, found.line, found.name)
+    ran_in = next(
+        (record.module_call for record in cand_body if (record.file, record.line, record.name) == where), None
+    )
+    found = replace(found, module_call=ran_in)
+    if not cand_inputs:
         return found
     return _in_forward(found, cand_body, cand_inputs[0])
 
