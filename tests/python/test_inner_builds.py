@@ -102,6 +102,27 @@ MODELS = textwrap.dedent("""
             return x + self.attention.forward(x)
 
 
+    class GatedMLP(nn.Module):
+        def __init__(self, dim, swapped=False):
+            super().__init__()
+            self.swapped = swapped
+            self.gate_proj = nn.Linear(dim, 2 * dim, bias=False)
+            self.up_proj = nn.Linear(dim, 2 * dim, bias=False)
+            self.down_proj = nn.Linear(2 * dim, dim, bias=False)
+
+        def forward(self, x):
+            if self.swapped:
+                gate = self.up_proj(x)
+            else:
+                gate = self.gate_proj(x)
+            return self.down_proj(torch.nn.functional.gelu(gate) * self.up_proj(x))
+
+
+    def mlp(swapped):
+        torch.manual_seed(0)
+        return GatedMLP(8, swapped).eval()
+
+
     def reference():
         torch.manual_seed(0)
         return Bottleneck(8, 2).eval()
@@ -141,6 +162,8 @@ def traced(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> di
         "stride_on_1x1": ("models.port(True)", "1, 8, 8, 8"),
         "decoder_reference": ("models.decoder_reference()", "1, 5, 8"),
         "decoder_scale_inverted": ("models.decoder_port(0.5)", "1, 5, 8"),
+        "mlp": ("models.mlp(False)", "1, 5, 8"),
+        "mlp_swapped": ("models.mlp(True)", "1, 5, 8"),
     }
     return trace_builds(tmp_path_factory.mktemp("inner-builds"), worker, MODELS, builds)
 
@@ -174,3 +197,14 @@ def test_a_child_called_through_forward_is_compared_with_the_module_of_its_kind(
     assert setting["path"] == "attention"
     source = (traced["reference"].parent / "models.py").read_text().splitlines()
     assert source[setting["assigned_at"]["line"] - 1].strip() == "self.scale = dim ** power"
+
+
+def test_a_module_called_in_the_place_of_one_never_called_is_named_at_its_call(
+    traced: dict[str, Path], capsys
+) -> None:
+    """`gate = self.up_proj(x)` where the reference calls `gate_proj`: the port built `gate_proj` (with the
+    reference's weights) and never calls it; the line named is the call that stands in its place."""
+    first = first_divergence(traced["mlp"], traced["mlp_swapped"], capsys)
+    source = (traced["reference"].parent / "models.py").read_text().splitlines()
+    assert source[first["line"]["line"] - 1].strip() == "gate = self.up_proj(x)"
+    assert "never calls" in first["line"]["reason"]

@@ -11,6 +11,7 @@ from dataclasses import replace
 from modeltrace.diff.divergence import bounded, enclosing_function, source_range
 from modeltrace.diff.inner_builds import inner_setting_differences
 from modeltrace.diff.lines import LineDivergence, drill_down
+from modeltrace.diff.missing_calls import missing_call
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
 from modeltrace.diff.unpaired import settings_read, unpaired_inputs
@@ -48,6 +49,9 @@ def explain(result: DiffResult) -> None:
     if not divergence.settings and not divergence.parameters:
         divergence.settings = inner_setting_differences(result, divergence)
     divergence.line = _with_reads(drill_down(result, divergence))
+    swapped = missing_call(result, divergence)
+    if swapped is not None and (divergence.line is None or _before(swapped, divergence.line)):
+        divergence.line = swapped
     divergence.lines = _from_child(divergence)
     divergence.unpaired_inputs = unpaired_inputs(result, divergence)
 
@@ -77,6 +81,11 @@ def _built_differently_inside(
             found = module
             break
     return found
+
+
+def _before(first: LineDivergence, second: LineDivergence) -> bool:
+    """Whether `first` is an earlier line than `second` of one file."""
+    return first.file == second.file and first.line < second.line
 
 
 def _from_child(divergence: Divergence) -> SourceRange | None:
