@@ -12,11 +12,14 @@ not its children's) are known on both sides. They are paired:
   value that the reference never computed and that has a counterpart there (among the reference's values new
   in the call past that position: the first of the same variable name, else one of the next three of a shape
   holding the same numbers) is the first differing line. Intermediates only one side has (a fused qkv
-  projection) have no counterpart and are passed over. Masks compare as masks whether written with -inf or
-  the dtype's minimum.
+  projection) have no counterpart and are passed over. Masks compare by how many entries they mask, whether
+  written with -inf or the dtype's minimum; a mask built in several lines is compared as it is passed on and
+  named where its masked entries are decided. A name assigned again right after is compared by its last value.
 
-Line records hold statistics, not full tensors, so values are compared as the diff compares statistics: a
-statistic further apart than the tolerance proves a difference. The tolerance is relative to the values' scale,
+Line records hold statistics (and, where a record's tensor is also a module's input or output, a full tensor),
+so values are compared as the diff compares statistics: a statistic further apart than the tolerance proves a
+difference; values of the same shape whose full tensors both traces stored are compared element by element too
+(an order the statistics do not see: a shift rolled the wrong way). The tolerance is relative to the values' scale,
 and no tighter than ten times the difference already present in the call's own inputs (parameters are recorded
 on the `def` line), so that error accumulated upstream is not mistaken for this module's.
 """
