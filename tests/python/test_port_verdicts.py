@@ -57,10 +57,6 @@ KNOWN_WRONG: dict[str, str] = {
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
     "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
     "bias module has no counterpart",
-    "resnet-stride_on_1x1": "right module, but 175-177 (its forward) and construction 208: the __init__ line 165 "
-    "is not named",
-    "clip-attention_scale": "right module, range 298-335 and construction 357: the __init__ line 289 is not named "
-    "(nn.MultiheadAttention keeps no scale setting to compare)",
     "clip-class_token_last@full": "blames vision_model (603-632), its parent: open_clip builds the tokens inline, "
     "and the embeddings' output is first compared as vision_model.pre_layrnorm's input; whether "
     "CLIPVisionEmbeddings computed it wrong or its caller passes it where something else belongs, only open_clip's "
@@ -189,6 +185,11 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert precision(case, port, Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 41))) == (
         "range of 11 lines; line 41 is not the bug's"
     )
+    # the narrowest named range that holds the line: the drill-down's stretch inside the module's range
+    stretch = Verdict(1, path=bug.module, lines=(here, 40, 50), line=(here, 49), line_since=45)
+    assert precision(case, port, stretch) == "range of 5 lines (the drill-down's stretch)"
+    wide = Verdict(1, path=bug.module, lines=(here, 44, 50), line=(here, 49), line_since=40)
+    assert precision(case, port, wide) == "range of 7 lines; line 49 is not the bug's"
 
 
 def test_a_verdict_is_held_to_its_line_claim(tmp_path: Path) -> None:

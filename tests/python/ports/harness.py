@@ -402,32 +402,26 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         return "assignment line"
     if any(_same_file(file, port.port_file) and at == line for file, at in verdict.arranged):
         return "arrangement line"
-    produced = [
-        end - start + 1
-        for file, start, end in verdict.produced
-        if _same_file(file, port.port_file) and start <= line <= end
-    ]
-    if produced and not (
-        verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]
-    ):
-        width = min(produced)
-        return "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
-    found = ""
-    stretch = verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file)
-    if (
-        stretch
-        and verdict.line_since <= line <= verdict.line[1]
-        and not (
-            verdict.lines
-            and _same_file(verdict.lines[0], port.port_file)
-            and verdict.lines[1] <= line <= verdict.lines[2]
-        )
-    ):
-        return f"range of {verdict.line[1] - verdict.line_since + 1} lines (the drill-down's stretch)"
+    # NOTE: the narrowest named range that holds the bug's line (issue 30's measure): the module's range, the
+    # drill-down's stretch (`line.since` to `line`) or where an unpaired input was produced; the module's range
+    # wins a tie (its label is the plainest)
+    ranges: list[tuple[int, int, str]] = []
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
         width = verdict.lines[2] - verdict.lines[1] + 1
-        found = f"range of {width} line{'s' if width > 1 else ''}"
-    if found and verdict.line:
+        ranges.append((width, 0, f"range of {width} line{'s' if width > 1 else ''}"))
+    if verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file):
+        if verdict.line_since <= line <= verdict.line[1]:
+            width = verdict.line[1] - verdict.line_since + 1
+            ranges.append((width, 1, f"range of {width} lines (the drill-down's stretch)"))
+    for file, start, end in verdict.produced:
+        if _same_file(file, port.port_file) and start <= line <= end:
+            width = end - start + 1
+            label = "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
+            ranges.append((width, 2, label))
+    if not ranges:
+        return ""
+    _, kind, found = min(ranges)
+    if kind == 0 and verdict.line:
         found += f"; line {verdict.line[1]} is not the bug's"
     return found
 
