@@ -116,6 +116,11 @@ def _outputs_last_position(reference: Any, port: Any) -> list[tuple[str, torch.T
     return [("logits of the last position", reference.logits[:, -1], port[1])]
 
 
+def _outputs_audio(reference: Any, port: Any) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """encodec's forward returns the decoded waveform; transformers' `EncodecModel` its output's `audio_values`."""
+    return [("decoded audio", reference, port.audio_values)]
+
+
 COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor, torch.Tensor]]]] = {
     "gpt2": _outputs_gpt2,
     "llama": _outputs_llama,
@@ -129,6 +134,7 @@ COMPARABLE_OUTPUTS: dict[str, Callable[[Any, Any], list[tuple[str, torch.Tensor,
     "meta_llama": _outputs_llama,
     "mistral": _outputs_llama,
     "gemma_pytorch": _outputs_last_position,
+    "encodec": _outputs_audio,
 }
 
 

@@ -112,7 +112,8 @@ def import_timm() -> None:
 
 
 def upstream_definitions(script: Path, names: tuple[str, ...]) -> dict[str, Any]:
-    """The top-level functions and classes `names` of a transformers conversion script, by name.
+    """The top-level functions, classes and assigned names (`MAPPING = {...}`) `names` of a transformers conversion
+    script, by name, run in the order the script defines them.
 
     The script is published code, not committed here: the corpus stages it from its mirror beside the pair's
     files (`Pair.sources`, see ports/sources.py). It cannot be imported as a module (it imports the package it
@@ -134,14 +135,20 @@ def upstream_definitions(script: Path, names: tuple[str, ...]) -> dict[str, Any]
                     exec(compile(ast.Module(body=[node], type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
                 except ImportError:
                     continue
-    found = {
-        node.name: node
-        for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
-    }
+    found = {_defined_name(node): node for node in tree.body if _defined_name(node) in names}
     missing = [name for name in names if name not in found]
     if missing:
         raise LookupError(f"{script}: no top-level definition of {', '.join(missing)}")
-    body = [found[name] for name in names]
+    # NOTE: in the script's order: a mapping table may be built from others (`MAPPING_24K = {**MAPPING_ENCODER}`)
+    body = [node for node in tree.body if _defined_name(node) in names]
     exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
     return {name: namespace[name] for name in names}
+
+
+def _defined_name(node: ast.stmt) -> str | None:
+    """The name a top-level statement defines: a function, a class, or a single name assigned (`MAPPING = ...`)."""
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
