@@ -963,6 +963,69 @@ class ResNetStage""",
         new="        torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1)[::-1],\n",
         why="the rotary halves taken in the wrong order (x2, x1): the rotation turns the other way",
     ),
+    # --- EnCodec (facebookresearch/encodec reference; transformers' modeling_encodec.py as the port) ---------------
+    Bug(
+        name="zero_padding",
+        pair="encodec",
+        kind="padding mode",
+        module="encoder.layers.0",
+        old="hidden_states = self._pad1d(hidden_states, (self.padding_total, extra_padding), mode=self.pad_mode)",
+        new='hidden_states = self._pad1d(hidden_states, (self.padding_total, extra_padding), mode="constant")',
+        why="the causal convolutions padded on the left with zeros where EnCodec reflects the signal (pad_mode "
+        "'reflect'): shows first in the encoder's first convolution",
+    ),
+    Bug(
+        name="first_dilation",
+        pair="encodec",
+        kind="dilation",
+        module="encoder.layers.1.block.1",
+        old="model += [EncodecResnetBlock(config, current_scale, [config.dilation_growth_rate**j, 1])]",
+        new="model += [EncodecResnetBlock(config, current_scale, [config.dilation_growth_rate, 1])]",
+        why="the encoder's residual blocks built with the dilation base itself (2) where SEANet dilates the j-th "
+        "block by base ** j (1 for the only block): a construction setting passed down two __init__s",
+    ),
+    Bug(
+        name="lstm_skip_dropped",
+        pair="encodec",
+        kind="missing residual",
+        module="encoder.layers.13",
+        old="hidden_states = self.lstm(hidden_states)[0] + hidden_states",
+        new="hidden_states = self.lstm(hidden_states)[0]",
+        why="the skip connection around the LSTM dropped (SLSTM adds its input back): the encoder's 14th layer",
+    ),
+    Bug(
+        name="causal_trim_centred",
+        pair="encodec",
+        kind="transposed-convolution trim",
+        module="decoder.layers.3",
+        old="            padding_right = math.ceil(padding_total * self.trim_right_ratio)\n",
+        new="            padding_right = padding_total // 2\n",
+        why="the causal transposed convolutions trimmed on both sides (the non-causal rule) where EnCodec's causal "
+        "decoder trims all of the padding on the right (trim_right_ratio 1): the waveform shifts; the decoder's "
+        "first upsampling layer",
+    ),
+    Bug(
+        name="final_activation_tanh",
+        pair="encodec",
+        kind="activation",
+        module="decoder.layers.14",
+        old="        # Add final layers\n        model += [nn.ELU()]",
+        new="        # Add final layers\n        model += [nn.Tanh()]",
+        truth_at="model += [nn.Tanh()]",
+        why="the decoder's last activation a Tanh (SEANet's optional final_activation, misplaced) where EnCodec "
+        "applies ELU before its last convolution",
+    ),
+    Bug(
+        name="residual_not_carried",
+        pair="encodec",
+        kind="residual quantization",
+        module="",
+        old="            residual = residual - quantized\n",
+        new="            residual = embeddings - quantized\n",
+        why="each codebook after the second quantizes the encoder output minus the previous codebook's vector, not "
+        "the running residual; the quantizer's encode is a method the root's forward calls (no module call), so "
+        "the root is where a diff can see it",
+    ),
 )
 
 
