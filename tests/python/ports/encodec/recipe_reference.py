@@ -1,6 +1,7 @@
 """`modeltrace trace encodec/modules/conv.py --recipe recipe_reference.py`: facebookresearch/encodec's EnCodec as
 published (materialised from its mirror, see ports/corpus.py), a causal 24 kHz-like model shrunk (4 base filters,
-ratios 4-4-2-2, a 16-wide latent, 4 codebooks of 1024 entries), seeded, at a fixed bandwidth of 15 kbps (all 4 codebooks).
+ratios 4-4-2-2, a 16-wide latent, 4 codebooks of 1024 entries), seeded, at a fixed bandwidth of 15 kbps (all 4
+codebooks).
 
 The hyper-parameters below are the ones `recipe_port.py` builds transformers' `EncodecModel` from.
 """
@@ -29,7 +30,8 @@ SAMPLE_RATE = 24_000
 FILTERS = 4
 DIMENSION = 16
 RATIOS = [4, 4, 2, 2]  # the decoder's upsampling order; the encoder downsamples in reverse
-BINS = 1024  # as the published models: `_get_model`'s rule below assumes 10 bits a code, transformers' reads them
+# as the published models: `_get_model`'s rule for n_q assumes 10 bits a code, transformers' reads log2(bins)
+BINS = 1024
 # n_q = 1000 * largest bandwidth // (frame rate * 10 bits) = 15000 // 3750 = 4 (`_get_model`, and transformers'
 # `EncodecConfig.num_quantizers`)
 TARGET_BANDWIDTHS = [3.75, 7.5, 15.0]
@@ -65,7 +67,11 @@ def _keep_the_signal(model: nn.Module) -> None:
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)) and hasattr(module, "weight_v"):
-                fan_in = module.weight_v[0].numel() if isinstance(module, nn.Conv1d) else module.weight_v.shape[0] * module.weight_v.shape[2]
+                fan_in = (
+                    module.weight_v[0].numel()
+                    if isinstance(module, nn.Conv1d)
+                    else module.weight_v.shape[0] * module.weight_v.shape[2]
+                )
                 module.weight_v.copy_(torch.randn(module.weight_v.shape, generator=generator) * (2.0 / fan_in) ** 0.5)
                 module.weight_g.copy_(torch.linalg.vector_norm(module.weight_v, dim=(1, 2), keepdim=True))
 
