@@ -6,79 +6,14 @@ A bug is a textual patch of the clean port file (applied to a copy, so the port 
 code), with the module path of the port that owns the bug and why it is a bug. The truth line is the line of
 the patched text, or, for a bug in the weight converter (which runs before any forward), the line that
 builds the module whose weight is wrong (`truth_at`): that module's construction is where the port can show it.
+The records are defined in `corpus_types.py`; the speech pair and its bugs in `corpus_encodec.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-from ports.sources import Source, SourceFile, staged_pair_folder
-
-CORPUS_ROOT = Path(__file__).resolve().parent
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A reference and its port. `maps` rename candidate module paths to the reference's (`--map` rules, full
-    paths on both sides); `unmapped` names port modules left unaligned on purpose, with the reason."""
-
-    name: str
-    folder: str
-    port_file: str
-    reference_module: str  # the transformers modeling module (its file is the reference's traced file)
-    maps: tuple[str, ...]
-    unmapped: str = ""
-    # the reference's traced file inside the pair folder when it is not the transformers module (the independent
-    # vision implementations are the references there, and the transformers file copied in is the port)
-    reference_file: str = ""
-    # published implementations the port is (not committed: materialised from a mirror, see ports/sources.py)
-    sources: tuple[Source, ...] = ()
-
-    @property
-    def path(self) -> Path:
-        """The pair's folder; with sources, a staged copy of it holding the sources' files too."""
-        if self.sources:
-            return staged_pair_folder(self.folder, CORPUS_ROOT / self.folder, self.sources)
-        return CORPUS_ROOT / self.folder
-
-
-@dataclass(frozen=True)
-class Bug:
-    """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
-    path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
-    patched line; `why` says what is wrong, as a reviewer would; `patched_file` and `helper` below."""
-
-    name: str
-    pair: str
-    kind: str
-    old: str
-    new: str
-    module: str
-    why: str
-    truth_at: str | None = None
-    # the file patched, relative to the prepared case folder (the pair folder's parent), when it is not the
-    # port file: a converter shared by pairs (`meta_convert.py`); `truth_at` then names the line in the port
-    patched_file: str = ""
-    # the port file's module-level function holding the truth line, when the module calls a helper there
-    helper: str = ""
-    # the bug reaches `module` through this input, which has no counterpart in the reference (a rotary table
-    # built in the root's `__init__`): the module's other inputs are unchanged, that one is not
-    unpaired_input: str = ""
-
-
-def _transformers_conversion(script: str, sha256: str) -> Source:
-    """transformers' conversion script for a vision pair (its weights are converted by the script's own
-    functions, `vision_common.upstream_definitions`): the wheel does not ship these scripts, so they are staged
-    from a mirrored snapshot of a transformers fork whose package is renamed `transformers_4573` (the functions
-    used do not import it)."""
-    return Source(
-        repo="feisenyu/transformers_4573",
-        commit="e9d73c31189a2235385bbaf4be9224d9d5c8a1fc",
-        license="LICENSE",
-        files=(SourceFile(f"src/transformers_4573/models/{script}", f"upstream/{script.split('/')[-1]}", sha256),),
-    )
-
+from ports.corpus_encodec import ENCODEC_BUGS, ENCODEC_PAIR
+from ports.corpus_types import CORPUS_ROOT, Bug, Pair, transformers_conversion
+from ports.sources import Source, SourceFile
 
 PAIRS: tuple[Pair, ...] = (
     Pair(
@@ -157,7 +92,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/convnext.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "convnext/convert_convnext_to_pytorch.py",
                 "6303f75aee446b42836ff5db69b1cc8be27001c791f09750ff17406107d96911",
             ),
@@ -171,7 +106,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/swin_transformer.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "swin/convert_swin_timm_to_pytorch.py",
                 "0f57d0796cb94ab0f3051bb530415c51df9f930b3cc2f27e22bb3d4521240b91",
             ),
@@ -185,7 +120,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/resnet.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "resnet/convert_resnet_to_pytorch.py",
                 "b2643d8029c53d814dc54d92a1d5c20f0cc80ffa0af98c02357df95fb979f375",
             ),
@@ -199,7 +134,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/open_clip/transformer.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "clip/convert_clip_original_pytorch_to_hf.py",
                 "0a81a8afee54bcddd6251226118ad07c985ec04d773c505175095ed6249c9d3f",
             ),
@@ -289,108 +224,7 @@ PAIRS: tuple[Pair, ...] = (
             ),
         ),
     ),
-    Pair(
-        name="encodec",
-        folder="encodec",
-        port_file="vendored/modeling_encodec.py",
-        reference_module="transformers.models.encodec.modeling_encodec",
-        # the reference's convolutions (SConv1d, SConvTranspose1d: padding and trimming), where most of its forward is
-        reference_file="encodec/modules/conv.py",
-        maps=(),
-        sources=(
-            Source(
-                repo="facebookresearch/encodec",
-                commit="0e2d0aed29362c8e8f52494baf3e6f99056b214f",
-                license="LICENSE",
-                files=(
-                    SourceFile(
-                        "encodec/__init__.py",
-                        "encodec/__init__.py",
-                        "d4f128d445945e121a4d6d885554b1b4d58c88b941feae6d0e33807264f8619e",
-                    ),
-                    SourceFile(
-                        "encodec/binary.py",
-                        "encodec/binary.py",
-                        "2ee80a45b46f27807ca72f64ed95109424cf87edca348e0c60fc02256a7ada70",
-                    ),
-                    SourceFile(
-                        "encodec/compress.py",
-                        "encodec/compress.py",
-                        "ac12406ec0e0d92314c460e7c4957a9eb9f58e55e853588ad1d41bfce135c7a2",
-                    ),
-                    SourceFile(
-                        "encodec/distrib.py",
-                        "encodec/distrib.py",
-                        "9c133a161202c5f4987315cb6821f33b0c8c4dce2e0eb01a1cdca0de3ec9d71b",
-                    ),
-                    SourceFile(
-                        "encodec/model.py",
-                        "encodec/model.py",
-                        "edb61be57f97127fe3423c03796f9f6b2f53c808dc3939dd4db3b54d5aa7d51f",
-                    ),
-                    SourceFile(
-                        "encodec/utils.py",
-                        "encodec/utils.py",
-                        "043ea1b8f3f087149fdd16f8b1b8c1514615f2f36fe44b12fec542af49d56243",
-                    ),
-                    SourceFile(
-                        "encodec/modules/__init__.py",
-                        "encodec/modules/__init__.py",
-                        "df464b0516af77ae3f5ca79442e09d0f83592d6081e084f122a866581e84b0a8",
-                    ),
-                    SourceFile(
-                        "encodec/modules/conv.py",
-                        "encodec/modules/conv.py",
-                        "29b5f8aee80973577d8cb30ea62a4ab84502f7b9ad42af113ea24f4da9a9f8d0",
-                    ),
-                    SourceFile(
-                        "encodec/modules/lstm.py",
-                        "encodec/modules/lstm.py",
-                        "53d0511f2eb17f2a3e7dbf0f3b969e05a9392aa0f986a3ea918840da58aaffc4",
-                    ),
-                    SourceFile(
-                        "encodec/modules/norm.py",
-                        "encodec/modules/norm.py",
-                        "23d5727c362bfcd43ee8ba2972531b6b63991a974c11a9156b179134ce2c87d3",
-                    ),
-                    SourceFile(
-                        "encodec/modules/seanet.py",
-                        "encodec/modules/seanet.py",
-                        "3b5f4568f610506b1e443829e30929191096f78bd64ae5e68f419d63e0f15fdf",
-                    ),
-                    SourceFile(
-                        "encodec/modules/transformer.py",
-                        "encodec/modules/transformer.py",
-                        "2f15cafae83dd40c84c576c75e9a4b6f75f0e7ef101fe12cd65f661da944b83d",
-                    ),
-                    SourceFile(
-                        "encodec/quantization/__init__.py",
-                        "encodec/quantization/__init__.py",
-                        "34c806bc1cafc8b835926b6f6450bee769f95eb467cf1c19b4427e9dd7e55bbc",
-                    ),
-                    SourceFile(
-                        "encodec/quantization/ac.py",
-                        "encodec/quantization/ac.py",
-                        "7b9be56fd1ab9d2cd20567c1fde9514e86135bbc4a0891b99f1682282c47a957",
-                    ),
-                    SourceFile(
-                        "encodec/quantization/core_vq.py",
-                        "encodec/quantization/core_vq.py",
-                        "2f9c006decc8953543fc3cecea365014842cf4a9771cae3c980b9f07e6abc186",
-                    ),
-                    SourceFile(
-                        "encodec/quantization/vq.py",
-                        "encodec/quantization/vq.py",
-                        "d45227a508fa30a88f77b7a7d8f23dae7da7afeba194bdf6d8458cec3c86610e",
-                    ),
-                ),
-            ),
-            _transformers_conversion(
-                "encodec/convert_encodec_checkpoint_to_pytorch.py",
-                "af6c5a6726d49393e4b8c22162a39531dd5b4b15eedf47d3fc94d70a94e159f7",
-            ),
-        ),
-    ),
+    ENCODEC_PAIR,
 )
 
 PAIRS_BY_NAME = {pair.name: pair for pair in PAIRS}
@@ -963,71 +797,12 @@ class ResNetStage""",
         new="        torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1)[::-1],\n",
         why="the rotary halves taken in the wrong order (x2, x1): the rotation turns the other way",
     ),
-    # --- EnCodec (facebookresearch/encodec reference; transformers' modeling_encodec.py as the port) ---------------
-    Bug(
-        name="zero_padding",
-        pair="encodec",
-        kind="padding mode",
-        module="encoder.layers.0",
-        old="hidden_states = self._pad1d(hidden_states, (self.padding_total, extra_padding), mode=self.pad_mode)",
-        new='hidden_states = self._pad1d(hidden_states, (self.padding_total, extra_padding), mode="constant")',
-        why="the causal convolutions padded on the left with zeros where EnCodec reflects the signal (pad_mode "
-        "'reflect'): shows first in the encoder's first convolution",
-    ),
-    Bug(
-        name="first_dilation",
-        pair="encodec",
-        kind="dilation",
-        module="encoder.layers.1.block.1",
-        old="model += [EncodecResnetBlock(config, current_scale, [config.dilation_growth_rate**j, 1])]",
-        new="model += [EncodecResnetBlock(config, current_scale, [config.dilation_growth_rate, 1])]",
-        why="the encoder's residual blocks built with the dilation base itself (2) where SEANet dilates the j-th "
-        "block by base ** j (1 for the only block): a construction setting passed down two __init__s",
-    ),
-    Bug(
-        name="lstm_skip_dropped",
-        pair="encodec",
-        kind="missing residual",
-        module="encoder.layers.13",
-        old="hidden_states = self.lstm(hidden_states)[0] + hidden_states",
-        new="hidden_states = self.lstm(hidden_states)[0]",
-        why="the skip connection around the LSTM dropped (SLSTM adds its input back): the encoder's 14th layer",
-    ),
-    Bug(
-        name="causal_trim_centred",
-        pair="encodec",
-        kind="transposed-convolution trim",
-        module="decoder.layers.3",
-        old="            padding_right = math.ceil(padding_total * self.trim_right_ratio)\n",
-        new="            padding_right = padding_total // 2\n",
-        why="the causal transposed convolutions trimmed on both sides (the non-causal rule) where EnCodec's causal "
-        "decoder trims all of the padding on the right (trim_right_ratio 1): the waveform shifts; the decoder's "
-        "first upsampling layer",
-    ),
-    Bug(
-        name="final_activation_tanh",
-        pair="encodec",
-        kind="activation",
-        module="decoder.layers.14",
-        old="        # Add final layers\n        model += [nn.ELU()]",
-        new="        # Add final layers\n        model += [nn.Tanh()]",
-        truth_at="model += [nn.Tanh()]",
-        why="the decoder's last activation a Tanh (SEANet's optional final_activation, misplaced) where EnCodec "
-        "applies ELU before its last convolution",
-    ),
-    Bug(
-        name="residual_not_carried",
-        pair="encodec",
-        kind="residual quantization",
-        module="",
-        old="            residual = residual - quantized\n",
-        new="            residual = embeddings - quantized\n",
-        why="each codebook after the second quantizes the encoder output minus the previous codebook's vector, not "
-        "the running residual; the quantizer's encode is a method the root's forward calls (no module call), so "
-        "the root is where a diff can see it",
-    ),
+    *ENCODEC_BUGS,
 )
 
 
 def bugs_of(pair: str) -> list[Bug]:
     return [bug for bug in BUGS if bug.pair == pair]
+
+
+__all__ = ["BUGS", "CORPUS_ROOT", "PAIRS", "PAIRS_BY_NAME", "Bug", "Pair", "bugs_of"]
