@@ -3,7 +3,8 @@ use in a forward.
 
 Stand-ins: torchvision (no CPU
 build in the registry here) and PIL (not installed): timm and open_clip import them at module level for data
-transforms, datasets and `FrozenBatchNorm2d`, none of which the traced models run.
+transforms, datasets and `FrozenBatchNorm2d`, none of which the traced models run. The speech pair (EnCodec) asks for
+torchaudio the same way (`importing_without(("torchaudio",))`: its utilities read and write audio files).
 
 `importing_without()` is a context manager: inside it, each of those packages that is not importable is found
 as a stand-in (with every submodule asked for); any name read from a stand-in is a fresh class that accepts
