@@ -151,6 +151,13 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "gemma_pytorch-rotary_interleaved": LineClaim(
         107, (277, 338), full="", with_lines="range of 7 lines (the drill-down's stretch)"
     ),
+    "encodec-zero_padding": LineClaim(
+        162, (157, 171), full="range of 15 lines", with_lines="range of 15 lines; line 146 is not the bug's"
+    ),
+    "encodec-lstm_skip_dropped": LineClaim(247, (247, 249), full="range of 3 lines", with_lines="range of 3 lines"),
+    "encodec-causal_trim_centred": LineClaim(
+        223, (211, 233), full="range of 23 lines", with_lines="range of 23 lines; line 232 is not the bug's"
+    ),
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
