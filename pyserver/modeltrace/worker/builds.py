@@ -157,12 +157,21 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
         text = module.extra_repr()
     except Exception:  # noqa: BLE001 - user code: a broken extra_repr leaves the attributes
         text = ""
-    for field_text in split_fields(text if isinstance(text, str) else ""):
+    if text and isinstance(text, str):
+        settings.update(_named_fields(text))
+    return settings
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_fields(text: str) -> tuple[tuple[str, Any], ...]:
+    """The `name=value` fields of an `extra_repr()` text, parsed once per text (a model's layers repeat theirs)."""
+    fields = []
+    for field_text in split_fields(text):
         name, separator, value = field_text.partition("=")
         name = name.strip()
         if separator and name.isidentifier():
-            settings[name] = _literal(value.strip())
-    return settings
+            fields.append((name, _literal(value.strip())))
+    return tuple(fields)
 
 
 _SKIP = object()
@@ -259,14 +268,17 @@ def _fingerprint(
     record = ParameterRecord(name=name, kind=kind, summary=summary, shared_with=shared_with, statistics_stride=stride)
     if tensor.device.type == "meta" or count == 0:
         return record
+    # NOTE: a float32 or float64 CPU weight (the common case) is read as it is: `tolist()` gives the same Python
+    # floats as a float64 copy would (float32 widens exactly), without two more torch calls per weight
+    plain = tensor.is_cpu and tensor.dtype in (torch.float32, torch.float64)
     values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float64)
-    positions = sample_positions(tensor.numel())
-    record.sample = values.reshape(-1)[positions].to("cpu", torch.float64).tolist()
+    positions = sample_positions(count)
+    sample = values.reshape(-1)[positions]
+    record.sample = (sample if plain else sample.to("cpu", torch.float64)).tolist()
     if tensor.dim() == 2:
         # NOTE: the same flat positions in the transpose's row-major order, read in place (no transposed copy)
-        rows, columns = tensor.shape
-        row_of, column_of = positions // rows, positions % rows
-        record.sample_transposed = values[column_of, row_of].to("cpu", torch.float64).tolist()
+        sample = values[transposed_positions(count, tensor.shape[0])]
+        record.sample_transposed = (sample if plain else sample.to("cpu", torch.float64)).tolist()
     if keep_tensor is not None and shared_with is None:
         keep_tensor(tensor, summary, stored_name)
     return record
@@ -280,6 +292,14 @@ def sample_positions(count: int) -> torch.Tensor:
     if count <= SAMPLE_SIZE:
         return torch.arange(count)
     return (torch.arange(SAMPLE_SIZE, dtype=torch.int64) * _SAMPLE_STRIDE) % count
+
+
+@functools.lru_cache(maxsize=1024)
+def transposed_positions(count: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (column, row) indices, into a matrix of `rows` rows and `count` elements, of `sample_positions(count)`
+    taken in its transpose's row-major order. Cached per shape, as `sample_positions`."""
+    positions = sample_positions(count)
+    return positions % rows, positions // rows
 
 
 # NOTE: a prime: its multiples are distinct modulo any element count it does not divide.
