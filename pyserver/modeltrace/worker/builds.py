@@ -147,8 +147,11 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
     class, and the attributes hold them by name (`normalized_shape`).
     """
     settings: dict[str, Any] = {}
-    for name, value in list(vars(module).items()):
-        if name.startswith("_") or name in _NOT_SETTINGS:
+    attributes = vars(module)
+    for name in _public_names(tuple(attributes)):
+        try:
+            value = attributes[name]
+        except KeyError:  # NOTE: removed meanwhile by model code on another thread: not a setting now
             continue
         plain = _plain(value)
         if plain is not _SKIP:
@@ -175,6 +178,13 @@ def _named_fields(text: str) -> tuple[tuple[str, Any], ...]:
 
 
 _SKIP = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _public_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The attribute names that may be settings, of a module whose `__dict__` has `names` (in their order):
+    cached per layout, as a model's modules share a few, and most of a module's attributes are private."""
+    return tuple(name for name in names if not name.startswith("_") and name not in _NOT_SETTINGS)
 
 
 def _plain(value: Any) -> Any:
