@@ -150,14 +150,14 @@ def test_the_same_numbers_in_another_order_differ_where_the_full_tensors_say() -
     store = {"r0": grid, "r1": merged, "c0": grid.reshape(1, 256, 16), "c1": swapped.reshape(1, 64, 64)}
     full = FullValues(_Store(store), _Store(store), 1e-4)
     assert _by_order(reference, reference[1:], candidate[1:], 1e-4) is None  # statistics alone see nothing
-    found = _by_order(reference, reference[1:], candidate[1:], 1e-4, full)
+    found = _by_order(reference, reference[1:], candidate[1:], 1e-4, full=full)
     assert found is not None
     assert (found.line, found.name) == (321, "input_feature")
     assert "element by element" in found.reason
     right = {**store, "c1": merged.reshape(1, 64, 64)}
     candidate[-1] = _stored(CANDIDATE, 321, "input_feature", merged.reshape(1, 64, 64), "c1")
     assert (
-        _by_order(reference, reference[1:], candidate[1:], 1e-4, FullValues(_Store(right), _Store(right), 1e-4))
+        _by_order(reference, reference[1:], candidate[1:], 1e-4, full=FullValues(_Store(right), _Store(right), 1e-4))
         is None
     )
 

@@ -109,7 +109,6 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             "evidence": pair.evidence,
             "fused": pair.fused,
             **({"mapping_line": pair.line} if pair.line else {}),
-            # NOTE: one side's output a slice of the other's (a last-position head): the positions compared
             **({"overlap": pair.overlap} if getattr(pair, "overlap", None) else {}),
         }
     if module.status in (MISMATCH, DIVERGENCE):
@@ -281,8 +280,7 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "by_replay": divergence.by_replay,
         "replay": replay_json(module.replay),
         "compared": compared_json(module) if module.reference is not None else None,
-        # NOTE: a module without counterpart (`diff/unaligned.py`): the path of the aligned call whose comparison
-        # showed the difference, which the search moved into it from; None for an aligned divergence
+        # NOTE: a module without counterpart (`diff/unaligned.py`): the aligned call the search moved in from
         "compared_in": divergence.compared_in.candidate.path if divergence.compared_in is not None else None,
     }
 
