@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pyserver"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 from modeltrace.worker.client import WorkerClient
+from ports.claims import EXACT
 from ports.harness import Case, Effect, Judged, PortHarness, all_cases, bug_effect, build_recipe, prepare_port
 from ports.sources import unavailable
 
@@ -79,10 +80,7 @@ def markdown(cases: list[Case], results: dict[str, list[Judged]], effect: dict[s
     for variant in variants:
         right = sum(judged.right for judged in results[variant])
         module_only = sum(judged.module_right and not judged.right for judged in results[variant])
-        exact = sum(
-            judged.right and judged.precision in ("line", "construction line", "assignment line")
-            for judged in results[variant]
-        )
+        exact = sum(judged.right and judged.precision in EXACT for judged in results[variant])
         rows.append(
             f"{VARIANTS[variant]}: {right} of {len(cases)} right, {exact} of them naming the bug's exact "
             f"line ({module_only} more name the module but no line holding the bug)  "

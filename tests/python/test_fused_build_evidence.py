@@ -5,14 +5,13 @@ that built the port's `k` (the construction line), as it would for a one-to-one 
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import pytest
-from modeltrace.cli import main
 from modeltrace.worker.client import WorkerClient
-from modeltrace.worker.messages import TraceRequest
+
+from small_models import diff_json, trace_builds
 
 MODELS = textwrap.dedent("""
     import torch
@@ -67,44 +66,15 @@ MODELS = textwrap.dedent("""
 """)
 
 
-def _recipe(folder: Path, name: str, build: str) -> Path:
-    path = folder / f"recipe_{name}.py"
-    path.write_text(
-        "import sys\nimport torch\n"
-        f"sys.path.insert(0, {str(folder)!r})\nimport models\n\n"
-        f"def build_model():\n    return {build}\n\n"
-        "def build_inputs(model):\n    return (torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1)),)\n"
-    )
-    return path
-
-
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, worker: WorkerClient) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("fused-builds")
-    (folder / "models.py").write_text(MODELS)
     builds = {"reference": "models.reference()", "clean": "models.port(True)", "k_bias_dropped": "models.port(False)"}
-    found = {}
-    for name, build in builds.items():
-        out = folder / f"{name}.mtrace"
-        worker.trace(
-            TraceRequest(
-                file=str(folder / "models.py"),
-                recipe=str(_recipe(folder, name, build)),
-                out=str(out),
-                full_tensors=True,
-            )
-        )
-        found[name] = out
-    return found
-
-
-def _diff(reference: Path, candidate: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
-    code = main(["diff", str(reference), str(candidate), "--format", "json"])
-    return code, json.loads(capsys.readouterr().out)
+    shaped = {name: (build, "1, 5, 8") for name, build in builds.items()}
+    return trace_builds(tmp_path_factory.mktemp("fused-builds"), worker, MODELS, shaped)
 
 
 def test_the_clean_split_port_matches_the_fused_reference(traced: dict[str, Path], capsys) -> None:
-    code, document = _diff(traced["reference"], traced["clean"], capsys)
+    code, document = diff_json(traced["reference"], traced["clean"], capsys)
     assert code == 0, document.get("first_divergence")
     fused = [module for module in document["modules"] if " + " in module["path"]]
     assert [module["path"] for module in fused] == ["q + k + v"] and fused[0]["reference_path"] == "qkv"
@@ -113,7 +83,7 @@ def test_the_clean_split_port_matches_the_fused_reference(traced: dict[str, Path
 def test_a_bias_dropped_from_a_fused_member_is_named_with_its_construction_line(
     traced: dict[str, Path], capsys
 ) -> None:
-    code, document = _diff(traced["reference"], traced["k_bias_dropped"], capsys)
+    code, document = diff_json(traced["reference"], traced["k_bias_dropped"], capsys)
     assert code == 1
     first = document["first_divergence"]
     assert first["path"] == "q + k + v"

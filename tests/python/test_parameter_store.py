@@ -265,3 +265,33 @@ def test_the_worker_stores_parameters_once_and_leaves_them_out_on_request(
     assert reseeded.model["parameters"]["file"] != first.model["parameters"]["file"]
     with load_reference(tmp_path / "seed1.mtrace") as loaded:
         assert loaded.notes == [] and "parameters/0.weight" in loaded.tensors
+
+
+def test_fingerprints_before_the_forward_are_the_same_on_either_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Statistics only, a model under `THREAD_MIN_ELEMENTS` gets its fingerprints on the caller's thread when
+    asked, one over it on the second thread: the same records either way, and a failure is raised to the caller."""
+    from modeltrace.worker import parameter_store
+    from modeltrace.worker.builds import parameter_records
+
+    model = _model()
+    expected = {
+        path: [(record.name, record.sample, record.sample_transposed, record.summary.mean) for record in records]
+        for path, records in parameter_records(model).items()
+    }
+    for threshold in (0, 1 << 40):
+        monkeypatch.setattr(parameter_store, "THREAD_MIN_ELEMENTS", threshold)
+        before = parameter_store.BeforeTheForward(model, None)
+        assert before._threaded is (threshold == 0)
+        got = {
+            path: [(record.name, record.sample, record.sample_transposed, record.summary.mean) for record in records]
+            for path, records in before.fingerprints().items()
+        }
+        assert got == expected
+        before.wait()
+
+    def broken(_model: torch.nn.Module) -> None:
+        raise RuntimeError("fingerprints failed")
+
+    monkeypatch.setattr("modeltrace.worker.builds.parameter_records", broken)
+    with pytest.raises(RuntimeError, match="fingerprints failed"):
+        parameter_store.BeforeTheForward(model, None).fingerprints()

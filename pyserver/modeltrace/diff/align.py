@@ -21,7 +21,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from modeltrace.diff.auto_align import ModuleMapping, align_modules
+from modeltrace.diff.auto_align import ModuleMapping, ModulePair, align_modules
+from modeltrace.diff.chains import SEPARATOR as CHAIN
+from modeltrace.diff.kinds import is_no_op
 from modeltrace.diff.mapping import pair_calls
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, Trace
@@ -154,7 +156,66 @@ def align_traces(
             found = None
         if found is not None and sum(len(pair.candidate) for pair in found.pairs if any(pair.candidate)) > aligned:
             alignment = _from_mapping(reference, candidate, found, "auto")
+    if automatic and alignment.mapping is None and reference.modules:
+        _fill_by_evidence(alignment, reference, candidate)
     return _finish(alignment, reference, candidate)
+
+
+def _fill_by_evidence(alignment: Alignment, reference: Trace, candidate: Trace) -> None:
+    """Names first, evidence for what names leave: where names aligned most modules, the automatic alignment's
+    fused pairs and chains whose modules names left unaligned on both sides join them (gemma_pytorch's fused
+    `qkv_proj` against transformers' `q_proj`, `k_proj`, `v_proj`, every other name shared). A chain's run keeps
+    the pairs its members have (`diff/chains.py`): only its one module must be unaligned."""
+    reference_for = alignment.reference_for
+    # NOTE: the automatic alignment costs ~0.1 ms a call: asked only where a group can form, an unaligned module
+    # with children (a chain) or unaligned modules on both sides (a fused module and its run)
+    parents = {record.parent for record in candidate.modules}
+    left = [
+        position
+        for position, found in enumerate(reference_for)
+        if found < 0 and not is_no_op(candidate.modules[position])
+    ]
+    used = set(reference_for)
+    reference_left = any(
+        position not in used and not is_no_op(record) for position, record in enumerate(reference.modules)
+    )
+    if not any(position in parents for position in left) and not (left and reference_left):
+        return
+    # NOTE: the automatic alignment reads a call's children by its index: records numbered otherwise (made up by
+    # hand, not written by a capture) keep what names gave
+    if any(
+        record.index != position for trace in (reference, candidate) for position, record in enumerate(trace.modules)
+    ):
+        return
+    try:
+        found = align_modules(reference, candidate)
+    except ValueError:  # too many calls for the automatic alignment: keep what names gave
+        return
+    named_cand = {candidate.modules[position].path for position, found in enumerate(reference_for) if found >= 0}
+    named_ref = {reference.modules[found].path for found in reference_for if found >= 0}
+
+    def free(pair: ModulePair) -> bool:
+        cand_free = not named_cand.intersection(pair.candidate)
+        ref_free = not named_ref.intersection(pair.reference)
+        if pair.chain:
+            return cand_free if len(pair.candidate) == 1 else ref_free
+        return cand_free and ref_free
+
+    # NOTE: groups only (fused runs, chains): what names cannot express. A one-to-one pair names left apart is left
+    # apart (gemma_pytorch's `embedder` against transformers' `embed_tokens`, which scales inside it: outputs
+    # that differ by design, whose difference the parent's code absorbs)
+    gaps = [pair for pair in found.pairs if (pair.fused or pair.chain) and free(pair)]
+    calls = pair_calls(reference, candidate, ModuleMapping(gaps))
+    # NOTE: a run on the candidate side added its group records to the candidate's calls
+    added = len(candidate.modules) - len(reference_for)
+    reference_for.extend([-1] * added)
+    alignment.how.extend([""] * added)
+    for cand_position, ref_position, pair in calls:
+        if reference_for[cand_position] < 0:
+            reference_for[cand_position] = ref_position
+            alignment.how[cand_position] = "auto"
+            alignment.pair_of[cand_position] = pair
+    alignment.groups = alignment.groups or any(pair.fused for pair in gaps)
 
 
 def _from_mapping(reference: Trace, candidate: Trace, mapping: ModuleMapping, how: str) -> Alignment:
@@ -173,9 +234,13 @@ def _from_mapping(reference: Trace, candidate: Trace, mapping: ModuleMapping, ho
 def _finish(alignment: Alignment, reference: Trace, candidate: Trace) -> Alignment:
     """Pruned layers and the lists of what is left unaligned on each side."""
     used = set(alignment.reference_for)
+    pairs = {
+        id(pair): pair
+        for pair in [*(alignment.mapping.pairs if alignment.mapping else []), *alignment.pair_of.values()]
+    }
     grouped = {
         path
-        for pair in (alignment.mapping.pairs if alignment.mapping else [])
+        for pair in pairs.values()
         if pair.fused
         for path in (pair.reference if len(pair.reference) > 1 else pair.candidate)
     }
@@ -185,7 +250,7 @@ def _finish(alignment: Alignment, reference: Trace, candidate: Trace) -> Alignme
     alignment.unaligned_reference = [
         position
         for position, record in enumerate(reference.modules)
-        if position not in used and record.path not in grouped and " + " not in record.path
+        if position not in used and record.path not in grouped and not _is_group(record.path)
     ]
     alignment.unaligned_candidate = [
         position
@@ -193,6 +258,11 @@ def _finish(alignment: Alignment, reference: Trace, candidate: Trace) -> Alignme
         if found < 0 and position not in alignment.pruned and candidate.modules[position].path not in grouped
     ]
     return alignment
+
+
+def _is_group(path: str) -> bool:
+    """Whether a record is a fused run's or a chain's group record, added by the alignment."""
+    return " + " in path or CHAIN in path
 
 
 def _align_by_names(reference: Trace, candidate: Trace, maps: list[RenameMap]) -> Alignment:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,9 +44,19 @@ from modeltrace.diff.call_scores import (
     CallFeatures,
     Codes as _Codes,
     score_rows as _score_rows,
+    weights_score as _weights_score,
 )
+from modeltrace.diff.chains import chain_runs
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of
+from modeltrace.diff.nesting import contradicted
 from modeltrace.diff.pairing import rows_of
+from modeltrace.diff.weight_evidence import (
+    built_order,
+    keeps_construction_order,
+    leftover_weight_pairs,
+    repaired,
+    unique_weight_pairs,
+)
 from modeltrace.trace.records import ModuleCall, Trace
 
 
@@ -68,17 +79,22 @@ _INTEGER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 @dataclass
 class ModulePair:
     """Reference module(s) aligned with candidate module(s): one-to-one, or one side a fused module against a
-    run of modules on the other (compared on the concatenation along the last dimension)."""
+    run of modules on the other (compared on the concatenation along the last dimension), or, with `chain`, one
+    side a module against a run of modules on the other that it computes in sequence (compared on the run's
+    first inputs and last outputs: `diff/chains.py`)."""
 
     reference: list[str]
     candidate: list[str]
     confidence: float
     evidence: str
     line: int | None = None  # where a mapping file gave it
+    chain: bool = False
+    # the positions compared where one side's output is a slice of the other's (a last-position head)
+    overlap: str | None = None
 
     @property
     def fused(self) -> bool:
-        return len(self.reference) > 1 or len(self.candidate) > 1
+        return (len(self.reference) > 1 or len(self.candidate) > 1) and not self.chain
 
 
 @dataclass
@@ -169,17 +185,6 @@ def _shape_score(left: tuple[int, ...] | None, right: tuple[int, ...] | None) ->
 def _values_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
     """How close the first outputs' mean and std are, relative to their spread: 1 within 1e-3, 0 from 1 on."""
     return _moments_score(ref.mean, ref.std, cand.mean, cand.std)
-
-
-def _weights_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
-    """1 when the two modules hold the same parameter values (directly, or one's 2-D parameters transposed),
-    None when either has no parameters recorded or they differ (different weights are no evidence against a
-    pair: random weights, or the very weight a bug failed to copy)."""
-    if ref.weights is None or cand.weights is None:
-        return None
-    if ref.weights == cand.weights or ref.weights == cand.weights_transposed or ref.weights_transposed == cand.weights:
-        return 1.0
-    return None
 
 
 def _same_inputs(ref: CallFeatures, cand: CallFeatures) -> float:
@@ -459,6 +464,7 @@ def _pair_leftover_children(
     segment embeddings, q/k/v) or leave some over. Children whose partner lies elsewhere (under a wrapper) are
     left alone; unless the total gains clearly, and the parents' outputs agree, the ordered pairs stay."""
     ref_children, cand_children = _children(reference), _children(candidate)
+    built = (built_order(reference), built_order(candidate))
     partner_of = {ref_index: cand_index for cand_index, (ref_index, _) in matched.items()}
     for cand_parent, (ref_parent, _) in list(matched.items()):
         cand_kids, ref_kids = cand_children.get(cand_parent, []), ref_children.get(ref_parent, [])
@@ -474,40 +480,41 @@ def _pair_leftover_children(
         if not free_cand or not free_ref or (len(free_cand) == 1 and len(free_ref) == 1 and free_cand[0] in matched):
             continue
         current = {c: matched[c] for c in free_cand if c in matched}
+        scores = {(c, r): pair_score(ref_features[r], cand_features[c])[0] for c in free_cand for r in free_ref}
         # NOTE: which evidence may re-pair siblings against their call order: where the parents' outputs agree
         # (the port computes the same thing, its children in another order), the children's whole scores;
         # where they differ, the values that would re-pair the children may be the bug itself (gate and up
-        # weights swapped), so only what flows into the children, upstream of any bug in them: their inputs
-        # (position ids into the position embedding, token type ids into the segment embedding).
-        parents_agree = _outputs_agree(ref_features[ref_parent], cand_features[cand_parent])
-        options = []
-        for c in free_cand:
-            for r in free_ref:
-                score = pair_score(ref_features[r], cand_features[c])[0]
-                evidence = score if parents_agree else _same_inputs(ref_features[r], cand_features[c])
-                options.append((evidence, score, c, r))
-        options.sort(reverse=True)
-        chosen: dict[int, tuple[int, float]] = {}
-        chosen_evidence = 0.0
-        taken: set[int] = set()
-        for evidence, score, cand_index, ref_index in options:
-            if score < _FLOOR or cand_index in chosen or ref_index in taken:
+        # weights swapped), so only what is upstream of any bug in them: their inputs (position ids into the
+        # position embedding, token type ids into the segment embedding), and first their own parameters where
+        # each equals exactly one sibling's (`F.silu(self.w3(x)) * self.w1(x)`: w3 holds up_proj's weights).
+        # Weights, call order and construction order then vote: a re-pairing by weights holds only where both
+        # sides built the re-paired modules in the same order (Meta builds w1 before w3 as transformers builds
+        # gate_proj before up_proj: the forward calls them in another order). Where construction agrees with
+        # call order instead, the weights are what is wrong (a converter loading up_proj into w1): order stays.
+        if _outputs_agree(ref_features[ref_parent], cand_features[cand_parent]):
+            rules: list[tuple[bool, Callable[[int, int], float]]] = [(False, lambda c, r: scores[c, r])]
+        else:
+            same_weights = unique_weight_pairs(free_ref, free_cand, ref_features, cand_features)
+
+            def upstream(c: int, r: int) -> float:
+                return _same_inputs(ref_features[r], cand_features[c])
+
+            rules = [(True, lambda c, r: upstream(c, r) + float((r, c) in same_weights))] if same_weights else []
+            rules.append((False, upstream))
+        for by_weights, evidence_of in rules:
+            chosen = repaired(current, scores, evidence_of, _FLOOR, _REORDER_GAIN)
+            if chosen is None:
                 continue
-            chosen[cand_index] = (ref_index, score)
-            chosen_evidence += evidence
-            taken.add(ref_index)
-        current_evidence = sum(
-            score if parents_agree else _same_inputs(ref_features[ref_index], cand_features[cand_index])
-            for cand_index, (ref_index, score) in current.items()
-        )
-        # NOTE: a clear gain only: between near-equal siblings (q/k/v of random weights) the statistics differ
-        # by noise, and call order is the better evidence
-        if chosen_evidence > current_evidence + _REORDER_GAIN:
+            changed = [(r, c) for c, (r, _) in chosen.items() if current.get(c, (None,))[0] != r]
+            pairs = [(reference.modules[r].path, candidate.modules[c].path) for r, c in changed]
+            if by_weights and not keeps_construction_order(pairs, *built):
+                continue
             for cand_index, (ref_index, _) in current.items():
                 del matched[cand_index]
                 partner_of.pop(ref_index, None)
             matched.update(chosen)
             partner_of.update({ref_index: cand_index for cand_index, (ref_index, _) in chosen.items()})
+            break
 
 
 def _module_pairs(
@@ -649,6 +656,27 @@ def _parent_pairs(
             taken_ref.add(ref_path)
             taken_cand.add(path)
             changed = True
+    return found
+
+
+def _chain_pairs(
+    reference: Trace, candidate: Trace, pairs: list[ModulePair], taken_cand: set[str]
+) -> list[ModulePair]:
+    """Candidate modules left unaligned that compute what a run of reference modules computes in sequence
+    (`diff/chains.py`), paired with that run; the run's members keep their own pairs.
+
+    NOTE: the run on the reference side only: a run on the candidate side would add a candidate record called at
+    its first member's line and returning its last member's output, which the line drill-down reads as that
+    line's tensor (a loop's `x = layer(x)` compared, at its first iteration, with the reference's encoder output)."""
+    partners = {
+        pair.candidate[0]: (tuple(pair.reference), pair.confidence)
+        for pair in pairs
+        if not pair.fused and len(pair.candidate) == 1
+    }
+    found = []
+    for chain in chain_runs(candidate, reference, partners, taken_cand):
+        taken_cand.add(chain.module)
+        found.append(ModulePair(list(chain.run), [chain.module], chain.confidence, chain.evidence, chain=True))
     return found
 
 
@@ -825,8 +853,26 @@ def align_modules(reference: Trace, candidate: Trace, threshold: float = DEFAULT
     """The module mapping between two traces, found without names."""
     matched, ref_features, cand_features, codes = align_calls(reference, candidate)
     pairs, taken_ref, taken_cand = _module_pairs(reference, candidate, matched, ref_features, cand_features, threshold)
+    ref_first, cand_first = _first_calls(reference), _first_calls(candidate)
+    dropped = contradicted(
+        [(pair.reference[0], pair.candidate[0]) for pair in pairs],
+        lambda ref, cand: _outputs_agree(ref_features[ref_first[ref]], cand_features[cand_first[cand]]),
+    )
+    pairs = [pair for pair in pairs if (pair.reference[0], pair.candidate[0]) not in dropped]
+    taken_ref.difference_update(ref for ref, _ in dropped)
+    taken_cand.difference_update(cand for _, cand in dropped)
     pairs.extend(_fused_pairs(reference, candidate, pairs, taken_ref, taken_cand))
     pairs.extend(_parent_pairs(reference, candidate, pairs, taken_ref, taken_cand, ref_features, cand_features))
+    left_ref = {path: index for path, index in _first_calls(reference).items() if path not in taken_ref}
+    left_cand = {path: index for path, index in _first_calls(candidate).items() if path not in taken_cand}
+    for ref_path, cand_path, evidence, overlap in leftover_weight_pairs(
+        reference, candidate, left_ref, left_cand, ref_features, cand_features
+    ):
+        # NOTE: identical weights are as sure as the best sequence pairs; a slice of the positions is still the module
+        pairs.append(ModulePair([ref_path], [cand_path], 0.9, evidence, overlap=overlap))
+        taken_ref.add(ref_path)
+        taken_cand.add(cand_path)
+    pairs.extend(_chain_pairs(reference, candidate, pairs, taken_cand))
     order = {record.path: record.index for record in reversed(candidate.modules)}
     pairs.sort(key=lambda pair: order.get(pair.candidate[0], 1 << 60))
     leftovers = _leftovers(reference, candidate, pairs, ref_features, cand_features, codes, threshold)

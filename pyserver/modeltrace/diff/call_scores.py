@@ -88,6 +88,17 @@ class Codes:
         self.cand = encode(cand)
 
 
+def weights_score(ref: CallFeatures, cand: CallFeatures) -> float | None:
+    """1 when the two modules hold the same parameter values (directly, or one's 2-D parameters transposed),
+    None when either has no parameters recorded or they differ (different weights are no evidence against a
+    pair: random weights, or the very weight a bug failed to copy)."""
+    if ref.weights is None or cand.weights is None:
+        return None
+    if ref.weights == cand.weights or ref.weights == cand.weights_transposed or ref.weights_transposed == cand.weights:
+        return 1.0
+    return None
+
+
 def score_rows(
     codes: Codes, rows: slice | np.ndarray, columns: slice | np.ndarray = slice(None), paired: bool = False
 ) -> np.ndarray:

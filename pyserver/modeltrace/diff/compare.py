@@ -19,6 +19,7 @@ from typing import Any
 
 from modeltrace.diff.align import align_traces, map_notes
 from modeltrace.diff.divergence import comparison_stopped, find_divergence, source_range
+from modeltrace.diff.unaligned import forget_moved_into, into_unaligned
 from modeltrace.diff.evidence import explain
 from modeltrace.diff.gradients import gradient_diff
 from modeltrace.diff.kinds import is_no_op
@@ -268,11 +269,14 @@ def _diff_traces(
 def decide(result: DiffResult) -> None:
     """(Re)compute the first divergence from the module results (and their replays, when there are some)."""
     for module in result.modules:
-        if module.status == DIVERGENCE:
+        if module.status == DIVERGENCE and module.reference is None:
+            forget_moved_into(module)  # an earlier decision moved into it (`into_unaligned`)
+        elif module.status == DIVERGENCE:
             module.status = MISMATCH
     for module in result.modules:
         module.boundary, module.absorbed_by = False, None
     divergence, boundaries = find_divergence(result.modules)
+    divergence = into_unaligned(divergence, result.modules, result.reference.trace)
     for module in boundaries:
         module.boundary = True
     if divergence is not None:

@@ -24,7 +24,7 @@ from modeltrace.diff.result import (
     ModuleResult,
     finish_key,
 )
-from modeltrace.trace.records import SourceRange
+from modeltrace.trace.records import ModuleCall, SourceRange
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
 
@@ -270,7 +270,7 @@ def _forward_ranges(file: str) -> dict[int, tuple[int, int]]:
 _function_cache: dict[tuple[str, float], list[tuple[int, int]]] = {}
 
 
-def _function_spans(file: str) -> list[tuple[int, int]]:
+def function_spans(file: str) -> list[tuple[int, int]]:
     """(first, last) line of every function of a file (methods and nested functions too)."""
     import ast
     import os
@@ -299,7 +299,7 @@ def _function_spans(file: str) -> list[tuple[int, int]]:
 
 def enclosing_function(file: str, line: int) -> tuple[int, int] | None:
     """(first, last) line of the innermost function of `file` holding `line`, or None."""
-    spans = [span for span in _function_spans(file) if span[0] <= line <= span[1]]
+    spans = [span for span in function_spans(file) if span[0] <= line <= span[1]]
     return min(spans, key=lambda span: span[1] - span[0]) if spans else None
 
 
@@ -317,6 +317,13 @@ def _nested_range(file: str, span: tuple[int, int], after: object, before: objec
     if function is None or function != enclosing_function(file, before.line):
         return None
     return SourceRange(file, after.line, before.line)
+
+
+def is_library_class(record: ModuleCall) -> bool:
+    """Whether the call's class lives in an installed library (a torch `nn.Sequential`, `nn.Conv2d`): its code is
+    not the port's; how it was built and called is."""
+    defined = record.defined_at
+    return defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS)
 
 
 def _derivable(last_match: ModuleResult, first_differing: ModuleResult | None) -> bool:
@@ -340,7 +347,7 @@ def source_range(divergence: Divergence) -> SourceRange | None:
     how it was built: see `built_at`)."""
     record = divergence.module.candidate
     defined = record.defined_at
-    if defined is not None and any(marker in defined.file for marker in _LIBRARY_MARKERS):
+    if defined is not None and is_library_class(record):
         called = record.called_at
         return SourceRange(called.file, called.line, called.line) if called is not None else None
     span = _forward_ranges(defined.file).get(defined.line) if defined is not None else None

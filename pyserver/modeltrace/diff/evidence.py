@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from modeltrace.diff.divergence import bounded, source_range
+from modeltrace.diff.divergence import bounded, enclosing_function, source_range
+from modeltrace.diff.inner_builds import inner_setting_differences
 from modeltrace.diff.lines import LineDivergence, drill_down
+from modeltrace.diff.missing_calls import missing_call
 from modeltrace.diff.result import DIVERGENCE, MATCH, MISMATCH, DiffResult, Divergence, ModuleResult, finish_key
 from modeltrace.diff.settings import ModuleEvidence, module_evidence
+from modeltrace.diff.unaligned import into_line_owner
 from modeltrace.diff.unpaired import settings_read, unpaired_inputs
-from modeltrace.trace.records import SourceLocation
+from modeltrace.trace.records import SourceLocation, SourceRange
 
 
 def explain(result: DiffResult) -> None:
@@ -39,13 +42,30 @@ def explain(result: DiffResult) -> None:
             divergence.lines = source_range(divergence)
             result.first_divergence = divergence
             own = evidence.get(inner.candidate.path)
-    path = divergence.module.candidate.path
-    divergence.built_at = own.built_at if own is not None else _built_at(result, path)
+    _built(result, divergence, own)
+    divergence.line = _with_reads(drill_down(result, divergence))
+    owner = into_line_owner(divergence, result.modules)
+    if owner is not None:  # the first differing line ran in a call without counterpart inside it
+        divergence = owner
+        divergence.lines = source_range(divergence)
+        result.first_divergence = divergence
+        _built(result, divergence, evidence.get(divergence.module.candidate.path))
+        divergence.line = _with_reads(drill_down(result, divergence))
+    swapped = missing_call(result, divergence)
+    if swapped is not None and (divergence.line is None or _before(swapped, divergence.line)):
+        divergence.line = swapped
+    divergence.lines = _from_child(divergence)
+    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
+
+
+def _built(result: DiffResult, divergence: Divergence, own: ModuleEvidence | None) -> None:
+    """The divergence's construction line, and its settings and parameters that differ (`own`)."""
+    divergence.built_at = own.built_at if own is not None else _built_at(result, divergence.module.candidate.path)
     if own is not None:
         divergence.settings = list(own.settings)
         divergence.parameters = list(own.parameters)
-    divergence.line = _with_reads(drill_down(result, divergence))
-    divergence.unpaired_inputs = unpaired_inputs(result, divergence)
+    if not divergence.settings and not divergence.parameters:
+        divergence.settings = inner_setting_differences(result, divergence)
 
 
 def _built_differently_inside(
@@ -73,6 +93,30 @@ def _built_differently_inside(
             found = module
             break
     return found
+
+
+def _before(first: LineDivergence, second: LineDivergence) -> bool:
+    """Whether `first` is an earlier line than `second` of one file."""
+    return first.file == second.file and first.line < second.line
+
+
+def _from_child(divergence: Divergence) -> SourceRange | None:
+    """The divergence's range, narrowed when the first differing value comes out of a child that has no
+    counterpart, called from the forward at line C: the cause is in that child (its line is `line`) or in the
+    forward from C to the call that receives the value (the range's end), not before C (Gemma's embedder returns
+    the embedding unscaled, and the scale the reference applies inside its embedding is missing from 593-600)."""
+    found, lines = divergence.line, divergence.lines
+    if found is None or lines is None or found.called_from is None:
+        return lines
+    if found.module_call in (None, -1, divergence.module.candidate.index):
+        return lines  # a helper function of the forward's own call: its arguments may come from before
+    function = enclosing_function(found.file, found.line)
+    if function is None or function[0] == found.line:
+        return lines  # the child's parameters already differ: computed before the call, possibly before C
+    file, at = found.called_from
+    if file != lines.file or not lines.start < at <= lines.end:
+        return lines
+    return SourceRange(file, at, lines.end)
 
 
 def _built_at(result: DiffResult, path: str) -> SourceLocation | None:

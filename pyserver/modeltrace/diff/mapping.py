@@ -9,7 +9,9 @@ The file is text, one pair per line, so that an error can name its line and a pa
     # unaligned reference rotary_emb: best norm 0.04 (kinds differ …; below the threshold 0.5)
 
 `A + B + C => F` pairs a fused module with the run it replaces: the run's outputs are compared concatenated on
-the last dimension (either side may be the fused one). The root is `(root)`. Comments and blank lines are
+the last dimension (either side may be the fused one). `A -> B -> C => M` pairs a module with the run it computes
+in sequence (a chain, `diff/chains.py`): compared on A's inputs and C's outputs; its members may be paired on
+other lines too. The root is `(root)`. Comments and blank lines are
 ignored; a line may end in `# confidence: evidence`, which is kept as the pair's evidence.
 
 Calls pair by call index within a module pair. A fused pair becomes one record on the side of the run (its
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from modeltrace.diff.auto_align import DEFAULT_THRESHOLD, Leftover, ModuleMapping, ModulePair, pooled_moments
+from modeltrace.diff.chains import SEPARATOR as CHAIN
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
@@ -49,8 +52,9 @@ def render_mapping(mapping: ModuleMapping, reference_label: str, candidate_label
         "",
     ]
     for pair in mapping.pairs:
-        left = " + ".join(_path_text(path) for path in pair.reference)
-        right = " + ".join(_path_text(path) for path in pair.candidate)
+        joiner = CHAIN if pair.chain else " + "
+        left = joiner.join(_path_text(path) for path in pair.reference)
+        right = joiner.join(_path_text(path) for path in pair.candidate)
         lines.append(f"{left} => {right}  # {pair.confidence:.2f}: {pair.evidence}")
     if mapping.leftovers:
         lines.append("")
@@ -92,12 +96,17 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
                 f"{where}: expected 'REFERENCE => CANDIDATE' (paths joined by ' + ' for a fused "
                 f"run), got {raw.strip()!r}"
             )
-        reference_paths = [_path_value(item.strip()) for item in left.split("+")]
-        candidate_paths = [_path_value(item.strip()) for item in right.split("+")]
-        if any(not item.strip() for item in left.split("+") + right.split("+")):
+        chain = "->" in left or "->" in right
+        if chain and "+" in left + right:
+            raise ModelTraceError(f"{where}: a pair is a fused run ('+') or a chain ('->'), not both: {raw.strip()!r}")
+        items = (left.split("->"), right.split("->")) if chain else (left.split("+"), right.split("+"))
+        reference_paths = [_path_value(item.strip()) for item in items[0]]
+        candidate_paths = [_path_value(item.strip()) for item in items[1]]
+        if any(not item.strip() for item in items[0] + items[1]):
             raise ModelTraceError(f"{where}: an empty module path in {raw.strip()!r}")
         if len(reference_paths) > 1 and len(candidate_paths) > 1:
-            raise ModelTraceError(f"{where}: a fused pair has one module on one side, not runs on both")
+            kind = "a chain" if chain else "a fused pair"
+            raise ModelTraceError(f"{where}: {kind} has one module on one side, not runs on both")
         for side, paths, known, seen in (
             ("reference", reference_paths, ref_paths, seen_ref),
             ("candidate", candidate_paths, cand_paths, seen_cand),
@@ -109,6 +118,9 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
                         f"{where}: the {side} trace has no module {_path_text(item)!r}"
                         + (f" (did you mean {close!r}?)" if close else "")
                     )
+                # NOTE: a chain's run keeps its members' own pairs (`conv1 => convolution` beside the chain)
+                if chain and len(paths) > 1:
+                    continue
                 if item in seen:
                     raise ModelTraceError(
                         f"{where}: {side} module {_path_text(item)!r} is already paired on line {seen[item]}"
@@ -122,7 +134,7 @@ def read_mapping(path: Path | str, reference: Trace, candidate: Trace) -> Module
             except ValueError:
                 confidence = 1.0
             evidence = match.group(2) or evidence
-        pairs.append(ModulePair(reference_paths, candidate_paths, confidence, evidence, line=number))
+        pairs.append(ModulePair(reference_paths, candidate_paths, confidence, evidence, line=number, chain=chain))
     if not pairs:
         raise ModelTraceError(f"{path}: no 'REFERENCE => CANDIDATE' line in the mapping file")
     leftovers = [Leftover("reference", item) for item in sorted(ref_paths - seen_ref.keys())]
@@ -145,11 +157,11 @@ def pair_calls(reference: Trace, candidate: Trace, mapping: ModuleMapping) -> li
     found = []
     for pair in mapping.pairs:
         if len(pair.reference) > 1:
-            ref_side = _group_calls(reference, pair.reference, ref_calls)
+            ref_side = _group_calls(reference, pair.reference, ref_calls, pair.chain)
             cand_side = cand_calls.get(pair.candidate[0], [])
         elif len(pair.candidate) > 1:
             ref_side = ref_calls.get(pair.reference[0], [])
-            cand_side = _group_calls(candidate, pair.candidate, cand_calls)
+            cand_side = _group_calls(candidate, pair.candidate, cand_calls, pair.chain)
         else:
             ref_side, cand_side = ref_calls.get(pair.reference[0], []), cand_calls.get(pair.candidate[0], [])
         for cand_position, ref_position in zip(cand_side, ref_side):
@@ -164,26 +176,33 @@ def _calls_by_path(trace: Trace) -> dict[str, list[int]]:
     return found
 
 
-def _group_calls(trace: Trace, paths: list[str], calls: dict[str, list[int]]) -> list[int]:
+def _group_calls(trace: Trace, paths: list[str], calls: dict[str, list[int]], chain: bool = False) -> list[int]:
     """One group record per call index of the run (appended to `trace.modules`), as far as every member has
     that call."""
     count = min(len(calls.get(path, [])) for path in paths)
     positions = []
     for call_index in range(count):
         members = [trace.modules[calls[path][call_index]] for path in paths]
-        record = _group_record(len(trace.modules), members, call_index)
+        record = _group_record(len(trace.modules), members, call_index, chain)
         trace.modules.append(record)
         positions.append(record.index)
     return positions
 
 
-def _group_record(index: int, members: list[ModuleCall], call_index: int) -> ModuleCall:
+def _group_record(index: int, members: list[ModuleCall], call_index: int, chain: bool = False) -> ModuleCall:
+    """A fused run's record, whose first output is the members' outputs concatenated; or, with `chain`, a chain's
+    (`diff/chains.py`): the run's first inputs and its last member's outputs, the tensors the module on the other
+    side takes and returns."""
     first, last = members[0], max(members, key=lambda item: item.finish_order)
-    outputs = [_concatenated(members)] if all(item.outputs for item in members) else []
+    joiner = CHAIN if chain else " + "
+    if chain:
+        outputs = list(last.outputs)
+    else:
+        outputs = [_concatenated(members)] if all(item.outputs for item in members) else []
     return ModuleCall(
         index=index,
-        path=" + ".join(item.path for item in members),
-        class_name="(" + " + ".join(item.class_name for item in members) + ")",
+        path=joiner.join(item.path for item in members),
+        class_name="(" + joiner.join(item.class_name for item in members) + ")",
         defined_at=first.defined_at,
         called_at=first.called_at,
         call_index=call_index,

@@ -78,10 +78,33 @@ class LeftOut:
 
 
 @dataclass(slots=True)
+class TablePair:
+    """A rotary table held as one tensor of complex numbers (or of (cos, sin) pairs in a last dimension of 2) on
+    one side and as its cosines and sines on the other (`diff/rotary_tables.py`): `complex_key` and `owner` (the
+    side holding it), the other side's `cos_key` and `sin_key`, the `layout` their last dimension repeats the
+    angles in, and the largest difference found."""
+
+    owner: str
+    complex_key: str
+    cos_key: str
+    sin_key: str
+    layout: str
+    max_abs_diff: float
+
+    def describe(self) -> str:
+        return (
+            f"rotary table: {self.complex_key!r} holds the cosines and sines {self.cos_key!r}, {self.sin_key!r} "
+            f"({self.layout})"
+        )
+
+
+@dataclass(slots=True)
 class Pairing:
     pairs: list[LeafPair]
     left_out: list[LeftOut] = field(default_factory=list)
     trivial: bool = False
+    # rotary tables that hold the same numbers in another form (one tensor against two), compared from full tensors
+    tables: list[TablePair] = field(default_factory=list)
 
 
 def dtype_kind(dtype: str) -> str:

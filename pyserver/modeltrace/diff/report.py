@@ -109,6 +109,7 @@ def module_json(module: ModuleResult) -> dict[str, Any]:
             "evidence": pair.evidence,
             "fused": pair.fused,
             **({"mapping_line": pair.line} if pair.line else {}),
+            **({"overlap": pair.overlap} if getattr(pair, "overlap", None) else {}),
         }
     if module.status in (MISMATCH, DIVERGENCE):
         data["differing"] = [
@@ -152,6 +153,16 @@ def _side_pairs(
             "relation": pair.relation,
         }
         for pair in pairing.pairs
+    ]
+    # NOTE: a rotary table against its cosines and sines (`diff/rotary_tables.py`): one tensor against two
+    pairs += [
+        {
+            "reference": table.complex_key if table.owner == "reference" else f"{table.cos_key} + {table.sin_key}",
+            "candidate": table.complex_key if table.owner == "candidate" else f"{table.cos_key} + {table.sin_key}",
+            "how": table.describe(),
+            "relation": "rotary",
+        }
+        for table in pairing.tables
     ]
     left = [
         {"in": leaf.owner, "key": leaf.key, "shape": leaf.shape, "reason": leaf.reason} for leaf in pairing.left_out
@@ -269,6 +280,8 @@ def divergence_json(divergence: Divergence | None) -> dict[str, Any] | None:
         "by_replay": divergence.by_replay,
         "replay": replay_json(module.replay),
         "compared": compared_json(module) if module.reference is not None else None,
+        # NOTE: a module without counterpart (`diff/unaligned.py`): the aligned call the search moved in from
+        "compared_in": divergence.compared_in.candidate.path if divergence.compared_in is not None else None,
     }
 
 

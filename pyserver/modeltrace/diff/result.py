@@ -141,6 +141,9 @@ class Divergence:
     by_replay: bool = False
     # candidate inputs compared with nothing, with where they were produced (`diff/unpaired.py`)
     unpaired_inputs: list = field(default_factory=list)
+    # a module without counterpart (`diff/unaligned.py`): the aligned call whose comparison showed the difference
+    # (its reference call is what the line drill-down reads); None for an aligned divergence
+    compared_in: ModuleResult | None = None
 
 
 @dataclass

@@ -222,6 +222,48 @@ _FUNCTION_NAMES = {
     "torch.sigmoid": "sigmoid",
 }
 
+
+@dataclass(frozen=True, slots=True)
+class ImpliedSetting:
+    """A setting a library module applies without holding it, from the settings it holds: compared with the
+    other side's setting of that (canonical) name as if the module held it."""
+
+    qualified_class: str
+    name: str
+    source: str
+    exponent: float
+    reason: str
+
+    def value(self, settings: dict[str, Any]) -> float | None:
+        base = settings.get(self.source)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 0:
+            return None
+        return float(base) ** self.exponent
+
+
+IMPLIED_SETTINGS = (
+    ImpliedSetting(
+        "torch.nn.modules.activation.MultiheadAttention",
+        "scaling",
+        "head_dim",
+        -0.5,
+        "nn.MultiheadAttention scales the scores by head_dim ** -0.5 inside F.multi_head_attention_forward and "
+        "keeps no setting for it (open_clip's attention): a port's `self.scale` is compared with that",
+    ),
+)
+
+
+def _with_implied(build: ModuleBuild) -> dict[str, Any]:
+    """`build`'s settings, with those its library class applies without holding them (`IMPLIED_SETTINGS`)."""
+    settings = dict(build.settings)
+    for row in IMPLIED_SETTINGS:
+        if row.qualified_class == build.qualified_class and row.name not in settings:
+            value = row.value(settings)
+            if value is not None:
+                settings[row.name] = value
+    return settings
+
+
 _CANONICAL = {alias: synonym.name for synonym in SYNONYMS for alias in synonym.aliases}
 
 
@@ -260,8 +302,8 @@ def compare_settings(reference: ModuleBuild, candidate: ModuleBuild) -> list[Set
             )
         )
     same_class = reference.class_name == candidate.class_name
-    ref_fields = _normalised(reference.settings, same_class)
-    cand_fields = _normalised(candidate.settings, same_class)
+    ref_fields = _normalised(_with_implied(reference), same_class)
+    cand_fields = _normalised(_with_implied(candidate), same_class)
     for name, (ref_name, ref_value) in ref_fields.items():
         found = cand_fields.get(name)
         if found is None:

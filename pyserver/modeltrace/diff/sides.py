@@ -21,6 +21,7 @@ import operator
 import numpy as np
 
 from modeltrace.diff.pairing import BROADCAST, DIFFERENT, OVERLAP, LeafPair, Pairing, dtype_kind, in_order, pair_leaves
+from modeltrace.diff.rotary_tables import pair_tables
 from modeltrace.diff.result import MATCH, MISMATCH, NONE, NOT_COMPARED, UNKNOWN, DiffOptions, LeafResult
 from modeltrace.diff.tolerances import dtype_tolerance, dtype_tolerances, lower_precision
 from modeltrace.diff.verdict import compare_pair_arrays
@@ -34,6 +35,8 @@ _CHECK_RANK = {"shape": 0, "statistics": 1, "full": 2}
 _NUMBERS = operator.attrgetter("mean", "std", "min", "max", "nan_count", "inf_count")
 _DTYPE = operator.attrgetter("dtype")
 _STAT_NAMES = ("mean", "std", "min", "max")
+# NOTE: cosines and sines lie in [-1, 1]: the diff's default atol per unit of scale, as an absolute difference
+_TABLE_ATOL = 1e-3
 
 
 class SideComparer:
@@ -81,6 +84,9 @@ class SideComparer:
                 self.queued_counts.append(len(refs))
             return None
         pairing = pair_leaves(refs, cands)
+        if self.full and pairing.left_out:
+            atol = self.options.atol if self.options.atol is not None else _TABLE_ATOL
+            pair_tables(pairing, refs, cands, self.ref_store, self.cand_store, atol)
         queued = 0
         for pair in pairing.pairs:
             ref, cand, relation = pair.reference, pair.candidate, pair.relation

@@ -171,10 +171,37 @@ def _pack(trace: Trace) -> bytes:
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return msgpack.packb(_table(trace), use_bin_type=True)
+        table = _table(trace)
+        if trace.builds_json is None:
+            return msgpack.packb(table, use_bin_type=True)
+        # NOTE: construction records reused between captures (`modeltrace.capture`: `worker/reuse.py`) are packed
+        # once: the map is written key by key, the same bytes as `packb(table)`, with their packed form spliced in
+        packer = msgpack.Packer(use_bin_type=True)
+        parts = [packer.pack_map_header(len(table))]
+        for key, value in table.items():
+            parts.append(packer.pack(key))
+            parts.append(_packed_builds(trace.builds_json) if key == "builds" else packer.pack(value))
+        return b"".join(parts)
     finally:
         if collector_was_enabled:
             gc.enable()
+
+
+# id of a reused `builds_json` list -> (that list, its msgpack bytes); the last few only (one per model captured)
+_PACKED_BUILDS: dict[int, tuple[list[dict[str, Any]], bytes]] = {}
+_PACKED_BUILDS_KEPT = 8
+
+
+def _packed_builds(builds_json: list[dict[str, Any]]) -> bytes:
+    """`packb(builds_json)`, made once per list: a reused list is never modified (its owner makes a new one)."""
+    cached = _PACKED_BUILDS.get(id(builds_json))
+    if cached is not None and cached[0] is builds_json:
+        return cached[1]
+    packed = msgpack.packb(builds_json, use_bin_type=True)
+    while len(_PACKED_BUILDS) >= _PACKED_BUILDS_KEPT:
+        del _PACKED_BUILDS[next(iter(_PACKED_BUILDS))]
+    _PACKED_BUILDS[id(builds_json)] = (builds_json, packed)
+    return packed
 
 
 def _table(trace: Trace) -> dict[str, Any]:

@@ -147,8 +147,11 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
     class, and the attributes hold them by name (`normalized_shape`).
     """
     settings: dict[str, Any] = {}
-    for name, value in list(vars(module).items()):
-        if name.startswith("_") or name in _NOT_SETTINGS:
+    attributes = vars(module)
+    for name in _public_names(tuple(attributes)):
+        try:
+            value = attributes[name]
+        except KeyError:  # NOTE: removed meanwhile by model code on another thread: not a setting now
             continue
         plain = _plain(value)
         if plain is not _SKIP:
@@ -157,15 +160,31 @@ def module_settings(module: nn.Module) -> dict[str, Any]:
         text = module.extra_repr()
     except Exception:  # noqa: BLE001 - user code: a broken extra_repr leaves the attributes
         text = ""
-    for field_text in split_fields(text if isinstance(text, str) else ""):
-        name, separator, value = field_text.partition("=")
-        name = name.strip()
-        if separator and name.isidentifier():
-            settings[name] = _literal(value.strip())
+    if text and isinstance(text, str):
+        settings.update(_named_fields(text))
     return settings
 
 
+@functools.lru_cache(maxsize=4096)
+def _named_fields(text: str) -> tuple[tuple[str, Any], ...]:
+    """The `name=value` fields of an `extra_repr()` text, parsed once per text (a model's layers repeat theirs)."""
+    fields = []
+    for field_text in split_fields(text):
+        name, separator, value = field_text.partition("=")
+        name = name.strip()
+        if separator and name.isidentifier():
+            fields.append((name, _literal(value.strip())))
+    return tuple(fields)
+
+
 _SKIP = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _public_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The attribute names that may be settings, of a module whose `__dict__` has `names` (in their order):
+    cached per layout, as a model's modules share a few, and most of a module's attributes are private."""
+    return tuple(name for name in names if not name.startswith("_") and name not in _NOT_SETTINGS)
 
 
 def _plain(value: Any) -> Any:
@@ -260,13 +279,22 @@ def _fingerprint(
     if tensor.device.type == "meta" or count == 0:
         return record
     values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float64)
-    positions = sample_positions(tensor.numel())
-    record.sample = values.reshape(-1)[positions].to("cpu", torch.float64).tolist()
-    if tensor.dim() == 2:
-        # NOTE: the same flat positions in the transpose's row-major order, read in place (no transposed copy)
-        rows, columns = tensor.shape
-        row_of, column_of = positions // rows, positions % rows
-        record.sample_transposed = values[column_of, row_of].to("cpu", torch.float64).tolist()
+    if tensor.is_cpu and values is tensor:
+        # NOTE: a float32 or float64 CPU weight (the common case): both samples in one gather, read as they are
+        # (`tolist()` widens float32 exactly, as a float64 copy would): one torch call per weight instead of six
+        if tensor.dim() == 2:
+            numbers = torch.take(values, sample_index(count, *tensor.shape)).tolist()
+            half = len(numbers) // 2
+            record.sample, record.sample_transposed = numbers[:half], numbers[half:]
+        else:
+            record.sample = torch.take(values, sample_positions(count)).tolist()
+    else:
+        positions = sample_positions(count)
+        record.sample = values.reshape(-1)[positions].to("cpu", torch.float64).tolist()
+        if tensor.dim() == 2:
+            # NOTE: the same flat positions in the transpose's row-major order, read in place (no transposed copy)
+            rows = tensor.shape[0]
+            record.sample_transposed = values[positions % rows, positions // rows].to("cpu", torch.float64).tolist()
     if keep_tensor is not None and shared_with is None:
         keep_tensor(tensor, summary, stored_name)
     return record
@@ -280,6 +308,15 @@ def sample_positions(count: int) -> torch.Tensor:
     if count <= SAMPLE_SIZE:
         return torch.arange(count)
     return (torch.arange(SAMPLE_SIZE, dtype=torch.int64) * _SAMPLE_STRIDE) % count
+
+
+@functools.lru_cache(maxsize=1024)
+def sample_index(count: int, rows: int, columns: int) -> torch.Tensor:
+    """For a `rows` x `columns` matrix: the flat indices of `sample_positions(count)`, then those of the same
+    positions in the transpose's row-major order (element `[position % rows, position // rows]`), for one
+    `torch.take` of both samples. Cached per shape, as `sample_positions`."""
+    positions = sample_positions(count)
+    return torch.cat([positions, positions % rows * columns + positions // rows])
 
 
 # NOTE: a prime: its multiples are distinct modulo any element count it does not divide.

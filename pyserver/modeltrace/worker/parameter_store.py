@@ -203,12 +203,25 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+# NOTE: statistics only, the fingerprints go to the second thread when the model holds this many parameter
+# elements. A small model's fingerprints are Python more than kernels, as is its forward: the two threads then
+# take turns on the GIL, each waiting out the other's switch interval, and the forward lost more than the
+# thread saved (measured at the peers benchmark's tiny Llama, 0.2 M parameters: worker statistics ~1 ms slower
+# with the thread, the forward 2.1 -> 3.3 ms). Past it the work is the weights' strided reads, without the GIL.
+THREAD_MIN_ELEMENTS = 1 << 22
+
+
+def _parameter_elements(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
 class BeforeTheForward:
     """The fingerprints of the worker's parameters (`builds.parameter_records`) and the weights' digest
     (`model_digest`), worked out on a second thread while the forward runs: neither depends on it (torch's
     kernels release the GIL, so they run beside it). `fingerprints()` waits for the former (raising what it
     raised); the digest is left in `model_digest`'s cache for `store_parameters` (a model changed meanwhile is
-    caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only). The settings and
+    caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only), and below
+    `THREAD_MIN_ELEMENTS` the fingerprints are made when asked for, on the caller's thread. The settings and
     construction lines stay on the job's thread: they parse source (`ast`, unsafe on two threads in 3.11)."""
 
     def __init__(self, model: nn.Module, max_tensor_mb: float | None) -> None:
@@ -216,7 +229,9 @@ class BeforeTheForward:
         self._fingerprints: dict[str, list] | None = None
         self._error: BaseException | None = None
         self._recorded, self._finished = threading.Event(), threading.Event()
-        threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
+        self._threaded = max_tensor_mb is not None or _parameter_elements(model) >= THREAD_MIN_ELEMENTS
+        if self._threaded:
+            threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
 
     def _run(self) -> None:
         from modeltrace.worker.builds import parameter_records
@@ -237,9 +252,13 @@ class BeforeTheForward:
 
     def wait(self) -> None:
         """Until the digest too is done (`store_parameters` then finds it in the cache)."""
+        if not self._threaded and not self._finished.is_set():
+            self._run()
         self._finished.wait()
 
     def fingerprints(self) -> dict[str, list]:
+        if not self._threaded and not self._recorded.is_set():
+            self._run()  # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
         self._recorded.wait()
         if self._error is not None:
             raise self._error

@@ -316,7 +316,12 @@ def _fill_native(summary: TensorSummary, tensor: torch.Tensor, count: int) -> No
     if not (math.isfinite(total) and math.isfinite(squares)):
         _fill_on_cpu(summary, _statistics_input(tensor))
         return
-    _set_moments(summary, tensor, count, total, squares)
+    if minimum == maximum and count > 1:
+        # NOTE: every element equal (a norm's weight of ones, a zero bias): mean and std are exact without the
+        # float64 recomputation that the zero variance would otherwise send it to (several torch calls per weight)
+        summary.mean, summary.std = float(minimum) + 0.0, 0.0  # + 0.0: no negative zero
+    else:
+        _set_moments(summary, tensor, count, total, squares)
     summary.min, summary.max = minimum, maximum
     summary.abs_max = max(abs(minimum), abs(maximum))
     summary.positive_fraction = positives / count

@@ -47,7 +47,9 @@ from modeltrace.worker.stats import without_storage
 
 
 # torch dtypes that have a safetensors code beyond the ones `trace/tensors.py` reads as NumPy arrays
-_EXTRA_CODES = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+# NOTE: stored as bytes that only `diff/rotary_tables.py` reads back as numbers (a complex rotary table against
+# cosines and sines); every other reader gets no array for them, as for float8
+_EXTRA_CODES = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "complex64": "C64"}
 
 
 def safetensors_code(dtype: torch.dtype) -> str | None:

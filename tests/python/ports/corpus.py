@@ -6,79 +6,14 @@ A bug is a textual patch of the clean port file (applied to a copy, so the port 
 code), with the module path of the port that owns the bug and why it is a bug. The truth line is the line of
 the patched text, or, for a bug in the weight converter (which runs before any forward), the line that
 builds the module whose weight is wrong (`truth_at`): that module's construction is where the port can show it.
+The records are defined in `corpus_types.py`; the speech pair and its bugs in `corpus_encodec.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-from ports.sources import Source, SourceFile, staged_pair_folder
-
-CORPUS_ROOT = Path(__file__).resolve().parent
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A reference and its port. `maps` rename candidate module paths to the reference's (`--map` rules, full
-    paths on both sides); `unmapped` names port modules left unaligned on purpose, with the reason."""
-
-    name: str
-    folder: str
-    port_file: str
-    reference_module: str  # the transformers modeling module (its file is the reference's traced file)
-    maps: tuple[str, ...]
-    unmapped: str = ""
-    # the reference's traced file inside the pair folder when it is not the transformers module (the independent
-    # vision implementations are the references there, and the transformers file copied in is the port)
-    reference_file: str = ""
-    # published implementations the port is (not committed: materialised from a mirror, see ports/sources.py)
-    sources: tuple[Source, ...] = ()
-
-    @property
-    def path(self) -> Path:
-        """The pair's folder; with sources, a staged copy of it holding the sources' files too."""
-        if self.sources:
-            return staged_pair_folder(self.folder, CORPUS_ROOT / self.folder, self.sources)
-        return CORPUS_ROOT / self.folder
-
-
-@dataclass(frozen=True)
-class Bug:
-    """One porting bug: replace `old` (exactly one occurrence in the port file) by `new`; `module` is the port's
-    path of the module owning the bug ("" for the root); `truth_at` (optional) the text on the truth line when it is not the
-    patched line; `why` says what is wrong, as a reviewer would; `patched_file` and `helper` below."""
-
-    name: str
-    pair: str
-    kind: str
-    old: str
-    new: str
-    module: str
-    why: str
-    truth_at: str | None = None
-    # the file patched, relative to the prepared case folder (the pair folder's parent), when it is not the
-    # port file: a converter shared by pairs (`meta_convert.py`); `truth_at` then names the line in the port
-    patched_file: str = ""
-    # the port file's module-level function holding the truth line, when the module calls a helper there
-    helper: str = ""
-    # the bug reaches `module` through this input, which has no counterpart in the reference (a rotary table
-    # built in the root's `__init__`): the module's other inputs are unchanged, that one is not
-    unpaired_input: str = ""
-
-
-def _transformers_conversion(script: str, sha256: str) -> Source:
-    """transformers' conversion script for a vision pair (its weights are converted by the script's own
-    functions, `vision_common.upstream_definitions`): the wheel does not ship these scripts, so they are staged
-    from a mirrored snapshot of a transformers fork whose package is renamed `transformers_4573` (the functions
-    used do not import it)."""
-    return Source(
-        repo="feisenyu/transformers_4573",
-        commit="e9d73c31189a2235385bbaf4be9224d9d5c8a1fc",
-        license="LICENSE",
-        files=(SourceFile(f"src/transformers_4573/models/{script}", f"upstream/{script.split('/')[-1]}", sha256),),
-    )
-
+from ports.corpus_encodec import ENCODEC_BUGS, ENCODEC_PAIR
+from ports.corpus_types import CORPUS_ROOT, Bug, Pair, transformers_conversion
+from ports.sources import Source, SourceFile
 
 PAIRS: tuple[Pair, ...] = (
     Pair(
@@ -157,7 +92,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/convnext.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "convnext/convert_convnext_to_pytorch.py",
                 "6303f75aee446b42836ff5db69b1cc8be27001c791f09750ff17406107d96911",
             ),
@@ -171,7 +106,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/swin_transformer.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "swin/convert_swin_timm_to_pytorch.py",
                 "0f57d0796cb94ab0f3051bb530415c51df9f930b3cc2f27e22bb3d4521240b91",
             ),
@@ -185,7 +120,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/resnet.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "resnet/convert_resnet_to_pytorch.py",
                 "b2643d8029c53d814dc54d92a1d5c20f0cc80ffa0af98c02357df95fb979f375",
             ),
@@ -199,7 +134,7 @@ PAIRS: tuple[Pair, ...] = (
         reference_file="vendored/open_clip/transformer.py",
         maps=(),
         sources=(
-            _transformers_conversion(
+            transformers_conversion(
                 "clip/convert_clip_original_pytorch_to_hf.py",
                 "0a81a8afee54bcddd6251226118ad07c985ec04d773c505175095ed6249c9d3f",
             ),
@@ -289,6 +224,7 @@ PAIRS: tuple[Pair, ...] = (
             ),
         ),
     ),
+    ENCODEC_PAIR,
 )
 
 PAIRS_BY_NAME = {pair.name: pair for pair in PAIRS}
@@ -861,8 +797,12 @@ class ResNetStage""",
         new="        torch.stack(torch.chunk(x.transpose(1, 2).float(), 2, dim=-1)[::-1],\n",
         why="the rotary halves taken in the wrong order (x2, x1): the rotation turns the other way",
     ),
+    *ENCODEC_BUGS,
 )
 
 
 def bugs_of(pair: str) -> list[Bug]:
     return [bug for bug in BUGS if bug.pair == pair]
+
+
+__all__ = ["BUGS", "CORPUS_ROOT", "PAIRS", "PAIRS_BY_NAME", "Bug", "Pair", "bugs_of"]

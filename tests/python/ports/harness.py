@@ -84,6 +84,8 @@ class Verdict:
     produced: tuple[tuple[str, int, int], ...] = ()
     # the `__init__` statements assigning the settings the first differing line reads (`line.reads`)
     reads: tuple[tuple[str, int, int], ...] = ()
+    # the lines that made of repeated copies a value the first differing line reads (`line.arranged`): (file, line)
+    arranged: tuple[tuple[str, int], ...] = ()
     error: str | None = None
     document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -103,6 +105,7 @@ class Verdict:
         where.extend(f"assigned {line}" for _, line in self.assigned)
         where.extend(f"input from {start}" + (f"-{end}" if end != start else "") for _, start, end in self.produced)
         where.extend(f"reads {start}" + (f"-{end}" if end != start else "") for _, start, end in self.reads)
+        where.extend(f"arranged {line}" for _, line in self.arranged)
         path = self.path or "(root)"
         if where:
             return f"{path}:{' '.join(where)}"
@@ -330,6 +333,7 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
             (read["assigned_at"]["file"], int(read["assigned_at"]["line"]), int(read["assigned_at"]["end_line"]))
             for read in (line or {}).get("reads") or ()
         ),
+        arranged=tuple((item["file"], int(item["line"])) for item in (line or {}).get("arranged") or ()),
         document=document,
     )
 
@@ -368,6 +372,8 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if any(_same_file(file, port.port_file) and start <= line <= end for file, start, end in verdict.reads):
         return True, ""
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.arranged):
+        return True, ""
     if verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file):
         if verdict.line_since <= line <= verdict.line[1]:
             return True, ""
@@ -378,7 +384,9 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
 
 def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
-    "construction line" (`built_at` is it), "assignment line" (a differing setting's `assigned_at` is it), "range of N lines" (only `lines`, or where
+    "construction line" (`built_at` is it), "assignment line" (a differing setting's `assigned_at` is it), "arrangement line"
+    (the line that made a value the first differing line reads of repeated copies, `line.arranged`), "range of N
+    lines" (only `lines`, or where
     an unpaired input was produced, holds it), "" otherwise; a
     `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
     if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
@@ -392,32 +400,28 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
         return "assignment line"
     if any(_same_file(file, port.port_file) and start == line == end for file, start, end in verdict.reads):
         return "assignment line"
-    produced = [
-        end - start + 1
-        for file, start, end in verdict.produced
-        if _same_file(file, port.port_file) and start <= line <= end
-    ]
-    if produced and not (
-        verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]
-    ):
-        width = min(produced)
-        return "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
-    found = ""
-    stretch = verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file)
-    if (
-        stretch
-        and verdict.line_since <= line <= verdict.line[1]
-        and not (
-            verdict.lines
-            and _same_file(verdict.lines[0], port.port_file)
-            and verdict.lines[1] <= line <= verdict.lines[2]
-        )
-    ):
-        return f"range of {verdict.line[1] - verdict.line_since + 1} lines (the drill-down's stretch)"
+    if any(_same_file(file, port.port_file) and at == line for file, at in verdict.arranged):
+        return "arrangement line"
+    # NOTE: the narrowest named range that holds the bug's line (issue 30's measure): the module's range, the
+    # drill-down's stretch (`line.since` to `line`) or where an unpaired input was produced; the module's range
+    # wins a tie (its label is the plainest)
+    ranges: list[tuple[int, int, str]] = []
     if verdict.lines and _same_file(verdict.lines[0], port.port_file) and verdict.lines[1] <= line <= verdict.lines[2]:
         width = verdict.lines[2] - verdict.lines[1] + 1
-        found = f"range of {width} line{'s' if width > 1 else ''}"
-    if found and verdict.line:
+        ranges.append((width, 0, f"range of {width} line{'s' if width > 1 else ''}"))
+    if verdict.line and verdict.line_since and _same_file(verdict.line[0], port.port_file):
+        if verdict.line_since <= line <= verdict.line[1]:
+            width = verdict.line[1] - verdict.line_since + 1
+            ranges.append((width, 1, f"range of {width} lines (the drill-down's stretch)"))
+    for file, start, end in verdict.produced:
+        if _same_file(file, port.port_file) and start <= line <= end:
+            width = end - start + 1
+            label = "line" if width == 1 else f"range of {width} lines (where an unpaired input was produced)"
+            ranges.append((width, 2, label))
+    if not ranges:
+        return ""
+    _, kind, found = min(ranges)
+    if kind == 0 and verdict.line:
         found += f"; line {verdict.line[1]} is not the bug's"
     return found
 

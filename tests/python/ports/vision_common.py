@@ -3,7 +3,8 @@ use in a forward.
 
 Stand-ins: torchvision (no CPU
 build in the registry here) and PIL (not installed): timm and open_clip import them at module level for data
-transforms, datasets and `FrozenBatchNorm2d`, none of which the traced models run.
+transforms, datasets and `FrozenBatchNorm2d`, none of which the traced models run. The speech pair (EnCodec) asks for
+torchaudio the same way (`importing_without(("torchaudio",))`: its utilities read and write audio files).
 
 `importing_without()` is a context manager: inside it, each of those packages that is not importable is found
 as a stand-in (with every submodule asked for); any name read from a stand-in is a fresh class that accepts
@@ -112,7 +113,8 @@ def import_timm() -> None:
 
 
 def upstream_definitions(script: Path, names: tuple[str, ...]) -> dict[str, Any]:
-    """The top-level functions and classes `names` of a transformers conversion script, by name.
+    """The top-level functions, classes and assigned names (`MAPPING = {...}`) `names` of a transformers conversion
+    script, by name, run in the order the script defines them.
 
     The script is published code, not committed here: the corpus stages it from its mirror beside the pair's
     files (`Pair.sources`, see ports/sources.py). It cannot be imported as a module (it imports the package it
@@ -134,14 +136,20 @@ def upstream_definitions(script: Path, names: tuple[str, ...]) -> dict[str, Any]
                     exec(compile(ast.Module(body=[node], type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
                 except ImportError:
                     continue
-    found = {
-        node.name: node
-        for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
-    }
+    found = {_defined_name(node): node for node in tree.body if _defined_name(node) in names}
     missing = [name for name in names if name not in found]
     if missing:
         raise LookupError(f"{script}: no top-level definition of {', '.join(missing)}")
-    body = [found[name] for name in names]
+    # NOTE: in the script's order: a mapping table may be built from others (`MAPPING_24K = {**MAPPING_ENCODER}`)
+    body = [node for node in tree.body if _defined_name(node) in names]
     exec(compile(ast.Module(body=body, type_ignores=[]), str(script), "exec"), namespace)  # noqa: S102
     return {name: namespace[name] for name in names}
+
+
+def _defined_name(node: ast.stmt) -> str | None:
+    """The name a top-level statement defines: a function, a class, or a single name assigned (`MAPPING = ...`)."""
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
