@@ -156,6 +156,70 @@ def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(
     assert (outputs["third"] < 0).any()
 
 
+class LayerScaledBlock(nn.Module):
+    """ConvNeXt's block as timm writes it, with its layer scale applied in place: the depthwise convolution's
+    output permuted to channels-last (a strided tensor, captured as the norm's input), the MLP's output scaled in
+    place after it was captured, and the block's own output permuted again (a strided output)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.pwconv2(self.act(self.pwconv1(self.norm(self.dwconv(x).permute(0, 2, 3, 1)))))
+        hidden.mul_(self.gamma)  # the output of `pwconv2`, changed after the capture
+        return (x + hidden.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class LayerScaledStages(nn.Module):
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, kernel_size=2, stride=2)
+        self.blocks = nn.ModuleList(LayerScaledBlock(dim) for _ in range(3))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        hidden = self.stem(pixels)
+        for block in self.blocks:
+            hidden = block(hidden).permute(0, 3, 1, 2)
+        return hidden
+
+
+@pytest.mark.parametrize("writer", ["at the end, on the caller's thread", "by the writer thread, per tensor"])
+def test_strided_and_in_place_changed_tensors_are_stored_as_captured(
+    writer: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Permuted tensors are written from a contiguous copy, which must live until its bytes are written: three
+    blocks' tensors of the same shapes, whose copies would otherwise share freed memory, each stored with its own
+    values as captured (the same as the copies the path without a stream keeps), in-place layer scale included."""
+    from modeltrace.worker import tensor_stream
+
+    if writer.startswith("by the writer thread"):
+        monkeypatch.setattr(tensor_stream, "WAKE_BYTES", 1)  # woken by every put: batches of one or a few
+    torch.manual_seed(0)
+    model, pixels = LayerScaledStages().eval(), torch.randn(2, 3, 16, 16)
+    expected = copied_tensors(model, pixels)
+    folder, stream = streamed_trace(model, pixels, tmp_path / "strided.mtrace", 1 << 20)
+    with load_reference(folder) as loaded:
+        assert expected and all(name in loaded.tensors for name in expected)
+        for name, tensor in expected.items():
+            assert np.array_equal(loaded.tensors.get(name), tensor.numpy()), name
+        scaled = [record for record in loaded.trace.modules if record.path.endswith("pwconv2")]
+        assert len(scaled) == 3
+    if writer.startswith("at the end"):
+        assert stream.copies == 3  # each `pwconv2` output, changed while queued, was copied first
+    with torch.no_grad():
+        block = model.blocks[0]
+        unscaled = block.pwconv2(
+            block.act(block.pwconv1(block.norm(block.dwconv(model.stem(pixels)).permute(0, 2, 3, 1))))
+        )
+    assert torch.equal(expected[scaled[0].outputs[0].tensor], unscaled)  # stored before its layer scale
+
+
 def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threading.Event, tmp_path: Path) -> None:
     class Unseen(nn.Module):
         def __init__(self) -> None:

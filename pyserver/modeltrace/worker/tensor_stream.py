@@ -267,11 +267,15 @@ class TensorStream:
         condition = self._condition
         tensors = [entry.tensor for entry in batch]
         try:
+            # NOTE: a strided tensor's bytes come from a contiguous copy that `copies` keeps alive until
+            # `write_many` has written them: the memoryview `_bytes_of` makes from an address does not hold the
+            # tensor, and a copy dropped right after its view was made is freed and its memory reused by the next
+            # one (each strided tensor of a batch was written with another's bytes or garbage: ConvNeXt's
+            # permuted outputs, EnCodec's transposed ones)
+            copies = [tensor.contiguous() if entry.data is None else None for entry, tensor in zip(batch, tensors)]
             self.files.write_many(
-                (entry.name, entry.code, tensor.shape, _bytes_of(tensor.contiguous(), entry.size))
-                if entry.data is None
-                else (entry.name, entry.code, tensor.shape, entry.data)
-                for entry, tensor in zip(batch, tensors)
+                (entry.name, entry.code, tensor.shape, _bytes_of(copy, entry.size) if copy is not None else entry.data)
+                for entry, tensor, copy in zip(batch, tensors, copies)
             )
         except BaseException as error:  # noqa: BLE001 - handed to the capturing thread, raised there
             with condition:
