@@ -3,8 +3,9 @@
 `ModuleCapture(..., stream=TensorStream(...))` hands each tensor to keep to `TensorStream.put` instead of copying
 it: the queue holds the live tensor (no copy), and a writer thread writes its bytes into the safetensors shards
 of the trace's temporary folder (`StreamingSafetensorsWriter`) while the forward goes on; the write releases the
-GIL, so it hides behind torch's compute. The writer runs no torch call and little Python: each tensor's bytes
-are located when it is queued, and the writer is woken per few megabytes queued (`WAKE_BYTES`), writing all of
+GIL, so it hides behind torch's compute. The writer runs little Python and no torch call for a contiguous
+tensor: its bytes are located when it is queued (a strided one is made contiguous by the writer, the copy held
+until its bytes are written), and the writer is woken per few megabytes queued (`WAKE_BYTES`), writing all of
 them with one `os.writev`; the forward's thread, which takes the GIL back after each of its kernels, otherwise
 waits for the writer's Python code once per tensor (that waiting was most of what streaming cost). Three things
 keep that correct and bounded:
