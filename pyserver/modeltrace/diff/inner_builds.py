@@ -9,20 +9,21 @@ construction order, then by kind where one of a kind is left on each side, and t
 pairs' are.
 
 A differing setting is named at the line that passes it: the keyword argument of that name in the call that built
-the module (`nn.Conv2d(…, stride=stride)`), followed up to the call that built its parent when the value is a
-parameter of the parent's `__init__` (`ResNetConvLayer(in_channels, …, stride=stride if … else 1)`): that line is
-where the port decides the value.
+the module (`nn.Conv2d(…, stride=stride)`), followed up to the call that built its parent while the value is a
+parameter of the parent's `__init__` passed on unchanged, directly or through its local variables (`for kernel_size,
+dilation in zip(kernel_sizes, dilations)`), there passed by keyword (`ResNetConvLayer(…, stride=stride if … else
+1)`) or in the parameter's place (`EncodecResnetBlock(config, dim, [base**j, 1])`): the last such line is where the
+port decides the value.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
 
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of_class
 from modeltrace.diff.lines import unaligned_descendants
 from modeltrace.diff.result import DiffResult, Divergence
-from modeltrace.diff.settings import SettingDifference, compare_settings
+from modeltrace.diff.settings import SettingDifference, class_of, compare_settings
 from modeltrace.trace.records import ModuleBuild, SourceLocation
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
@@ -79,11 +80,11 @@ def _by_kind(ref_left: list[ModuleBuild], cand_left: list[ModuleBuild]) -> list[
     on each side: their classes differ, so only the settings the synonym table names are compared (`scale` in
     Mistral's one-file `Attention`, which its block calls through `forward`, against `scaling`)."""
     pairs = []
-    for kind in dict.fromkeys(kind_of_class(build.class_name) for build in cand_left):
+    for kind in dict.fromkeys(kind_of_class(class_of(build)) for build in cand_left):
         if kind in (UNKNOWN, NO_OP):
             continue
-        cand_kind = [build for build in cand_left if kind_of_class(build.class_name) == kind]
-        ref_kind = [build for build in ref_left if kind_of_class(build.class_name) == kind]
+        cand_kind = [build for build in cand_left if kind_of_class(class_of(build)) == kind]
+        ref_kind = [build for build in ref_left if kind_of_class(class_of(build)) == kind]
         if len(cand_kind) == 1 and len(ref_kind) == 1:
             pairs.append((ref_kind[0], cand_kind[0]))
     return pairs
@@ -106,30 +107,131 @@ def _builds_of(records: list, call: int, aligned: set[int], builds: dict[str, Mo
 
 
 def _shape_key(build: ModuleBuild) -> tuple:
-    return build.class_name, tuple((parameter.name, tuple(parameter.summary.shape)) for parameter in build.parameters)
+    return class_of(build), tuple((parameter.name, tuple(parameter.summary.shape)) for parameter in build.parameters)
 
 
 def passed_at(builds: dict[str, ModuleBuild], build: ModuleBuild, name: str) -> SourceLocation | None:
-    """The line of the keyword argument `name=` in the call that built `build`, followed up to the parent's
-    construction while the value is a parameter of the `__init__` that made the call; None where the source
-    does not say (no keyword of that name, a class called under another name)."""
+    """The line of the argument that passes `name` in the call that built `build` (its keyword `name=`), followed
+    up to the parent's construction while the value is a parameter of the `__init__` that made the call, passed on
+    unchanged (passed there by keyword or in the parameter's place); None where the source does not say (no keyword of that
+    name, a class called under another name)."""
     found: SourceLocation | None = None
-    current = build
+    current, position = build, None
     for _ in range(_FOLLOW_UP):
         location = current.built_at
         if location is None:
             return found
         call = _construction_call(location, current, builds)
-        keyword = next((item for item in call.keywords if item.arg == name), None) if call is not None else None
-        if keyword is None:
+        argument = _argument(call, name, position) if call is not None else None
+        if argument is None:
             return found
-        found = SourceLocation(location.file, keyword.value.lineno, keyword.value.col_offset)
-        parameter = keyword.value.id if isinstance(keyword.value, ast.Name) else None
+        found = SourceLocation(location.file, argument.lineno, argument.col_offset)
+        function = _enclosing_init(location)
         parent = _owner(builds, current.path)
-        if parameter is None or parent is None or parameter not in _init_parameters(location):
+        if function is None or parent is None:
             return found
-        current, name = parent, parameter
+        parameter = _parameter_behind(function, argument, location.line)
+        if parameter is None:
+            return found
+        name = parameter
+        position = _positional_index(function, name)
+        current = parent
     return found
+
+
+def _argument(call: ast.Call, name: str, position: int | None) -> ast.expr | None:
+    """The argument of `call` for the parameter `name`: its keyword, else the positional argument at `position`
+    (the parameter's place after `self`; none after a `*args`)."""
+    keyword = next((item for item in call.keywords if item.arg == name), None)
+    if keyword is not None:
+        return keyword.value
+    if position is None or position >= len(call.args):
+        return None
+    if any(isinstance(argument, ast.Starred) for argument in call.args[: position + 1]):
+        return None
+    return call.args[position]
+
+
+def _positional_index(function: ast.FunctionDef, name: str) -> int | None:
+    """Where the parameter `name` of an `__init__` is passed positionally in a call of its class (`self` left out)."""
+    positional = [argument.arg for argument in (*function.args.posonlyargs, *function.args.args)]
+    return positional.index(name) - 1 if name in positional[1:] else None
+
+
+# How many local variables a value is followed back through to the `__init__`'s parameters.
+_LOCAL_DEPTH = 4
+
+
+def _parameter_behind(function: ast.FunctionDef, value: ast.expr, line: int) -> str | None:
+    """The parameter of `function` (not `self`) that `value`, an expression on `line`, passes on unchanged: the
+    parameter itself, or a local variable that holds it or an element of it (`for i, (k, d) in
+    enumerate(zip(sizes, dilations))` takes `d` from `dilations`); None for a value computed here (that line
+    decides it) or from several."""
+    arguments = function.args
+    every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    parameters = {argument.arg for argument in every[1:]}
+    bindings = _bindings(function, line)
+
+    def origin(expression: ast.expr, depth: int, seen: frozenset[str]) -> str | None:
+        if not isinstance(expression, ast.Name) or expression.id in seen:
+            return None
+        sources = bindings.get(expression.id)
+        if not sources:
+            return expression.id if expression.id in parameters else None
+        if depth == 0:
+            return None
+        found = {origin(source, depth - 1, seen | {expression.id}) for source in sources}
+        return found.pop() if len(found) == 1 and None not in found else None
+
+    return origin(value, _LOCAL_DEPTH, frozenset())
+
+
+def _bindings(function: ast.FunctionDef, line: int) -> dict[str, list[ast.expr]]:
+    """`{local name: the expressions assigned to it}` in `function` before `line` (statements that start before it,
+    loops around it, and the comprehensions on it), not inside nested functions or classes."""
+    bound: dict[str, list[ast.expr]] = {}
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.stmt) and node.lineno > line:
+            continue
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                _bind(target, node.value, bound, elementwise=False)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            _bind(node.target, node.value, bound, elementwise=False)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            _bind(node.target, node.iter, bound, elementwise=True)
+        elif isinstance(node, ast.comprehension) and isinstance(node.target, (ast.Name, ast.Tuple, ast.List)):
+            _bind(node.target, node.iter, bound, elementwise=True)
+        pending.extend(ast.iter_child_nodes(node))
+    return bound
+
+
+def _bind(target: ast.expr, value: ast.expr, bound: dict[str, list[ast.expr]], elementwise: bool) -> None:
+    """Record what `target` takes from `value` (an element of `value` when `elementwise`: a loop's target)."""
+    if isinstance(target, ast.Name):
+        bound.setdefault(target.id, []).append(value)
+        return
+    if not isinstance(target, (ast.Tuple, ast.List)):
+        return
+    items = target.elts
+    if elementwise and isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and not value.keywords:
+        if value.func.id == "zip" and len(value.args) == len(items):
+            for item, source in zip(items, value.args):
+                _bind(item, source, bound, elementwise=True)
+            return
+        if value.func.id == "enumerate" and len(items) == 2 and len(value.args) == 1:
+            _bind(items[1], value.args[0], bound, elementwise=True)  # the first is a counter
+            return
+    if not elementwise and isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(items):
+        for item, source in zip(items, value.elts):
+            _bind(item, source, bound, elementwise=False)
+        return
+    for item in items:
+        _bind(item, value, bound, elementwise)
 
 
 # NOTE: containers are built in their owner's `__init__` (`self.layer = nn.Sequential(A(…), …)`): the module whose
@@ -177,15 +279,22 @@ def _construction_call(
     if not statements:
         return None
     statement = min(statements, key=lambda node: (node.end_lineno or node.lineno) - node.lineno)
+    class_name = class_of(build)
     calls = sorted(
-        (node for node in ast.walk(statement) if isinstance(node, ast.Call) and _called(node) == build.class_name),
+        (node for node in ast.walk(statement) if isinstance(node, ast.Call) and _called(node) == class_name),
         key=lambda node: (node.lineno, node.col_offset),
     )
+    # NOTE: a construction line is where the class was called: the calls that start on it, when some do (the
+    # second `ConvLayer(...)` of a multi-line `nn.Sequential(...)`); one call there built every module of the
+    # class the statement built (a comprehension's)
+    calls = [node for node in calls if node.lineno == location.line] or calls
+    if len(calls) == 1:
+        return calls[0]
     parent = _parent(build.path)
     siblings = [
         other.path
         for other in builds.values()
-        if other.class_name == build.class_name
+        if class_of(other) == class_name
         and other.built_at is not None
         and (other.built_at.file, other.built_at.line) == (location.file, location.line)
         and _parent(other.path) == parent
@@ -203,8 +312,8 @@ def _called(call: ast.Call) -> str | None:
     return None
 
 
-def _init_parameters(location: SourceLocation) -> Iterable[str]:
-    """The parameter names of the `__init__` holding `location`'s line (empty when it is in no `__init__`)."""
+def _enclosing_init(location: SourceLocation) -> ast.FunctionDef | None:
+    """The `__init__` holding `location`'s line, when the innermost function holding it is one."""
     tree = _tree(location.file)
     functions = [
         node
@@ -212,9 +321,6 @@ def _init_parameters(location: SourceLocation) -> Iterable[str]:
         if isinstance(node, ast.FunctionDef) and node.lineno <= location.line <= (node.end_lineno or node.lineno)
     ]
     if not functions:
-        return ()
+        return None
     function = max(functions, key=lambda node: node.lineno)
-    if function.name != "__init__":
-        return ()
-    arguments = function.args
-    return [argument.arg for argument in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+    return function if function.name == "__init__" else None
