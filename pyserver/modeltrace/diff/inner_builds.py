@@ -22,7 +22,7 @@ import ast
 
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of_class
 from modeltrace.diff.lines import unaligned_descendants
-from modeltrace.diff.result import DiffResult, Divergence
+from modeltrace.diff.result import DiffResult, Divergence, ModuleResult
 from modeltrace.diff.settings import SettingDifference, class_of, compare_settings
 from modeltrace.trace.records import ModuleBuild, SourceLocation
 from modeltrace.trace.source_files import UnreadableSource, read_source_text
@@ -33,8 +33,9 @@ _FOLLOW_UP = 4
 
 def inner_setting_differences(result: DiffResult, divergence: Divergence) -> list[SettingDifference]:
     """Settings that differ between the unaligned modules of the diverging pair, paired by class and parameter
-    shapes in construction order, then the rest by kind where one of a kind is left on each side; each with
-    `assigned_at` at the line that assigns or passes it where the source says."""
+    shapes in construction order, then the rest by kind where one of a kind is left on each side, then those of
+    its aligned modules inside it; each with `assigned_at` at the line that assigns or passes it where the source
+    says."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
     if reference is None:
         return []
@@ -57,9 +58,17 @@ def inner_setting_differences(result: DiffResult, divergence: Divergence) -> lis
         unused.remove(ref_build)
         pairs.append((ref_build, cand_build))
     pairs.extend(_by_kind([build for build in ref_inner if build in unused or not build.parameters], left))
+    found = [(cand_build, compare_settings(ref_build, cand_build)) for ref_build, cand_build in pairs]
+    # NOTE: and the aligned modules inside, built differently (their inputs differ: a dilation passed down to a
+    # convolution also sets the padding its parent computes before calling it)
+    found += [
+        (cand_builds[module.candidate.path], module.settings)
+        for module in _aligned_inside(result, candidate.index)
+        if module.settings and module.candidate.path in cand_builds
+    ]
     differences: list[SettingDifference] = []
-    for ref_build, cand_build in pairs:
-        for difference in compare_settings(ref_build, cand_build):
+    for cand_build, settings in found:
+        for difference in settings:
             if difference.assigned_at is None:
                 where = passed_at(cand_builds, cand_build, difference.name)
                 if where is not None:
@@ -73,6 +82,18 @@ def inner_setting_differences(result: DiffResult, divergence: Divergence) -> lis
                     )
             differences.append(difference)
     return differences
+
+
+def _aligned_inside(result: DiffResult, call: int) -> list[ModuleResult]:
+    """The aligned module results inside the candidate's call `call` (not it), in call order, one per path."""
+    inside = {call}
+    found: dict[str, ModuleResult] = {}
+    for module in sorted(result.modules, key=lambda item: item.candidate.index):
+        if module.candidate.parent in inside:
+            inside.add(module.candidate.index)
+            if module.reference is not None:
+                found.setdefault(module.candidate.path, module)
+    return list(found.values())
 
 
 def _by_kind(ref_left: list[ModuleBuild], cand_left: list[ModuleBuild]) -> list[tuple[ModuleBuild, ModuleBuild]]:
