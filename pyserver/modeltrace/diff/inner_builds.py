@@ -19,6 +19,8 @@ port decides the value.
 from __future__ import annotations
 
 import ast
+import functools
+from dataclasses import dataclass
 
 from modeltrace.diff.kinds import NO_OP, UNKNOWN, kind_of_class
 from modeltrace.diff.lines import unaligned_descendants
@@ -29,6 +31,9 @@ from modeltrace.trace.source_files import UnreadableSource, read_source_text
 
 # How many parents' `__init__` a setting is followed up through (a conv inside a conv layer inside a block).
 _FOLLOW_UP = 4
+# How many aligned modules inside the divergence give their differing settings (the first, in call order): a
+# setting wrong in every layer is said by the first few
+_ALIGNED_INSIDE = 8
 
 
 def inner_setting_differences(result: DiffResult, divergence: Divergence) -> list[SettingDifference]:
@@ -65,7 +70,7 @@ def inner_setting_differences(result: DiffResult, divergence: Divergence) -> lis
         (cand_builds[module.candidate.path], module.settings)
         for module in _aligned_inside(result, candidate.index)
         if module.settings and module.candidate.path in cand_builds
-    ]
+    ][:_ALIGNED_INSIDE]
     differences: list[SettingDifference] = []
     for cand_build, settings in found:
         for difference in settings:
@@ -274,11 +279,35 @@ def _owner(builds: dict[str, ModuleBuild], path: str) -> ModuleBuild | None:
     return None
 
 
-def _tree(file: str) -> ast.Module | None:
+@dataclass(frozen=True)
+class _Source:
+    """A parsed file's simple statements (compound ones' headers left out) and its functions, walked once."""
+
+    statements: tuple[ast.stmt, ...]
+    functions: tuple[ast.FunctionDef, ...]
+
+
+def _source(file: str) -> _Source | None:
     try:
-        return ast.parse(read_source_text(file), file)
-    except (UnreadableSource, SyntaxError, ValueError, RecursionError, MemoryError):
+        return _parsed(read_source_text(file))
+    except UnreadableSource:
         return None
+
+
+# NOTE: cached by the text, not the path: a file edited between two diffs (the language server's) is parsed again;
+# a setting followed up several parents reads the same file at every step
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> _Source | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    nodes = list(ast.walk(tree))
+    compound = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.With)
+    return _Source(
+        tuple(node for node in nodes if isinstance(node, ast.stmt) and not isinstance(node, compound)),
+        tuple(node for node in nodes if isinstance(node, ast.FunctionDef)),
+    )
 
 
 def _construction_call(
@@ -287,15 +316,11 @@ def _construction_call(
     """The call of `build`'s class in the statement at `location`; where the statement holds several (an
     `nn.Sequential(A(…), A(…))`), the one at the position `build` holds among the modules of its class that
     statement built (in construction order)."""
-    tree = _tree(location.file)
-    if tree is None:
+    source = _source(location.file)
+    if source is None:
         return None
     statements = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.stmt)
-        and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.With))
-        and node.lineno <= location.line <= (node.end_lineno or node.lineno)
+        node for node in source.statements if node.lineno <= location.line <= (node.end_lineno or node.lineno)
     ]
     if not statements:
         return None
@@ -335,11 +360,11 @@ def _called(call: ast.Call) -> str | None:
 
 def _enclosing_init(location: SourceLocation) -> ast.FunctionDef | None:
     """The `__init__` holding `location`'s line, when the innermost function holding it is one."""
-    tree = _tree(location.file)
+    source = _source(location.file)
     functions = [
         node
-        for node in (ast.walk(tree) if tree is not None else ())
-        if isinstance(node, ast.FunctionDef) and node.lineno <= location.line <= (node.end_lineno or node.lineno)
+        for node in (source.functions if source is not None else ())
+        if node.lineno <= location.line <= (node.end_lineno or node.lineno)
     ]
     if not functions:
         return None
