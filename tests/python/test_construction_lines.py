@@ -260,3 +260,33 @@ def test_a_dilation_passed_down_two_inits_is_named_where_the_encoder_passes_it(
     assert _line(_source(traced), setting["assigned_at"]) == (
         'model += [PortResBlock(dim, [base if bug == "dilation" else base**j, 1])]'
     )
+
+
+def test_a_value_is_followed_up_only_while_an_init_passes_a_parameter_on_unchanged() -> None:
+    """The loop variable over `zip(kernel_sizes, dilations)` is an element of `dilations`, and the comprehension's
+    of `dilations` too; `s += 1` and `stride * factor` compute a value there (that line decides it)."""
+    import ast
+
+    from modeltrace.diff.inner_builds import _parameter_behind, _positional_index
+
+    source = textwrap.dedent("""
+        def __init__(self, config, dim, dilations, stride, factor):
+            kernel_sizes = (3, 1)
+            for i, (kernel_size, dilation) in enumerate(zip(kernel_sizes, dilations)):
+                first = make(dilation=dilation)
+            s = stride
+            s += 1
+            second = make(stride=s)
+            third = make(stride=stride * factor)
+            fourth = [make(dilation=item) for item in dilations]
+            fifth = make(stride=stride)
+    """)
+    function = ast.parse(source).body[0]
+    values = {
+        node.lineno: node.keywords[0].value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "make"
+    }
+    behind = {line: _parameter_behind(function, value, line) for line, value in sorted(values.items())}
+    assert list(behind.values()) == ["dilations", None, None, "dilations", "stride"]
+    assert _positional_index(function, "dilations") == 2 and _positional_index(function, "self") is None

@@ -138,9 +138,9 @@ def _shape_key(build: ModuleBuild) -> tuple:
 
 def passed_at(builds: dict[str, ModuleBuild], build: ModuleBuild, name: str) -> SourceLocation | None:
     """The line of the argument that passes `name` in the call that built `build` (its keyword `name=`), followed
-    up to the parent's construction while the value is a parameter of the `__init__` that made the call, passed on
-    unchanged (passed there by keyword or in the parameter's place); None where the source does not say (no keyword of that
-    name, a class called under another name)."""
+    up to the parent's construction while the value is a parameter of the `__init__` that made the call passed on
+    unchanged (there passed by keyword or in the parameter's place); None where the source does not say (no
+    keyword of that name, a class called under another name)."""
     found: SourceLocation | None = None
     current, position = build, None
     for _ in range(_FOLLOW_UP):
@@ -226,7 +226,9 @@ def _bindings(function: ast.FunctionDef, line: int) -> dict[str, list[ast.expr]]
         if isinstance(node, ast.Assign):
             for target in node.targets:
                 _bind(target, node.value, bound, elementwise=False)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+        elif isinstance(node, ast.AugAssign):  # `x += y` computes x + y: no value passed on unchanged
+            _bind(node.target, ast.BinOp(node.target, node.op, node.value), bound, elementwise=False)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
             _bind(node.target, node.value, bound, elementwise=False)
         elif isinstance(node, (ast.For, ast.AsyncFor)):
             _bind(node.target, node.iter, bound, elementwise=True)

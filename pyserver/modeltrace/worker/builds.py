@@ -9,11 +9,11 @@ meanwhile, the frames of model code that called each module's class. The constru
 those in the registering file: the line of `model += [nn.Tanh()]`, not that of `self.layers =
 nn.ModuleList(model)` that registered it later; the line of `self.act = ACT2FN[...]`, not that of the
 library's factory that called the class. A module whose construction was not seen (a `copy.deepcopy`) keeps
-the line that registered it. After the forward, `record_builds` reads each module's settings (the `name=value` fields of
-`extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers (statistics,
-a small sample of fixed positions and the same positions of the transpose), which `diff/settings.py` compares;
-for each setting its class's `__init__` assigns, the line that assigns it (`assignments`), where a setting built
-differently is fixed.
+the line that registered it. After the forward, `record_builds` reads each module's settings (the `name=value`
+fields of `extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers
+(statistics, a small sample of fixed positions and the same positions of the transpose), which
+`diff/settings.py` compares; for each setting its class's `__init__` assigns, the line that assigns it
+(`assignments`), where a setting built differently is fixed.
 """
 
 from __future__ import annotations
