@@ -52,13 +52,6 @@ KNOWN_WRONG: dict[str, str] = {
     "order; without line records nothing names the helper's line 35 (with them, the line that made the copies)",
     "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 277-338: the bug is in the helper "
     "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
-    "encodec-first_dilation": "right module (encoder.layers.1.block.1: 157-176, its forward, and built 270): the "
-    "dilation comes from EncodecEncoder.__init__ (line 298) through EncodecResnetBlock's; a module held in a "
-    "ModuleList is reported as built where the list is (`self.block = nn.ModuleList(block)`), and no setting of "
-    "the module names the line that passed the value down",
-    "encodec-final_activation_tanh": "right module (decoder.layers.14: its call line 346, built 342): the Tanh is "
-    "constructed on line 340 (`model += [nn.Tanh()]`), but a ModuleList item is reported as built where the list "
-    "is (`self.layers = nn.ModuleList(model)`)",
     "encodec-residual_not_carried": "blames the root, the bug's module, with its whole forward (716-807): the "
     "quantizer's encode is a method the root reaches through encode and _encode_frame, no module call, and the "
     "reference's traced file (encodec/modules/conv.py) has no lines of its quantizer to compare with",

@@ -184,6 +184,37 @@ IN_OUT_WEIGHT_CLASSES: dict[str, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class WrapperClass:
+    """A class that a library makes at run time around a module's own class: `qualified_prefix` + `name_prefix` +
+    the class's name, computing what the class computes (so the module compares as one of its class)."""
+
+    qualified_prefix: str
+    name_prefix: str
+    reason: str
+
+
+WRAPPER_CLASSES = (
+    WrapperClass(
+        "torch.nn.utils.parametrize.",
+        "Parametrized",
+        "register_parametrization (the new weight_norm, spectral_norm, orthogonal) swaps a module's class for a "
+        "subclass `Parametrized<Class>` that computes the weight from its parametrization: a weight-normed "
+        "Conv1d is a Conv1d with the other form of weight_norm, whose Conv1d keeps its class",
+    ),
+)
+
+
+def class_of(build: ModuleBuild) -> str:
+    """The name of `build`'s class, a run-time wrapper class (`WRAPPER_CLASSES`) taken off."""
+    for row in WRAPPER_CLASSES:
+        if (build.qualified_class or "").startswith(row.qualified_prefix) and build.class_name.startswith(
+            row.name_prefix
+        ):
+            return build.class_name.removeprefix(row.name_prefix) or build.class_name
+    return build.class_name
+
+
+@dataclass(frozen=True, slots=True)
 class ActivationRow:
     """Activation classes (and the settings that pick a variant) that compute one function."""
 
@@ -274,7 +305,7 @@ def canonical_name(name: str) -> str:
 def activation_of(build: ModuleBuild) -> str | None:
     """The activation function a module computes, when the table knows its class."""
     for row in ACTIVATIONS:
-        if build.class_name in row.classes:
+        if class_of(build) in row.classes:
             if row.setting is None:
                 return row.function
             name, value = row.setting
@@ -301,7 +332,7 @@ def compare_settings(reference: ModuleBuild, candidate: ModuleBuild) -> list[Set
                 candidate.path,
             )
         )
-    same_class = reference.class_name == candidate.class_name
+    same_class = class_of(reference) == class_of(candidate)
     ref_fields = _normalised(_with_implied(reference), same_class)
     cand_fields = _normalised(_with_implied(candidate), same_class)
     for name, (ref_name, ref_value) in ref_fields.items():
@@ -422,7 +453,7 @@ def _oriented(build: ModuleBuild, parameter: ParameterRecord, store: Any) -> _Or
             array = None
     shape = list(parameter.summary.shape)
     sample, transposed = parameter.sample, parameter.sample_transposed
-    if build.class_name in IN_OUT_WEIGHT_CLASSES and parameter.name == "weight" and len(shape) == 2:
+    if class_of(build) in IN_OUT_WEIGHT_CLASSES and parameter.name == "weight" and len(shape) == 2:
         shape = shape[::-1]
         if transposed is not None:
             sample, transposed = transposed, sample

@@ -280,8 +280,10 @@ class ParameterRecord:
 class ModuleBuild:
     """How one module of the traced model was built, recorded once per trace (not per call).
 
-    `built_at` is the line that built it: where its parent's `__init__` assigned it (`self.ln_2 =
-    nn.LayerNorm(...)`), for items of a ModuleList the line that built the list. `settings` are its scalar
+    `built_at` is the line that built it: where its class was called (`self.ln_2 = nn.LayerNorm(...)`, for an
+    item of a list later wrapped in a ModuleList `layers += [Block(...)]`), in the file of the code that
+    registered it on its parent (the line of `self.act = ACT2FN[...]`, not that of the library's factory); where
+    its construction was not seen (a `copy.deepcopy`), the line that registered it. `settings` are its scalar
     settings by name: the `name=value` fields of its `extra_repr()` and its public scalar attributes (eps,
     bias, in_features, variance_epsilon, scaling...), values being numbers, strings, booleans, None or lists
     of those. `qualified_class` is `module.qualname` of its class. `parameters` are its own parameters and

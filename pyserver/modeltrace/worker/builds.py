@@ -1,22 +1,30 @@
 """How each module of the traced model was built: its construction line, settings, parameters and buffers.
 
 Recorded once per trace, not per call, so the forward's capture cost does not change. The construction line
-comes from torch's global module-registration hook, active while the model is built
-(`ConstructionRecorder`): each `self.ln_2 = nn.LayerNorm(...)` in a parent's `__init__` registers the child,
-and the first frame of model code above the hook (`source_map.caller_location`, the walk the capture uses for
-call sites) is that assignment; items of a `ModuleList` are registered inside torch and land on the line that
-built the list. After the forward, `record_builds` reads each module's settings (the `name=value` fields of
-`extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers (statistics,
-a small sample of fixed positions and the same positions of the transpose), which `diff/settings.py` compares;
-for each setting its class's `__init__` assigns, the line that assigns it (`assignments`), where a setting built
-differently is fixed.
+is where the module object was constructed, in the file of the code that registered it (`ConstructionRecorder`,
+active while the model is built): torch's global module-registration hook says where each child was registered
+(`self.ln_2 = nn.LayerNorm(...)` in a parent's `__init__`: the first frame of model code above the hook,
+`source_map.caller_location`, the walk the capture uses for call sites), and `nn.Module.__init__`, wrapped
+meanwhile, the frames of model code that called each module's class. The construction line is the innermost of
+those in the registering file: the line of `model += [nn.Tanh()]`, not that of `self.layers =
+nn.ModuleList(model)` that registered it later; the line of `self.act = ACT2FN[...]`, not that of the
+library's factory that called the class. A module whose construction was not seen (a `copy.deepcopy`) keeps
+the line that registered it. After the forward, `record_builds` reads each module's settings (the `name=value`
+fields of `extra_repr()` and its public scalar attributes) and fingerprints its own parameters and buffers
+(statistics, a small sample of fixed positions and the same positions of the transpose), which
+`diff/settings.py` compares; for each setting its class's `__init__` assigns, the line that assigns it
+(`assignments`), where a setting built differently is fixed.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import inspect
+import sys
 import types
+import weakref
+from types import FrameType
 from typing import Any
 
 import torch
@@ -40,22 +48,32 @@ _SCALARS = (bool, int, float, str, type(None))
 _MAX_LIST_SETTING = 16
 
 
-class ConstructionRecorder:
-    """Context manager active while the model is built: where each submodule was registered on its parent.
+# NOTE: frames of model code kept above a module's construction: enough to reach the `__init__` of the file that
+# registers it through a library's factory (transformers' `ACT2FN[...]`, timm's `create_conv2d`)
+_CONSTRUCTION_FRAMES = 8
 
-    `location_of(parent, name)` gives the line of model code that registered `name` on `parent`; the last
-    registration wins (a module re-assigned later in `__init__` was built by the later line).
+
+class ConstructionRecorder:
+    """Context manager active while the model is built: where each submodule was constructed and registered.
+
+    `location_of(parent, name, child)` gives the line of model code that constructed `child`, registered as
+    `name` on `parent`, in the file that registered it (see the module's docstring); the last registration wins
+    (a module re-assigned later in `__init__` was built by the later line).
     """
 
     def __init__(self) -> None:
         self._locations: dict[tuple[int, str], tuple[nn.Module, SourceLocation | None]] = {}
+        # NOTE: weak references: a module built and dropped during the build is not kept alive by the record
+        self._constructions: dict[int, tuple[Any, tuple[SourceLocation, ...]]] = {}
         self._handle: Any = None
 
     def __enter__(self) -> ConstructionRecorder:
         self._handle = nn.modules.module.register_module_module_registration_hook(self._registered)
+        _start_recording(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        _stop_recording(self)
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -66,12 +84,89 @@ class ConstructionRecorder:
         # NOTE: the parent is held until the recorder is dropped, so that its id stays its own meanwhile.
         self._locations[(id(parent), name)] = (parent, location)
 
-    def location_of(self, parent: nn.Module, name: str) -> SourceLocation | None:
+    def constructed(self, module: nn.Module, stack: tuple[SourceLocation, ...]) -> None:
+        """`module`'s construction was called from `stack` (frames of model code, innermost first); the first
+        construction of an object counts (a class calling `nn.Module.__init__` twice is still built once)."""
+        known = self._constructions.get(id(module))
+        if known is not None and known[0]() is module:
+            return
+        try:
+            reference: Any = weakref.ref(module)
+        except TypeError:  # NOTE: a class with `__slots__` and no `__weakref__`: held until the recorder is cleared
+            reference = lambda: module  # noqa: E731
+        self._constructions[id(module)] = (reference, stack)
+
+    def construction_stack(self, module: nn.Module) -> tuple[SourceLocation, ...]:
+        known = self._constructions.get(id(module))
+        return known[1] if known is not None and known[0]() is module else ()
+
+    def location_of(self, parent: nn.Module, name: str, child: nn.Module | None = None) -> SourceLocation | None:
         found = self._locations.get((id(parent), name))
-        return found[1] if found is not None and found[0] is parent else None
+        registered = found[1] if found is not None and found[0] is parent else None
+        stack = self.construction_stack(child) if child is not None else ()
+        return construction_line(registered, stack)
 
     def clear(self) -> None:
         self._locations.clear()
+        self._constructions.clear()
+
+
+def construction_line(registered: SourceLocation | None, stack: tuple[SourceLocation, ...]) -> SourceLocation | None:
+    """The innermost frame of the construction `stack` in the file of the line that `registered` the module (that
+    line when none is), or the stack's innermost frame when the registration has no line of model code."""
+    if registered is None:
+        return stack[0] if stack else None
+    return next((location for location in stack if location.file == registered.file), registered)
+
+
+# The recorders active now, and `nn.Module.__init__` as it was before the first of them wrapped it.
+_recorders: list[ConstructionRecorder] = []
+_unwrapped_init: list[Any] = []
+
+
+def _recording_init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+    _unwrapped_init[0](self, *args, **kwargs)
+    if _recorders:
+        stack = _construction_stack(self, sys._getframe(1))
+        for recorder in list(_recorders):
+            recorder.constructed(self, stack)
+
+
+def _start_recording(recorder: ConstructionRecorder) -> None:
+    if not _recorders:
+        current = nn.Module.__init__
+        if current is not _recording_init:
+            _unwrapped_init[:] = [current]
+            functools.update_wrapper(_recording_init, current)
+            nn.Module.__init__ = _recording_init  # type: ignore[method-assign]
+    _recorders.append(recorder)
+
+
+def _stop_recording(recorder: ConstructionRecorder) -> None:
+    if recorder in _recorders:
+        _recorders.remove(recorder)
+    # NOTE: put back only our own wrapper: code that wrapped it after us keeps its wrapper (ours is inert then)
+    if not _recorders and nn.Module.__init__ is _recording_init and _unwrapped_init:
+        nn.Module.__init__ = _unwrapped_init[0]  # type: ignore[method-assign]
+
+
+def _construction_stack(module: nn.Module, frame: FrameType | None) -> tuple[SourceLocation, ...]:
+    """The frames of model code that called `module`'s class: from `frame` (the caller of `nn.Module.__init__`)
+    outward, past the frames constructing `module` itself (its classes' `__init__`s, a decorator's wrapper),
+    which take the new object as their first argument: no frame that called the class holds it yet."""
+    while frame is not None and _first_argument(frame) is module:
+        frame = frame.f_back
+    return source_map.model_locations(frame, _CONSTRUCTION_FRAMES)
+
+
+def _first_argument(frame: FrameType) -> Any:
+    code = frame.f_code
+    if code.co_argcount:
+        return frame.f_locals.get(code.co_varnames[0])
+    if code.co_flags & inspect.CO_VARARGS:
+        values = frame.f_locals.get(code.co_varnames[code.co_kwonlyargcount])
+        return values[0] if isinstance(values, tuple) and values else None
+    return None
 
 
 def record_builds(
@@ -118,7 +213,7 @@ def _record_builds(
         built_at = None
         if constructions is not None and path in parents:
             parent, name = parents[path]
-            built_at = constructions.location_of(parent, name)
+            built_at = constructions.location_of(parent, name, module)
         module_class = type(module)
         settings = module_settings(module)
         assigned = assignment_lines(module_class)

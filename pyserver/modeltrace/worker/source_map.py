@@ -111,6 +111,21 @@ def caller_location(start_depth: int = 2) -> tuple[SourceLocation | None, int | 
     return None, None
 
 
+def model_locations(frame: FrameType | None, limit: int) -> tuple[SourceLocation, ...]:
+    """The locations of the first `limit` non-plumbing frames from `frame` outward (innermost first): the stack of
+    model code that made a call, as `caller_location` finds its first frame."""
+    found: list[SourceLocation] = []
+    while frame is not None and len(found) < limit:
+        code = frame.f_code
+        known = _plumbing_cache.get(id(code))
+        if known is None or known[0] is not code:
+            known = _plumbing_cache[id(code)] = (code, _is_plumbing(code))
+        if not known[1]:
+            found.append(SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, frame.f_lasti)))
+        frame = frame.f_back
+    return tuple(found)
+
+
 def defined_at(module_class: type) -> SourceLocation | None:
     """File and line of `class X(...)`, or None for classes without source (built-ins, dynamic classes)."""
     if module_class in _defined_at_cache:

@@ -153,14 +153,16 @@ LINE_CLAIMS: dict[str, LineClaim] = {
     "encodec-zero_padding": LineClaim(
         162, (157, 171), full="range of 15 lines", with_lines="range of 15 lines; line 146 is not the bug's"
     ),
+    "encodec-first_dilation": LineClaim(298, (157, 176), full=ASSIGNMENT, with_lines=ASSIGNMENT),
     "encodec-lstm_skip_dropped": LineClaim(247, (247, 249), full="range of 3 lines", with_lines="range of 3 lines"),
     "encodec-causal_trim_centred": LineClaim(
         223, (211, 233), full="range of 23 lines", with_lines="range of 21 lines (the drill-down's stretch)"
     ),
+    "encodec-final_activation_tanh": LineClaim(340, (346, 346), full=CONSTRUCTION, with_lines=CONSTRUCTION),
 }
 
 # NOTE: the table's summary: "N of them naming the bug's exact line" (the line or the construction line)
-EXACT_LINES_CLAIMED = {"full": 23, "lines": 39}
+EXACT_LINES_CLAIMED = {"full": 25, "lines": 41}
 
 
 def claim_mismatches(judged: Judged, claim: LineClaim, variant: str) -> list[str]:
