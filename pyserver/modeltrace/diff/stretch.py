@@ -45,18 +45,26 @@ def narrowed_since(
         return since
     settled = _settled(cand_body, index, file, function, since)
     needed = _reads(target) - settled
-    taken: set[int] = set()
+    candidates = [node for node in statements if node is not target and node.lineno < line]
+    assigned = {id(node): _assigns(node) for node in candidates}
+    # NOTE: worked out once: the statements inside each compound statement of the stretch (its header decides them)
+    inside = {
+        id(node): {id(child) for child in ast.walk(node) if child is not node}
+        for node in candidates
+        if isinstance(node, _COMPOUND)
+    }
+    taken: set[int] = {id(target)}
     changed = True
-    while changed:
+    while changed:  # NOTE: each pass takes at least one more statement, or ends
         changed = False
-        for node in statements:
-            if id(node) in taken or node is target or node.lineno >= line:
+        for node in candidates:
+            if id(node) in taken:
                 continue
-            if _assigns(node) & needed or _controls(node, statements, taken | {id(target)}):
+            if assigned[id(node)] & needed or not inside.get(id(node), set()).isdisjoint(taken):
                 taken.add(id(node))
                 needed |= _reads(node) - settled
                 changed = True
-    lines = [node.lineno for node in statements if id(node) in taken]
+    lines = [node.lineno for node in candidates if id(node) in taken]
     return min(lines) if lines else since
 
 
@@ -141,14 +149,6 @@ def _assigns(node: ast.stmt) -> set[str]:
     for part in _header(node) if not isinstance(node, _COMPOUND) else []:
         found |= {walrus.target.id for walrus in ast.walk(part) if isinstance(walrus, ast.NamedExpr)}
     return found
-
-
-def _controls(node: ast.stmt, statements: list[ast.stmt], taken: set[int]) -> bool:
-    """Whether `node` is a compound statement holding a taken statement (its header decides whether that runs)."""
-    if not isinstance(node, _COMPOUND):
-        return False
-    inside = {id(child) for child in ast.walk(node) if child is not node}
-    return any(id(statement) in inside for statement in statements if id(statement) in taken)
 
 
 def _settled(cand_body: list[LineRecord], index: int, file: str, function: tuple[int, int], since: int) -> set[str]:
