@@ -11,9 +11,9 @@ way round runs the other branch). The stretch then starts at the first statement
 Names whose value the line records settle before the stretch are left out: a name recorded (as a tensor) only
 before the stretch holds a value the drill-down compared or passed as the inputs', and an assignment of it in the
 stretch without a record of its own did not run there (`hidden_states = self.norm(hidden_states)` under an `if`
-that was false would have been recorded). A bare call (`x.mul_(2)`) counts as assigning every name it reads: it may
-change them in place. Attributes (`self.ratio`) are not names: a setting's assignment is evidence of its own
-(`reads`).
+that was false would have been recorded; NOTE: this takes a name that held a tensor to keep holding one). A bare
+call (`x.mul_(2)`) counts as assigning every name it reads: it may change them in place. Attributes (`self.ratio`)
+are not names: a setting's assignment is evidence of its own (`reads`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _assigns(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.Expr):
         # NOTE: a bare call may change what it is given in place (`x.mul_(2)`, `torch.relu_(x)`, `out=x`)
         found |= {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
-    for part in _header(node) if not isinstance(node, _COMPOUND) else []:
+    for part in _header(node):
         found |= {walrus.target.id for walrus in ast.walk(part) if isinstance(walrus, ast.NamedExpr)}
     return found
 
