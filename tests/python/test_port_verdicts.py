@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,10 @@ KNOWN_WRONG: dict[str, str] = {
     "order; without line records nothing names the helper's line 35 (with them, the line that made the copies)",
     "gemma_pytorch-rotary_interleaved@full": "model.layers.0.self_attn, range 277-338: the bug is in the helper "
     "apply_rotary_emb; without line records nothing narrows to it (with them: its lines 105-111)",
-    "encodec-residual_not_carried": "blames the root, the bug's module, with its whole forward (716-807): the "
-    "quantizer's encode is a method the root reaches through encode and _encode_frame, no module call, and the "
-    "reference's traced file (encodec/modules/conv.py) has no lines of its quantizer to compare with",
+    "encodec-residual_not_carried@full": "blames the root, the bug's module, with its whole forward (716-807): the "
+    "quantizer's encode is a method the root reaches through encode and _encode_frame, no module call, so no "
+    "compared tensor crosses a boundary between the encoder's output and the decoder's input; with line records "
+    "(the reference's quantizer files followed) its line 435 differs from core_vq.py's residual",
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
     "convnext-max_pooling": "blames the root (315-317): the pooling line sits in ConvNextModel, which timm has no "
     "counterpart of (its head pools in a module of its own); the search into modules without counterpart "
@@ -200,6 +202,11 @@ def test_truth_check_reads_the_range_the_line_and_the_construction_line(tmp_path
     assert precision(case, port, stretch) == "range of 5 lines (the drill-down's stretch)"
     wide = Verdict(1, path=bug.module, lines=(here, 44, 50), line=(here, 49), line_since=40)
     assert precision(case, port, wide) == "range of 7 lines; line 49 is not the bug's"
+    # a first differing line in a helper function: the forward's line that called it is named too
+    helper = Verdict(1, path=bug.module, lines=(here, 48, 50), line=(elsewhere, 3), called_from=(here, 47))
+    assert judge(case, port, helper) == (True, "")
+    assert precision(case, port, helper) == "call line"
+    assert precision(case, port, replace(helper, called_from=(here, 49))) == ""
 
 
 def test_a_verdict_is_held_to_its_line_claim(tmp_path: Path) -> None:

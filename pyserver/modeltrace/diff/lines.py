@@ -34,6 +34,7 @@ from typing import Any
 from modeltrace.diff.arranged import arranged_inputs
 from modeltrace.diff.divergence import enclosing_function, function_spans
 from modeltrace.diff.result import DiffResult, Divergence
+from modeltrace.diff.stretch import narrowed_since
 from modeltrace.trace.records import LineRecord, TensorSummary
 
 
@@ -347,7 +348,7 @@ def _by_order(
             twin = twins[next(position for position, gap in enumerate(gaps) if gap)]
             found = _differs(twin, cand_record, tolerance, full)
             if found is not None:
-                return replace(found, since=_since(last_right, found))
+                return replace(found, since=_since(last_right, found, cand_body, index))
         if twins:
             # progress: the first such value at or after the current position (the same tensor is often
             # recorded on several lines: the q of a projection, then the `query` parameter of a helper)
@@ -398,7 +399,8 @@ def _by_order(
         if found is not None and any(same(counterpart, record) for record in _reassigned(cand_body, index)):
             continue  # an intermediate of the name, whose next assignment is the reference's value
         if found is not None:
-            return _with_arranged(replace(found, since=_since(last_right, found)), cand_body, index)
+            since = _since(last_right, found, cand_body, index)
+            return _with_arranged(replace(found, since=since), cand_body, index)
     return None
 
 
@@ -471,16 +473,21 @@ def _mask_decided(found: LineDivergence, run: list[LineRecord]) -> LineDivergenc
     return replace(found, line=decided.line, name=decided.name, reason=reason, since=since)
 
 
-def _since(last_right: LineRecord | None, found: LineDivergence) -> int | None:
+def _since(
+    last_right: LineRecord | None, found: LineDivergence, cand_body: list[LineRecord], index: int
+) -> int | None:
     """The first line of the stretch of `found`'s function where the difference arises: after the last line of
-    that function whose value was right, else after its `def` line."""
+    that function whose value was right, else after its `def` line; then the first statement of that stretch
+    that computes something the line depends on (`diff/stretch.py`)."""
     function = enclosing_function(found.file, found.line)
     if function is None:
         return None
     start = function[0] + 1
     if last_right is not None and last_right.file == found.file and function[0] <= last_right.line < found.line:
         start = max(start, last_right.line + 1)
-    return start if start <= found.line else None
+    if start > found.line:
+        return None
+    return narrowed_since(found.file, found.line, start, function, cand_body, index)
 
 
 def _fresh(ref_lines: list[LineRecord], ref_body: list[LineRecord]) -> list[bool]:

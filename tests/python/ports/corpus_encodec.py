@@ -18,6 +18,9 @@ ENCODEC_PAIR = Pair(
     reference_module="transformers.models.encodec.modeling_encodec",
     # the reference's convolutions (SConv1d, SConvTranspose1d: padding and trimming), where most of its forward is
     reference_file="encodec/modules/conv.py",
+    # NOTE: the root's forward (model.py) reaches the residual quantizer (quantization/vq.py, core_vq.py) through
+    # `encode` methods, no module call: only their line values show what it computed
+    reference_follow=("encodec/model.py", "encodec/quantization/vq.py", "encodec/quantization/core_vq.py"),
     maps=(),
     sources=(
         Source(

@@ -28,6 +28,10 @@ class Pair:
     # the reference's traced file inside the pair folder when it is not the transformers module (the independent
     # vision and speech implementations are the references there, and the transformers file copied in is the port)
     reference_file: str = ""
+    # other files of the reference whose lines are captured too (`modeltrace trace --follow`), inside the pair
+    # folder: code the reference's forward runs outside its traced file through methods, not module calls (a
+    # quantizer's `encode`), whose line values are the only values of it a diff can compare
+    reference_follow: tuple[str, ...] = ()
     # published implementations the port is (not committed: materialised from a mirror, see ports/sources.py)
     sources: tuple[Source, ...] = ()
 

@@ -86,6 +86,9 @@ class Verdict:
     reads: tuple[tuple[str, int, int], ...] = ()
     # the lines that made of repeated copies a value the first differing line reads (`line.arranged`): (file, line)
     arranged: tuple[tuple[str, int], ...] = ()
+    # the module's own forward line that called the helper function holding the first differing line
+    # (`line.called_from`): an edited argument of that call is there
+    called_from: tuple[str, int] | None = None
     error: str | None = None
     document: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
@@ -100,6 +103,8 @@ class Verdict:
         where = [f"{self.lines[1]}-{self.lines[2]}"] if self.lines else []
         if self.line:
             where.append(f"line {self.line[1]}")
+        if self.called_from:
+            where.append(f"called from {self.called_from[1]}")
         if self.built_at:
             where.append(f"built {self.built_at[1]}")
         where.extend(f"assigned {line}" for _, line in self.assigned)
@@ -334,8 +339,14 @@ def run_diff(reference: Path, candidate: Path, options: tuple[str, ...]) -> Verd
             for read in (line or {}).get("reads") or ()
         ),
         arranged=tuple((item["file"], int(item["line"])) for item in (line or {}).get("arranged") or ()),
+        called_from=_called_from(line),
         document=document,
     )
+
+
+def _called_from(line: dict[str, Any] | None) -> tuple[str, int] | None:
+    called = (line or {}).get("called_from")
+    return (called["file"], int(called["line"])) if called and called.get("line") is not None else None
 
 
 def _bounds(first: dict[str, Any]) -> tuple[int | None, int | None] | None:
@@ -366,6 +377,8 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
         return True, ""
     if verdict.line and _same_file(verdict.line[0], port.port_file) and verdict.line[1] == line:
         return True, ""
+    if verdict.called_from and _same_file(verdict.called_from[0], port.port_file) and verdict.called_from[1] == line:
+        return True, ""
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return True, ""
     if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
@@ -385,8 +398,9 @@ def judge(case: Case, port: PreparedPort, verdict: Verdict) -> tuple[bool, str]:
 def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     """How exactly a verdict names the bug's line, beyond the truth check: "line" (`line.line` is it),
     "construction line" (`built_at` is it), "assignment line" (a differing setting's `assigned_at` is it), "arrangement line"
-    (the line that made a value the first differing line reads of repeated copies, `line.arranged`), "range of N
-    lines" (only `lines`, or where
+    (the line that made a value the first differing line reads of repeated copies, `line.arranged`), "call line"
+    (the forward's line that called the helper function holding the first differing line, `line.called_from`),
+    "range of N lines" (only `lines`, or where
     an unpaired input was produced, holds it), "" otherwise; a
     `line` that names another line is said too ("range of 22 lines; line 76 is not the bug's")."""
     if case.bug is None or port.truth_line is None or verdict.path != case.bug.module:
@@ -394,6 +408,8 @@ def precision(case: Case, port: PreparedPort, verdict: Verdict) -> str:
     line = port.truth_line
     if verdict.line and _same_file(verdict.line[0], port.port_file) and verdict.line[1] == line:
         return "line"
+    if verdict.called_from and _same_file(verdict.called_from[0], port.port_file) and verdict.called_from[1] == line:
+        return "call line"
     if verdict.built_at and _same_file(verdict.built_at[0], port.port_file) and verdict.built_at[1] == line:
         return "construction line"
     if any(_same_file(file, port.port_file) and at == line for file, at in verdict.assigned):
@@ -447,13 +463,14 @@ class PortHarness:
         self._references: dict[tuple[str, bool], Path] = {}
         self._candidates: dict[tuple[str, bool], tuple[Path, PreparedPort]] = {}
 
-    def _trace(self, file: Path, recipe: Path, out: Path) -> Path:
+    def _trace(self, file: Path, recipe: Path, out: Path, follow: tuple[Path, ...] = ()) -> Path:
         request = TraceRequest(
             file=str(file),
             recipe=str(recipe),
             out=str(out),
             full_tensors=True,
             lines=self.lines,
+            follow=tuple(str(path) for path in follow) if self.lines else (),
             seed=0,
             timeout=TRACE_TIMEOUT_SECONDS,
         )
@@ -469,7 +486,10 @@ class PortHarness:
             folder.mkdir(parents=True, exist_ok=True)
             suffix = "-lines" if self.lines else ""
             self._references[key] = self._trace(
-                reference_modeling_file(pair), pair.path / "recipe_reference.py", folder / f"reference{suffix}.mtrace"
+                reference_modeling_file(pair),
+                pair.path / "recipe_reference.py",
+                folder / f"reference{suffix}.mtrace",
+                tuple((pair.path / name).resolve() for name in pair.reference_follow),
             )
         return self._references[key]
 
