@@ -101,10 +101,10 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
-    moved_into = reference is None and divergence.compared_in is not None
+    moved_into = divergence.compared_in is not None
     if moved_into:
-        # a module without counterpart (`diff/unaligned.py`): its lines against those of the reference call that
-        # showed the difference, inline code included
+        # a module without counterpart, or compared in part (`diff/unaligned.py`): its lines against those of the
+        # reference call that showed the difference, inline code included
         reference = divergence.compared_in.reference
     if reference is None:
         return None
