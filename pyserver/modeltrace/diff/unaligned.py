@@ -379,7 +379,9 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
     computed by the reference too. When that line ran in a call without counterpart (open_clip pools inline in
     `forward`, transformers' `CLIPVisionModel` pools in its own), the difference arises there, on a line's
     assigned tensor, not a module's output, so that call is the divergence; among the calls from it up to the
-    divergence, the innermost one whose inputs are known to match (as `into_unaligned` decides)."""
+    divergence, the innermost one whose inputs are known to match (as `into_unaligned` decides), or that takes no
+    tensor at all (transformers' `SwinRelativePositionBias` computes from its own table and index: what its line
+    shows differing arises there)."""
     line = divergence.line
     if line is None or line.module_call < 0 or line.module_call == divergence.module.candidate.index:
         return None
@@ -400,6 +402,10 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
             # comparison found matching: the drill-down compared it with a value of another role, no evidence
             return None
         where = _matching_inputs(module, known)
+        if where is None and not module.candidate.inputs:
+            # NOTE: a call that takes no tensor computes from its own parameters and buffers alone (a position
+            # bias looked up in its table): nothing it receives can carry the difference its line shows
+            where = "(none: it takes no tensor)"
         if where is None or not _searchable(module):
             continue
         enclosing = divergence.module
