@@ -20,7 +20,9 @@ from torch import nn
 from modeltrace import capture
 from modeltrace.diff import align_modules, close_result, diff_paths, read_mapping, render_mapping
 from modeltrace.diff.chains import chain_runs
+from modeltrace.diff.compare import decide
 from modeltrace.diff.nesting import contradicted
+from modeltrace.diff.unaligned import forget_moved_into
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.storage import read_trace
@@ -366,5 +368,10 @@ def test_a_chain_compared_in_part_is_searched_for_what_it_computes_past_its_run(
             number for number, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "hidden.amax(" in text
         )
         assert divergence.lines is not None and divergence.lines.start <= pooling <= divergence.lines.end
+        # a verdict recomputed (after a replay) restores the backbone's own comparison first, and finds it again
+        decide(result)
+        assert result.first_divergence is not None and result.first_divergence.module is backbone
+        forget_moved_into(backbone)
+        assert (backbone.status, backbone.outputs, backbone.max_abs_diff) == ("match", "match", 0.0)
     finally:
         close_result(result)

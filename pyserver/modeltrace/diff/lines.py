@@ -65,6 +65,8 @@ class LineDivergence:
     module_call: int = -1
     # the candidate's value on that line (statistics)
     value: TensorSummary | None = None
+    # whether the full tensors showed the difference, element by element (the statistics agree)
+    elements: bool = False
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -569,6 +571,7 @@ def _differs(
             f"{element_gap:.5g}, full tensors: the elements in another order) ({where} in the reference)",
             module_call=cand_record.module_call,
             value=cand,
+            elements=True,
         )
     if not _comparable(ref, cand):
         return LineDivergence(

@@ -402,20 +402,21 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
             # comparison found matching: the drill-down compared it with a value of another role, no evidence
             return None
         where = _matching_inputs(module, known)
+        inputs = f"its inputs {where} match"
         if where is None and not module.candidate.inputs:
             # NOTE: a call that takes no tensor computes from its own parameters and buffers alone (a position
             # bias looked up in its table): nothing it receives can carry the difference its line shows
-            where = "(none: it takes no tensor)"
+            where, inputs = "", "it takes no tensor"
         if where is None or not _searchable(module):
             continue
         enclosing = divergence.module
         if enclosing.status == DIVERGENCE:
             enclosing.status = MISMATCH
         module.status, module.inputs, module.outputs = DIVERGENCE, MATCH, MISMATCH
-        module.check, module.max_abs_diff = "statistics", line.max_abs_diff
+        module.check, module.max_abs_diff = ("full" if line.elements else "statistics"), line.max_abs_diff
         module.reason = (
             f"no counterpart in the reference: compared through the tensors crossing its boundary and its lines; "
-            f"its inputs {where} match, and its line {line.line} computes a value the reference never computed "
+            f"{inputs}, and its line {line.line} computes a value the reference never computed "
             f"({line.reason})"
         )
         kids = [kid for kid in results if kid.candidate.parent == module.candidate.index and kid.reference is not None]
