@@ -64,7 +64,7 @@ import torch
 from modeltrace.trace.records import LineRecord, TensorSummary
 from modeltrace.worker.capture import SummaryCache, iter_tensor_leaves, tensor_version
 from modeltrace.worker.source_map import real_path
-from modeltrace.worker.stats import PendingStats
+from modeltrace.worker.stats import PendingStats, without_storage
 
 
 # NOTE: a bound on what one trace records, so a long loop in model code cannot grow a trace without limit.
@@ -787,6 +787,8 @@ class LineCapture:
         count = tensor.numel()
         if count > SMALL_LINE_VALUE or tensor.device.type == "meta" or self._keep is None:
             return
+        if without_storage(tensor) is not None:
+            return  # sparse, nested or quantized: summarised densely, nothing to store as one block
         size = count * tensor.element_size()
         if size > self._keep_budget:
             return
