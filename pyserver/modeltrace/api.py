@@ -129,7 +129,11 @@ def capture(
         if lines:
             line_capture = stack.enter_context(
                 LineCapture(
-                    line_files, module_capture.summary_cache, module_capture.pending, module_capture.call_stack
+                    line_files,
+                    module_capture.summary_cache,
+                    module_capture.pending,
+                    module_capture.call_stack,
+                    keep=module_capture.keep_line_value if full_tensors else None,
                 )
             )
         try:

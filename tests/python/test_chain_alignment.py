@@ -20,7 +20,9 @@ from torch import nn
 from modeltrace import capture
 from modeltrace.diff import align_modules, close_result, diff_paths, read_mapping, render_mapping
 from modeltrace.diff.chains import chain_runs
+from modeltrace.diff.compare import decide
 from modeltrace.diff.nesting import contradicted
+from modeltrace.diff.unaligned import forget_moved_into
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import ModuleCall, TensorSummary, Trace
 from modeltrace.trace.storage import read_trace
@@ -281,3 +283,95 @@ def test_a_pair_the_pairs_inside_it_contradict_is_dropped() -> None:
     ]
     assert contradicted(pairs, lambda reference, candidate: False) == {("layers", "encoder.layers.0")}
     assert contradicted(pairs, lambda reference, candidate: True) == set()
+
+
+class Head(nn.Module):
+    """timm's way: the stages and a head whose pooling is a module of its own, norm and classifier inline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 2, stride=2)
+        self.stages = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 8, 1))
+        self.global_pool = nn.AdaptiveAvgPool2d(1)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stages(self.stem(x))
+        return self.fc(self.norm(self.global_pool(x).flatten(1)))
+
+
+class Backbone(nn.Module):
+    """transformers' `ConvNextModel`: the stages, then the pooling and its norm, returned beside the hidden
+    states."""
+
+    def __init__(self, max_pooling: bool) -> None:
+        super().__init__()
+        self.embeddings = nn.Conv2d(3, 8, 2, stride=2)
+        self.encoder = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 8, 1))
+        self.layernorm = nn.LayerNorm(8)
+        self.max_pooling = max_pooling
+
+    def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.encoder(self.embeddings(pixels))
+        pooled = hidden.amax([-2, -1]) if self.max_pooling else hidden.mean([-2, -1])
+        return hidden, self.layernorm(pooled)
+
+
+class Classifier(nn.Module):
+    def __init__(self, max_pooling: bool) -> None:
+        super().__init__()
+        self.backbone = Backbone(max_pooling)
+        self.classifier = nn.Linear(8, 4)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.backbone(pixels)[1])
+
+
+def test_a_chain_compared_in_part_is_searched_for_what_it_computes_past_its_run(tmp_path: Path) -> None:
+    """The backbone pairs with `stem -> stages` (a chain): its hidden states match, its pooled output has no
+    counterpart in the run and is left out. A bug in its pooling is first seen at its `layernorm` (aligned with
+    the head's norm, outside the run), which receives a differing tensor: the difference arises inside the
+    backbone, whose inputs match, so it is the divergence, bounded by its aligned children, not the root."""
+    torch.manual_seed(0)
+    reference = Head().eval()
+    ports = {}
+    for name, max_pooling in (("port", False), ("bug", True)):
+        port = Classifier(max_pooling).eval()
+        with torch.no_grad():
+            port.backbone.embeddings.load_state_dict(reference.stem.state_dict())
+            port.backbone.encoder.load_state_dict(reference.stages.state_dict())
+            port.backbone.layernorm.load_state_dict(reference.norm.state_dict())
+            port.classifier.load_state_dict(reference.fc.state_dict())
+        ports[name] = port
+    image = torch.randn(1, 3, 8, 8)
+    for name, model in (("reference", reference), *ports.items()):
+        with torch.no_grad(), capture(model, tmp_path / f"{name}.mtrace", full_tensors=True):
+            model(image)
+    result = diff_paths(tmp_path / "reference.mtrace", tmp_path / "port.mtrace")
+    try:
+        assert result.first_divergence is None and result.not_comparable is None
+    finally:
+        close_result(result)
+    result = diff_paths(tmp_path / "reference.mtrace", tmp_path / "bug.mtrace")
+    try:
+        backbone = next(module for module in result.modules if module.candidate.path == "backbone")
+        assert backbone.reference is not None and backbone.reference.path == "stem -> stages"
+        divergence = result.first_divergence
+        assert divergence is not None and divergence.module is backbone and divergence.inputs_match
+        assert divergence.compared_in is not None and divergence.compared_in.candidate.path == ""
+        assert divergence.last_matching_child is not None
+        assert divergence.last_matching_child.candidate.path == "backbone.encoder"
+        assert divergence.first_differing_child is not None
+        assert divergence.first_differing_child.candidate.path == "backbone.layernorm"
+        pooling = next(
+            number for number, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "hidden.amax(" in text
+        )
+        assert divergence.lines is not None and divergence.lines.start <= pooling <= divergence.lines.end
+        # a verdict recomputed (after a replay) restores the backbone's own comparison first, and finds it again
+        decide(result)
+        assert result.first_divergence is not None and result.first_divergence.module is backbone
+        forget_moved_into(backbone)
+        assert (backbone.status, backbone.outputs, backbone.max_abs_diff) == ("match", "match", 0.0)
+    finally:
+        close_result(result)

@@ -217,3 +217,23 @@ def test_a_line_that_only_lays_a_value_out_again_does_not_start_the_stretch(tmp_
     found = _by_order(reference, reference[1:], candidate[1:], 1e-4)
     assert found is not None
     assert (found.line, found.since) == (6, 3)
+
+
+def test_values_only_a_line_stored_compare_element_by_element_in_calls_without_counterpart() -> None:
+    """Meta's query heads interleaved where transformers' converted weights put them in halves: the same numbers in
+    another order, on purpose, inside an aligned attention (its own comparison covers it). A value stored only
+    because a line assigned it (no module's tensor) is compared element by element only where the line ran in a
+    call without counterpart (a position bias module): there a transposed bias is the first differing line."""
+    torch.manual_seed(0)
+    query = torch.randn(1, 4, T, 8)
+    interleaved = query.reshape(1, 4, T, 2, 4).transpose(-1, -2).reshape(1, 4, T, 8)
+    reference = [_stored(REFERENCE, 20, "x", query, "r0"), _stored(REFERENCE, 21, "query_states", query, "r1")]
+    candidate = [_stored(CANDIDATE, 40, "x", query, "c0"), _stored(CANDIDATE, 41, "xq", interleaved, "c1")]
+    store = {"r0": query, "r1": query, "c0": query, "c1": interleaved}
+    module_tensors = ({"r0"}, {"c0"})  # the lines' own values ("r1", "c1") belong to no module's inputs or outputs
+    aligned = FullValues(_Store(store), _Store(store), 1e-4, module_tensors, open_calls=set())
+    assert _by_order(reference, reference[1:], candidate[1:], 1e-4, full=aligned) is None
+    unaligned = FullValues(_Store(store), _Store(store), 1e-4, module_tensors, open_calls={0})
+    found = _by_order(reference, reference[1:], candidate[1:], 1e-4, full=unaligned)
+    assert found is not None and (found.line, found.name) == (41, "xq") and found.module_call == 0
+    assert "element by element" in found.reason

@@ -58,11 +58,9 @@ KNOWN_WRONG: dict[str, str] = {
     "compared tensor crosses a boundary between the encoder's output and the decoder's input; with line records "
     "(the reference's quantizer files followed) its line 435 differs from core_vq.py's residual",
     # independent: vision (issue 30; the references are timm's and open_clip's files, the ports transformers')
-    "convnext-max_pooling": "blames the root (315-317): the pooling line sits in ConvNextModel, which timm has no "
-    "counterpart of (its head pools in a module of its own); the search into modules without counterpart "
-    "(diff/unaligned.py) no longer reaches it since the chains pair the encoder",
-    "swin-position_bias_transposed": "blames layers.0.blocks.0.attention: timm computes the bias inline, so the "
-    "bias module has no counterpart",
+    "swin-position_bias_transposed@full": "blames layers.0.blocks.0.attention: timm computes the bias inline, so "
+    "the bias module has no counterpart, and it takes no tensor; the transposed bias holds the reference's numbers "
+    "in another order, which only the line values stored on both sides show (with line records: its line 370)",
     "clip-class_token_last@full": "blames vision_model (603-632), its parent: open_clip builds the tokens inline, "
     "and the embeddings' output is first compared as vision_model.pre_layrnorm's input; whether "
     "CLIPVisionEmbeddings computed it wrong or its caller passes it where something else belongs, only open_clip's "

@@ -269,7 +269,7 @@ def _diff_traces(
 def decide(result: DiffResult) -> None:
     """(Re)compute the first divergence from the module results (and their replays, when there are some)."""
     for module in result.modules:
-        if module.status == DIVERGENCE and module.reference is None:
+        if (module.status == DIVERGENCE and module.reference is None) or module.compared_before is not None:
             forget_moved_into(module)  # an earlier decision moved into it (`into_unaligned`)
         elif module.status == DIVERGENCE:
             module.status = MISMATCH

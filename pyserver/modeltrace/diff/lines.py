@@ -16,10 +16,11 @@ not its children's) are known on both sides. They are paired:
   written with -inf or the dtype's minimum; a mask built in several lines is compared as it is passed on and
   named where its masked entries are decided. A name assigned again right after is compared by its last value.
 
-Line records hold statistics (and, where a record's tensor is also a module's input or output, a full tensor),
-so values are compared as the diff compares statistics: a statistic further apart than the tolerance proves a
-difference; values of the same shape whose full tensors both traces stored are compared element by element too
-(an order the statistics do not see: a shift rolled the wrong way). The tolerance is relative to the values' scale,
+Line records hold statistics (and, where a record's tensor is also a module's input or output or is small, a full
+tensor), so values are compared as the diff compares statistics: a statistic further apart than the tolerance proves
+a difference; values of the same shape whose full tensors both traces stored are compared element by element too
+(an order the statistics do not see: a shift rolled the wrong way; a small value only a line stored, only inside a
+call without counterpart, `FullValues`). The tolerance is relative to the values' scale,
 and no tighter than ten times the difference already present in the call's own inputs (parameters are recorded
 on the `def` line), so that error accumulated upstream is not mistaken for this module's.
 """
@@ -65,6 +66,8 @@ class LineDivergence:
     module_call: int = -1
     # the candidate's value on that line (statistics)
     value: TensorSummary | None = None
+    # whether the full tensors showed the difference, element by element (the statistics agree)
+    elements: bool = False
 
     def to_json(self) -> dict[str, Any]:
         value = self.max_abs_diff
@@ -102,10 +105,10 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
     """The first differing line of `divergence`'s module call, or None (no line records on either side, no
     records linked to module calls, or no line found that differs)."""
     reference, candidate = divergence.module.reference, divergence.module.candidate
-    moved_into = reference is None and divergence.compared_in is not None
+    moved_into = divergence.compared_in is not None
     if moved_into:
-        # a module without counterpart (`diff/unaligned.py`): its lines against those of the reference call that
-        # showed the difference, inline code included
+        # a module without counterpart, or compared in part (`diff/unaligned.py`): its lines against those of the
+        # reference call that showed the difference, inline code included
         reference = divergence.compared_in.reference
     if reference is None:
         return None
@@ -126,7 +129,16 @@ def drill_down(result: DiffResult, divergence: Divergence) -> LineDivergence | N
         found = _same_file(ref_body, cand_body, tolerance)
     else:
         computed = _module_values(result.reference.trace.modules, reference.index)
-        full = FullValues(result.reference.tensors, result.candidate.tensors, tolerance)
+        # NOTE: the small values lines assigned are stored too (`worker/lines.py`); element by element they say
+        # something only inside calls without counterpart (below)
+        open_calls = {call for call in cand_calls if call not in aligned_cand}
+        full = FullValues(
+            result.reference.tensors,
+            result.candidate.tensors,
+            tolerance,
+            (_module_tensors(result.reference.trace.modules), _module_tensors(result.candidate.trace.modules)),
+            open_calls,
+        )
         found = _by_order(ref_lines, ref_body, cand_body, tolerance, computed, full)
     if found is None or not cand_inputs:
         return found
@@ -271,16 +283,43 @@ def _module_values(records: list, call: int) -> list[TensorSummary]:
     ]
 
 
+def _module_tensors(records: list) -> set[str]:
+    """The stored tensors' names of a trace's module inputs and outputs."""
+    return {summary.tensor for record in records for summary in (*record.inputs, *record.outputs) if summary.tensor}
+
+
 class FullValues:
     """Whether two line values of the same shape (up to leading 1s) hold the same numbers element by element, read
     from the traces' full tensors: True, False, or None where either was not stored or the shapes differ.
     Statistics do not see an order (a cyclic shift rolled the wrong way, patches concatenated in another order);
-    values of the same shape in both implementations are laid out alike, so their elements compare one by one."""
+    values of the same shape in both implementations are laid out alike, so their elements compare one by one.
 
-    def __init__(self, reference: Any, candidate: Any, tolerance: float) -> None:
+    That holds at module boundaries (hidden states `[B, T, C]`), not for every intermediate of an aligned call: its
+    own comparison covers it, and inside it the two may lay a value out otherwise on purpose (Meta's query heads
+    interleaved where transformers' converted weights put them in halves; windows in another order). So a value
+    stored only because a line assigned it (`worker/lines.py` stores small ones) is compared element by element
+    only on a line that ran in a candidate call without counterpart (`open_calls`): such a call has no comparison
+    of its own, and its small values are where an order is decided (a position bias looked up from its table, a
+    class token joined to the patches)."""
+
+    def __init__(
+        self,
+        reference: Any,
+        candidate: Any,
+        tolerance: float,
+        module_tensors: tuple[set[str], set[str]] | None = None,
+        open_calls: set[int] | None = None,
+    ) -> None:
         self.stores = (reference, candidate)
         self.tolerance = tolerance
         self._arrays: dict[tuple[int, str], Any] = {}
+        self.module_tensors = module_tensors
+        self.open_calls = open_calls or set()
+
+    def _usable(self, ref: TensorSummary, cand: TensorSummary, call: int) -> bool:
+        if self.module_tensors is None or call in self.open_calls:
+            return True
+        return ref.tensor in self.module_tensors[0] and cand.tensor in self.module_tensors[1]
 
     def _array(self, side: int, summary: TensorSummary) -> Any:
         key = (side, summary.tensor or "")
@@ -292,10 +331,12 @@ class FullValues:
                 self._arrays[key] = None
         return self._arrays[key]
 
-    def gap(self, ref: TensorSummary, cand: TensorSummary) -> float | None:
+    def gap(self, ref: TensorSummary, cand: TensorSummary, call: int = -1) -> float | None:
         """The largest element difference of two same-shape values when it exceeds the tolerance, 0.0 when they
-        agree, None when unknown."""
+        agree, None when unknown; `call`: the candidate call whose line assigned `cand`."""
         if not _same_grid(ref.shape, cand.shape) or ref.dtype.startswith("complex") or ref.dtype != cand.dtype:
+            return None
+        if not self._usable(ref, cand, call):
             return None
         first, second = self._array(0, ref), self._array(1, cand)
         if first is None or second is None or first.size != second.size or first.size == 0:
@@ -326,7 +367,7 @@ def _by_order(
     def same(ref_record: LineRecord, cand_record: LineRecord) -> bool:
         if not _same_values(ref_record.tensor, cand_record.tensor, tolerance):
             return False
-        return full is None or not full.gap(ref_record.tensor, cand_record.tensor)
+        return full is None or not full.gap(ref_record.tensor, cand_record.tensor, cand_record.module_call)
 
     position = 0  # reference records before this one are behind the candidate's progress
     fresh = _fresh(ref_lines, ref_body)
@@ -341,7 +382,11 @@ def _by_order(
         # builds itself is the reference's `attention_mask`): equal statistics over as many elements are the
         # same values whatever the layout (`[1, 7, 64]` against `[1, 4, 7, 16]`, permuted heads)
         twins = [record for record in ref_lines if _same_values(record.tensor, cand_record.tensor, tolerance)]
-        gaps = [full.gap(twin.tensor, cand_record.tensor) for twin in twins] if full is not None else []
+        gaps = (
+            [full.gap(twin.tensor, cand_record.tensor, cand_record.module_call) for twin in twins]
+            if full is not None
+            else []
+        )
         if gaps and 0.0 not in gaps and any(gaps):
             # the same statistics, other elements where the full tensors say (the same numbers in another order,
             # and none of the values compared element by element agrees): that value is the counterpart
@@ -520,7 +565,9 @@ def _differs(
 ) -> LineDivergence | None:
     ref, cand = ref_record.tensor, cand_record.tensor
     where = f"{ref_record.name} at {_short(ref_record.file)}:{ref_record.line}"
-    element_gap = full.gap(ref, cand) if full is not None and _within(ref, cand, tolerance) else None
+    element_gap = (
+        full.gap(ref, cand, cand_record.module_call) if full is not None and _within(ref, cand, tolerance) else None
+    )
     if element_gap:
         return LineDivergence(
             cand_record.file,
@@ -529,6 +576,9 @@ def _differs(
             element_gap,
             f"{cand_record.name}: the same statistics, other values element by element (max abs diff "
             f"{element_gap:.5g}, full tensors: the elements in another order) ({where} in the reference)",
+            module_call=cand_record.module_call,
+            value=cand,
+            elements=True,
         )
     if not _comparable(ref, cand):
         return LineDivergence(
@@ -552,6 +602,8 @@ def _differs(
             None,
             f"{cand_record.name} masks {cand_masked} of {math.prod(cand.shape)} entries vs {ref_masked} "
             f"({where} in the reference)",
+            module_call=cand_record.module_call,
+            value=cand,
         )
     statistic = max(_STATISTICS, key=lambda name: _difference(getattr(ref, name), getattr(cand, name)))
     return LineDivergence(

@@ -104,6 +104,10 @@ class ModuleResult:
     boundary: bool = False
     # for a boundary difference: the next compared call, whose inputs match again
     absorbed_by: ModuleResult | None = None
+    # an aligned call compared in part that the search moved into (`diff/unaligned.py`): its own comparison's
+    # (status, inputs, outputs, check, max_abs_diff, max_rel_diff, rel_err, cosine, atol, rtol, reason), restored
+    # when the verdict is recomputed
+    compared_before: tuple | None = None
 
 
 @dataclass(slots=True)

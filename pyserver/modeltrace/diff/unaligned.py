@@ -26,6 +26,13 @@ divergence when
 A tensor compared both ways (matching at one call, differing at another) and a comparison of shapes alone (unless
 both hold as many elements, in another grid: a regrid refused because the values disagree) are no evidence; a library class (a torch `nn.Sequential`) is not moved into: its caller built and called it.
 
+An aligned call compared in part is searched the same way: one whose compared outputs match while outputs of its
+own were left out, having no counterpart in its reference call (a chain, `diff/chains.py`, pairs transformers'
+`ConvNextModel` with timm's `stem -> stages`; the pooling and the norm after the stages stay out of the run, and its
+pooled output is compared nowhere). Its comparison covers its run only; what it computes past it has no counterpart,
+and the difference that arises there is its own (its `layernorm`, aligned with timm's head norm, receives a
+differing tensor). Moving into it keeps its own comparison, restored when the verdict is recomputed.
+
 The search repeats inside M (a module on one side only inside another: open_clip has neither CLIP's
 `vision_model` nor its `embeddings`), and M's range of lines is bounded by its aligned children as any
 divergence's is. M's comparison is the one that shows the difference (`max_abs_diff` and the like of the
@@ -141,6 +148,8 @@ def into_unaligned(divergence: Divergence | None, results: list[ModuleResult], r
         enclosing = divergence.module
         if enclosing.status == DIVERGENCE:
             enclosing.status = MISMATCH
+        if module.reference is not None:  # compared in part: its own comparison comes back on a recomputed verdict
+            module.compared_before = _comparison_of(module)
         module.status, module.inputs, module.outputs = DIVERGENCE, MATCH, MISMATCH
         module.check, module.max_abs_diff, module.max_rel_diff = leaf.check, leaf.max_abs_diff, leaf.max_rel_diff
         module.rel_err, module.cosine = leaf.rel_err, leaf.cosine
@@ -170,8 +179,41 @@ def _reference_values(reference: Trace, call: int) -> list[TensorSummary] | None
     return values + lines
 
 
+def _comparison_of(module: ModuleResult) -> tuple:
+    return (
+        module.status,
+        module.inputs,
+        module.outputs,
+        module.check,
+        module.max_abs_diff,
+        module.max_rel_diff,
+        module.rel_err,
+        module.cosine,
+        module.atol,
+        module.rtol,
+        module.reason,
+    )
+
+
 def forget_moved_into(module: ModuleResult) -> None:
-    """Undo what `into_unaligned` set on a module without counterpart (a verdict recomputed after a replay)."""
+    """Undo what `into_unaligned` set on a module without counterpart, or compared in part (a verdict recomputed
+    after a replay)."""
+    if module.compared_before is not None:
+        (
+            module.status,
+            module.inputs,
+            module.outputs,
+            module.check,
+            module.max_abs_diff,
+            module.max_rel_diff,
+            module.rel_err,
+            module.cosine,
+            module.atol,
+            module.rtol,
+            module.reason,
+        ) = module.compared_before
+        module.compared_before = None
+        return
     module.status, module.inputs, module.outputs = NOT_COMPARED, UNKNOWN, UNKNOWN
     module.check = module.max_abs_diff = module.max_rel_diff = module.rel_err = module.cosine = None
     module.atol = module.rtol = None
@@ -187,16 +229,30 @@ def _searchable(module: ModuleResult) -> bool:
 
 
 def _unaligned_inside(module: ModuleResult, children: dict[int, list[ModuleResult]]) -> list[ModuleResult]:
-    """The calls without counterpart directly inside `module`, in call order, looking through the library
-    containers without counterpart between (an `nn.Sequential` holding the port's own blocks)."""
+    """The calls without counterpart (or compared in part) directly inside `module`, in call order, looking
+    through the library containers without counterpart between (an `nn.Sequential` holding the port's own
+    blocks)."""
     found = []
     for kid in sorted(children.get(module.candidate.index, []), key=_call_order):
+        if _compared_in_part(kid):
+            found.append(kid)
+            continue
         if kid.reference is not None or is_no_op(kid.candidate):
             continue
         found.append(kid)
         if is_library_class(kid.candidate):
             found.extend(_unaligned_inside(kid, children))
     return found
+
+
+def _compared_in_part(module: ModuleResult) -> bool:
+    """Whether an aligned call matched on what its comparison covers while outputs of its own were left out (no
+    counterpart in the reference call): it computes more than its counterpart (a chain, `diff/chains.py`, pairs
+    transformers' `ConvNextModel` with timm's `stem -> stages`; its pooler after the stages stays out of the run),
+    and what it computes beyond it is searched as a module without counterpart is."""
+    if module.reference is None or module.status != MATCH or module.output_pairing is None:
+        return False
+    return any(left.owner == "candidate" for left in module.output_pairing.left_out)
 
 
 def _call_order(result: ModuleResult) -> int:
@@ -219,7 +275,7 @@ def _difference_inside(
     if found is not None:
         inner, leaf = found
         reason = (
-            f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs {where} "
+            f"{_unmatched(module)}: compared through the tensors crossing its boundary; its inputs {where} "
             f"match, and {_name(inner)} inside it receives differing inputs ({leaf.key or 'input'}: "
             + (f"max abs diff {_number(leaf.max_abs_diff)})" if leaf.max_abs_diff is not None else f"{leaf.reason})")
         )
@@ -242,7 +298,7 @@ def _difference_inside(
                 # between this module and the call that receives it (a residual its caller leaves out)
                 continue
             reason = (
-                f"no counterpart in the reference: compared through the tensors crossing its boundary; its inputs "
+                f"{_unmatched(module)}: compared through the tensors crossing its boundary; its inputs "
                 f"{where} match, its output {summary.key or '(output)'} is {_name(call)}'s "
                 f"{_role(leaf, call)}, which differs (max abs diff {_number(leaf.max_abs_diff)})"
             )
@@ -292,6 +348,14 @@ def _first_receiving_difference(
     return None
 
 
+def _unmatched(module: ModuleResult) -> str:
+    """What of `module` the reference has no counterpart of, in words."""
+    if module.reference is None or module.output_pairing is None:
+        return "no counterpart in the reference"
+    left = [left.key or "(output)" for left in module.output_pairing.left_out if left.owner == "candidate"]
+    return f"compared in part: its output {', '.join(left)} has no counterpart in {module.reference.path}'s"
+
+
 def _role(leaf: LeafResult, call: ModuleResult) -> str:
     """Which tensor of `call` a comparison was: "input hidden_states", "output", "output 0"."""
     side = "input" if any(other is leaf for other in call.input_leaves) else "output"
@@ -315,7 +379,9 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
     computed by the reference too. When that line ran in a call without counterpart (open_clip pools inline in
     `forward`, transformers' `CLIPVisionModel` pools in its own), the difference arises there, on a line's
     assigned tensor, not a module's output, so that call is the divergence; among the calls from it up to the
-    divergence, the innermost one whose inputs are known to match (as `into_unaligned` decides)."""
+    divergence, the innermost one whose inputs are known to match (as `into_unaligned` decides), or that takes no
+    tensor at all (transformers' `SwinRelativePositionBias` computes from its own table and index: what its line
+    shows differing arises there)."""
     line = divergence.line
     if line is None or line.module_call < 0 or line.module_call == divergence.module.candidate.index:
         return None
@@ -336,16 +402,21 @@ def into_line_owner(divergence: Divergence, results: list[ModuleResult]) -> Dive
             # comparison found matching: the drill-down compared it with a value of another role, no evidence
             return None
         where = _matching_inputs(module, known)
+        inputs = f"its inputs {where} match"
+        if where is None and not module.candidate.inputs:
+            # NOTE: a call that takes no tensor computes from its own parameters and buffers alone (a position
+            # bias looked up in its table): nothing it receives can carry the difference its line shows
+            where, inputs = "", "it takes no tensor"
         if where is None or not _searchable(module):
             continue
         enclosing = divergence.module
         if enclosing.status == DIVERGENCE:
             enclosing.status = MISMATCH
         module.status, module.inputs, module.outputs = DIVERGENCE, MATCH, MISMATCH
-        module.check, module.max_abs_diff = "statistics", line.max_abs_diff
+        module.check, module.max_abs_diff = ("full" if line.elements else "statistics"), line.max_abs_diff
         module.reason = (
             f"no counterpart in the reference: compared through the tensors crossing its boundary and its lines; "
-            f"its inputs {where} match, and its line {line.line} computes a value the reference never computed "
+            f"{inputs}, and its line {line.line} computes a value the reference never computed "
             f"({line.reason})"
         )
         kids = [kid for kid in results if kid.candidate.parent == module.candidate.index and kid.reference is not None]

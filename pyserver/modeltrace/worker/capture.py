@@ -456,6 +456,10 @@ class ModuleCapture:
         assert self.retained is not None
         self.retained[(path, call_index)] = (args, dict(kwargs))
 
+    def keep_line_value(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
+        """Store a value a line assigned (`worker/lines.py`, small values only) as a module's tensors are."""
+        self._keep(tensor, summary, name)
+
     def _keep_unless_meta(self, tensor: torch.Tensor, summary: TensorSummary, name: str) -> None:
         if tensor.device.type != "meta":
             self._keep(tensor, summary, name)

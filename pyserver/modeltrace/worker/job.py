@@ -184,7 +184,13 @@ def _run_built(
         line_capture = None
         if line_files:
             line_capture = stack.enter_context(
-                LineCapture(line_files, capture.summary_cache, capture.pending, capture.call_stack)
+                LineCapture(
+                    line_files,
+                    capture.summary_cache,
+                    capture.pending,
+                    capture.call_stack,
+                    keep=capture.keep_line_value if capture.full_tensors else None,
+                )
             )
         if generate_steps:
             generation = run_generation(

@@ -64,12 +64,19 @@ import torch
 from modeltrace.trace.records import LineRecord, TensorSummary
 from modeltrace.worker.capture import SummaryCache, iter_tensor_leaves, tensor_version
 from modeltrace.worker.source_map import real_path
-from modeltrace.worker.stats import PendingStats
+from modeltrace.worker.stats import PendingStats, without_storage
 
 
 # NOTE: a bound on what one trace records, so a long loop in model code cannot grow a trace without limit.
 MAX_LINE_RECORDS = 200_000
 MAX_LEAVES_PER_VARIABLE = 8
+# NOTE: with full tensors, a line value of at most this many elements is stored too (a module's inputs and outputs
+# always are): statistics do not see the order of the numbers (a bias laid out key-by-query, a class token
+# concatenated last hold the reference's numbers), and values this small are where an order is decided (position
+# biases, tokens joined, masks); the diff compares them element by element. Within a budget per capture, so that
+# line values never crowd the module tensors out of the trace's limit.
+SMALL_LINE_VALUE = 16_384
+LINE_VALUES_BUDGET_BYTES = 256 * 2**20
 # The one global name instrumented code calls; put into the module's globals only while a capture is active.
 RECORDER_NAME = "__modeltrace_line__"
 
@@ -560,8 +567,13 @@ class LineCapture:
         cache: SummaryCache | None = None,
         pending: PendingStats | None = None,
         module_stack: list[int] | None = None,
+        keep: Callable[[torch.Tensor, TensorSummary, str], None] | None = None,
     ) -> None:
         self.files = {real_path(file) for file in files}
+        # NOTE: with full tensors, the module capture's `_keep`: a small value a line assigns is stored too (see
+        # `SMALL_LINE_VALUE`)
+        self._keep = keep
+        self._keep_budget = LINE_VALUES_BUDGET_BYTES
         # NOTE: the module capture's stack of running calls (record indices), read at each record: a line record
         # names the innermost module call it ran in, which the diff's line drill-down needs.
         self._module_stack = module_stack if module_stack is not None else []
@@ -770,6 +782,19 @@ class LineCapture:
         for key, tensor in itertools.islice(iter_tensor_leaves(value, name), MAX_LEAVES_PER_VARIABLE):
             self._record_tensor(file, line, key, tensor)
 
+    def _keep_small(self, tensor: torch.Tensor, summary: TensorSummary, key: str) -> None:
+        """Store a small line value (`SMALL_LINE_VALUE`) through the module capture, within the budget."""
+        count = tensor.numel()
+        if count > SMALL_LINE_VALUE or tensor.device.type == "meta" or self._keep is None:
+            return
+        if without_storage(tensor) is not None:
+            return  # sparse, nested or quantized: summarised densely, nothing to store as one block
+        size = count * tensor.element_size()
+        if size > self._keep_budget:
+            return
+        self._keep_budget -= size
+        self._keep(tensor, summary, f"lines/{len(self._pending_records)}/{key}")
+
     def _record_tensor(self, file: str, line: int, key: str, tensor: torch.Tensor) -> None:
         if len(self._pending_records) >= MAX_LINE_RECORDS:
             self.truncated = True
@@ -781,5 +806,7 @@ class LineCapture:
             summary = entry[2]  # under its own key: `_make_records` copies it to this one
         else:
             summary = cache.summarize_new(tensor, key, version, self._pending)
+        if self._keep is not None and summary.tensor is None and summary.not_stored is None:
+            self._keep_small(tensor, summary, key)
         stack = self._module_stack
         self._pending_records.append((file, line, key, summary, stack[-1] if stack else -1))
