@@ -179,39 +179,32 @@ def _reference_values(reference: Trace, call: int) -> list[TensorSummary] | None
     return values + lines
 
 
+# NOTE: the fields of a module's own comparison, kept aside when the search moves into a call compared in part
+_COMPARISON_FIELDS = (
+    "status",
+    "inputs",
+    "outputs",
+    "check",
+    "max_abs_diff",
+    "max_rel_diff",
+    "rel_err",
+    "cosine",
+    "atol",
+    "rtol",
+    "reason",
+)
+
+
 def _comparison_of(module: ModuleResult) -> tuple:
-    return (
-        module.status,
-        module.inputs,
-        module.outputs,
-        module.check,
-        module.max_abs_diff,
-        module.max_rel_diff,
-        module.rel_err,
-        module.cosine,
-        module.atol,
-        module.rtol,
-        module.reason,
-    )
+    return tuple(getattr(module, field) for field in _COMPARISON_FIELDS)
 
 
 def forget_moved_into(module: ModuleResult) -> None:
     """Undo what `into_unaligned` set on a module without counterpart, or compared in part (a verdict recomputed
     after a replay)."""
     if module.compared_before is not None:
-        (
-            module.status,
-            module.inputs,
-            module.outputs,
-            module.check,
-            module.max_abs_diff,
-            module.max_rel_diff,
-            module.rel_err,
-            module.cosine,
-            module.atol,
-            module.rtol,
-            module.reason,
-        ) = module.compared_before
+        for field, value in zip(_COMPARISON_FIELDS, module.compared_before, strict=True):
+            setattr(module, field, value)
         module.compared_before = None
         return
     module.status, module.inputs, module.outputs = NOT_COMPARED, UNKNOWN, UNKNOWN
