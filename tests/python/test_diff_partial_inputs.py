@@ -44,6 +44,25 @@ def test_moving_a_model_to_a_dtype_keeps_complex_buffers_complex() -> None:
     assert built.model.proj.weight.dtype == torch.float64 and built.args[0].dtype == torch.float64
 
 
+class _CountedMoves(_Rotary):
+    """Counts torch's walks over it (`.to` and the dtype cast both go through `_apply`)."""
+
+    walks = 0
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - torch's signature
+        type(self).walks += 1
+        return super()._apply(fn, recurse)
+
+
+def test_a_model_already_on_the_device_in_the_dtype_is_left_as_it_is_and_its_inputs_still_move() -> None:
+    built = BuiltModel(model=_CountedMoves(), args=(torch.ones(1, 2, dtype=torch.float64),))
+    move_built(built, "cpu", "float32")
+    # no walk over a model that is where it should be, and the example input cast all the same
+    assert _CountedMoves.walks == 0 and built.args[0].dtype == torch.float32
+    move_built(built, "cpu", "bfloat16")
+    assert built.model.proj.weight.dtype == torch.bfloat16 and built.model.table.dtype == torch.complex64
+
+
 SOURCE = """import torch
 
 

@@ -23,10 +23,8 @@ def move_built(built: BuiltModel, device: str, dtype_name: str) -> None:
         target = torch.device(device)
     except RuntimeError:
         raise ModelTraceError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
-    built.model.to(device=target)
-    # NOTE: not `model.to(dtype=...)`: it casts complex buffers too, to a real dtype, dropping their imaginary
-    # part (a rotary table held as complex numbers, as gemma_pytorch registers it, would lose its sines)
-    built.model._apply(lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor)
+    if not _in_place(built.model, target, dtype):
+        _move_model(built.model, target, dtype)
 
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -35,3 +33,25 @@ def move_built(built: BuiltModel, device: str, dtype_name: str) -> None:
 
     built.args = tuple(move(value) for value in built.args)
     built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
+
+
+def _in_place(model: torch.nn.Module, target: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every parameter and buffer is already on `target`, its floating ones in `dtype`: the common case
+    (a model built on the CPU in float32 and traced there), where `_apply`'s two walks over every module and
+    tensor would cost a fresh worker a few milliseconds per trace and change nothing. A device named without an
+    index (`cuda`) means the current one: always moved."""
+    if target.type != "cpu" and target.index is None:
+        return False
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.device != target and not (target.type == "cpu" and tensor.device.type == "cpu"):
+            return False
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            return False
+    return True
+
+
+def _move_model(model: torch.nn.Module, target: torch.device, dtype: torch.dtype) -> None:
+    model.to(device=target)
+    # NOTE: not `model.to(dtype=...)`: it casts complex buffers too, to a real dtype, dropping their imaginary
+    # part (a rotary table held as complex numbers, as gemma_pytorch registers it, would lose its sines)
+    model._apply(lambda tensor: tensor.to(dtype) if tensor.is_floating_point() else tensor)

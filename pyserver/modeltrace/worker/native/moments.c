@@ -409,11 +409,12 @@ static PyObject *py_f32_strided(PyObject *self, PyObject *const *args, Py_ssize_
     }
     if (ndim > MAX_DIMS)
         Py_RETURN_NONE;
-    int64_t sizes[MAX_DIMS], strides[MAX_DIMS], count = 1;
+    int64_t sizes[MAX_DIMS], strides[MAX_DIMS], count = 1, span = 1;
     for (Py_ssize_t dim = 0; dim < ndim; dim++) {
         sizes[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[1], dim));
         strides[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], dim));
         count *= sizes[dim];
+        span += sizes[dim] > 0 ? (sizes[dim] - 1) * (strides[dim] < 0 ? -strides[dim] : strides[dim]) : 0;
     }
     void *address = PyLong_AsVoidPtr(args[0]);
     if (PyErr_Occurred())
@@ -424,7 +425,10 @@ static PyObject *py_f32_strided(PyObject *self, PyObject *const *args, Py_ssize_
     }
     double out[5];
     int status;
-    if (count >= PARALLEL_MIN) {
+    /* A few elements far apart (a weight's fingerprint sample: 16,384 of its values, evenly strided) read as many
+     * cache lines as a large tensor: the GIL is released for them too, so that the worker's second thread,
+     * fingerprinting the weights while the forward runs, does not hold the forward's thread back meanwhile. */
+    if (count >= PARALLEL_MIN || span >= PARALLEL_MIN * 16) {
         Py_BEGIN_ALLOW_THREADS
         status = modeltrace_moments_f32_strided(address, ndim, sizes, strides, out);
         Py_END_ALLOW_THREADS
