@@ -37,20 +37,32 @@ def assignment_lines(module_class: type) -> dict[str, SourceLocation]:
 
 
 def _init_assignments(init: FunctionType) -> dict[str, SourceLocation]:
+    # NOTE: an `__init__` a decorator wrapped (transformers' `use_experts_implementation` on every `…Experts`) is
+    # read where it is written, not where its wrapper is: lines and file both from the wrapped function
+    try:
+        init = inspect.unwrap(init)
+    except ValueError:  # a cycle of `__wrapped__`
+        return {}
+    if not isinstance(init, FunctionType):
+        return {}
     path = source_map.real_path(init.__code__.co_filename)
     if source_map.is_torch_file(path):
         return {}
-    try:
-        raw_lines, first_line = inspect.getsourcelines(init)
-        tree = ast.parse(textwrap.dedent("".join(raw_lines)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return {}
-    function = tree.body[0] if tree.body else None
+    # NOTE: the `def` from its file's one parse (`source_map.function_node`: lines and columns as in the file);
+    # failing that, its own source re-parsed, `getsourcelines` starting at the first decorator as its line number
+    # does and `dedent` taking the method's indentation in its class off every line (given back to the columns)
+    function: ast.stmt | None = source_map.function_node(init)
+    first_line, indent = 1, 0
+    if function is None:
+        try:
+            raw_lines, first_line = inspect.getsourcelines(init)
+            tree = ast.parse(textwrap.dedent("".join(raw_lines)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return {}
+        function = tree.body[0] if tree.body else None
+        indent = len(raw_lines[0]) - len(raw_lines[0].lstrip())
     if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or not function.args.args:
         return {}
-    # NOTE: `getsourcelines` starts at the first decorator, as its line number does; `dedent` took the method's
-    # indentation in its class off every line, given back to the columns
-    indent = len(raw_lines[0]) - len(raw_lines[0].lstrip())
     arguments = function.args
     self_name = arguments.args[0].arg
     parameters = {item.arg for item in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}

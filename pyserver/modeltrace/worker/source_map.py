@@ -8,10 +8,12 @@ decorator wrappers. We walk up past those frames to the first one of model code.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import linecache
 import os
 import sys
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType
 
 import importlib.util
 
@@ -48,6 +50,9 @@ _defined_at_cache: dict[type, SourceLocation | None] = {}
 _plumbing_cache: dict[int, tuple[CodeType, bool]] = {}
 # Records share these location objects (one per call site), like they share class locations.
 _location_cache: dict[tuple[int, int], tuple[CodeType, SourceLocation]] = {}
+# NOTE: every class and function definition of a file, from one parse of it, while linecache holds the same lines
+# (see `_FileIndex`)
+_file_index_cache: dict[str, _FileIndex] = {}
 
 
 def real_path(filename: str) -> str:
@@ -126,6 +131,75 @@ def model_locations(frame: FrameType | None, limit: int) -> tuple[SourceLocation
     return tuple(found)
 
 
+class _FileIndex:
+    """Where each class and function of one source file is defined, from one `ast` parse of the lines linecache
+    holds for it. `inspect.getsourcelines(cls)` parses the whole file again for every class it is asked about,
+    and tokenizes the body it returns: in the worker's child process, where nothing is cached yet, that was
+    ~100 ms of a tiny Llama's first (and, in the editor, every) trace. Lines as `inspect` gives them: a class or
+    function's first decorator when it has one, the qualified names of classes found as `inspect` finds them
+    (functions add `<locals>`; the first definition of a name wins)."""
+
+    def __init__(self, lines: list[str], tree: ast.Module) -> None:
+        self.lines = lines
+        self.classes: dict[str, int] = {}
+        self.functions: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self._visit(tree.body, [])
+
+    def _visit(self, body: list[ast.stmt], stack: list[str]) -> None:
+        # NOTE: statements only (a class or a `def` is never inside an expression): a walk over every node of a
+        # modeling file cost more than parsing it
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+                self.classes.setdefault(".".join([*stack, node.name]), first)
+                self._visit(node.body, [*stack, node.name])
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+                self.functions.setdefault(first, node)
+                self._visit(node.body, [*stack, node.name, "<locals>"])
+            else:
+                for field in ("body", "orelse", "finalbody"):
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list):
+                        self._visit(inner, stack)
+                for handler in getattr(node, "handlers", None) or []:
+                    self._visit(handler.body, stack)
+                for case in getattr(node, "cases", None) or []:
+                    self._visit(case.body, stack)
+
+
+def _file_index(filename: str, module_globals: dict | None, build: bool = True) -> _FileIndex | None:
+    """The index of `filename` while linecache holds the lines it was made from; made now when `build`."""
+    index = _file_index_cache.get(filename)
+    if index is None and not build:
+        return None
+    linecache.checkcache(filename)  # NOTE: as `inspect.findsource`: a file changed on disk is read again
+    lines = linecache.getlines(filename, module_globals)
+    if not lines:
+        return None
+    if index is None or index.lines is not lines:
+        if not build:
+            return None
+        try:
+            index = _file_index_cache[filename] = _FileIndex(lines, ast.parse("".join(lines)))
+        except (SyntaxError, ValueError):
+            return None
+    return index
+
+
+def function_node(function: FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The `def` of `function` in its file's one parse (lines and columns as in the file), or None where the
+    file has not been parsed for its classes (`defined_at`), or no definition starts at its first line (the file
+    changed since it was imported). NOTE: never parsed for one function: a base class's `__init__` in a file of
+    thousands of lines (`modeling_utils.py`) costs less alone (`inspect.getsourcelines`) than the whole file."""
+    code = function.__code__
+    try:
+        index = _file_index(code.co_filename, function.__globals__, build=False)
+    except (OSError, UnicodeDecodeError):
+        return None
+    return index.functions.get(code.co_firstlineno) if index is not None else None
+
+
 def defined_at(module_class: type) -> SourceLocation | None:
     """File and line of `class X(...)`, or None for classes without source (built-ins, dynamic classes)."""
     if module_class in _defined_at_cache:
@@ -134,9 +208,13 @@ def defined_at(module_class: type) -> SourceLocation | None:
     try:
         filename = inspect.getsourcefile(module_class)
         if filename is not None:
-            _, line = inspect.getsourcelines(module_class)
+            module = sys.modules.get(module_class.__module__)
+            index = _file_index(filename, getattr(module, "__dict__", None))
+            line = index.classes.get(module_class.__qualname__) if index is not None else None
+            if line is None:
+                _, line = inspect.getsourcelines(module_class)  # NOTE: what the index cannot say, `inspect` tries
             location = SourceLocation(real_path(filename), line)
-    except (OSError, TypeError):
+    except (OSError, TypeError, UnicodeDecodeError):
         location = None
     _defined_at_cache[module_class] = location
     return location
