@@ -64,6 +64,16 @@ def make():
     return Local
 
 
+try:
+    import not_installed_for_index  # noqa: F401
+except ImportError:
+    class Fallback(nn.Module):
+        pass
+else:
+    class Fallback(nn.Module):
+        pass
+
+
 @counted
 class Experts(nn.Module):
     def __init__(self, dim):
@@ -89,7 +99,14 @@ def _line_of(module: object, text: str) -> int:
 
 
 def test_classes_nested_decorated_and_local_are_where_inspect_finds_them(models) -> None:  # noqa: ANN001
-    for module_class in (models.Decorated, models.Outer, models.Outer.Inner, models.make(), models.Experts):
+    for module_class in (
+        models.Decorated,
+        models.Outer,
+        models.Outer.Inner,
+        models.make(),
+        models.Experts,
+        models.Fallback,
+    ):
         location = source_map.defined_at(module_class)
         assert location is not None and location.line == inspect.getsourcelines(module_class)[1], module_class
     assert source_map.defined_at(models.Decorated).line == _line_of(models, "@decorate")

@@ -158,14 +158,15 @@ class _FileIndex:
                 self.functions.setdefault(first, node)
                 self._visit(node.body, [*stack, node.name, "<locals>"])
             else:
-                for field in ("body", "orelse", "finalbody"):
-                    inner = getattr(node, field, None)
-                    if isinstance(inner, list):
-                        self._visit(inner, stack)
-                for handler in getattr(node, "handlers", None) or []:
-                    self._visit(handler.body, stack)
-                for case in getattr(node, "cases", None) or []:
-                    self._visit(case.body, stack)
+                # NOTE: the compound statement's blocks in the order of its fields, as `inspect` visits them (the
+                # first definition of a name wins: `try` body, handlers, `else`, `finally`)
+                for field in node._fields:
+                    value = getattr(node, field, None)
+                    for item in value if isinstance(value, list) else ():
+                        if isinstance(item, ast.stmt):
+                            self._visit([item], stack)
+                        elif isinstance(item, (ast.excepthandler, ast.match_case)):
+                            self._visit(item.body, stack)
 
 
 def _file_index(filename: str, module_globals: dict | None, build: bool = True) -> _FileIndex | None:
