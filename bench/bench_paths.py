@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_paths.py                       # tiny and medium, a markdown table
     .venv/bin/python bench/bench_paths.py --sizes tiny medium large
     .venv/bin/python bench/bench_paths.py --quick --json bench/results/paths.json
+    .venv/bin/python bench/bench_paths.py --first-trace 5 --sizes tiny medium
 
 Model: `LlamaForCausalLM` from a `LlamaConfig` (random weights, seed 0, eager attention, `use_cache=False`,
 float32, batch 1, vocabulary 1024), run under `torch.no_grad()` on the CPU with one torch thread (the sizes of
@@ -27,6 +28,12 @@ deleted outside the timing:
   `trace` and of the editor) in this process, from the built model to the trace in place: a fresh worker process
   has no digest of the weights and no source hashes yet, so both are dropped before each of its rounds. Left out:
   building the model, the process hop, and the flush to disk after the worker answered.
+
+`--first-trace N`: the worker's trace as the CLI and the editor really take it, the first in a forked child that
+has cached nothing about the model's classes (each trace forks one from the warm zygote): N fresh processes per
+size, each importing what the zygote preloads, building the model and running it plain three times, then timing
+the worker's statistics job once (its first trace), a second time, and a plain forward; the table gives the
+medians over the processes and of the first trace / plain ratio.
 
 Each ratio is the median over rounds of (variant / plain) timed in the same round (paired), which a noisy,
 shared machine disturbs less than a ratio of medians. The load average is printed with the table: on a shared
@@ -218,6 +225,50 @@ def measure(size: str, rounds: int) -> dict:
     }
 
 
+def _first_trace_child(size: str) -> int:
+    """One process of `--first-trace`: the zygote's imports, the model built and run plain three times, then the
+    worker's statistics job twice and a plain forward, printed as JSON (milliseconds)."""
+    import importlib
+
+    from modeltrace.worker.zygote import PRELOADED_MODULES
+
+    for name in PRELOADED_MODULES:
+        importlib.import_module(name)
+    os.environ["MODELTRACE_PARAMETER_STORE"] = tempfile.mkdtemp(prefix="modeltrace-bench-store-")
+    model, input_ids = build(size)
+    for _ in range(3):
+        _plain(model, input_ids, Path("."))
+    times = [_timed("worker stats", model, input_ids) for _ in range(2)]
+    times.append(_timed("plain", model, input_ids))
+    print(json.dumps({"first": times[0] * 1e3, "second": times[1] * 1e3, "plain": times[2] * 1e3}))
+    shutil.rmtree(os.environ["MODELTRACE_PARAMETER_STORE"], ignore_errors=True)
+    return 0
+
+
+def first_trace_table(sizes: list[str], processes: int) -> str:
+    import subprocess
+
+    lines = [
+        "| size | first trace ms | second trace ms | plain ms | first / plain | processes |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        runs = []
+        for _ in range(processes):
+            output = subprocess.run(
+                [sys.executable, __file__, "--child", size], check=True, capture_output=True, text=True
+            ).stdout
+            runs.append(json.loads(output.strip().splitlines()[-1]))
+        median = {key: statistics.median(run[key] for run in runs) for key in ("first", "second", "plain")}
+        ratio = statistics.median(run["first"] / run["plain"] for run in runs)
+        lines.append(
+            f"| {size} | {median['first']:.1f} | {median['second']:.1f} | {median['plain']:.1f} | {ratio:.2f}× "
+            f"| {processes} |"
+        )
+    lines.append(f"Load average after: {os.getloadavg()[0]:.2f}; torch {torch.__version__}, one torch thread.")
+    return "\n".join(lines)
+
+
 def render(results: list[dict], load: tuple[float, float, float]) -> str:
     names = [name for name in VARIANTS if name != "plain"]
     lines = [
@@ -255,8 +306,15 @@ def main() -> int:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=list(SIZES))
     parser.add_argument("--quick", action="store_true", help="a third of the rounds (a smoke run)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--first-trace", type=int, metavar="N", help="time a fresh child's first trace, N processes")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one process of --first-trace: "SIZE"
     arguments = parser.parse_args()
     torch.set_num_threads(1)
+    if arguments.child:
+        return _first_trace_child(arguments.child)
+    if arguments.first_trace:
+        print(first_trace_table(arguments.sizes, arguments.first_trace))
+        return 0
     load = os.getloadavg()
     # NOTE: the store of this run only: the warm-up writes each model's parameters into it once
     store = tempfile.mkdtemp(prefix="modeltrace-bench-store-")
