@@ -104,9 +104,8 @@ class ModuleResult:
     boundary: bool = False
     # for a boundary difference: the next compared call, whose inputs match again
     absorbed_by: ModuleResult | None = None
-    # an aligned call compared in part that the search moved into (`diff/unaligned.py`): its own comparison's
-    # (status, inputs, outputs, check, max_abs_diff, max_rel_diff, rel_err, cosine, atol, rtol, reason), restored
-    # when the verdict is recomputed
+    # an aligned call compared in part that the search moved into (`diff/unaligned.py`): its own comparison (the
+    # values of `unaligned._COMPARISON_FIELDS`), restored when the verdict is recomputed
     compared_before: tuple | None = None
 
 

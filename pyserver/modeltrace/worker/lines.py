@@ -785,7 +785,7 @@ class LineCapture:
     def _keep_small(self, tensor: torch.Tensor, summary: TensorSummary, key: str) -> None:
         """Store a small line value (`SMALL_LINE_VALUE`) through the module capture, within the budget."""
         count = tensor.numel()
-        if count > SMALL_LINE_VALUE or tensor.device.type == "meta" or self._keep is None:
+        if count > SMALL_LINE_VALUE or tensor.device.type == "meta":
             return
         if without_storage(tensor) is not None:
             return  # sparse, nested or quantized: summarised densely, nothing to store as one block

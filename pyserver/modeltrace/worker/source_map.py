@@ -85,6 +85,14 @@ def _is_plumbing(code: CodeType) -> bool:
     return kind == "plumbing"
 
 
+def _plumbing(code: CodeType) -> bool:
+    """`_is_plumbing`, decided once per code object."""
+    known = _plumbing_cache.get(id(code))
+    if known is None or known[0] is not code:
+        known = _plumbing_cache[id(code)] = (code, _is_plumbing(code))
+    return known[1]
+
+
 def _column(code: CodeType, instruction_offset: int) -> int | None:
     columns = _column_cache.get(code)
     if columns is None:
@@ -98,10 +106,7 @@ def caller_location(start_depth: int = 2) -> tuple[SourceLocation | None, int | 
     frame: FrameType | None = sys._getframe(start_depth)
     while frame is not None:
         code = frame.f_code
-        known = _plumbing_cache.get(id(code))
-        if known is None or known[0] is not code:
-            known = _plumbing_cache[id(code)] = (code, _is_plumbing(code))
-        if not known[1]:
+        if not _plumbing(code):
             offset = frame.f_lasti
             # NOTE: a frame with a local tracer (line capture) reports the line of its last line event, so only
             # untraced frames, whose line follows from the offset, share the cached location.
@@ -122,10 +127,7 @@ def model_locations(frame: FrameType | None, limit: int) -> tuple[SourceLocation
     found: list[SourceLocation] = []
     while frame is not None and len(found) < limit:
         code = frame.f_code
-        known = _plumbing_cache.get(id(code))
-        if known is None or known[0] is not code:
-            known = _plumbing_cache[id(code)] = (code, _is_plumbing(code))
-        if not known[1]:
+        if not _plumbing(code):
             found.append(SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, frame.f_lasti)))
         frame = frame.f_back
     return tuple(found)
