@@ -499,10 +499,12 @@ def _compare_parameter(
         return None  # meta tensors: shapes agree, values unknown
     same = _close(ref.sample, cand.sample, atol, rtol)
     if same and ref.shape == cand.shape:
-        # NOTE: strided statistics (large weights) are comparable only over the same elements: same stride,
-        # same storage layout
-        comparable = ref_parameter.statistics_stride == cand_parameter.statistics_stride and (
-            ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape
+        # NOTE: sampled statistics (large weights) are comparable only over the same elements: same stride and
+        # run, same storage layout (a trace from before the runs against a newer one: the samples decide)
+        comparable = (
+            ref_parameter.statistics_stride == cand_parameter.statistics_stride
+            and ref_parameter.statistics_run == cand_parameter.statistics_run
+            and (ref_parameter.statistics_stride == 1 or ref_parameter.summary.shape == cand_parameter.summary.shape)
         )
         statistics = _statistics_gap(ref_parameter, cand_parameter) if comparable else None
         if statistics is None or statistics <= atol + rtol * _scale(ref_parameter) + 1e-6 * _scale(ref_parameter):

@@ -238,9 +238,11 @@ class ParameterRecord:
     same element count) and `sample_transposed` those of the transpose (2-D tensors only): with them and the
     statistics the diff tells a copied weight from a different one and from a transposed one without the full
     tensors. `shared_with` names the parameter of an earlier module that is the same tensor (tied
-    embeddings). Samples are empty on the meta device. `statistics_stride` > 1 says the statistics are those of
-    every `statistics_stride`-th element of the row-major order (large weights): comparable between tensors of
-    one shape and layout, not exact.
+    embeddings). Samples are empty on the meta device. `statistics_stride` > 1 says the statistics are those of a
+    fixed subset of the elements (large weights): runs of `statistics_run` consecutive elements of the row-major
+    order, one starting at every `statistics_stride`-th element (`worker/builds.statistics_sample`; traces
+    before the runs have `statistics_run` 1: every stride-th element). Comparable between tensors of one shape,
+    layout, stride and run, not exact.
     """
 
     name: str
@@ -250,10 +252,12 @@ class ParameterRecord:
     sample_transposed: list[float] | None = None
     shared_with: str | None = None
     statistics_stride: int = 1
+    statistics_run: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
             "statistics_stride": self.statistics_stride,
+            "statistics_run": self.statistics_run,
             "name": self.name,
             "kind": self.kind,
             "summary": self.summary.to_json(),
@@ -273,6 +277,7 @@ class ParameterRecord:
             sample_transposed=None if transposed is None else [float(value) for value in transposed],
             shared_with=None if data.get("shared_with") is None else str(data["shared_with"]),
             statistics_stride=int(data.get("statistics_stride", 1)),
+            statistics_run=int(data.get("statistics_run", 1)),
         )
 
 

@@ -211,8 +211,10 @@ def run_backward(built: Any, capture: ModuleCapture, request: TraceRequest) -> B
 
 
 def _parameter_summary(gradient: torch.Tensor, name: str) -> tuple[TensorSummary, int]:
-    """A parameter gradient's statistics; over evenly strided elements for a large one, as the weights' own
-    (`builds._fingerprint`): the same elements for any tensor of its size, so two traces compare alike."""
+    """A parameter gradient's statistics; over evenly strided elements for a large one (the weights' own are
+    runs of consecutive elements, `builds.statistics_sample`, read beside the forward; a gradient is read once,
+    after the backward, where single elements reach more of it): the same elements for any tensor of its size,
+    so two traces compare alike."""
     gradient = gradient.detach()
     count = gradient.numel()
     if count <= MAX_EXACT_STATISTICS:
