@@ -42,11 +42,18 @@ def _in_place(model: torch.nn.Module, target: torch.device, dtype: torch.dtype) 
     index (`cuda`) means the current one: always moved."""
     if target.type != "cpu" and target.index is None:
         return False
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.device != target and not (target.type == "cpu" and tensor.device.type == "cpu"):
-            return False
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            return False
+    on_cpu = target.type == "cpu"
+    # NOTE: one walk over the modules' own tensors (`parameters()` and `buffers()` walk the tree once each), and
+    # `is_cpu` rather than a `device` object per tensor: this runs before every trace, a tiny model's in ~0.1 ms
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for tensor in tensors.values():
+                if tensor is None:
+                    continue
+                if not (tensor.is_cpu if on_cpu else tensor.device == target):
+                    return False
+                if tensor.dtype != dtype and tensor.is_floating_point():
+                    return False
     return True
 
 
