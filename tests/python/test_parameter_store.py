@@ -289,9 +289,11 @@ def test_fingerprints_before_the_forward_are_the_same_on_either_thread(monkeypat
         assert got == expected
         before.wait()
 
-    def broken(_model: torch.nn.Module) -> None:
+    def broken(_plan: object) -> None:
         raise RuntimeError("fingerprints failed")
 
-    monkeypatch.setattr("modeltrace.worker.builds.parameter_records", broken)
-    with pytest.raises(RuntimeError, match="fingerprints failed"):
-        parameter_store.BeforeTheForward(model, None).fingerprints()
+    monkeypatch.setattr("modeltrace.worker.builds.ParameterFingerprints.read", broken)
+    for threshold in (0, 1 << 40):
+        monkeypatch.setattr(parameter_store, "THREAD_MIN_ELEMENTS", threshold)
+        with pytest.raises(RuntimeError, match="fingerprints failed"):
+            parameter_store.BeforeTheForward(model, None).fingerprints()

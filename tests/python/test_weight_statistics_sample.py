@@ -108,3 +108,67 @@ def test_a_trace_from_before_the_runs_compares_by_its_sample() -> None:
     data = old_weight.to_json()
     del data["statistics_run"]
     assert type(old_weight).from_json(data).statistics_run == 1
+
+
+class _Mixed(nn.Module):
+    """Every kind of tensor a fingerprint meets: large and small float32 weights, a norm's weight of ones (equal
+    values: the general path), a tied weight, a float64 and an integer buffer, a transposed (non-contiguous)
+    parameter, a one-element scale, an empty buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(300, 256)
+        self.proj = nn.Linear(256, 512)
+        self.norm = nn.LayerNorm(512)
+        self.head = nn.Linear(256, 300, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("table", torch.randn(40, 3, dtype=torch.float64))
+        self.register_buffer("positions", torch.arange(70_000))
+        self.register_buffer("nothing", torch.zeros(0))
+        self.transposed = nn.Parameter(torch.randn(700, 130).t())
+        self.scale = nn.Parameter(torch.tensor([2.0]))
+
+
+def _fingerprint_rows(records: dict) -> dict:
+    return {
+        path: [
+            (
+                record.name,
+                record.kind,
+                record.shared_with,
+                record.statistics_stride,
+                record.statistics_run,
+                record.sample,
+                record.sample_transposed,
+                record.summary.shape,
+                record.summary.dtype,
+                record.summary.min,
+                record.summary.max,
+                record.summary.positive_fraction,
+            )
+            for record in module_records
+        ]
+        for path, module_records in records.items()
+    }
+
+
+def test_the_native_batch_gives_the_records_of_one_weight_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modeltrace.worker import builds, native
+
+    if not (native.kernels() or {}).get("f32_fingerprints"):
+        pytest.skip(f"no native kernel here ({native.load_error or native.form})")
+    torch.manual_seed(0)
+    model = _Mixed()
+    batched = builds.ParameterFingerprints(model)
+    # embed and head (tied: recorded under both), proj and norm weight and bias; not the others
+    assert len(batched._items) == 6
+    records = batched.records()
+    monkeypatch.setattr(builds, "_fingerprint_batch", lambda: None)
+    one_at_a_time = builds.parameter_records(model)
+    assert _fingerprint_rows(records) == _fingerprint_rows(one_at_a_time)
+    for path, module_records in records.items():
+        for record, expected in zip(module_records, one_at_a_time[path], strict=True):
+            for statistic in ("mean", "std"):
+                got, want = getattr(record.summary, statistic), getattr(expected.summary, statistic)
+                assert got == want if want is None else got == pytest.approx(want, rel=1e-12, abs=1e-15, nan_ok=True)
+    assert records["embed"][0].statistics_run == STATISTICS_RUN and records["norm"][0].summary.std == 0.0

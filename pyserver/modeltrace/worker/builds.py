@@ -34,7 +34,7 @@ from torch import nn
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
 from modeltrace.worker.assignments import assignment_lines
-from modeltrace.worker.stats import summarize, without_storage
+from modeltrace.worker.stats import summarize, summary_from_moments, without_storage
 
 
 # NOTE: values at this many fixed positions per parameter: enough to tell a copied weight from a re-initialised
@@ -189,17 +189,132 @@ def record_builds(
     with its size limits) under `parameters/{path}/{name}`. `parameters`: the fingerprints `parameter_records`
     already made (the worker makes them on a second thread during the forward).
     """
+    if parameters is None and keep_tensor is None:
+        parameters = parameter_records(model)  # NOTE: the native batch where it can (`ParameterFingerprints`)
     with torch.no_grad():
         return _record_builds(model, constructions, keep_tensor, parameters)
 
 
 def parameter_records(model: nn.Module) -> dict[str, list[ParameterRecord]]:
     """The fingerprints of every module's own parameters and buffers, by module path: the torch-heavy part of
-    `record_builds`, safe on a second thread (it parses no source: in Python 3.11, `ast` on two threads at once
-    fails with a SystemError)."""
-    seen: dict[int, str] = {}
-    with torch.no_grad():
-        return {path: _parameters(module, path, seen, None) for path, module in list(model.named_modules())}
+    `record_builds` (`ParameterFingerprints` splits it for a second thread)."""
+    return ParameterFingerprints(model).records()
+
+
+class ParameterFingerprints:
+    """The fingerprints of every module's own parameters and buffers, made in three steps so that only reads of
+    memory run beside the forward: planned where it is made (the modules walked; each contiguous float32 CPU
+    tensor's statistics view and sample positions listed), `read()` (one call of the native kernel for all of
+    those, without the GIL: safe on a second thread, and the forward's thread never waits for the GIL on its
+    account), then `records()` on the job's thread (every other tensor, another dtype or device or a subclass, is
+    fingerprinted there one at a time by `_fingerprint`, which gives the same records). Nothing here parses
+    source: in Python 3.11, `ast` on two threads at once fails with a SystemError."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._batch = _fingerprint_batch()
+        # (path, kind, name, tensor, shared_with, index of its native item or -1)
+        self._entries: list[tuple[str, str, str, torch.Tensor, str | None, int]] = []
+        self._paths: list[str] = []
+        self._items: list[tuple[int, tuple[int, ...], tuple[int, ...], int, int]] = []
+        self._positions: list[torch.Tensor] = []  # NOTE: held while the kernel reads them
+        self._read: list | None = None
+        seen: dict[int, str] = {}
+        for path, module in list(model.named_modules()):
+            self._paths.append(path)
+            for kind, tensors in (("parameter", module._parameters), ("buffer", module._buffers)):
+                for name, tensor in list(tensors.items()):
+                    if tensor is None:
+                        continue
+                    qualified = f"{path}.{name}" if path else name
+                    shared_with = seen.get(id(tensor))
+                    if shared_with is None:
+                        seen[id(tensor)] = qualified
+                    tensor = tensor.detach()
+                    item = -1
+                    if self._batch is not None and _batchable(tensor):
+                        item = len(self._items)
+                        self._items.append(self._item(tensor))
+                    self._entries.append((path, kind, name, tensor, shared_with, item))
+
+    def _item(self, tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int]:
+        count = tensor.numel()
+        if count > MAX_EXACT_STATISTICS:
+            stride, run = statistics_sample(tuple(tensor.shape))
+            sizes, strides = (count // stride, run), (stride, 1)
+        else:
+            sizes, strides = (count,), (1,)
+        positions = sample_index(count, *tensor.shape) if tensor.dim() == 2 else sample_positions(count)
+        self._positions.append(positions)
+        return tensor.data_ptr(), sizes, strides, positions.data_ptr(), positions.numel()
+
+    def read(self) -> None:
+        """Read the planned tensors (the native batch; the GIL released throughout)."""
+        self._read = self._batch(self._items) if self._batch is not None and self._items else []
+
+    def records(self) -> dict[str, list[ParameterRecord]]:
+        """The records by module path (every module's, empty where it holds no tensor), reading first if needed."""
+        if self._read is None:
+            self.read()
+        assert self._read is not None
+        records: dict[str, list[ParameterRecord]] = {path: [] for path in self._paths}
+        with torch.no_grad():
+            for path, kind, name, tensor, shared_with, item in self._entries:
+                result = self._read[item] if item >= 0 else None
+                records[path].append(
+                    _fingerprint(kind, name, tensor, shared_with, None, "")
+                    if result is None
+                    else _record_from_read(kind, name, tensor, shared_with, result)
+                )
+        return records
+
+
+def _fingerprint_batch() -> Any:
+    from modeltrace.worker import native
+
+    kernels = native.kernels()
+    return kernels.get("f32_fingerprints") if kernels else None
+
+
+def _batchable(tensor: torch.Tensor) -> bool:
+    """A tensor the native batch reads as `_fingerprint` would: plain, contiguous float32 in CPU memory."""
+    return (
+        tensor.dtype is torch.float32
+        and type(tensor) is torch.Tensor
+        and tensor.is_cpu
+        and tensor.layout is torch.strided
+        and not tensor.is_nested
+        and not tensor.is_neg()
+        and tensor.numel() > 1
+        and tensor.is_contiguous()
+    )
+
+
+def _record_from_read(
+    kind: str, name: str, tensor: torch.Tensor, shared_with: str | None, read: tuple
+) -> ParameterRecord:
+    """`_fingerprint`'s record for a tensor the native batch read: its moments and its sample's values."""
+    count, shape = tensor.numel(), list(tensor.shape)
+    stride = run = 1
+    read_count = count
+    if count > MAX_EXACT_STATISTICS:
+        stride, run = statistics_sample(tuple(shape))
+        read_count = count // stride * run
+    summary = summary_from_moments(name, shape, "float32", read_count, read[:5])
+    if summary is None:
+        # NOTE: equal values (a norm's weight of ones), a cancelling variance or a non-finite sum: the general path
+        view = tensor if stride == 1 else tensor.reshape(-1).as_strided((count // stride, run), (stride, 1))
+        summary = summarize(view, name)
+        summary.shape = shape
+    record = ParameterRecord(
+        name=name, kind=kind, summary=summary, shared_with=shared_with, statistics_stride=stride, statistics_run=run
+    )
+    values = list(read[5])
+    if tensor.dim() == 2:
+        half = len(values) // 2
+        record.sample, record.sample_transposed = values[:half], values[half:]
+    else:
+        record.sample = values
+    return record
 
 
 def _record_builds(

@@ -219,27 +219,32 @@ def _parameter_elements(model: nn.Module) -> int:
 
 class BeforeTheForward:
     """The fingerprints of the worker's parameters (`builds.parameter_records`) and the weights' digest
-    (`model_digest`), worked out on a second thread while the forward runs: neither depends on it (torch's
-    kernels release the GIL, so they run beside it). `fingerprints()` waits for the former (raising what it
-    raised); the digest is left in `model_digest`'s cache for `store_parameters` (a model changed meanwhile is
-    caught by its check and hashed again). `max_tensor_mb` None: no digest (statistics only), and below
-    `THREAD_MIN_ELEMENTS` the fingerprints are made when asked for, on the caller's thread. The settings and
-    construction lines stay on the job's thread: they parse source (`ast`, unsafe on two threads in 3.11)."""
+    (`model_digest`), worked out on a second thread while the forward runs: neither depends on it. The
+    fingerprints are planned here, on the job's thread; the thread only reads the weights (one call of the native
+    kernel, without the GIL: `builds.ParameterFingerprints`), and `fingerprints()` makes the records once it has
+    (raising what it raised). A Python loop on the second thread cost a medium Llama's forward ~3%: each of its
+    weights handed the GIL back and forth while the forward's thread needed it between its kernels. The digest is
+    left in `model_digest`'s cache for `store_parameters` (a model changed meanwhile is caught by its check and
+    hashed again). `max_tensor_mb` None: no digest (statistics only), and below `THREAD_MIN_ELEMENTS` the
+    fingerprints are made when asked for, on the caller's thread. The settings and construction lines stay on the
+    job's thread: they parse source (`ast`, unsafe on two threads in 3.11)."""
 
     def __init__(self, model: nn.Module, max_tensor_mb: float | None) -> None:
+        from modeltrace.worker.builds import ParameterFingerprints
+
         self._model, self._max_tensor_mb = model, max_tensor_mb
-        self._fingerprints: dict[str, list] | None = None
+        self._plan: ParameterFingerprints | None = None
         self._error: BaseException | None = None
         self._recorded, self._finished = threading.Event(), threading.Event()
         self._threaded = max_tensor_mb is not None or _parameter_elements(model) >= THREAD_MIN_ELEMENTS
         if self._threaded:
+            self._plan = ParameterFingerprints(model)
             threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
 
     def _run(self) -> None:
-        from modeltrace.worker.builds import parameter_records
-
         try:
-            self._fingerprints = parameter_records(self._model)
+            if self._plan is not None:
+                self._plan.read()
         except BaseException as error:  # noqa: BLE001 - raised again by `fingerprints()`, on the job's thread
             self._error = error
         finally:
@@ -259,13 +264,18 @@ class BeforeTheForward:
         self._finished.wait()
 
     def fingerprints(self) -> dict[str, list]:
-        if not self._threaded and not self._recorded.is_set():
-            self._run()  # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
+        from modeltrace.worker.builds import ParameterFingerprints
+
+        if self._plan is None:
+            # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
+            self._plan = ParameterFingerprints(self._model)
+        if not self._threaded:
+            self._plan.read()
+            self._recorded.set()
         self._recorded.wait()
         if self._error is not None:
             raise self._error
-        assert self._fingerprints is not None
-        return self._fingerprints
+        return self._plan.records()
 
 
 def store_parameters(

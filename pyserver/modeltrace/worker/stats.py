@@ -228,24 +228,9 @@ def summarize_plain_cpu(
         else:
             moments = None
         if moments is not None:
-            total, squares, positives, minimum, maximum = moments
-            mean = total / count
-            variance = (squares - total * mean) / (count - 1)
-            if 0 < variance < math.inf and mean * mean <= _CANCELLATION_RATIO * variance:
-                return TensorSummary(
-                    key,
-                    list(tensor.shape),
-                    name,
-                    "cpu",
-                    mean,
-                    math.sqrt(variance),
-                    minimum,
-                    maximum,
-                    -minimum if -minimum > maximum else maximum,
-                    0,
-                    0,
-                    positives / count,
-                )
+            summary = summary_from_moments(key, list(tensor.shape), name, count, moments)
+            if summary is not None:
+                return summary
     summary = TensorSummary(key, list(tensor.shape), name, "cpu")
     if count == 0:
         return summary
@@ -254,6 +239,50 @@ def summarize_plain_cpu(
         return summary
     _fill_cpu(summary, tensor, count, pending)
     return summary
+
+
+def summary_from_moments(
+    key: str, shape: list[int], dtype_name: str, count: int, moments: tuple[float, float, float, float, float]
+) -> TensorSummary | None:
+    """The summary of `count` (> 1) CPU values from the native kernel's moments (sum, sum of squares, positives,
+    min, max), or None where they cannot give it exactly (a non-finite sum, a variance that cancels): the caller
+    then summarises the tensor by the general path, which recomputes."""
+    total, squares, positives, minimum, maximum = moments
+    if minimum == maximum and math.isfinite(total) and math.isfinite(squares):
+        # NOTE: every value equal (a norm's weight of ones, a zero bias): exact as `_fill_native` makes it
+        abs_max = -minimum if -minimum > maximum else maximum
+        return TensorSummary(
+            key,
+            shape,
+            dtype_name,
+            "cpu",
+            float(minimum) + 0.0,
+            0.0,
+            minimum,
+            maximum,
+            abs_max,
+            0,
+            0,
+            positives / count,
+        )
+    mean = total / count
+    variance = (squares - total * mean) / (count - 1)
+    if not (0 < variance < math.inf and mean * mean <= _CANCELLATION_RATIO * variance):
+        return None
+    return TensorSummary(
+        key,
+        shape,
+        dtype_name,
+        "cpu",
+        mean,
+        math.sqrt(variance),
+        minimum,
+        maximum,
+        -minimum if -minimum > maximum else maximum,
+        0,
+        0,
+        positives / count,
+    )
 
 
 def _fill_cpu(summary: TensorSummary, tensor: torch.Tensor, count: int, pending: PendingStats | None) -> None:

@@ -31,6 +31,7 @@ import sysconfig
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from modeltrace.native_build import BASE_FLAGS as _BASE_FLAGS
 from modeltrace.native_build import cached_library
@@ -133,7 +134,17 @@ def _load_extension(path: Path) -> dict[str, Kernel]:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    return {"f32": module.f32, "f64": module.f64, "i64": module.i64, "f32_strided": module.f32_strided}
+    return _module_kernels(module)
+
+
+def _module_kernels(module: Any) -> dict[str, Kernel]:
+    kernels = {"f32": module.f32, "f64": module.f64, "i64": module.i64, "f32_strided": module.f32_strided}
+    # NOTE: the batch of weights' fingerprints (`builds`) exists only in the extension module (it builds Python
+    # objects); a prebuilt extension older than it, and the ctypes form, leave it to the per-weight path
+    batch = getattr(module, "f32_fingerprints", None)
+    if batch is not None:
+        kernels["f32_fingerprints"] = batch
+    return kernels
 
 
 def _load_ctypes(path: Path) -> dict[str, Kernel]:
@@ -188,7 +199,7 @@ def _prebuilt() -> dict[str, Kernel] | None:
         from modeltrace.worker.native import modeltrace_moments as module
     except ImportError:
         return None
-    return {"f32": module.f32, "f64": module.f64, "i64": module.i64, "f32_strided": module.f32_strided}
+    return _module_kernels(module)
 
 
 def _load(flag_sets: list[list[str]]) -> tuple[dict[str, Kernel] | None, str | None, bool, list[str]]:

@@ -236,9 +236,10 @@ static void f32_runs_moments(const struct f32_runs *view, double *out) {
     f32_combine(partials, used, out);
 }
 
-/* Returns 0, or -1 when the view has more than MAX_DIMS dimensions or a negative stride (the caller copies). */
-int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int64_t *sizes, const int64_t *strides,
-                                   double *out) {
+/* Returns 0, or -1 when the view has more than MAX_DIMS dimensions or a negative stride (the caller copies).
+ * `parallel` 0: on the calling thread only (a background thread's work must not take torch's pool). */
+static int f32_strided_moments(const float *values, int64_t ndim, const int64_t *sizes, const int64_t *strides,
+                               double *out, int parallel) {
     struct f32_runs view;
     int64_t kept_sizes[MAX_DIMS], kept_strides[MAX_DIMS];
     int kept = 0;
@@ -298,7 +299,14 @@ int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int6
         view.strides[dim] = kept_strides[dim];
         view.runs *= kept_sizes[dim];
     }
-    if (view.outer == 0 && view.step == 1)
+    if (!parallel) {
+        struct f32_partial partial = EMPTY_PARTIAL;
+        if (view.outer == 0 && view.step == 1)
+            f32_range(values, 0, view.run, &partial);
+        else
+            f32_runs_range(&view, 0, view.runs, &partial);
+        f32_combine(&partial, 1, out);
+    } else if (view.outer == 0 && view.step == 1)
         /* dense once the repeats are dropped: the contiguous kernel, parallel where it is large */
         modeltrace_moments_f32(values, view.run, out);
     else
@@ -307,6 +315,11 @@ int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int6
     out[1] *= weight;
     out[2] *= weight;
     return 0;
+}
+
+int modeltrace_moments_f32_strided(const float *values, int64_t ndim, const int64_t *sizes, const int64_t *strides,
+                                   double *out) {
+    return f32_strided_moments(values, ndim, sizes, strides, out, 1);
 }
 
 void modeltrace_moments_f64(const double *values, int64_t count, double *out) {
@@ -440,6 +453,116 @@ static PyObject *py_f32_strided(PyObject *self, PyObject *const *args, Py_ssize_
     return moments_tuple(out);
 }
 
+/* One weight of f32_fingerprints: its view, the flat positions of its sample, and what was read. */
+struct fingerprint_item {
+    const float *values;
+    int64_t ndim, sizes[MAX_DIMS], strides[MAX_DIMS];
+    const int64_t *positions;
+    int64_t sampled;
+    double out[5];
+    int status;
+};
+
+/* f32_fingerprints(items), each item (address, sizes, strides, positions address, positions count) of a float32
+ * tensor: [(sum, sum of squares, positives, min, max, (value at each position, ...)) or None, ...], None for an
+ * item whose view cannot be read in place. The moments are the view's, as f32_strided gives them but on this
+ * thread alone; the positions (int64 offsets from the address) are the weight's fixed sample. One call for a
+ * whole model's weights, with the GIL released throughout: the worker's second thread runs it beside the
+ * forward, whose thread then never waits for the GIL on its account (a Python loop there, handing the GIL back
+ * and forth around each weight, cost a medium Llama's forward ~3%). */
+static PyObject *py_f32_fingerprints(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "expected a list of (address, sizes, strides, positions, count) tuples");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(args[0]);
+    struct fingerprint_item *items = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof *items);
+    double *samples = NULL;
+    PyObject *result = NULL;
+    if (items == NULL)
+        return PyErr_NoMemory();
+    int64_t total_sampled = 0;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *item = PyList_GET_ITEM(args[0], index);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(item, 1)) ||
+            !PyTuple_Check(PyTuple_GET_ITEM(item, 2))) {
+            PyErr_SetString(PyExc_TypeError, "expected (address, sizes tuple, strides tuple, positions, count)");
+            goto done;
+        }
+        struct fingerprint_item *entry = &items[index];
+        PyObject *sizes = PyTuple_GET_ITEM(item, 1), *strides = PyTuple_GET_ITEM(item, 2);
+        entry->ndim = PyTuple_GET_SIZE(sizes);
+        if (PyTuple_GET_SIZE(strides) != entry->ndim) {
+            PyErr_SetString(PyExc_ValueError, "sizes and strides differ in length");
+            goto done;
+        }
+        entry->status = entry->ndim > MAX_DIMS ? -1 : 0;
+        for (int64_t dim = 0; dim < entry->ndim && dim < MAX_DIMS; dim++) {
+            entry->sizes[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, dim));
+            entry->strides[dim] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, dim));
+        }
+        entry->values = PyLong_AsVoidPtr(PyTuple_GET_ITEM(item, 0));
+        entry->positions = PyLong_AsVoidPtr(PyTuple_GET_ITEM(item, 3));
+        entry->sampled = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 4));
+        if (PyErr_Occurred())
+            goto done;
+        if (entry->values == NULL || entry->sampled < 0 || (entry->sampled > 0 && entry->positions == NULL)) {
+            PyErr_SetString(PyExc_ValueError, "addresses must be non-zero and counts non-negative");
+            goto done;
+        }
+        total_sampled += entry->sampled;
+    }
+    samples = PyMem_Malloc(total_sampled > 0 ? (size_t)total_sampled * sizeof(double) : 1);
+    if (samples == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t offset = 0;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        struct fingerprint_item *entry = &items[index];
+        if (entry->status == 0)
+            entry->status = f32_strided_moments(entry->values, entry->ndim, entry->sizes, entry->strides,
+                                                 entry->out, 0);
+        for (int64_t position = 0; position < entry->sampled; position++)
+            samples[offset + position] = entry->values[entry->positions[position]];
+        offset += entry->sampled;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(count);
+    if (result == NULL)
+        goto done;
+    int64_t offset_out = 0;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        struct fingerprint_item *entry = &items[index];
+        PyObject *value;
+        if (entry->status != 0) {
+            Py_INCREF(Py_None);
+            value = Py_None;
+        } else {
+            PyObject *sample = PyTuple_New((Py_ssize_t)entry->sampled);
+            if (sample == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            for (int64_t position = 0; position < entry->sampled; position++)
+                PyTuple_SET_ITEM(sample, (Py_ssize_t)position, PyFloat_FromDouble(samples[offset_out + position]));
+            value = Py_BuildValue("(dddddN)", entry->out[0], entry->out[1], entry->out[2], entry->out[3],
+                                  entry->out[4], sample);
+            if (value == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        }
+        offset_out += entry->sampled;
+        PyList_SET_ITEM(result, index, value);
+    }
+done:
+    PyMem_Free(samples);
+    PyMem_Free(items);
+    return result;
+}
+
 static PyObject *py_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return call_kernel((moments_kernel)modeltrace_moments_f32, args, nargs);
 }
@@ -456,6 +579,8 @@ static PyMethodDef methods[] = {
     {"f32", (PyCFunction)(void (*)(void))py_f32, METH_FASTCALL, "moments of float32 values at (address, count)"},
     {"f32_strided", (PyCFunction)(void (*)(void))py_f32_strided, METH_FASTCALL,
      "moments of a float32 view at (address, sizes, strides), in place; None where it cannot be read so"},
+    {"f32_fingerprints", (PyCFunction)(void (*)(void))py_f32_fingerprints, METH_FASTCALL,
+     "moments and fixed samples of float32 weights, one call for many, without the GIL"},
     {"f64", (PyCFunction)(void (*)(void))py_f64, METH_FASTCALL, "moments of float64 values at (address, count)"},
     {"i64", (PyCFunction)(void (*)(void))py_i64, METH_FASTCALL, "moments of int64 values at (address, count)"},
     {NULL, NULL, 0, NULL},
