@@ -25,6 +25,7 @@ import math
 import sys
 import types
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -221,20 +222,12 @@ class ParameterFingerprints:
         seen: dict[int, str] = {}
         for path, module in list(model.named_modules()):
             self._paths.append(path)
-            for kind, tensors in (("parameter", module._parameters), ("buffer", module._buffers)):
-                for name, tensor in list(tensors.items()):
-                    if tensor is None:
-                        continue
-                    qualified = f"{path}.{name}" if path else name
-                    shared_with = seen.get(id(tensor))
-                    if shared_with is None:
-                        seen[id(tensor)] = qualified
-                    tensor = tensor.detach()
-                    item = -1
-                    if self._batch is not None and _batchable(tensor):
-                        item = len(self._items)
-                        self._items.append(self._item(tensor))
-                    self._entries.append((path, kind, name, tensor, shared_with, item))
+            for kind, name, tensor, shared_with, _ in _own_tensors(module, path, seen):
+                item = -1
+                if self._batch is not None and _batchable(tensor):
+                    item = len(self._items)
+                    self._items.append(self._item(tensor))
+                self._entries.append((path, kind, name, tensor, shared_with, item))
 
     def _item(self, tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int]:
         count = tensor.numel()
@@ -460,8 +453,11 @@ def split_fields(text: str) -> list[str]:
     return [field_text for field_text in fields if field_text]
 
 
-def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor: Any) -> list[ParameterRecord]:
-    records = []
+def _own_tensors(
+    module: nn.Module, path: str, seen: dict[int, str]
+) -> Iterator[tuple[str, str, torch.Tensor, str | None, str]]:
+    """`(kind, name, detached tensor, shared_with, qualified name)` of the module's own parameters, then buffers;
+    `seen` (id -> qualified name, over the whole model) names the first holder of a tensor held twice (tied)."""
     own = [("parameter", name, tensor) for name, tensor in list(module._parameters.items())]
     own += [("buffer", name, tensor) for name, tensor in list(module._buffers.items())]
     for kind, name, tensor in own:
@@ -471,8 +467,14 @@ def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor:
         shared_with = seen.get(id(tensor))
         if shared_with is None:
             seen[id(tensor)] = qualified
-        records.append(_fingerprint(kind, name, tensor.detach(), shared_with, keep_tensor, f"parameters/{qualified}"))
-    return records
+        yield kind, name, tensor.detach(), shared_with, qualified
+
+
+def _parameters(module: nn.Module, path: str, seen: dict[int, str], keep_tensor: Any) -> list[ParameterRecord]:
+    return [
+        _fingerprint(kind, name, tensor, shared_with, keep_tensor, f"parameters/{qualified}")
+        for kind, name, tensor, shared_with, qualified in _own_tensors(module, path, seen)
+    ]
 
 
 def _fingerprint(
