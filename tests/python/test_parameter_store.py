@@ -280,7 +280,7 @@ def test_fingerprints_before_the_forward_are_the_same_on_either_thread(monkeypat
     }
     for threshold in (0, 1 << 40):
         monkeypatch.setattr(parameter_store, "THREAD_MIN_ELEMENTS", threshold)
-        before = parameter_store.BeforeTheForward(model, None)
+        before = parameter_store.WeightWork(model, None)
         assert before._threaded is (threshold == 0)
         got = {
             path: [(record.name, record.sample, record.sample_transposed, record.summary.mean) for record in records]
@@ -296,4 +296,24 @@ def test_fingerprints_before_the_forward_are_the_same_on_either_thread(monkeypat
     for threshold in (0, 1 << 40):
         monkeypatch.setattr(parameter_store, "THREAD_MIN_ELEMENTS", threshold)
         with pytest.raises(RuntimeError, match="fingerprints failed"):
-            parameter_store.BeforeTheForward(model, None).fingerprints()
+            parameter_store.WeightWork(model, None).fingerprints()
+
+
+def test_the_digest_waits_for_the_forward_and_is_not_made_after_a_failed_one(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The match against the store reads every weight: made once the forward has ended (beside it, it slowed it),
+    and not at all when the forward raised (nothing will ask for it: the thread ends)."""
+    from modeltrace.worker import parameter_store
+
+    model = _model()
+    digested: list[torch.nn.Module] = []
+    monkeypatch.setattr(parameter_store, "model_digest", lambda model, tensors, folder=None: digested.append(model))
+    work = parameter_store.WeightWork(model, 1000.0)
+    assert work._recorded.wait(10) and not work._finished.wait(0.2) and digested == []
+    work.forward_exited(None, None, None)
+    work.wait()
+    assert digested == [model]
+    failed = parameter_store.WeightWork(model, 1000.0)
+    assert failed.forward_exited(RuntimeError, RuntimeError("the forward failed"), None) is False
+    assert failed._finished.wait(10) and digested == [model]

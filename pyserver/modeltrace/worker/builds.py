@@ -319,7 +319,7 @@ def _record_builds(
     builds: list[ModuleBuild] = []
     seen: dict[int, str] = {}
     parents: dict[str, tuple[nn.Module, str]] = {}
-    # NOTE: the worker fingerprints the parameters on a second thread while the forward runs (`BeforeTheForward`):
+    # NOTE: the worker fingerprints the parameters on a second thread while the forward runs (`WeightWork`):
     # every dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while
     # model code may add to it
     for path, module in list(model.named_modules()):

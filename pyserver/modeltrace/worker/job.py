@@ -37,7 +37,7 @@ from modeltrace.worker.messages import (
     WorkerProtocolError,
 )
 from modeltrace.worker.moving import move_built
-from modeltrace.worker.parameter_store import BeforeTheForward, store_parameters
+from modeltrace.worker.parameter_store import WeightWork, store_parameters
 from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import real_path
 from modeltrace.worker.stats import summarize
@@ -154,15 +154,17 @@ def _run_built(
         else None
     )
     # NOTE: the parameters' fingerprints and digest do not depend on the forward: they are worked out on a
-    # second thread while it runs (torch's kernels release the GIL). Not for a model spread by a device map
+    # second thread, beside it and after it (`WeightWork`). Not for a model spread by a device map
     # (its offloaded weights are loaded for the fingerprints: `onloaded`) nor for a backward (it writes `.grad`).
     background = (
-        BeforeTheForward(built.model, request.max_tensor_mb if stream is not None and request.parameters else None)
+        WeightWork(built.model, request.max_tensor_mb if stream is not None and request.parameters else None)
         if not request.device_map and not request.backward
         else None
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(discarded_on_error(stream))
+        if background is not None:
+            stack.push(background.forward_exited)
         if not request.backward:
             stack.enter_context(torch.no_grad())
         stack.enter_context(built.forward_context())

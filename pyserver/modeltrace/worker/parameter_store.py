@@ -7,11 +7,13 @@ parameter records of `builds` as stored there, and returns the header's referenc
 takes seconds, so the digest is kept per model and reused while every tensor's identity, data pointer and
 version counter (`_version`, bumped by every in-place write: `load_state_dict`, an optimizer step, `copy_`) are
 unchanged: a second capture of an unchanged model reads no weight. `BeforeTheForward` fingerprints and
-hashes the weights on a second thread while the worker's forward runs (its fresh model has no digest yet).
+hashes the weights on a second thread, beside and after the worker's forward (its fresh model has no digest yet).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import mmap
 import os
@@ -194,11 +196,31 @@ def _file_bytes_equal(descriptor: int, offset: int, raw: memoryview) -> bool:
             return _equal(stored, raw)
 
 
+def _c_memcmp() -> Any:
+    """The C library's `memcmp` through ctypes (which releases the GIL around it), or None where there is none."""
+    try:
+        library = ctypes.CDLL(ctypes.util.find_library("c") or None) if os.name != "nt" else ctypes.cdll.msvcrt
+        function = library.memcmp
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return function
+
+
+_MEMCMP = _c_memcmp()
+
+
 def _equal(first: memoryview, second: memoryview) -> bool:
-    # NOTE: compared as 8-byte words where the length allows (NumPy releases the GIL over the loop)
-    width = 8 if first.nbytes % 8 == 0 else 1
-    dtype = np.int64 if width == 8 else np.uint8
-    return bool(np.array_equal(np.frombuffer(first, dtype=dtype), np.frombuffer(second, dtype=dtype)))
+    if first.nbytes != second.nbytes:
+        return False
+    first_bytes, second_bytes = np.frombuffer(first, dtype=np.uint8), np.frombuffer(second, dtype=np.uint8)
+    if _MEMCMP is not None and first.nbytes:
+        # NOTE: `memcmp` reads each side once; NumPy's `array_equal` also writes and reads an array of booleans,
+        # one per element: a medium Llama's store match took 28 ms with it, beside a forward that streams the
+        # same weights from memory
+        return _MEMCMP(first_bytes.ctypes.data, second_bytes.ctypes.data, first.nbytes) == 0
+    return bool(np.array_equal(first_bytes, second_bytes))  # NumPy releases the GIL over the loop
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -217,17 +239,25 @@ def _parameter_elements(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-class BeforeTheForward:
-    """The fingerprints of the worker's parameters (`builds.parameter_records`) and the weights' digest
-    (`model_digest`), worked out on a second thread while the forward runs: neither depends on it. The
-    fingerprints are planned here, on the job's thread; the thread only reads the weights (one call of the native
-    kernel, without the GIL: `builds.ParameterFingerprints`), and `fingerprints()` makes the records once it has
-    (raising what it raised). A Python loop on the second thread cost a medium Llama's forward ~3%: each of its
-    weights handed the GIL back and forth while the forward's thread needed it between its kernels. The digest is
-    left in `model_digest`'s cache for `store_parameters` (a model changed meanwhile is caught by its check and
-    hashed again). `max_tensor_mb` None: no digest (statistics only), and below `THREAD_MIN_ELEMENTS` the
-    fingerprints are made when asked for, on the caller's thread. The settings and construction lines stay on the
-    job's thread: they parse source (`ast`, unsafe on two threads in 3.11)."""
+class WeightWork:
+    """What the worker does with its parameters that does not depend on the forward, on a second thread: their
+    fingerprints (`builds.parameter_records`) while the forward runs, then the weights' digest (`model_digest`)
+    once it has ended.
+
+    The fingerprints are planned here, on the job's thread; the second thread only reads the weights (one call of
+    the native kernel, without the GIL: `builds.ParameterFingerprints`), and `fingerprints()` makes the records
+    once it has (raising what it raised). A Python loop on the second thread cost a medium Llama's forward ~3%:
+    each of its weights handed the GIL back and forth while the forward's thread needed it between its kernels.
+
+    The digest (with full tensors: `max_tensor_mb` set) waits for the forward to end, which `fingerprints()` and
+    `wait()` say (both are asked for after it): its byte match against the store reads every weight and the store
+    file, twice the memory the forward streams, and beside the forward it cost it more than it takes alone (a
+    medium Llama's worker trace with full tensors: 1.35x a plain forward with the match beside it, 1.31x after
+    it). After the forward it runs while the job's thread makes the construction records; its result is left in
+    `model_digest`'s cache for `store_parameters` (a model changed meanwhile is caught by its check and hashed
+    again). Below `THREAD_MIN_ELEMENTS`, statistics only, the fingerprints are made when asked for, on the
+    caller's thread. The settings and construction lines stay on the job's thread: they parse source (`ast`,
+    unsafe on two threads in 3.11)."""
 
     def __init__(self, model: nn.Module, max_tensor_mb: float | None) -> None:
         from modeltrace.worker.builds import ParameterFingerprints
@@ -236,10 +266,12 @@ class BeforeTheForward:
         self._plan: ParameterFingerprints | None = None
         self._error: BaseException | None = None
         self._recorded, self._finished = threading.Event(), threading.Event()
+        self._forward_ended = threading.Event()
+        self._abandoned = False
         self._threaded = max_tensor_mb is not None or _parameter_elements(model) >= THREAD_MIN_ELEMENTS
         if self._threaded:
             self._plan = ParameterFingerprints(model)
-            threading.Thread(target=self._run, name="modeltrace-before-the-forward", daemon=True).start()
+            threading.Thread(target=self._run, name="modeltrace-weight-work", daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -250,6 +282,8 @@ class BeforeTheForward:
         finally:
             self._recorded.set()
         if self._max_tensor_mb is not None:
+            self._forward_ended.wait()
+        if self._max_tensor_mb is not None and not self._abandoned:
             try:
                 tensors = stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0]
                 model_digest(self._model, tensors, default_store())
@@ -257,15 +291,25 @@ class BeforeTheForward:
                 pass
         self._finished.set()
 
+    def forward_exited(self, error_type: type[BaseException] | None, *_: object) -> bool:
+        """The forward's exit (an `ExitStack.push` callback): the digest starts, or, if it raised, is not made
+        (nothing will ask for it, and the thread ends). Never swallows the error."""
+        self._abandoned = error_type is not None
+        self._forward_ended.set()
+        return False
+
     def wait(self) -> None:
-        """Until the digest too is done (`store_parameters` then finds it in the cache)."""
+        """Until the digest too is done (`store_parameters` then finds it in the cache). After the forward."""
+        self._forward_ended.set()
         if not self._threaded and not self._finished.is_set():
             self._run()
         self._finished.wait()
 
     def fingerprints(self) -> dict[str, list]:
+        """The parameters' records by module path. After the forward: the digest starts."""
         from modeltrace.worker.builds import ParameterFingerprints
 
+        self._forward_ended.set()
         if self._plan is None:
             # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
             self._plan = ParameterFingerprints(self._model)
