@@ -219,10 +219,12 @@ class ParameterFingerprints:
         self._items: list[tuple[int, tuple[int, ...], tuple[int, ...], int, int]] = []
         self._positions: list[torch.Tensor] = []  # NOTE: held while the kernel reads them
         self._read: list | None = None
+        self.elements = 0  # of every tensor planned (a tied one once per holder)
         seen: dict[int, str] = {}
         for path, module in list(model.named_modules()):
             self._paths.append(path)
             for kind, name, tensor, shared_with, _ in _own_tensors(module, path, seen):
+                self.elements += tensor.numel()
                 item = -1
                 if self._batch is not None and _batchable(tensor):
                     item = len(self._items)

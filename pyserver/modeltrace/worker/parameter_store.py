@@ -227,16 +227,12 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-# NOTE: statistics only, the fingerprints go to the second thread when the model holds this many parameter
-# elements. A small model's fingerprints are Python more than kernels, as is its forward: the two threads then
-# take turns on the GIL, each waiting out the other's switch interval, and the forward lost more than the
-# thread saved (measured at the peers benchmark's tiny Llama, 0.2 M parameters: worker statistics ~1 ms slower
-# with the thread, the forward 2.1 -> 3.3 ms). Past it the work is the weights' strided reads, without the GIL.
+# NOTE: statistics only, the fingerprints are read on the second thread when the model holds this many parameter
+# and buffer elements. A small model's read takes less than starting a thread (tens of µs against ~0.1 ms), and
+# its forward holds the GIL most of the time: the thread would wait for it, and the two threads take turns on it
+# (measured at the peers benchmark's tiny Llama, 0.2 M parameters, with the per-weight Python read of before:
+# worker statistics ~1 ms slower with the thread, the forward 2.1 -> 3.3 ms).
 THREAD_MIN_ELEMENTS = 1 << 22
-
-
-def _parameter_elements(model: nn.Module) -> int:
-    return sum(parameter.numel() for parameter in model.parameters())
 
 
 class WeightWork:
@@ -263,20 +259,19 @@ class WeightWork:
         from modeltrace.worker.builds import ParameterFingerprints
 
         self._model, self._max_tensor_mb = model, max_tensor_mb
-        self._plan: ParameterFingerprints | None = None
+        # NOTE: planned here whether or not it is read on the second thread (after the forward it costs the same)
+        self._plan = ParameterFingerprints(model)
         self._error: BaseException | None = None
         self._recorded, self._finished = threading.Event(), threading.Event()
         self._forward_ended = threading.Event()
         self._abandoned = False
-        self._threaded = max_tensor_mb is not None or _parameter_elements(model) >= THREAD_MIN_ELEMENTS
+        self._threaded = max_tensor_mb is not None or self._plan.elements >= THREAD_MIN_ELEMENTS
         if self._threaded:
-            self._plan = ParameterFingerprints(model)
             threading.Thread(target=self._run, name="modeltrace-weight-work", daemon=True).start()
 
     def _run(self) -> None:
         try:
-            if self._plan is not None:
-                self._plan.read()
+            self._plan.read()
         except BaseException as error:  # noqa: BLE001 - raised again by `fingerprints()`, on the job's thread
             self._error = error
         finally:
@@ -307,13 +302,9 @@ class WeightWork:
 
     def fingerprints(self) -> dict[str, list]:
         """The parameters' records by module path. After the forward: the digest starts."""
-        from modeltrace.worker.builds import ParameterFingerprints
-
         self._forward_ended.set()
-        if self._plan is None:
-            # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
-            self._plan = ParameterFingerprints(self._model)
         if not self._threaded:
+            # NOTE: a small model's, on the job's thread, after the forward (see THREAD_MIN_ELEMENTS)
             self._plan.read()
             self._recorded.set()
         self._recorded.wait()
