@@ -29,11 +29,12 @@ deleted outside the timing:
   has no digest of the weights and no source hashes yet, so both are dropped before each of its rounds. Left out:
   building the model, the process hop, and the flush to disk after the worker answered.
 
-`--first-trace N`: the worker's trace as the CLI and the editor really take it, the first in a forked child that
-has cached nothing about the model's classes (each trace forks one from the warm zygote): N fresh processes per
-size, each importing what the zygote preloads, building the model and running it plain three times, then timing
-the worker's statistics job once (its first trace), a second time, and a plain forward; the table gives the
-medians over the processes and of the first trace / plain ratio.
+`--first-trace N`: the worker's trace as the CLI and the editor really take it, in a child forked from the warm
+zygote, which has cached nothing about the model's classes: N fresh processes per size, each importing what the
+zygote preloads, building the model and running it plain three times, then timing the worker's statistics job in
+a forked child (the first trace: a cold child), reading that trace's source files ahead as the zygote does after
+each trace (`Zygote._warm`), timing the job in a second forked child (every later trace), and a plain forward;
+the table gives the medians over the processes and of each trace / plain ratio.
 
 Each ratio is the median over rounds of (variant / plain) timed in the same round (paired), which a noisy,
 shared machine disturbs less than a ratio of medians. The load average is printed with the table: on a shared
@@ -225,12 +226,41 @@ def measure(size: str, rounds: int) -> dict:
     }
 
 
+def _forked(function: Callable[[], object]) -> object:
+    """`function()` run in a child forked from this process, as the worker's zygote runs each trace; its JSON
+    result read back through a pipe."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read_end)
+        try:
+            payload = json.dumps(function()).encode()
+        except BaseException as error:  # noqa: BLE001 - reported to the parent, which raises it
+            payload = json.dumps({"error": repr(error)}).encode()
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(write_end, view) :]
+        os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(child, 0)
+    result = json.loads(b"".join(chunks))
+    if isinstance(result, dict) and "error" in result:
+        raise RuntimeError(f"the forked trace failed: {result['error']}")
+    return result
+
+
 def _first_trace_child(size: str) -> int:
-    """One process of `--first-trace`: the zygote's imports, the model built and run plain three times, then the
-    worker's statistics job twice and a plain forward, printed as JSON (milliseconds)."""
+    """One process of `--first-trace`: the zygote's imports, the model built and run plain three times; then the
+    worker's statistics job in a forked child (a cold child's first trace), the zygote's read-ahead of that
+    trace's source files in this process (`Zygote._warm`), the job in a second forked child (the next trace's),
+    and a plain forward; printed as JSON (milliseconds)."""
     import importlib
 
-    from modeltrace.worker.zygote import PRELOADED_MODULES
+    from modeltrace.worker.zygote import PRELOADED_MODULES, Zygote
 
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
@@ -238,9 +268,28 @@ def _first_trace_child(size: str) -> int:
     model, input_ids = build(size)
     for _ in range(3):
         _plain(model, input_ids, Path("."))
-    times = [_timed("worker stats", model, input_ids) for _ in range(2)]
-    times.append(_timed("plain", model, input_ids))
-    print(json.dumps({"first": times[0] * 1e3, "second": times[1] * 1e3, "plain": times[2] * 1e3}))
+    modeling_file = sys.modules[LlamaForCausalLM.__module__].__file__
+
+    def trace() -> tuple[float, list[str]]:
+        folder = Path(tempfile.mkdtemp(prefix="modeltrace-bench-paths-"))
+        request = TraceRequest(file=modeling_file, out=str(folder / "worker.mtrace"), full_tensors=False)
+        built = BuiltModel(model=model, args=(input_ids,), model_class=type(model).__name__)
+        started = time.perf_counter()
+        result = _run_built(request, lambda text: None, built, ConstructionRecorder(), started)
+        elapsed = time.perf_counter() - started
+        shutil.rmtree(folder, ignore_errors=True)
+        return elapsed, list(getattr(result, "source_files", ()))
+
+    cold, files = _forked(trace)
+    requests, client = os.pipe()  # NOTE: no request waiting: the read-ahead reads every file
+    try:
+        Zygote(requests, client)._warm(files)
+    finally:
+        os.close(requests)
+        os.close(client)
+    after_read_ahead, _ = _forked(trace)
+    plain = _timed("plain", model, input_ids)
+    print(json.dumps({"first": cold * 1e3, "read_ahead": after_read_ahead * 1e3, "plain": plain * 1e3}))
     shutil.rmtree(os.environ["MODELTRACE_PARAMETER_STORE"], ignore_errors=True)
     return 0
 
@@ -249,8 +298,9 @@ def first_trace_table(sizes: list[str], processes: int) -> str:
     import subprocess
 
     lines = [
-        "| size | first trace ms | second trace ms | plain ms | first / plain | processes |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| size | first trace, cold child, ms | after the zygote's read-ahead, ms | plain ms | cold / plain | "
+        "read-ahead / plain | processes |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for size in sizes:
         runs = []
@@ -259,11 +309,12 @@ def first_trace_table(sizes: list[str], processes: int) -> str:
                 [sys.executable, __file__, "--child", size], check=True, capture_output=True, text=True
             ).stdout
             runs.append(json.loads(output.strip().splitlines()[-1]))
-        median = {key: statistics.median(run[key] for run in runs) for key in ("first", "second", "plain")}
-        ratio = statistics.median(run["first"] / run["plain"] for run in runs)
+        median = {key: statistics.median(run[key] for run in runs) for key in ("first", "read_ahead", "plain")}
+        cold = statistics.median(run["first"] / run["plain"] for run in runs)
+        warm = statistics.median(run["read_ahead"] / run["plain"] for run in runs)
         lines.append(
-            f"| {size} | {median['first']:.1f} | {median['second']:.1f} | {median['plain']:.1f} | {ratio:.2f}× "
-            f"| {processes} |"
+            f"| {size} | {median['first']:.1f} | {median['read_ahead']:.1f} | {median['plain']:.1f} | {cold:.2f}× "
+            f"| {warm:.2f}× | {processes} |"
         )
     lines.append(f"Load average after: {os.getloadavg()[0]:.2f}; torch {torch.__version__}, one torch thread.")
     return "\n".join(lines)

@@ -106,6 +106,31 @@ def test_each_trace_imports_the_files_afresh(worker: WorkerClient, example_copy:
     assert [record.path for record in second.modules].count("norm") == 2
 
 
+def test_a_retrace_after_an_edit_reads_the_file_afresh_past_what_the_worker_read_ahead(
+    worker: WorkerClient, example_copy: Path, tmp_path: Path
+) -> None:
+    """The zygote parses and hashes a trace's source files ahead of the next trace (`Zygote._warm`); a file edited
+    since is read again: class lines moved by the edit and the new hash, not the parse or hash read ahead."""
+    import hashlib
+
+    path = str(example_copy.resolve())
+    first = worker.trace(_request(example_copy, tmp_path / "first.mtrace"))
+    assert path in first.source_files
+    example_copy.write_text("# two lines\n# above every class\n" + example_copy.read_text())
+    second = read_trace(worker.trace(_request(example_copy, tmp_path / "second.mtrace")).trace)
+
+    def class_lines(trace: Any) -> dict[str, int]:
+        return {
+            record.class_name: record.defined_at.line
+            for record in trace.modules
+            if record.defined_at is not None and record.defined_at.file == path
+        }
+
+    before = class_lines(read_trace(first.trace))
+    assert before and class_lines(second) == {name: line + 2 for name, line in before.items()}
+    assert second.model["source_hashes"][path] == hashlib.sha256(example_copy.read_bytes()).hexdigest()
+
+
 def test_exception_in_forward_is_located_in_the_model_code(
     worker: WorkerClient, example_copy: Path, tmp_path: Path
 ) -> None:

@@ -77,7 +77,7 @@ def assemble_trace(
     if line_capture and line_capture.truncated:
         trace.model["lines_truncated"] = True
     files = trace.files() | ({trace.model["file"]} if trace.model.get("file") else set())
-    trace.model["source_hashes"] = {file: _sha256(file) for file in sorted(files)}
+    trace.model["source_hashes"] = {file: source_hash(file) for file in sorted(files)}
     return trace
 
 
@@ -146,7 +146,8 @@ def write_captured(trace: Trace, capture: ModuleCapture, out: Path, durable: boo
 _HASHES: dict[str, tuple[int, int, str]] = {}
 
 
-def _sha256(file: str) -> str | None:
+def source_hash(file: str) -> str | None:
+    """The SHA-256 of a source file, None where it cannot be read; reused while its time and size are the same."""
     try:
         status = os.stat(file)
         cached = _HASHES.get(file)

@@ -54,6 +54,7 @@ def _init_assignments(init: FunctionType) -> dict[str, SourceLocation]:
     function: ast.stmt | None = source_map.function_node(init)
     first_line, indent = 1, 0
     if function is None:
+        source_map.read_in_part(init.__code__.co_filename)  # NOTE: parsed whole by the zygote for the next trace
         try:
             raw_lines, first_line = inspect.getsourcelines(init)
             tree = ast.parse(textwrap.dedent("".join(raw_lines)))

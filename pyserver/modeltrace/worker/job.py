@@ -39,7 +39,7 @@ from modeltrace.worker.messages import (
 from modeltrace.worker.moving import move_built
 from modeltrace.worker.parameter_store import WeightWork, store_parameters
 from modeltrace.worker.replay import keep_candidate, run_replay_job
-from modeltrace.worker.source_map import real_path
+from modeltrace.worker.source_map import indexed_files, real_path
 from modeltrace.worker.stats import summarize
 
 
@@ -262,6 +262,8 @@ def _run_built(
         modules=len(trace.modules),
         seconds=time.perf_counter() - started,
         kept_for_replay=capture.retained is not None,
+        # NOTE: the files every module class came from too (a container never called is in no record)
+        source_files=tuple(dict.fromkeys([*trace.model["source_hashes"], *indexed_files()])),
     )
 
 

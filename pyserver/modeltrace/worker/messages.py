@@ -220,6 +220,9 @@ class TraceResult(Message):
     seconds: float
     # The child stays alive holding the model, for the diff's replay (`TraceRequest.keep_for_replay`).
     kept_for_replay: bool = False
+    # The source files the trace's records name and its module classes come from: the zygote reads them ahead for
+    # the next trace (`zygote._warm`).
+    source_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ _location_cache: dict[tuple[int, int], tuple[CodeType, SourceLocation]] = {}
 # NOTE: every class and function definition of a file, from one parse of it, while linecache holds the same lines
 # (see `_FileIndex`)
 _file_index_cache: dict[str, _FileIndex] = {}
+_read_in_part: dict[str, None] = {}
 
 
 def real_path(filename: str) -> str:
@@ -188,6 +189,36 @@ def _file_index(filename: str, module_globals: dict | None, build: bool = True) 
         except (SyntaxError, ValueError):
             return None
     return index
+
+
+def indexed_files() -> list[str]:
+    """The files parsed so far (each module class's, under the name its module was loaded from), then those read
+    in part for one function (`read_in_part`)."""
+    return [*_file_index_cache, *(name for name in _read_in_part if name not in _file_index_cache)]
+
+
+def read_in_part(filename: str) -> None:
+    """Note a file one function of which was read without parsing the file (a base class's `__init__` in
+    `modeling_utils.py`): the zygote parses it whole ahead of the next trace (`indexed_files`)."""
+    _read_in_part[filename] = None
+
+
+def forget_files_except(filenames: set[str]) -> None:
+    """Drop the parse (and linecache's lines) of every indexed file not in `filenames`: the zygote keeps those of
+    the last trace only, not of every model a long editor session traced."""
+    for filename in [name for name in _file_index_cache if name not in filenames]:
+        del _file_index_cache[filename]
+        linecache.cache.pop(filename, None)
+
+
+def index_file(filename: str) -> None:
+    """Parse `filename` ahead of a trace that will ask where its classes are (the zygote, for the children it
+    forks: `zygote._warm`); what linecache holds is checked against the file when used, so an edit since is read
+    again. Anything unreadable is left for the trace to meet."""
+    try:
+        _file_index(filename, None)
+    except (OSError, UnicodeDecodeError):
+        pass
 
 
 def function_node(function: FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
