@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from modeltrace.worker import assemble, source_map
+from modeltrace.worker import zygote as zygote_module
 from modeltrace.worker.zygote import Zygote
 
 
@@ -20,7 +21,12 @@ def test_the_zygote_reads_a_traces_files_ahead_until_a_request_arrives(tmp_path:
     answers = os.open(os.devnull, os.O_WRONLY)
     try:
         zygote = Zygote(requests, answers)
-        zygote._warm([files[0], 7, None])  # NOTE: what is not a file name is passed over
+        large = tmp_path / "modeling_generated.py"
+        large.write_text("x = 1\n" * (zygote_module.WARM_MAX_BYTES // 6 + 1))
+        gone = str(tmp_path / "modeling_deleted.py")
+        # NOTE: what is not a file name, a file that is gone and one over the size limit are passed over
+        zygote._warm([files[0], 7, None, gone, str(large)])
+        assert str(large) not in source_map._file_index_cache and gone not in source_map._file_index_cache
         assert source_map._file_index_cache[files[0]].classes == {"Block0": 4}
         assert assemble._HASHES[files[0]][2] == assemble.source_hash(files[0])
         os.write(client, b"\0")  # a request is waiting: nothing more is read ahead

@@ -43,8 +43,10 @@ from modeltrace.worker.messages import (
 from modeltrace.worker.protocol import KEEP_FOR_REPLAY_SECONDS, ProtocolError, read_frame, write_frame
 
 
-# NOTE: at most this many source files of a trace are read ahead for the next one (`Zygote._warm`)
+# NOTE: at most this many source files of a trace are read ahead for the next one (`Zygote._warm`), each at most
+# this large (a file of generated code is left to the child that needs it: the zygote answers nothing meanwhile)
 WARM_FILES = 64
+WARM_MAX_BYTES = 1 << 20
 
 # What nearly every transformers modeling file imports: loaded once here instead of in every child.
 PRELOADED_MODULES = (
@@ -204,6 +206,11 @@ class Zygote:
         for file in files:
             if select.select([self.frames_in], [], [], 0)[0]:
                 return
+            try:
+                if os.path.getsize(file) > WARM_MAX_BYTES:
+                    continue
+            except OSError:
+                continue
             index_file(file)
             source_hash(file)
 
