@@ -49,7 +49,7 @@ STATISTICS_ELEMENTS = 1 << 14
 # single elements (the sample before, `statistics_run` 1) fetched every line of a weight whose stride was under
 # 16 elements and one in a few otherwise (the hardware prefetches neighbours): a medium Llama's fingerprints read
 # its 105 MB of weights from memory on the second thread while the forward, itself streaming those weights,
-# waited on the same memory (worker statistics 1.12x a plain forward with them, 1.08x without; 1.08x with runs).
+# waited on the same memory (docs/benchmarks.md, "The weights beside the forward").
 STATISTICS_RUN = 16
 # Attributes every module has that say nothing about how it computes.
 _NOT_SETTINGS = frozenset({"training"})
@@ -234,8 +234,8 @@ class ParameterFingerprints:
     def _item(self, tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int]:
         count = tensor.numel()
         if count > MAX_EXACT_STATISTICS:
-            stride, run = statistics_sample(tuple(tensor.shape))
-            sizes, strides = (count // stride, run), (stride, 1)
+            view = statistics_view(tensor)
+            sizes, strides = tuple(view.shape), tuple(view.stride())
         else:
             sizes, strides = (count,), (1,)
         positions = sample_index(count, *tensor.shape) if tensor.dim() == 2 else sample_positions(count)
@@ -290,14 +290,13 @@ def _record_from_read(
     """`_fingerprint`'s record for a tensor the native batch read: its moments and its sample's values."""
     count, shape = tensor.numel(), list(tensor.shape)
     stride = run = 1
-    read_count = count
+    view = tensor
     if count > MAX_EXACT_STATISTICS:
         stride, run = statistics_sample(tuple(shape))
-        read_count = count // stride * run
-    summary = summary_from_moments(name, shape, "float32", read_count, read[:5])
+        view = statistics_view(tensor)
+    summary = summary_from_moments(name, shape, "float32", view.numel(), read[:5])
     if summary is None:
         # NOTE: equal values (a norm's weight of ones), a cancelling variance or a non-finite sum: the general path
-        view = tensor if stride == 1 else tensor.reshape(-1).as_strided((count // stride, run), (stride, 1))
         summary = summarize(view, name)
         summary.shape = shape
     record = ParameterRecord(
@@ -493,7 +492,7 @@ def _fingerprint(
         # tensor of its shape, so two copies compare equal and a changed one differs, at a fraction of a full pass
         # (a medium Llama's weights take longer to summarise than its forward pass)
         stride, run = statistics_sample(tuple(tensor.shape))
-        summary = summarize(tensor.reshape(-1).as_strided((count // stride, run), (stride, 1)), name)
+        summary = summarize(statistics_view(tensor), name)
         summary.shape = list(tensor.shape)
     else:
         summary = summarize(tensor, name)
@@ -522,6 +521,13 @@ def _fingerprint(
     if keep_tensor is not None and shared_with is None:
         keep_tensor(tensor, summary, stored_name)
     return record
+
+
+def statistics_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of a large weight that its statistics are of (`statistics_sample`), as a `(runs, run)` view
+    of its row-major order (of a contiguous copy where it is not contiguous)."""
+    stride, run = statistics_sample(tuple(tensor.shape))
+    return tensor.reshape(-1).as_strided((tensor.numel() // stride, run), (stride, 1))
 
 
 @functools.lru_cache(maxsize=1024)
