@@ -41,7 +41,7 @@ from modeltrace.worker.stats import summarize, summary_from_moments, without_sto
 # NOTE: values at this many fixed positions per parameter: enough to tell a copied weight from a re-initialised
 # or transposed one (statistics alone cannot tell a square matrix from its transpose), small next to the trace.
 SAMPLE_SIZE = 32
-# Weights over this many elements get statistics of STATISTICS_ELEMENTS of them (`statistics_sample`).
+# Weights over this many elements get statistics of at least STATISTICS_ELEMENTS of them (`statistics_sample`).
 MAX_EXACT_STATISTICS = 1 << 16
 STATISTICS_ELEMENTS = 1 << 14
 # NOTE: ...read as runs of this many consecutive elements (one 64-byte cache line of float32): a weight's
