@@ -22,6 +22,7 @@ from modeltrace.errors import ModelTraceError, NeedsRecipe
 from modeltrace.modular.twins import is_modular_file, resolve_generated
 from modeltrace.worker.assemble import assemble_trace, discarded_on_error, start_stream, write_captured
 from modeltrace.worker.building import BuiltModel, build_from_request
+from modeltrace.worker.build_identity import BuildInputs
 from modeltrace.worker.builds import ConstructionRecorder, record_builds
 from modeltrace.worker.backward import run_backward
 from modeltrace.worker.capture import ModuleCapture, iter_tensor_leaves
@@ -104,14 +105,18 @@ def _run_trace(
         if request.generate:
             request = choose_generating_class(request)
         progress(f"building the model from {Path(source).name}")
+        # NOTE: what the build reads, when its weights go to the parameter store: a build the store remembers
+        # names its stored weights without the byte match (`build_identity.py`)
+        inputs = BuildInputs() if _stores_weights(request) else None
         # NOTE: where each submodule was assigned, seen while it is built (a registration hook, nothing per call)
-        with ConstructionRecorder() as constructions:
+        with ConstructionRecorder() as constructions, inputs or contextlib.nullcontext():
             # Recipe, local checkpoint, --config, shape-only and the unaided build: all decided in worker/building/.
             built = build_from_request(request, offload_folder)
+        build_key = inputs.key(request) if inputs is not None and not built.shape_only else None
     except Exception as error:
         raise JobFailed(error, "build") from error
     try:
-        return _run_built(request, progress, built, constructions, started, modular)
+        return _run_built(request, progress, built, constructions, started, modular, build_key)
     except Exception as error:
         # NOTE: a failure from here on names the class that ran, and what to provide instead of a guessed build
         raise JobFailed(
@@ -126,6 +131,7 @@ def _run_built(
     constructions: ConstructionRecorder,
     started: float,
     modular: str | None = None,
+    build_key: str | None = None,
 ) -> TraceResult:
     # NOTE: a shape-only model stays on the meta device, built in the requested dtype; one loaded with a device
     # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
@@ -157,7 +163,9 @@ def _run_built(
     # second thread, beside it and after it (`WeightWork`). Not for a model spread by a device map
     # (its offloaded weights are loaded for the fingerprints: `onloaded`) nor for a backward (it writes `.grad`).
     background = (
-        WeightWork(built.model, request.max_tensor_mb if stream is not None and request.parameters else None)
+        WeightWork(
+            built.model, request.max_tensor_mb if stream is not None and request.parameters else None, build_key
+        )
         if not request.device_map and not request.backward
         else None
     )
@@ -223,6 +231,8 @@ def _run_built(
             if background is not None:
                 background.wait()
             stored = store_parameters(built.model, builds, limit_bytes("max-tensor-mb", request.max_tensor_mb))
+            if background is not None:
+                background.remember(stored)
     constructions.clear()
     builds_at = time.perf_counter()
     trace = assemble_trace(
@@ -264,6 +274,19 @@ def _run_built(
         kept_for_replay=capture.retained is not None,
         # NOTE: the files every module class came from too (a container never called is in no record)
         source_files=tuple(dict.fromkeys([*trace.model["source_hashes"], *indexed_files()])),
+    )
+
+
+def _stores_weights(request: TraceRequest) -> bool:
+    """Whether the job's weights go to the parameter store through `WeightWork` (full tensors, parameters on;
+    not a model spread by a device map, nor a backward)."""
+    return (
+        request.full_tensors
+        and request.parameters
+        and not request.shape_only
+        and not request.device_map
+        and not request.tp_plan
+        and not request.backward
     )
 
 

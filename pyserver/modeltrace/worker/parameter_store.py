@@ -6,8 +6,10 @@ tensor (name, dtype, shape, bytes: SHA-256), writes the file only when the store
 parameter records of `builds` as stored there, and returns the header's reference. Hashing a 1B model's weights
 takes seconds, so the digest is kept per model and reused while every tensor's identity, data pointer and
 version counter (`_version`, bumped by every in-place write: `load_state_dict`, an optimizer step, `copy_`) are
-unchanged: a second capture of an unchanged model reads no weight. `BeforeTheForward` fingerprints and
-hashes the weights on a second thread, beside and after the worker's forward (its fresh model has no digest yet).
+unchanged: a second capture of an unchanged model reads no weight. `WeightWork` fingerprints and hashes the
+weights on a second thread, beside and after the worker's forward; its fresh model has no digest yet, so the store
+remembers the digest each build made (`<store>/builds/<key>.json`: `build_identity.py` says what a key covers),
+and a build with the same key whose fingerprints are the same takes it after a spot check of the file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import json
 import mmap
 import os
 import threading
@@ -46,6 +49,9 @@ _DIFFERING: set[str] = set()
 # NOTE: bounds on `_matching_digest`: the store files whose header it reads, those it compares
 MAX_HEADERS_READ = 64
 MAX_FILES_COMPARED = 4
+# `<store>/builds/<build key>.json`: the digest each build's weights had (`remembered_digest`)
+BUILDS_FOLDER = "builds"
+MAX_BUILD_ENTRY_BYTES = 4096
 
 
 def stored_tensors(model: nn.Module, max_tensor_bytes: int | None) -> tuple[list[tuple[str, torch.Tensor]], dict]:
@@ -115,11 +121,15 @@ def model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]], fold
     return digest
 
 
+def _layout(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, tuple]:
+    return {name: (safetensors_code(tensor.dtype), list(tensor.shape), _nbytes(tensor)) for name, tensor in tensors}
+
+
 def _matching_digest(folder: Path, tensors: list[tuple[str, torch.Tensor]]) -> str | None:
     """The digest of a store file in `folder` that holds exactly `tensors` (the same names, dtypes, shapes and
     bytes), among the newest ones whose header lists them; None when none does. Files that list them but hold
     other bytes are noted in `_DIFFERING`. Anything unreadable counts as no match: never an error."""
-    layout = {name: (safetensors_code(tensor.dtype), list(tensor.shape), _nbytes(tensor)) for name, tensor in tensors}
+    layout = _layout(tensors)
     try:
         with os.scandir(folder) as listing:
             files = [
@@ -149,6 +159,82 @@ def _matching_digest(folder: Path, tensors: list[tuple[str, torch.Tensor]]) -> s
     return None
 
 
+def fingerprints_digest(records: dict[str, list]) -> str:
+    """SHA-256 of every parameter record (`builds.ParameterFingerprints.records()`: names, shapes, dtypes,
+    statistics and samples), in module order: what a remembered digest's weights must show again."""
+    import msgpack
+
+    digest = hashlib.sha256()
+    for path, path_records in records.items():
+        digest.update(msgpack.packb([path, [record.to_json() for record in path_records]]))
+    return digest.hexdigest()
+
+
+def _build_entry(folder: Path, build_key: str) -> Path:
+    return folder / BUILDS_FOLDER / f"{build_key}.json"
+
+
+def remembered_digest(
+    folder: Path, build_key: str, fingerprints: str, tensors: list[tuple[str, torch.Tensor]]
+) -> str | None:
+    """The digest the store remembers for the build `build_key` (`build_identity.py`), when the weights it was
+    remembered for had these `fingerprints`, its store file is the one remembered (size, time, inode) and lists
+    `tensors`, and starts each with their bytes (4 KB of each read: the whole match reads all); None otherwise.
+    The entry is data another process wrote: anything unreadable, oversized or malformed counts as none, never
+    an error."""
+    try:
+        with open(_build_entry(folder, build_key), "rb") as handle:
+            text = handle.read(MAX_BUILD_ENTRY_BYTES + 1)
+        entry = json.loads(text) if len(text) <= MAX_BUILD_ENTRY_BYTES else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("fingerprints") != fingerprints:
+        return None
+    digest = entry.get("digest")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(char in "0123456789abcdef" for char in digest)):
+        return None
+    try:
+        with open(folder / f"{digest}{STORE_SUFFIX}", "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if entry.get("file") != _file_identity(status):
+                return None
+            size = status.st_size
+            header, data_start = read_header(handle, folder / f"{digest}{STORE_SUFFIX}", size, MAX_STORE_HEADER_BYTES)
+            offsets = _offsets_if_same_layout(header, _layout(tensors), size - data_start)
+            if offsets is None or not _same_bytes(handle.fileno(), data_start, offsets, tensors, whole=False):
+                return None
+    except (OSError, ValueError, BufferError, RuntimeError, TraceFormatError):
+        return None
+    return digest
+
+
+def remember_digest(folder: Path, build_key: str, fingerprints: str, digest: str) -> None:
+    """Remember that the build `build_key` made the weights of the store file `digest`, with these
+    `fingerprints`, and the file's identity now (`_file_identity`: a file written since is not trusted on the
+    entry's word). A temporary sibling renamed into place; a store that cannot be written, or a file that is
+    gone, remembers nothing: never an error."""
+    entry = _build_entry(folder, build_key)
+    temporary = entry.with_name(f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        file = _file_identity(os.stat(folder / f"{digest}{STORE_SUFFIX}"))
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps({"digest": digest, "fingerprints": fingerprints, "file": file}))
+        os.replace(temporary, entry)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+
+
+def _file_identity(status: os.stat_result) -> list[int]:
+    return [status.st_size, status.st_mtime_ns, status.st_ino]
+
+
+def remember_model_digest(model: nn.Module, tensors: list[tuple[str, torch.Tensor]], digest: str) -> None:
+    """Keep `digest` as the model's while its stored tensors are unchanged (`model_digest` then returns it)."""
+    key = _version_key(tensors)
+    if key is not None:
+        _DIGESTS[model] = (key, digest)
+
+
 def _offsets_if_same_layout(header: dict, layout: dict[str, tuple], data_size: int) -> dict[str, int] | None:
     """Where each tensor of `layout` starts in the file's data, when the header lists exactly those tensors with
     their dtypes and shapes, each entry's bytes inside the data and of its size; else None."""
@@ -169,18 +255,41 @@ def _offsets_if_same_layout(header: dict, layout: dict[str, tuple], data_size: i
     return starts
 
 
-def _same_bytes(descriptor: int, data_start: int, starts: dict[str, int], tensors: list) -> bool:
+def _same_bytes(descriptor: int, data_start: int, starts: dict[str, int], tensors: list, whole: bool = True) -> bool:
     """Whether the file's bytes at `starts` equal each tensor's: the first 4 KB of every tensor first (other
-    weights differ there: a mismatch costs a few pages read), then all of them, each from a read-only map of
-    its own bytes in the file (no copy; a tensor off the CPU is copied to it one at a time, as for hashing)."""
+    weights differ there: a mismatch costs a few pages read), then all of them (`whole`), each from a read-only
+    map of its own bytes in the file (no copy; a tensor off the CPU is copied to it one at a time, as for
+    hashing)."""
     with torch.no_grad():
-        for first_pass in (True, False):
+        for name, tensor in tensors:
+            start = _first_bytes(tensor, 4096)
+            # NOTE: read, not mapped: a map and its page faults cost ~60 us a tensor
+            if os.pread(descriptor, len(start), data_start + starts[name]) != start:
+                return False
+        if whole:
             for name, tensor in tensors:
-                if first_pass:
-                    tensor = tensor.detach().reshape(-1)[: max(1, 4096 // tensor.element_size())]
                 if not _file_bytes_equal(descriptor, data_start + starts[name], _raw(tensor)):
                     return False
     return True
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _first_bytes(tensor: torch.Tensor, limit: int) -> bytes:
+    """The first `limit` bytes of the tensor's data (whole elements), as bytes (compared with `==`, they are
+    compared by `memcmp`; a memoryview compares element by element)."""
+    count = max(1, limit // tensor.element_size())
+    if (
+        type(tensor) in _PLAIN
+        and tensor.is_cpu
+        and tensor.layout is torch.strided
+        and tensor.is_contiguous()
+        and not tensor.is_neg()
+    ):
+        # NOTE: straight from memory: `_raw`'s six tensor calls cost more than the read, ~80 tensors a model
+        return ctypes.string_at(tensor.data_ptr(), min(count, tensor.numel()) * tensor.element_size())
+    return _raw(tensor.detach().reshape(-1)[:count]).tobytes()
 
 
 def _file_bytes_equal(descriptor: int, offset: int, raw: memoryview) -> bool:
@@ -253,12 +362,20 @@ class WeightWork:
     `model_digest`'s cache for `store_parameters` (a model changed meanwhile is caught by its check and hashed
     again). Below `THREAD_MIN_ELEMENTS`, statistics only, the fingerprints are made when asked for, on the
     caller's thread. The settings and construction lines stay on the job's thread: they parse source (`ast`,
-    unsafe on two threads in 3.11)."""
+    unsafe on two threads in 3.11).
 
-    def __init__(self, model: nn.Module, max_tensor_mb: float | None) -> None:
+    With a `build_key` (`build_identity.BuildInputs`), the digest waits for the fingerprints' records too: a
+    digest the store remembers for that build, whose weights had the same fingerprints, is taken after a spot
+    check of its file (`remembered_digest`) instead of the byte match; a digest found otherwise is remembered."""
+
+    def __init__(self, model: nn.Module, max_tensor_mb: float | None, build_key: str | None = None) -> None:
         from modeltrace.worker.builds import ParameterFingerprints
 
         self._model, self._max_tensor_mb = model, max_tensor_mb
+        self._build_key = build_key if max_tensor_mb is not None else None
+        self._fingerprints_digest: str | None = None
+        self._remembered = False
+        self._fingerprinted = threading.Event()  # NOTE: the records' digest made, or never to be
         # NOTE: planned here whether or not it is read on the second thread (after the forward it costs the same)
         self._plan = ParameterFingerprints(model)
         self._error: BaseException | None = None
@@ -280,22 +397,56 @@ class WeightWork:
             self._forward_ended.wait()
         if self._max_tensor_mb is not None and not self._abandoned:
             try:
-                tensors = stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0]
-                model_digest(self._model, tensors, default_store())
+                self._digest()
             except Exception:  # noqa: BLE001 - `store_parameters` hashes again and reports what fails
                 pass
         self._finished.set()
+
+    def _digest(self) -> None:
+        if self._build_key is not None:
+            self._fingerprinted.wait()
+            if self._abandoned or self._remembered:
+                return
+        model_digest(self._model, self._stored_tensors(), default_store())
+
+    def _stored_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        assert self._max_tensor_mb is not None
+        return stored_tensors(self._model, int(self._max_tensor_mb * 2**20))[0]
+
+    def _take_remembered(self, records: dict[str, list]) -> None:
+        """The digest the store remembers for this build and these fingerprints, kept as the model's; on the
+        job's thread (a few Python calls a tensor: on the second one they would wait for the GIL meanwhile)."""
+        assert self._build_key is not None
+        self._fingerprints_digest = fingerprints_digest(records)
+        tensors = self._stored_tensors()
+        digest = remembered_digest(default_store(), self._build_key, self._fingerprints_digest, tensors)
+        if digest is not None:
+            remember_model_digest(self._model, tensors, digest)
+            self._remembered = True
+
+    def remember(self, stored: dict[str, Any]) -> None:
+        """After `store_parameters`: the store remembers this build's digest and fingerprints, and its file as it
+        is now (a file written again since is matched again), unless it was remembered already."""
+        if self._build_key is None or self._fingerprints_digest is None or self._remembered:
+            return
+        if isinstance(stored.get("file"), str) and isinstance(stored.get("store"), str):
+            folder = Path(stored["store"])
+            digest = stored["file"].removesuffix(STORE_SUFFIX)
+            remember_digest(folder, self._build_key, self._fingerprints_digest, digest)
 
     def forward_exited(self, error_type: type[BaseException] | None, *_: object) -> bool:
         """The forward's exit (an `ExitStack.push` callback): the digest starts, or, if it raised, is not made
         (nothing will ask for it, and the thread ends). Never swallows the error."""
         self._abandoned = error_type is not None
+        if self._abandoned:
+            self._fingerprinted.set()
         self._forward_ended.set()
         return False
 
     def wait(self) -> None:
         """Until the digest too is done (`store_parameters` then finds it in the cache). After the forward."""
         self._forward_ended.set()
+        self._fingerprinted.set()  # NOTE: fingerprints never asked for (a failure): the byte match goes on
         if not self._threaded and not self._finished.is_set():
             self._run()
         self._finished.wait()
@@ -308,9 +459,15 @@ class WeightWork:
             self._plan.read()
             self._recorded.set()
         self._recorded.wait()
-        if self._error is not None:
-            raise self._error
-        return self._plan.records()
+        try:
+            if self._error is not None:
+                raise self._error
+            records = self._plan.records()
+            if self._build_key is not None:
+                self._take_remembered(records)
+            return records
+        finally:
+            self._fingerprinted.set()
 
 
 def store_parameters(

@@ -66,6 +66,10 @@ PRELOADED_MODULES = (
 def _preload() -> None:
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
+    from modeltrace.worker.build_identity import note_loaded_code
+
+    # NOTE: the children run this code as it is now, whatever its files hold when they build
+    note_loaded_code()
 
 
 def _remove_abandoned(request: TraceRequest, child: int) -> None:
