@@ -26,8 +26,10 @@ deleted outside the timing:
   reference in the shared store: written there by the warm-up round, once per content).
 - `worker stats` / `worker full`: the worker's own job code (`worker/job.py` `_run_built`: the path of the CLI's
   `trace` and of the editor) in this process, from the built model to the trace in place: a fresh worker process
-  has no digest of the weights and no source hashes yet, so both are dropped before each of its rounds. Left out:
-  building the model, the process hop, and the flush to disk after the worker answered.
+  has no digest of the weights and no source hashes yet, so both are dropped before each of its rounds; with full
+  tensors it has the build key a rebuild of the same model gives (nothing it reads changed), so the store's
+  entry for that build is found after the warm-up round (`worker/build_identity.py`). Left out: building the
+  model, the process hop, and the flush to disk after the worker answered.
 
 `--first-trace N`: the worker's trace as the CLI and the editor really take it, in a child forked from the warm
 zygote, which has cached nothing about the model's classes: N fresh processes per size, each importing what the
@@ -46,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import json
 import os
 import platform
@@ -144,9 +147,28 @@ def _worker(full: bool) -> Callable[[torch.nn.Module, torch.Tensor, Path], None]
     def run(model: torch.nn.Module, input_ids: torch.Tensor, folder: Path) -> None:
         request = TraceRequest(file=modeling_file, out=str(folder / "worker.mtrace"), full_tensors=full)
         built = BuiltModel(model=model, args=(input_ids,), model_class=type(model).__name__)
-        _run_built(request, lambda text: None, built, ConstructionRecorder(), time.perf_counter())
+        # NOTE: the key only where this checkout's job takes one (an older one, timed for a before/after, does not)
+        build_key = (None, _build_key(request)) if full and _build_key(request) is not None else ()
+        _run_built(request, lambda text: None, built, ConstructionRecorder(), time.perf_counter(), *build_key)
 
     return run
+
+
+@functools.cache
+def _build_key_of(file: str, full_tensors: bool) -> str | None:
+    """The build key a rebuild of the bench's model gives every round (the same model, nothing it reads
+    changed), as the job computes it after a build (`build_identity.BuildInputs`); None before the build keys."""
+    try:
+        from modeltrace.worker.build_identity import BuildInputs
+    except ImportError:
+        return None
+    with BuildInputs() as inputs:
+        pass
+    return inputs.key(TraceRequest(file=file, full_tensors=full_tensors))
+
+
+def _build_key(request: TraceRequest) -> str | None:
+    return _build_key_of(request.file, request.full_tensors)
 
 
 def _fresh_worker(model: torch.nn.Module) -> None:
