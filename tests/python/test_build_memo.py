@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import transformers
 import torch
 
 from modeltrace.trace.parameter_store import STORE_ENVIRONMENT
@@ -249,3 +250,54 @@ def test_the_worker_remembers_a_build_across_its_children(tmp_path: Path, store:
     assert files[0] == files[1]
     (entry,) = _entries(store)
     assert f"{entry['digest']}.safetensors" == files[0]
+
+
+def test_a_checkpoint_saved_again_sends_the_build_back_to_the_match(
+    tmp_path: Path, store: Path, work: dict[str, int]
+) -> None:
+    """A checkpoint's weights are read by native code (no audit event): the key names each of its files by size,
+    time and inode, so a checkpoint saved again with one value changed is matched, not taken on the entry's word."""
+    from modeltrace.worker.building import build_from_file
+
+    file = Path(transformers.__file__).parent / "models" / "llama" / "modeling_llama.py"
+    original = build_from_file(file, None, None, seed=0).model
+    original.save_pretrained(tmp_path / "checkpoint")
+
+    def trace(name: str) -> dict:
+        request = TraceRequest(
+            file=str(file), checkpoint=str(tmp_path / "checkpoint"), out=str(tmp_path / name), full_tensors=True
+        )
+        return read_trace(run_trace_job(request, lambda _message: None).trace).model["parameters"]
+
+    first = trace("first.mtrace")
+    assert trace("again.mtrace") == first and work["matched"] == 1
+    with torch.no_grad():
+        weight = original.get_input_embeddings().weight
+        weight[weight.shape[0] // 2, 3] += 1.0
+    original.save_pretrained(tmp_path / "checkpoint")
+    changed = trace("changed.mtrace")
+    assert work["matched"] == 2 and changed["file"] != first["file"]
+
+
+def test_the_editor_worker_remembers_a_modeling_file_build(tmp_path: Path, store: Path, example_copy: Path) -> None:
+    """The editor's path: the example modeling file built unaided by the real worker, a child forked per trace.
+    The second trace takes the first's entry (it is not written again: the build was remembered); an edit of
+    the configuration file the modeling file imports makes another key, whose entry names the same weights."""
+    worker = WorkerClient()
+    try:
+
+        def trace(name: str) -> dict:
+            request = TraceRequest(file=str(example_copy), out=str(tmp_path / name), full_tensors=True)
+            return read_trace(worker.trace(request).trace).model["parameters"]
+
+        first = trace("a.mtrace")
+        (entry,) = (store / "builds").glob("*.json")
+        written = entry.stat().st_mtime_ns
+        assert trace("b.mtrace") == first
+        assert list((store / "builds").glob("*.json")) == [entry] and entry.stat().st_mtime_ns == written
+        configuration = example_copy.parent / "configuration_tiny_llama.py"
+        configuration.write_text(configuration.read_text() + "\n# edited\n")
+        assert trace("c.mtrace")["file"] == first["file"]
+        assert len(list((store / "builds").glob("*.json"))) == 2
+    finally:
+        worker.close()

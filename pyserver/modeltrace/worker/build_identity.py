@@ -56,9 +56,13 @@ _loaded_code: dict[str, tuple[weakref.ref, tuple | None]] = {}
 
 
 def _audit(event: str, args: tuple) -> None:
-    # NOTE: called for every audit event of the process once installed: returns at once unless a build records
+    # NOTE: called for every audit event of the process once installed: returns at once unless a build records;
+    # never raises (an audit hook's exception would fail the build's own `open`)
     if _recorders and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        _recorders[-1].opened.add(os.fsdecode(args[0]))
+        try:
+            _recorders[-1].opened.add(os.fsdecode(args[0]))
+        except Exception:  # noqa: BLE001 - a path that cannot be named is only a miss for the key
+            _recorders[-1].unnamed = True
 
 
 def _install_hook() -> None:
@@ -127,6 +131,7 @@ class BuildInputs:
 
     def __init__(self) -> None:
         self.opened: set[str] = set()
+        self.unnamed = False  # a file opened whose path could not be read: no key
         self._modules_before: set[str] = set()
         self.imported: list[str] = []
 
@@ -145,6 +150,8 @@ class BuildInputs:
 
     def key(self, request: Any) -> str | None:
         """The build's key (hex SHA-256), or None when it cannot be told (anything unreadable: not remembered)."""
+        if self.unnamed:
+            return None
         try:
             return hashlib.sha256(json.dumps(self._described(request), sort_keys=True).encode()).hexdigest()
         except (OSError, TypeError, ValueError):
