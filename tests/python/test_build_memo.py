@@ -232,6 +232,16 @@ def test_the_key_covers_what_the_build_opened_and_imported(tmp_path: Path) -> No
     assert build().key(dataclasses.replace(request, seed=1)) != key
     config.write_text('{"hidden": 16}')
     assert build().key(request) != key
+    # the opens are replaced only while a build records, and put back whatever the build raised
+    import builtins
+    import io
+    import os
+
+    opens = (builtins.open, io.open, os.open)
+    with pytest.raises(RuntimeError, match="the build failed"), BuildInputs():
+        assert builtins.open is not opens[0] and os.open is not opens[2]
+        raise RuntimeError("the build failed")
+    assert (builtins.open, io.open, os.open) == opens
 
 
 def test_the_worker_remembers_a_build_across_its_children(tmp_path: Path, store: Path, recipe: Path) -> None:

@@ -8,10 +8,9 @@ every weight and the file (a medium Llama: 17-32 ms after each forward, a quarte
 what a build reads (`BuildInputs`, around `build_from_request`):
 
 - the request's fields that can change the model (every field but where the trace goes and how it is shown);
-- every file the build opens, through Python (`open`, `os.open`, and the imports' `io.open_code`: the modeling
-  file, its imports' sources or bytecode, the recipe, a config, `torch.load`), and every module it imports,
-  each by size, modification time and inode; a checkpoint folder's files the same way (safetensors' reads are
-  native: no audit event);
+- every file the build opens through Python (`open`, `pathlib`, `os.open`: the recipe, a config, `torch.load`,
+  `numpy.load`) and every module it imports, each by size, modification time and inode; a checkpoint folder's
+  files the same way (safetensors reads them in native code, which no Python open sees);
 - the code loaded before the build (the project's, an editable transformers: every module file outside the
   interpreter's own library and its site-packages, whose folders' times change when a package is installed),
   the library versions, the CPU and the environment variables torch, transformers and ModelTrace read.
@@ -24,8 +23,10 @@ every tensor with the model's bytes. What passes all three and still differs wou
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
+import io
 import json
 import os
 import platform
@@ -47,31 +48,46 @@ ENVIRONMENT_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "M
 MAX_CHECKPOINT_FILES = 512
 
 _recorders: list[BuildInputs] = []
-_hook_installed = False
-_hook_lock = threading.Lock()
+_lock = threading.Lock()
 # module file -> (the module, its file's identity when the module was first seen): the code in memory is what
 # the file held when it was imported (the zygote takes those it preloaded before it forks); a module made again
 # (a recipe, executed by every build) is a new object, its file looked at again
 _loaded_code: dict[str, tuple[weakref.ref, tuple | None]] = {}
 
 
-def _audit(event: str, args: tuple) -> None:
-    # NOTE: called for every audit event of the process once installed: returns at once unless a build records;
-    # never raises (an audit hook's exception would fail the build's own `open`)
-    if _recorders and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        try:
-            _recorders[-1].opened.add(os.fsdecode(args[0]))
-        except Exception:  # noqa: BLE001 - a path that cannot be named is only a miss for the key
-            _recorders[-1].unnamed = True
+def _note_opened(file: Any, relative_to_folder: bool = False) -> None:
+    if not _recorders or isinstance(file, int):  # NOTE: an open file descriptor was opened, and noted, before
+        return
+    try:
+        if relative_to_folder:
+            raise ValueError("a path relative to a folder's descriptor")
+        _recorders[-1].opened.add(os.path.abspath(os.fsdecode(file)))
+    except Exception:  # noqa: BLE001 - never fails the build's own open; the build is only not keyed
+        _recorders[-1].unnamed = True
 
 
-def _install_hook() -> None:
-    """The audit hook, once per process (an audit hook cannot be removed: it stays, idle, after the build)."""
-    global _hook_installed
-    with _hook_lock:
-        if not _hook_installed:
-            sys.addaudithook(_audit)
-            _hook_installed = True
+def _recording_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+    _note_opened(file)
+    return _OPENS["builtins.open"](file, *args, **kwargs)
+
+
+def _recording_os_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+    _note_opened(path, kwargs.get("dir_fd") is not None)
+    return _OPENS["os.open"](path, *args, **kwargs)
+
+
+# NOTE: the opens a build's Python code reaches (`open`, `pathlib`'s `io.open`, `os.open`), replaced while a build
+# records, not an audit hook: a hook, never removable, is called for every `id()` and `sys._getframe` of the
+# process after it (~3,000 in a tiny Llama's worker trace: ~0.4 ms on a 2.6 ms forward). `linecache` reads
+# through `tokenize.open`, bound when it was imported: the source lines read for the records are not inputs.
+_OPENS: dict[str, Any] = {"builtins.open": builtins.open, "io.open": io.open, "os.open": os.open}
+_REPLACEMENTS = {"builtins.open": _recording_open, "io.open": _recording_open, "os.open": _recording_os_open}
+_HOLDERS = {"builtins.open": builtins, "io.open": io, "os.open": os}
+
+
+def _replace_opens(replace: bool) -> None:
+    for name, holder in _HOLDERS.items():
+        setattr(holder, name.split(".")[1], _REPLACEMENTS[name] if replace else _OPENS[name])
 
 
 def identity(path: str) -> tuple | None:
@@ -136,14 +152,19 @@ class BuildInputs:
         self.imported: list[str] = []
 
     def __enter__(self) -> BuildInputs:
-        _install_hook()
         self._modules_before = set(sys.modules)
-        _recorders.append(self)
+        with _lock:
+            if not _recorders:
+                _replace_opens(True)
+            _recorders.append(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self in _recorders:
-            _recorders.remove(self)
+        with _lock:
+            if self in _recorders:
+                _recorders.remove(self)
+            if not _recorders:
+                _replace_opens(False)
         self.imported = [
             file for file, _ in _module_files(name for name in list(sys.modules) if name not in self._modules_before)
         ]
