@@ -311,3 +311,18 @@ def test_the_editor_worker_remembers_a_modeling_file_build(tmp_path: Path, store
         assert len(list((store / "builds").glob("*.json"))) == 2
     finally:
         worker.close()
+
+
+def test_the_oldest_build_entries_go_past_the_limit(
+    store: Path, monkeypatch: pytest.MonkeyPatch, recipe: Path
+) -> None:
+    monkeypatch.setattr(parameter_store, "MAX_BUILD_ENTRIES", 8)
+    digest = _trace(recipe, "first")["file"].removesuffix(".safetensors")
+    import os
+
+    for index in range(12):
+        parameter_store.remember_digest(store, f"{index:064x}", "f" * 64, digest)
+        os.utime(store / "builds" / f"{index:064x}.json", ns=(index * 10**9, index * 10**9))
+    kept = sorted(path.stem for path in (store / "builds").glob("*.json"))
+    # pruned when the 9th entry came (down to 6), then again at the 12th: the newest always stay
+    assert len(kept) <= 8 and f"{11:064x}" in kept and f"{0:064x}" not in kept

@@ -52,6 +52,8 @@ MAX_FILES_COMPARED = 4
 # `<store>/builds/<build key>.json`: the digest each build's weights had (`remembered_digest`)
 BUILDS_FOLDER = "builds"
 MAX_BUILD_ENTRY_BYTES = 4096
+# NOTE: every edit of a traced model's files makes a new key: past this many entries the oldest quarter goes
+MAX_BUILD_ENTRIES = 2048
 
 
 def stored_tensors(model: nn.Module, max_tensor_bytes: int | None) -> tuple[list[tuple[str, torch.Tensor]], dict]:
@@ -222,6 +224,22 @@ def remember_digest(folder: Path, build_key: str, fingerprints: str, digest: str
         os.replace(temporary, entry)
     except OSError:
         temporary.unlink(missing_ok=True)
+        return
+    _prune_entries(entry.parent)
+
+
+def _prune_entries(folder: Path) -> None:
+    """Past `MAX_BUILD_ENTRIES`, remove the entries written longest ago, down to three quarters of it (an entry
+    removed is only a byte match the next time that build runs). Never an error."""
+    try:
+        with os.scandir(folder) as listing:
+            entries = [(item.stat().st_mtime_ns, item.path) for item in listing if item.name.endswith(".json")]
+        if len(entries) <= MAX_BUILD_ENTRIES:
+            return
+        for _, path in sorted(entries)[: len(entries) - MAX_BUILD_ENTRIES * 3 // 4]:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _file_identity(status: os.stat_result) -> list[int]:
