@@ -156,6 +156,61 @@ def test_a_tensor_changed_in_place_after_capture_is_stored_as_captured(
     assert (outputs["third"] < 0).any()
 
 
+class InPlaceOperators(nn.Module):
+    """Module outputs changed in place the other ways model code writes it: an augmented assignment (the
+    tensor's `__iadd__` slot), an activation module with `inplace=True` (`F.relu` calls `torch.relu_`) and a
+    functional one (`F.silu(inplace=True)` calls `torch._C._nn.silu_`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 6)
+        self.third = nn.Linear(6, 6)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
+        hidden = self.first(x)
+        hidden += 100.0
+        other = self.act(self.second(hidden))
+        last = torch.nn.functional.silu(self.third(other), inplace=True)
+        done.set()
+        return last
+
+
+def test_operators_and_inplace_activations_are_stored_as_captured(
+    held_writer: threading.Event, tmp_path: Path
+) -> None:
+    """The guard wraps torch's in-place functions only while the forward runs: each change is seen, the values
+    stored are those before it, and afterwards (and after a forward that raised) torch is as it was."""
+    torch.manual_seed(0)
+    model, x = InPlaceOperators(), torch.randn(3, 6)
+    originals = (torch.Tensor.__iadd__, torch.Tensor.add_, torch.relu_, torch._C._nn.silu_, torch.nn.functional.relu_)
+    with torch.no_grad():
+        first = model.first(x)
+        second = model.second(first + 100.0)
+        third = model.third(torch.relu(second))
+    folder, stream = streamed_trace(model, (x, held_writer), tmp_path / "operators.mtrace", 1 << 20)
+    assert stream.copies == 3
+    with load_reference(folder) as loaded:
+        outputs = {record.path: loaded.tensors.get(record.outputs[0].tensor) for record in loaded.trace.modules}
+    assert np.array_equal(outputs["first"], first.numpy())  # before `+= 100`
+    assert np.array_equal(outputs["second"], second.numpy()) and (second < 0).any()  # before the ReLU
+    assert np.array_equal(outputs["third"], third.numpy())  # before the SiLU
+    assert (torch.Tensor.__iadd__, torch.Tensor.add_, torch.relu_, torch._C._nn.silu_, torch.nn.functional.relu_) == (
+        originals
+    )
+    assert "__iadd__" not in vars(torch.Tensor) and "dropout_" not in vars(torch._VF)
+
+    class Raises(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert torch.Tensor.add_ is not originals[1]  # wrapped while the forward runs
+            raise RuntimeError("the forward failed")
+
+    with pytest.raises(RuntimeError, match="the forward failed"):
+        streamed_trace(Raises(), x, tmp_path / "raised.mtrace", 1 << 20)
+    assert torch.Tensor.add_ is originals[1] and torch.relu_ is originals[2]
+
+
 class LayerScaledBlock(nn.Module):
     """ConvNeXt's block as timm writes it, with its layer scale applied in place: the depthwise convolution's
     output permuted to channels-last (a strided tensor, captured as the norm's input), the MLP's output scaled in
@@ -228,8 +283,7 @@ def test_a_change_the_guard_cannot_see_is_not_stored_but_said(held_writer: threa
 
         def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
             hidden = self.first(x)
-            with torch._C.DisableTorchFunction():  # as C++ code would: no torch function mode sees it
-                hidden.add_(1.0)
+            torch._C.TensorBase.add_(hidden, 1.0)  # as C++ code would: torch's own method, not `Tensor.add_`
             done.set()
             return hidden
 

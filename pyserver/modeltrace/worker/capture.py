@@ -326,9 +326,6 @@ class ModuleCapture:
         self._devices: dict[str, str] = {}
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
-        if stream is not None and full_tensors:
-            # NOTE: the stream's in-place guard watches the model's torch calls, not ModelTrace's own reads
-            self._summary = stream.guard.bypassed(self._summary)  # type: ignore[method-assign]
 
     @property
     def call_stack(self) -> list[int]:

@@ -15,10 +15,11 @@ keep that correct and bounded:
   full-tensor trace's peak memory is the plain forward's plus the budget, whatever the model size. One tensor
   larger than the whole budget is let in alone, once the queue is empty.
 - Values as captured: a queued tensor that the forward is about to change in place (`x.add_`, `x[...] = `,
-  `relu(inplace=True)`, `out=`) is copied first, once (`_InPlaceGuard`, a `TorchFunctionMode` that looks only at
-  in-place calls, and only while tensors are queued); nothing is copied that is never changed. The tensor's
-  version counter (`_version`) is the safety net for a change the guard cannot see (inside C++ code): a tensor
-  whose version moved before or while it was written is not kept (`stale`, with the reason for its summary).
+  `x += y`, `relu(inplace=True)`) is copied first, once (`_InPlaceGuard`: torch's in-place functions wrapped
+  while the forward runs, every other call untouched); nothing is copied that is never changed. The tensor's
+  version counter (`_version`) is the safety net for a change the guard cannot see (a write into `out=`, C++
+  code): a tensor whose version moved before or while it was written is not kept (`stale`, with the reason for
+  its summary).
 - Failure: the first write error (disk full, a folder that cannot be written) stops the writer, drops the
   queue, and is raised by the next `put` (stopping the forward) or by `finish`, as one `ModelTraceError`
   naming the folder; the caller discards the temporary folder, so no half-written trace is left.
@@ -38,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import TensorSummary
@@ -163,7 +163,7 @@ class TensorStream:
     def protect(self, target: Any) -> None:
         """Called before an in-place change of `target`: a queued tensor over the same storage is copied first
         (once), or, when the writer is reading it right now, the change waits until it is written."""
-        if not isinstance(target, torch.Tensor) or not target.is_cpu:
+        if not self._by_storage or not isinstance(target, torch.Tensor) or not target.is_cpu:
             return
         try:
             storage = target.untyped_storage().data_ptr()
@@ -342,16 +342,6 @@ _RELEASED = torch.empty(0)
 WAKE_BYTES = 4 << 20
 
 
-# NOTE: torch's own functions over the (per-thread) torch function mode stack, which `torch.overrides` uses to
-# push and pop modes; missing in a torch that lacks them: nothing is bypassed there
-_stack_length = getattr(torch._C, "_len_torch_function_stack", None)
-_stack_at = getattr(torch._C, "_get_function_stack_at", None)
-_pop_mode = getattr(torch._C, "_pop_torch_function_stack", None)
-_push_mode = getattr(torch._C, "_push_on_torch_function_stack", None)
-if None in (_stack_at, _pop_mode, _push_mode):
-    _stack_length = None
-
-
 # Dunder methods that change their tensor in place (`x += y`, `x[i] = v`); every other in-place torch call ends
 # in one underscore (`add_`, `copy_`, `masked_fill_`), takes `inplace=True`, or writes into `out=`.
 _IN_PLACE_DUNDERS = frozenset(
@@ -374,56 +364,125 @@ _IN_PLACE_DUNDERS = frozenset(
 )
 
 
-def _changes_first_argument(function: Any) -> bool:
-    name = getattr(function, "__name__", "")
+def _changes_first_argument(name: str) -> bool:
     return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
 
 
-class _InPlaceGuard(TorchFunctionMode):
-    """Sees every torch call of the forward (a `TorchFunctionMode`), and before one that changes a tensor in
-    place has `TensorStream.protect` copy any queued tensor over the same memory. A dictionary look-up per call
-    when nothing is queued or the call changes nothing."""
+def _in_place_holders() -> tuple[Any, ...]:
+    import torch.nn.functional
+
+    return (torch.Tensor, torch, torch.nn.functional, torch._C._nn, torch._VF)
+
+
+@dataclass(slots=True)
+class _Holder:
+    """Where some in-place functions are found, and what the guard puts there: a module's are swapped in its
+    dict at once (`own`: held there; `forwarded`: found through the module's `__getattr__`, as `torch._VF`
+    finds them); a class's (`torch.Tensor`) one attribute at a time, through `setattr`, which updates its
+    subclasses and its operator slots (`x += y`)."""
+
+    holder: Any
+    own: dict[str, Any]
+    forwarded: dict[str, Any]
+    wrapped: dict[str, Any]
+
+
+_GUARD_LOCK = threading.Lock()
+# the streams whose guard is entered (a capture per thread at most; usually one)
+_ACTIVE_STREAMS: list[TensorStream] = []
+_HOLDERS: list[_Holder] | None = None
+
+
+def in_place_plan() -> list[_Holder]:
+    """Every in-place function of `_in_place_holders`, listed once per process with its wrapper."""
+    global _HOLDERS
+    if _HOLDERS is None:
+        plan = []
+        for holder in _in_place_holders():
+            names = set(dir(holder))
+            if holder is torch._VF:  # NOTE: a module that forwards its attributes to this one
+                names |= set(dir(torch._C._VariableFunctions))
+            entry = _Holder(holder, {}, {}, {})
+            for name in sorted(names):
+                original = getattr(holder, name, None) if _changes_first_argument(name) else None
+                if callable(original) and not isinstance(original, type):
+                    (entry.own if name in vars(holder) else entry.forwarded)[name] = original
+                    entry.wrapped[name] = _protecting(original)
+            plan.append(entry)
+        _HOLDERS = plan
+    return _HOLDERS
+
+
+def _protecting(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original`, after protecting its first argument's memory for every active stream."""
+
+    def protected(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            for stream in _ACTIVE_STREAMS:
+                stream.protect(args[0])
+        return original(*args, **kwargs)
+
+    protected.__name__ = getattr(original, "__name__", "protected")
+    protected.__qualname__ = getattr(original, "__qualname__", protected.__name__)
+    protected.__doc__ = getattr(original, "__doc__", None)
+    return protected
+
+
+def _swap_in(plan: list[_Holder]) -> None:
+    for entry in plan:
+        if isinstance(entry.holder, type):
+            for name, wrapper in entry.wrapped.items():
+                setattr(entry.holder, name, wrapper)
+        else:
+            vars(entry.holder).update(entry.wrapped)
+
+
+def _swap_out(plan: list[_Holder]) -> None:
+    for entry in plan:
+        if isinstance(entry.holder, type):
+            for name, original in entry.own.items():
+                setattr(entry.holder, name, original)
+            for name in entry.forwarded:
+                if name in vars(entry.holder):
+                    delattr(entry.holder, name)  # NOTE: inherited: found in the base class again
+        else:
+            namespace = vars(entry.holder)
+            namespace.update(entry.own)
+            for name in entry.forwarded:
+                namespace.pop(name, None)
+
+
+class _InPlaceGuard:
+    """While the forward runs, every torch function that changes its first argument in place (`torch.Tensor`'s
+    methods ending in one underscore and its in-place dunders, and the functions of that name in `torch`,
+    `torch.nn.functional`, `torch._C._nn` and `torch._VF`, which `F.relu(x, inplace=True)` and its kin call) is
+    replaced by a wrapper that first has `TensorStream.protect` copy any queued tensor over the same memory;
+    every other call runs untouched. Put back on exit, whatever the forward raised.
+
+    NOTE: not a `TorchFunctionMode`, which sees every torch call (and attribute read) of the forward in Python:
+    ~10 ms of a medium Llama's 100 ms forward with full tensors, for the few calls that change anything. What a
+    wrapper cannot see (a write into `out=`, an in-place call from C++ or through `torch.ops`) is caught by the
+    version counter: that tensor is not kept, and its summary says why."""
 
     def __init__(self, stream: TensorStream) -> None:
-        super().__init__()
         self.stream = stream
-        self._in_place: dict[Any, bool] = {}
 
-    def bypassed(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """`function` run with this guard off while it is the innermost torch function mode: for ModelTrace's own
-        reads of a captured tensor (its statistics, its bytes' address), which change nothing and made ~30 torch
-        calls per tensor (attribute reads included) that the guard saw one by one (~4 µs each: at medium, six
-        times the model's own calls). Another mode entered inside the forward stays in charge, guard and all."""
-        if _stack_length is None:
-            return function
-        guard = self
+    def __enter__(self) -> _InPlaceGuard:
+        with _GUARD_LOCK:
+            _ACTIVE_STREAMS.append(self.stream)
+            if len(_ACTIVE_STREAMS) == 1:
+                plan = in_place_plan()
+                try:
+                    _swap_in(plan)
+                except BaseException:
+                    _swap_out(plan)
+                    _ACTIVE_STREAMS.remove(self.stream)
+                    raise
+        return self
 
-        def outside_the_guard(*args: Any) -> Any:
-            depth = _stack_length()
-            if not depth or _stack_at(depth - 1) is not guard:
-                return function(*args)
-            _pop_mode()
-            try:
-                return function(*args)
-            finally:
-                _push_mode(guard)
-
-        return outside_the_guard
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        if self.stream._by_storage:
-            try:
-                in_place = self._in_place.get(func)
-                if in_place is None:
-                    in_place = self._in_place[func] = _changes_first_argument(func)
-            except TypeError:  # an unhashable callable
-                in_place = _changes_first_argument(func)
-            if (in_place or kwargs.get("inplace") is True) and args:
-                self.stream.protect(args[0])
-            out = kwargs.get("out")
-            if out is not None:
-                for target in out if isinstance(out, (tuple, list)) else (out,):
-                    self.stream.protect(target)
-        return func(*args, **kwargs)
+    def __exit__(self, *exc_info: object) -> None:
+        with _GUARD_LOCK:
+            if self.stream in _ACTIVE_STREAMS:
+                _ACTIVE_STREAMS.remove(self.stream)
+                if not _ACTIVE_STREAMS:
+                    _swap_out(in_place_plan())
