@@ -80,14 +80,18 @@ def _recording_os_open(path: Any, *args: Any, **kwargs: Any) -> Any:
 # records, not an audit hook: a hook, never removable, is called for every `id()` and `sys._getframe` of the
 # process after it (~3,000 in a tiny Llama's worker trace: ~0.4 ms on a 2.6 ms forward). `linecache` reads
 # through `tokenize.open`, bound when it was imported: the source lines read for the records are not inputs.
-_OPENS: dict[str, Any] = {"builtins.open": builtins.open, "io.open": io.open, "os.open": os.open}
 _REPLACEMENTS = {"builtins.open": _recording_open, "io.open": _recording_open, "os.open": _recording_os_open}
 _HOLDERS = {"builtins.open": builtins, "io.open": io, "os.open": os}
+# what each was when the replacements went in (put back as found, whoever had set it)
+_OPENS: dict[str, Any] = {"builtins.open": builtins.open, "io.open": io.open, "os.open": os.open}
 
 
 def _replace_opens(replace: bool) -> None:
     for name, holder in _HOLDERS.items():
-        setattr(holder, name.split(".")[1], _REPLACEMENTS[name] if replace else _OPENS[name])
+        attribute = name.split(".")[1]
+        if replace:
+            _OPENS[name] = getattr(holder, attribute)
+        setattr(holder, attribute, _REPLACEMENTS[name] if replace else _OPENS[name])
 
 
 def identity(path: str) -> tuple | None:
@@ -110,7 +114,8 @@ def _library_folders() -> tuple[str, ...]:
         if folder:
             folders.add(folder)
     folders.update(path for path in sys.path if path.endswith(("site-packages", "dist-packages")))
-    return tuple(sorted(folder.rstrip(os.sep) + os.sep for folder in folders if folder))
+    # NOTE: never the root, under which everything would count as installed
+    return tuple(sorted(folder.rstrip(os.sep) + os.sep for folder in folders if folder.strip(os.sep)))
 
 
 def _module_files(names: Iterable[str]) -> list[tuple[str, ModuleType]]:
@@ -138,8 +143,9 @@ def note_loaded_code() -> set[str]:
     return {file for file, _ in modules}
 
 
-def _code_identities() -> list:
-    return sorted([file, known[1]] for file, known in _loaded_code.items())
+def _code_identities(loaded: set[str]) -> list:
+    """The identities taken of the module files loaded now (outside the library folders)."""
+    return sorted([file, known[1]] for file, known in _loaded_code.items() if file in loaded)
 
 
 class BuildInputs:
@@ -205,7 +211,7 @@ class BuildInputs:
             "request": fields,
             "read": {file: identity(file) for file in files},
             "checkpoint": _checkpoint_files(fields.get("checkpoint")),
-            "code": _code_identities(),
+            "code": _code_identities(module_files),
             "libraries": {folder: identity(folder) for folder in _library_folders()},
             "versions": {
                 "python": sys.version,
