@@ -304,6 +304,7 @@ def _first_bytes(tensor: torch.Tensor, limit: int) -> bytes:
         and tensor.layout is torch.strided
         and tensor.is_contiguous()
         and not tensor.is_neg()
+        and not tensor.is_conj()
     ):
         # NOTE: straight from memory: `_raw`'s six tensor calls cost more than the read, ~80 tensors a model
         return ctypes.string_at(tensor.data_ptr(), min(count, tensor.numel()) * tensor.element_size())
@@ -435,9 +436,12 @@ class WeightWork:
         """The digest the store remembers for this build and these fingerprints, kept as the model's; on the
         job's thread (a few Python calls a tensor: on the second one they would wait for the GIL meanwhile)."""
         assert self._build_key is not None
-        self._fingerprints_digest = fingerprints_digest(records)
-        tensors = self._stored_tensors()
-        digest = remembered_digest(default_store(), self._build_key, self._fingerprints_digest, tensors)
+        try:
+            self._fingerprints_digest = fingerprints_digest(records)
+            tensors = self._stored_tensors()
+            digest = remembered_digest(default_store(), self._build_key, self._fingerprints_digest, tensors)
+        except Exception:  # noqa: BLE001 - only a byte match more: never the trace's failure
+            self._fingerprints_digest = digest = None
         if digest is not None:
             remember_model_digest(self._model, tensors, digest)
             self._remembered = True
