@@ -40,8 +40,22 @@ from typing import Any
 
 # NOTE: bumped when what a key covers changes: older entries then miss, never match wrongly
 KEY_FORMAT = 1
-# Request fields that say where the trace goes and what it shows, never what is built.
-OUTPUT_FIELDS = frozenset({"out", "timeout", "lines", "follow", "replay", "keep_for_replay", "keep_calls_mb"})
+# Request fields that say where the trace goes, what it shows and how much of the activations it keeps, never what
+# is built (the editor's `max_trace_mb` changes once a reference is pinned). The stored weights' own limit
+# (`max_tensor_mb`) stays in: it decides which tensors the digest covers.
+OUTPUT_FIELDS = frozenset(
+    {
+        "out",
+        "timeout",
+        "lines",
+        "follow",
+        "replay",
+        "keep_for_replay",
+        "keep_calls_mb",
+        "max_trace_mb",
+        "tensor_memory_mb",
+    }
+)
 # Environment variables whose prefixes name what can change a build (the libraries' switches, torch's threads).
 ENVIRONMENT_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "MODELTRACE_", "OMP_", "MKL_")
 # NOTE: a checkpoint folder with more files than this is not keyed (its listing would cost more than the match)
