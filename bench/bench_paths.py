@@ -148,8 +148,9 @@ def _worker(full: bool) -> Callable[[torch.nn.Module, torch.Tensor, Path], None]
         request = TraceRequest(file=modeling_file, out=str(folder / "worker.mtrace"), full_tensors=full)
         built = BuiltModel(model=model, args=(input_ids,), model_class=type(model).__name__)
         # NOTE: the key only where this checkout's job takes one (an older one, timed for a before/after, does not)
-        build_key = (None, _build_key(request)) if full and _build_key(request) is not None else ()
-        _run_built(request, lambda text: None, built, ConstructionRecorder(), time.perf_counter(), *build_key)
+        build_key = _build_key(request) if full else None
+        keyed = () if build_key is None else (None, build_key)
+        _run_built(request, lambda text: None, built, ConstructionRecorder(), time.perf_counter(), *keyed)
 
     return run
 
