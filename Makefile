@@ -40,7 +40,9 @@ test-package: $(PY_STAMP) $(VSIX)
 test-python: $(PY_STAMP)
 	$(STEP) "ruff" sh -c '$(VENV)/bin/ruff check pyserver tests bench extension/bundle_python.py && \
 		$(VENV)/bin/ruff format --check pyserver tests bench extension/bundle_python.py'
-	$(STEP) "python tests (pytest)" $(PY) -m pytest -q --junitxml=build/pytest-junit.xml
+	# NOTE: two pytest processes (pytest-xdist), a file's tests in one of them (`loadfile`: module fixtures built once):
+	# many tests wait on workers, servers and subprocesses, so two cores run the suite in ~2/3 of the serial time
+	$(STEP) "python tests (pytest)" $(PY) -m pytest -q -n 2 --dist loadfile --junitxml=build/pytest-junit.xml
 
 test-extension: $(PY_STAMP) $(VSIX)
 	$(STEP) "typescript: typecheck and unit tests" sh -c 'npm run --silent typecheck && npm run --silent test:unit'
