@@ -15,10 +15,16 @@ import pytest
 from modeltrace.worker.client import WorkerClient
 
 
-# NOTE: the shared parameter store (`trace/parameter_store.py`) of this test run, never the user's cache; set
-# before any worker or server process starts, so that they inherit it
-if "MODELTRACE_PARAMETER_STORE" not in os.environ:
+# NOTE: the shared parameter store (`trace/parameter_store.py`) of this test process, never the user's cache; set
+# before any worker or server process starts, so that they inherit it. Each pytest process (pytest-xdist runs two)
+# makes its own, even where it inherited one that another pytest process made: a process removes its store when it
+# exits, which must not be while the other still runs tests. A store named before pytest started is kept.
+_STORE_MADE_BY = "MODELTRACE_TEST_STORE_MADE_BY"
+if "MODELTRACE_PARAMETER_STORE" not in os.environ or os.environ.get(_STORE_MADE_BY, str(os.getpid())) != str(
+    os.getpid()
+):
     os.environ["MODELTRACE_PARAMETER_STORE"] = tempfile.mkdtemp(prefix="modeltrace-test-parameters-")
+    os.environ[_STORE_MADE_BY] = str(os.getpid())
     atexit.register(shutil.rmtree, os.environ["MODELTRACE_PARAMETER_STORE"], ignore_errors=True)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
