@@ -211,6 +211,71 @@ def test_operators_and_inplace_activations_are_stored_as_captured(
     assert torch.Tensor.add_ is originals[1] and torch.relu_ is originals[2]
 
 
+def _counting(function: object, calls: list[str], name: str) -> object:
+    """A wrapper such as a library that traces torch's functions puts in their place (TorchLens does)."""
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(name)
+        return function(*args, **kwargs)
+
+    return counted
+
+
+class WrapsTorchMidForward(nn.Module):
+    """Changes its outputs in place after the capture, and wraps `torch.Tensor.mul_` during its forward, as a
+    tracing library does on its first call."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 6)
+        self.calls = calls
+
+    def forward(self, x: torch.Tensor, done: threading.Event) -> torch.Tensor:
+        hidden = self.first(x)
+        hidden.add_(100.0)
+        other = torch.relu_(self.second(hidden))
+        torch.Tensor.mul_ = _counting(torch.Tensor.mul_, self.calls, "mul_")
+        other.mul_(2.0)
+        done.set()
+        return other
+
+
+def test_another_librarys_wrappers_of_torch_are_wrapped_not_bypassed_nor_undone(
+    held_writer: threading.Event, tmp_path: Path
+) -> None:
+    """A library that replaced torch's in-place functions before the trace (`Tensor.add_`, `torch.relu_`) still
+    sees each call during the forward, the guard still copies what they change, and its functions are where it
+    put them afterwards; one it put in place during the forward (`Tensor.mul_`) stays."""
+    torch.manual_seed(0)
+    calls: list[str] = []
+    model, x = WrapsTorchMidForward(calls), torch.randn(3, 6)
+    with torch.no_grad():
+        first = model.first(x)
+        second = model.second(first + 100.0)
+    torch_add_, torch_relu_, torch_mul_ = torch.Tensor.add_, torch.relu_, torch.Tensor.mul_
+    library_add_ = _counting(torch_add_, calls, "add_")
+    library_relu_ = _counting(torch_relu_, calls, "relu_")
+    torch.Tensor.add_, torch.relu_ = library_add_, library_relu_
+    try:
+        folder, stream = streamed_trace(model, (x, held_writer), tmp_path / "library.mtrace", 1 << 20)
+        assert calls == ["add_", "relu_", "mul_"]  # the library saw every call made during the forward
+        assert stream.copies == 2  # the outputs of `first` and `second`, before `add_` and before `relu_`
+        with load_reference(folder) as loaded:
+            outputs = {record.path: loaded.tensors.get(record.outputs[0].tensor) for record in loaded.trace.modules}
+        assert np.array_equal(outputs["first"], first.numpy())  # before the library's `add_`
+        assert np.array_equal(outputs["second"], second.numpy()) and (second < 0).any()  # before its `relu_`
+        assert torch.Tensor.add_ is library_add_ and torch.relu_ is library_relu_  # put back as found
+        assert torch.Tensor.mul_ is not torch_mul_ and torch.Tensor.mul_.__name__ == "counted"  # the forward's, kept
+    finally:
+        # NOTE: `add_` and `mul_` are inherited from `torch._C.TensorBase`: deleted, they are found there again
+        torch.relu_ = torch_relu_
+        for name in ("add_", "mul_"):
+            if name in vars(torch.Tensor):
+                delattr(torch.Tensor, name)
+    assert torch.Tensor.mul_ is torch_mul_ and torch.Tensor.add_ is torch_add_
+
+
 class LayerScaledBlock(nn.Module):
     """ConvNeXt's block as timm writes it, with its layer scale applied in place: the depthwise convolution's
     output permuted to channels-last (a strided tensor, captured as the norm's input), the MLP's output scaled in

@@ -30,11 +30,13 @@ Device tensors are copied to the CPU when captured (that copy has to happen anyw
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from itertools import repeat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -374,6 +376,10 @@ def _in_place_holders() -> tuple[Any, ...]:
     return (torch.Tensor, torch, torch.nn.functional, torch._C._nn, torch._VF)
 
 
+# what `_Holder.found` holds for a name that the holder's own namespace did not hold
+_ABSENT = object()
+
+
 @dataclass(slots=True)
 class _Holder:
     """Where some in-place functions are found, and what the guard puts there: a module's are swapped in its
@@ -385,6 +391,17 @@ class _Holder:
     own: dict[str, Any]
     forwarded: dict[str, Any]
     wrapped: dict[str, Any]
+    # NOTE: at the last swap-in, what each name held in the holder's own namespace (`_ABSENT`: nothing, inherited
+    # or forwarded) and the wrapper put there instead: swap-out puts back exactly that, where the wrapper is still
+    # there. Another library that replaced a function since it was listed (TorchLens wraps torch's functions
+    # after its first call) has its own function wrapped and put back, not bypassed or undone.
+    found: dict[str, Any] = field(default_factory=dict)
+    installed: dict[str, Any] = field(default_factory=dict)
+    # the wrapped names, and what each held when listed (`_ABSENT`: not in the namespace itself): `found` when
+    # nothing was replaced since, the common case, compared in C
+    names: tuple[str, ...] = ()
+    listed: tuple[Any, ...] = ()
+    listed_found: dict[str, Any] = field(default_factory=dict)
 
 
 _GUARD_LOCK = threading.Lock()
@@ -408,6 +425,9 @@ def in_place_plan() -> list[_Holder]:
                 if callable(original) and not isinstance(original, type):
                     (entry.own if name in vars(holder) else entry.forwarded)[name] = original
                     entry.wrapped[name] = _protecting(original)
+            entry.names = tuple(entry.wrapped)
+            entry.listed = tuple(entry.own.get(name, _ABSENT) for name in entry.names)
+            entry.listed_found = dict(zip(entry.names, entry.listed))
             plan.append(entry)
         _HOLDERS = plan
     return _HOLDERS
@@ -429,27 +449,62 @@ def _protecting(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _swap_in(plan: list[_Holder]) -> None:
+    """Put each holder's wrappers in place, each around the function found there now: the one listed, or one
+    another library put there since (wrapped now, once per swap)."""
     for entry in plan:
-        if isinstance(entry.holder, type):
-            for name, wrapper in entry.wrapped.items():
-                setattr(entry.holder, name, wrapper)
+        holder = entry.holder
+        namespace = vars(holder)
+        # NOTE: the common case, compared in C: every name holds what was listed (~0.1 ms a trace otherwise)
+        if all(map(operator.is_, map(namespace.get, entry.names, repeat(_ABSENT)), entry.listed)):
+            found, installed = entry.listed_found, entry.wrapped
         else:
-            vars(entry.holder).update(entry.wrapped)
+            found, installed = {}, {}
+            for name, wrapper in entry.wrapped.items():
+                current = namespace.get(name, _ABSENT)
+                if current is not entry.own.get(name, _ABSENT):
+                    replacement = getattr(holder, name, None) if current is _ABSENT else current
+                    if not callable(replacement):
+                        continue  # NOTE: not a function any more: left as it is
+                    wrapper = _protecting(replacement)
+                found[name] = current
+                installed[name] = wrapper
+        entry.found, entry.installed = found, installed
+        if isinstance(holder, type):
+            for name, wrapper in installed.items():
+                setattr(holder, name, wrapper)
+        else:
+            namespace.update(installed)
 
 
 def _swap_out(plan: list[_Holder]) -> None:
+    """Put back what each swap-in found, where its wrapper is still in place (a function another library put
+    there during the forward stays)."""
     for entry in plan:
-        if isinstance(entry.holder, type):
-            for name, original in entry.own.items():
-                setattr(entry.holder, name, original)
-            for name in entry.forwarded:
-                if name in vars(entry.holder):
-                    delattr(entry.holder, name)  # NOTE: inherited: found in the base class again
+        holder = entry.holder
+        namespace = vars(holder)
+        installed, found = entry.installed, entry.found
+        if all(map(operator.is_, map(namespace.get, installed), installed.values())):
+            # NOTE: the common case, decided in C: every wrapper is still there, all go
+            if found is entry.listed_found:
+                restore, remove = list(entry.own.items()), list(entry.forwarded)
+            else:
+                restore = [(name, value) for name, value in found.items() if value is not _ABSENT]
+                remove = [name for name, value in found.items() if value is _ABSENT]
         else:
-            namespace = vars(entry.holder)
-            namespace.update(entry.own)
-            for name in entry.forwarded:
-                namespace.pop(name, None)
+            restore, remove = [], []
+            for name, wrapper in installed.items():
+                if namespace.get(name) is wrapper:
+                    (remove.append(name) if found[name] is _ABSENT else restore.append((name, found[name])))
+        if isinstance(holder, type):
+            for name, value in restore:
+                setattr(holder, name, value)
+            for name in remove:
+                delattr(holder, name)  # NOTE: inherited: found in the base class again
+        else:
+            namespace.update(restore)
+            for name in remove:
+                del namespace[name]  # NOTE: forwarded: found through the module's `__getattr__` again
+        entry.found, entry.installed = {}, {}
 
 
 class _InPlaceGuard:
@@ -457,7 +512,9 @@ class _InPlaceGuard:
     methods ending in one underscore and its in-place dunders, and the functions of that name in `torch`,
     `torch.nn.functional`, `torch._C._nn` and `torch._VF`, which `F.relu(x, inplace=True)` and its kin call) is
     replaced by a wrapper that first has `TensorStream.protect` copy any queued tensor over the same memory;
-    every other call runs untouched. Put back on exit, whatever the forward raised.
+    every other call runs untouched. Put back on exit, whatever the forward raised: each name gets what it held at
+    entry (another library's wrapper of torch's function is wrapped and put back, not bypassed), unless something
+    else replaced the wrapper during the forward (then that stays).
 
     NOTE: not a `TorchFunctionMode`, which sees every torch call (and attribute read) of the forward in Python:
     ~10 ms of a medium Llama's 100 ms forward with full tensors, for the few calls that change anything. What a
