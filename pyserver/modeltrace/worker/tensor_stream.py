@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from itertools import repeat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -397,10 +396,13 @@ class _Holder:
     # after its first call) has its own function wrapped and put back, not bypassed or undone.
     found: dict[str, Any] = field(default_factory=dict)
     installed: dict[str, Any] = field(default_factory=dict)
-    # the wrapped names, and what each held when listed (`_ABSENT`: not in the namespace itself): `found` when
-    # nothing was replaced since, the common case, compared in C
-    names: tuple[str, ...] = ()
-    listed: tuple[Any, ...] = ()
+    # NOTE: the common case, told in C: the own names hold what was listed and no forwarded name is in the
+    # namespace (then `found` is `listed_found`), and at exit every name still holds its wrapper (a tuple
+    # comparison, which tests identity first: ~10 µs for torch's 465 functions, a Python loop ~60 µs)
+    own_values: Callable[[Any], tuple[Any, ...]] = tuple
+    own_listed: tuple[Any, ...] = ()
+    all_values: Callable[[Any], tuple[Any, ...]] = tuple
+    wrappers: tuple[Any, ...] = ()
     listed_found: dict[str, Any] = field(default_factory=dict)
 
 
@@ -425,12 +427,36 @@ def in_place_plan() -> list[_Holder]:
                 if callable(original) and not isinstance(original, type):
                     (entry.own if name in vars(holder) else entry.forwarded)[name] = original
                     entry.wrapped[name] = _protecting(original)
-            entry.names = tuple(entry.wrapped)
-            entry.listed = tuple(entry.own.get(name, _ABSENT) for name in entry.names)
-            entry.listed_found = dict(zip(entry.names, entry.listed))
+            entry.own_values, entry.own_listed = _values_of(tuple(entry.own)), tuple(entry.own.values())
+            entry.all_values, entry.wrappers = _values_of(tuple(entry.wrapped)), tuple(entry.wrapped.values())
+            entry.listed_found = {name: entry.own.get(name, _ABSENT) for name in entry.wrapped}
             plan.append(entry)
         _HOLDERS = plan
     return _HOLDERS
+
+
+def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A reader of these names' values from a namespace, as a tuple, in C (`KeyError` for a missing one)."""
+    if len(names) == 1:
+        only = names[0]
+        return lambda namespace: (namespace[only],)
+    return operator.itemgetter(*names) if names else lambda _namespace: ()
+
+
+def _holds_listed(entry: _Holder, namespace: Any) -> bool:
+    """Whether the holder's namespace holds exactly what was listed: its own functions, no forwarded one."""
+    try:
+        return entry.own_values(namespace) == entry.own_listed and namespace.keys().isdisjoint(entry.forwarded)
+    except KeyError:
+        return False
+
+
+def _holds_wrappers(entry: _Holder, namespace: Any) -> bool:
+    """Whether every name still holds the wrapper the last swap-in put there (the common case's)."""
+    try:
+        return entry.installed is entry.wrapped and entry.all_values(namespace) == entry.wrappers
+    except KeyError:
+        return False
 
 
 def _protecting(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -454,8 +480,7 @@ def _swap_in(plan: list[_Holder]) -> None:
     for entry in plan:
         holder = entry.holder
         namespace = vars(holder)
-        # NOTE: the common case, compared in C: every name holds what was listed (~0.1 ms a trace otherwise)
-        if all(map(operator.is_, map(namespace.get, entry.names, repeat(_ABSENT)), entry.listed)):
+        if _holds_listed(entry, namespace):
             found, installed = entry.listed_found, entry.wrapped
         else:
             found, installed = {}, {}
@@ -483,20 +508,19 @@ def _swap_out(plan: list[_Holder]) -> None:
         holder = entry.holder
         namespace = vars(holder)
         installed, found = entry.installed, entry.found
-        if all(map(operator.is_, map(namespace.get, installed), installed.values())):
-            # NOTE: the common case, decided in C: every wrapper is still there, all go
-            if found is entry.listed_found:
-                restore, remove = list(entry.own.items()), list(entry.forwarded)
-            else:
-                restore = [(name, value) for name, value in found.items() if value is not _ABSENT]
-                remove = [name for name, value in found.items() if value is _ABSENT]
+        restore: dict[str, Any]
+        if found is entry.listed_found and _holds_wrappers(entry, namespace):
+            restore, remove = entry.own, list(entry.forwarded)
         else:
-            restore, remove = [], []
+            restore, remove = {}, []
             for name, wrapper in installed.items():
                 if namespace.get(name) is wrapper:
-                    (remove.append(name) if found[name] is _ABSENT else restore.append((name, found[name])))
+                    if found[name] is _ABSENT:
+                        remove.append(name)
+                    else:
+                        restore[name] = found[name]
         if isinstance(holder, type):
-            for name, value in restore:
+            for name, value in restore.items():
                 setattr(holder, name, value)
             for name in remove:
                 delattr(holder, name)  # NOTE: inherited: found in the base class again
