@@ -278,6 +278,57 @@ def test_another_librarys_wrappers_of_torch_are_wrapped_not_bypassed_nor_undone(
     assert torch.Tensor.mul_ is torch_mul_ and torch.Tensor.add_ is torch_add_
 
 
+class ChangesAfterOtherThread(nn.Module):
+    """Captures its first output, lets another thread's capture start and end, then changes that output in place."""
+
+    def __init__(self, started: threading.Event, other_done: threading.Event) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.started, self.other_done = started, other_done
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.first(x)
+        self.started.set()
+        assert self.other_done.wait(timeout=60)
+        hidden.add_(100.0)  # still guarded: this thread's capture is active
+        return hidden
+
+
+def test_a_capture_on_another_thread_ending_leaves_this_ones_guard(tmp_path: Path) -> None:
+    """Two full-tensor captures on two threads: the one that ends first leaves torch's functions wrapped for the
+    other, whose output changed in place afterwards is stored as captured; both put torch back once ended."""
+    torch.manual_seed(0)
+    started, other_done = threading.Event(), threading.Event()
+    model, x = ChangesAfterOtherThread(started, other_done), torch.randn(3, 6)
+    with torch.no_grad():
+        expected = model.first(x)
+    results: dict[str, object] = {}
+
+    def first_thread() -> None:
+        results["first"] = streamed_trace(model, x, tmp_path / "first.mtrace", 1 << 20)
+
+    def second_thread() -> None:
+        assert started.wait(timeout=60)
+        try:
+            other, other_x = small_llama()
+            results["second"] = streamed_trace(other, other_x, tmp_path / "second.mtrace", 1 << 20)
+        finally:
+            other_done.set()
+
+    threads = [threading.Thread(target=first_thread), threading.Thread(target=second_thread)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert set(results) == {"first", "second"}
+    folder, stream = results["first"]
+    assert stream.copies == 1 and not stream.stale
+    with load_reference(folder) as loaded:
+        stored = loaded.tensors.get(loaded.trace.modules[1].outputs[0].tensor)
+    assert loaded.trace.modules[1].path == "first" and np.array_equal(stored, expected.numpy())
+    assert "add_" not in vars(torch.Tensor) and "__iadd__" not in vars(torch.Tensor)
+
+
 class LayerScaledBlock(nn.Module):
     """ConvNeXt's block as timm writes it, with its layer scale applied in place: the depthwise convolution's
     output permuted to channels-last (a strided tensor, captured as the norm's input), the MLP's output scaled in

@@ -407,8 +407,10 @@ class _Holder:
 
 
 _GUARD_LOCK = threading.Lock()
-# the streams whose guard is entered (a capture per thread at most; usually one)
-_ACTIVE_STREAMS: list[TensorStream] = []
+# the streams whose guard is entered (a capture per thread at most; usually one). NOTE: a tuple, replaced (under
+# `_GUARD_LOCK`) rather than changed: a wrapper iterating it on one thread while another thread's capture ends
+# would skip a stream in a list that shrank under it
+_ACTIVE_STREAMS: tuple[TensorStream, ...] = ()
 _HOLDERS: list[_Holder] | None = None
 
 
@@ -549,21 +551,23 @@ class _InPlaceGuard:
         self.stream = stream
 
     def __enter__(self) -> _InPlaceGuard:
+        global _ACTIVE_STREAMS
         with _GUARD_LOCK:
-            _ACTIVE_STREAMS.append(self.stream)
+            _ACTIVE_STREAMS = (*_ACTIVE_STREAMS, self.stream)
             if len(_ACTIVE_STREAMS) == 1:
                 plan = in_place_plan()
                 try:
                     _swap_in(plan)
                 except BaseException:
                     _swap_out(plan)
-                    _ACTIVE_STREAMS.remove(self.stream)
+                    _ACTIVE_STREAMS = ()
                     raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        global _ACTIVE_STREAMS
         with _GUARD_LOCK:
             if self.stream in _ACTIVE_STREAMS:
-                _ACTIVE_STREAMS.remove(self.stream)
+                _ACTIVE_STREAMS = tuple(stream for stream in _ACTIVE_STREAMS if stream is not self.stream)
                 if not _ACTIVE_STREAMS:
                     _swap_out(in_place_plan())
