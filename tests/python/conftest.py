@@ -20,9 +20,8 @@ from modeltrace.worker.client import WorkerClient
 # makes its own, even where it inherited one that another pytest process made: a process removes its store when it
 # exits, which must not be while the other still runs tests. A store named before pytest started is kept.
 _STORE_MADE_BY = "MODELTRACE_TEST_STORE_MADE_BY"
-if "MODELTRACE_PARAMETER_STORE" not in os.environ or os.environ.get(_STORE_MADE_BY, str(os.getpid())) != str(
-    os.getpid()
-):
+_store_maker = os.environ.get(_STORE_MADE_BY)
+if "MODELTRACE_PARAMETER_STORE" not in os.environ or (_store_maker is not None and _store_maker != str(os.getpid())):
     os.environ["MODELTRACE_PARAMETER_STORE"] = tempfile.mkdtemp(prefix="modeltrace-test-parameters-")
     os.environ[_STORE_MADE_BY] = str(os.getpid())
     atexit.register(shutil.rmtree, os.environ["MODELTRACE_PARAMETER_STORE"], ignore_errors=True)

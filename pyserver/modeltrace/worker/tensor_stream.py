@@ -454,9 +454,9 @@ def _holds_listed(entry: _Holder, namespace: Any) -> bool:
 
 
 def _holds_wrappers(entry: _Holder, namespace: Any) -> bool:
-    """Whether every name still holds the wrapper the last swap-in put there (the common case's)."""
+    """Whether every name holds its listed wrapper, as a swap-in that found everything as listed left it."""
     try:
-        return entry.installed is entry.wrapped and entry.all_values(namespace) == entry.wrappers
+        return entry.all_values(namespace) == entry.wrappers
     except KeyError:
         return False
 
