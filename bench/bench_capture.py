@@ -24,6 +24,10 @@ timing:
 - `records only` (diagnostic): ModuleCapture's wrapping, source lines and records, with the tensor summaries
   switched off, and the trace of those records written: the floor of per-module-call Python work before any
   statistic.
+- `floor: output statistics` (diagnostic, with the native kernel only): ModuleCapture's wrapping, and per call
+  the module's path, its output's shape and the fused kernel's moments of it in a list, written as one msgpack
+  file into a new folder renamed into place; no source line, no inputs, no call tree, no summary objects. The
+  least any statistics trace of every module call costs, to read the rows below against.
 - `modeltrace stats`: `ModuleCapture(model)` around the forward, then the trace (`Trace`, records and a small
   header) written with `modeltrace.trace.storage.write_trace` (msgpack, atomic rename; the fsync comes after the
   worker has answered, so it is not timed), as `worker/job.py` does (job.py's source hashing of the model files is left out).
@@ -69,15 +73,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgpack
 import torch
 import transformers
 
 import modeltrace
+from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.model_debugging_utils import model_addition_debugger_context
 
 from modeltrace.trace.records import TensorSummary, Trace
 from modeltrace.trace.storage import TENSORS_FILE, write_trace
+from modeltrace.worker import native
 from modeltrace.worker.assemble import discarded_on_error, start_stream, write_captured
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB
@@ -137,6 +144,51 @@ class _RecordsOnly(ModuleCapture):
 
     def _summarize_all(self, named_values, index, side):  # noqa: ANN001
         return []
+
+
+class _OutputStatisticsFloor(ModuleCapture):
+    """The least a statistics trace can cost (diagnostic): ModuleCapture's wrapping of every module, and per call
+    the module's path, the shape of its output (a bare tensor, or a tuple's first) and the native kernel's five
+    moments of it (contiguous float32 only), in a list; no source line, no inputs, no call tree, no summary
+    objects, nothing cached. `_floor` writes the list as one msgpack file into a new folder renamed into place.
+    Not a trace anything reads: what wrapping, a statistic per call and an atomic write cost with nothing else."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.rows: list[tuple] = []
+
+    def _make_call(self, module, path):  # noqa: ANN001, ANN202
+        call_impl = type(module)._call_impl
+        rows = self.rows
+        kernel = _FLOAT32_KERNEL
+
+        def floor_call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            output = call_impl(module, *args, **kwargs)
+            tensor = output[0] if type(output) is tuple and output else output
+            if type(tensor) is torch.Tensor and tensor.dtype is torch.float32 and tensor.is_contiguous():
+                rows.append((path, list(tensor.shape), kernel(tensor.data_ptr(), tensor.numel())))
+            else:
+                rows.append((path,))
+            return output
+
+        return floor_call
+
+
+_NATIVE_KERNELS = native.kernels()
+_FLOAT32_KERNEL = _NATIVE_KERNELS["f32"] if _NATIVE_KERNELS else None
+
+
+def _floor(model: LlamaModel, input_ids: torch.Tensor, folder: Path) -> None:
+    with torch.no_grad(), _OutputStatisticsFloor(model) as capture:
+        model(input_ids)
+    temporary = folder / ".floor.tmp"
+    os.mkdir(temporary)
+    descriptor = os.open(temporary / "rows.msgpack", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.write(descriptor, msgpack.packb(capture.rows))
+    finally:
+        os.close(descriptor)
+    os.rename(temporary, folder / "floor.mtrace")
 
 
 def _modeltrace(
@@ -203,6 +255,7 @@ def variants() -> dict[str, Callable[[LlamaModel, torch.Tensor, Path], None]]:
     return {
         "plain": plain,
         "call wrapping": call_wrapping,
+        **({"floor: output statistics": _floor} if _FLOAT32_KERNEL is not None else {}),
         "records only": lambda m, x, f: _modeltrace(m, x, f, False, _RecordsOnly),
         "modeltrace stats": lambda m, x, f: _modeltrace(m, x, f, False),
         "modeltrace full tensors": lambda m, x, f: _modeltrace(m, x, f, True),
