@@ -123,7 +123,7 @@ def build(size: str) -> tuple[LlamaModel, torch.Tensor]:
 class _CallWrapping(ModuleCapture):
     """ModuleCapture's wrapping of every module, calling straight through: what attaching alone costs."""
 
-    def _make_call(self, module, path):  # noqa: ANN001, ANN202
+    def _make_call(self, module, path, live):  # noqa: ANN001, ANN202
         call_impl = type(module)._call_impl
 
         def passing_call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -157,7 +157,7 @@ class _OutputStatisticsFloor(ModuleCapture):
         super().__init__(model)
         self.rows: list[tuple] = []
 
-    def _make_call(self, module, path):  # noqa: ANN001, ANN202
+    def _make_call(self, module, path, live):  # noqa: ANN001, ANN202
         call_impl = type(module)._call_impl
         rows = self.rows
         kernel = _FLOAT32_KERNEL

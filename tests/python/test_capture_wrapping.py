@@ -77,3 +77,61 @@ def test_a_second_capture_of_the_same_model_leaves_the_calls_to_the_first() -> N
         assert _wrapped(model) == ["", "first", "second"]
     assert _wrapped(model) == []
     assert len(outer.records) == 3 and inner.records == []
+    # the inner capture, which wrapped nothing, left the outer one's wrappers recording for it
+    with ModuleCapture(model) as again:
+        model(torch.randn(1, 4))
+    assert len(again.records) == 3 and len(outer.records) == 3
+
+
+class Scaled(nn.Module):
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return values * 2
+
+
+def test_later_captures_reuse_the_wrappers_and_follow_changes_to_the_model() -> None:
+    """A model captured again gets the wrappers its first capture made (counts and records are each capture's
+    own); a module replaced, moved or given another `forward` since gets a new one."""
+    model = Model()
+    with ModuleCapture(model):
+        first_wrappers = {path: module.__dict__["_call_impl"] for path, module in model.named_modules()}
+        model(torch.randn(1, 4))
+    with ModuleCapture(model) as again:
+        assert {path: module.__dict__["_call_impl"] for path, module in model.named_modules()} == first_wrappers
+        model(torch.randn(1, 4))
+        model(torch.randn(1, 4))
+    assert [(record.path, record.call_index) for record in again.records] == [
+        ("", 0),
+        ("first", 0),
+        ("second", 0),
+        ("", 1),
+        ("first", 1),
+        ("second", 1),
+    ]
+
+    model.second = Scaled()  # replaced: its class and its own forward's parameter name
+    model.first.forward = lambda renamed: renamed + 1  # an instance-level forward with another parameter name
+    with ModuleCapture(model) as changed:
+        assert model.first.__dict__["_call_impl"] is not first_wrappers["first"]
+        assert model.__dict__["_call_impl"] is first_wrappers[""]
+        model(torch.randn(1, 4))
+    records = {record.path: record for record in changed.records}
+    assert records["second"].class_name == "Scaled" and records["second"].inputs[0].key == "values"
+    assert records["first"].inputs[0].key == "renamed"
+
+    container = nn.Sequential(model.first, model.second)  # the same modules under other paths, in another model
+    with ModuleCapture(container) as moved:
+        container(torch.randn(1, 4))
+    assert [record.path for record in moved.records] == ["", "0", "1"]
+
+
+def test_the_reused_wrappers_do_not_keep_a_model_alive() -> None:
+    import gc
+    import weakref
+
+    model = Model()
+    with ModuleCapture(model):
+        model(torch.randn(1, 4))
+    reference = weakref.ref(model)
+    del model
+    gc.collect()
+    assert reference() is None

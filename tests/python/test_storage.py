@@ -239,3 +239,21 @@ def test_malformed_tables_raise_a_clear_error(tmp_path: Path, document: dict, me
     with pytest.raises(TraceFormatError, match=message) as error:
         read_trace(folder)
     assert "bad.mtrace" in str(error.value)
+
+
+def test_a_temporary_folder_left_under_this_process_number_is_not_reused(tmp_path: Path) -> None:
+    """Temporary folders are numbered per process; one a killed process with the same id left under the next
+    number is neither written into nor an error: the trace goes through another temporary folder."""
+    import itertools
+    import os
+
+    destination = tmp_path / "left.mtrace"
+    number = next(storage._TEMPORARY_NUMBERS)
+    storage._TEMPORARY_NUMBERS = itertools.count(number + 1)
+    left = tmp_path / f"{storage._temporary_prefix(destination, os.getpid())}{number + 1}"
+    left.mkdir()
+    (left / "partial").write_bytes(b"from a killed process")
+    write_trace(Trace(model={"class": "Left"}, modules=[]), destination)
+    assert read_trace(destination).model["class"] == "Left"
+    assert (left / "partial").read_bytes() == b"from a killed process"
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([left.name, "left.mtrace"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -272,6 +273,59 @@ def _megabytes(size: int) -> str:
     return f"{size / 2**20:.3g} MB" if size >= 2**20 else f"{size:,} bytes"
 
 
+class _ModelWrappers:
+    """The wrappers of one model's modules (`ModuleCapture._make_call`), made by its first capture and reused by
+    the next ones: making them costs more than a tiny model's forward takes to run a few of its layers (a class
+    location, `forward`'s parameter names and a closure per module), and a script or notebook captures the same
+    model again and again. Each wrapper reads the capture it records for from `live`, which the capture sets
+    when it enters and clears when it exits. A wrapper is made again for a module that moved to another path,
+    changed class or `forward`, or whose class's `_call_impl` was replaced; the cache holds the model and its
+    modules weakly."""
+
+    _of_model: weakref.WeakKeyDictionary[nn.Module, _ModelWrappers] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.live: list[Any] = [None]
+        # id of a module -> (the module, weakly; its path, class, instance `forward`, class `_call_impl`; wrapper)
+        self._calls: dict[int, tuple[weakref.ref, str, type, Any, Any, Any]] = {}
+
+    @classmethod
+    def of(cls, model: nn.Module) -> _ModelWrappers:
+        with cls._lock:  # NOTE: captures of different models may enter on several threads at once
+            found = cls._of_model.get(model)
+            if found is None:
+                found = cls._of_model[model] = cls()
+            return found
+
+    def call_for(self, capture: ModuleCapture, module: nn.Module, path: str) -> Any:
+        if type(capture)._make_call is not ModuleCapture._make_call:
+            return capture._make_call(module, path, self.live)  # a subclass's own wrapper: not reused
+        module_class = type(module)
+        forward = module.__dict__.get("forward")
+        call_impl = module_class._call_impl
+        entry = self._calls.get(id(module))
+        if (
+            entry is not None
+            and entry[0]() is module
+            and entry[1] == path
+            and entry[2] is module_class
+            and entry[3] is forward
+            and entry[4] is call_impl
+        ):
+            return entry[5]
+        if len(self._calls) > _MAX_CACHED_WRAPPERS:
+            self._calls = {key: kept for key, kept in self._calls.items() if kept[0]() is not None}
+        call = capture._make_call(module, path, self.live)
+        self._calls[id(module)] = (weakref.ref(module), path, module_class, forward, call_impl, call)
+        return call
+
+
+# NOTE: past this many wrappers cached for one model, those of modules that no longer exist are dropped (a
+# model whose submodules are replaced between captures)
+_MAX_CACHED_WRAPPERS = 4096
+
+
 class ModuleCapture:
     """Context manager that records every module call of `model` while active.
 
@@ -324,6 +378,8 @@ class ModuleCapture:
         self._wrapped: list[tuple[nn.Module, Any]] = []
         self._collector_was_enabled = False
         self._devices: dict[str, str] = {}
+        self._call_counts: dict[str, int] = {}  # calls of each module path so far: their records' call_index
+        self._live: list[Any] | None = None  # the session cell of the wrappers this capture put in place
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
@@ -340,15 +396,21 @@ class ModuleCapture:
         wrapped = self._wrapped
         # NOTE: a model spread over devices by accelerate (`--device-map`) says per module where it runs
         self._devices = module_devices(self.model)
+        wrappers = _ModelWrappers.of(self.model)
         try:
             for path, module in self.model.named_modules():
                 if "_call_impl" not in module.__dict__:
-                    call = self._make_call(module, path)
-                    module.__dict__["_call_impl"] = call
-                    wrapped.append((module, call))
+                    wrapped.append((module, wrappers.call_for(self, module, path)))
         except BaseException:
-            self._unwrap()
+            wrapped.clear()
             raise
+        if wrapped:
+            # NOTE: set before the first wrapper is put in place; a capture that wraps nothing (another one holds
+            # every module: captures of the same model do not nest) leaves that one's session alone
+            wrappers.live[0] = (self, self.records, self._stack, self._summary, self._call_counts, self._devices)
+            self._live = wrappers.live
+            for module, call in wrapped:
+                module.__dict__["_call_impl"] = call
         # NOTE: the records and summaries are the only objects a capture adds, and they hold no reference
         # cycles: the cyclic collector (which a plain forward never triggers, and a captured one would a few
         # times) is paused until exit, when whatever the forward left in cycles is collected as usual.
@@ -374,13 +436,16 @@ class ModuleCapture:
             if module.__dict__.get("_call_impl") is call:
                 del module.__dict__["_call_impl"]
         self._wrapped.clear()
+        if self._live is not None:
+            if self._live[0] is not None and self._live[0][0] is self:
+                self._live[0] = None
+            self._live = None
 
-    def _make_call(self, module: nn.Module, path: str):  # noqa: ANN202
-        records = self.records
-        stack = self._stack
-        summary_of = self._summary
-        summarize_output = self._summarize_output
-        summarize_arguments = self._summarize_arguments
+    def _make_call(self, module: nn.Module, path: str, live: list[Any]):  # noqa: ANN202
+        """The wrapper of `module`'s calls: made once per model and module, reused by the model's later captures
+        (see `_ModelWrappers`), so it holds only what does not change between them; the capture it records for
+        is the one in `live`, set while that capture is entered."""
+        module_ref = weakref.ref(module)  # NOTE: the cache must not keep the model alive
         caller_location = source_map.caller_location
         module_class = type(module)
         class_name = module_class.__name__
@@ -389,13 +454,15 @@ class ModuleCapture:
         first_name = parameter_names[0] if parameter_names else None
         call_impl = module_class._call_impl  # torch's, with hooks and all
         tensor_type = torch.Tensor
-        capture = self
-        calls = 0  # of this module in this capture: its records' call_index
-        retain = self._retain if self.retained is not None else None
-        device = self._devices.get(path)
 
         def capturing_call(*args: Any, **kwargs: Any) -> Any:
-            nonlocal calls
+            session = live[0]
+            if session is None:
+                # NOTE: a wrapper left where no capture runs (a copy of the module's dict made during a capture)
+                return call_impl(module_ref(), *args, **kwargs)
+            capture, records, stack, summary_of, counts, devices = session
+            calls = counts.get(path, 0)  # of this module in this capture: its records' call_index
+            counts[path] = calls + 1
             # depth 2: caller_location <- capturing_call <- torch's `__call__`, where the walk up starts
             called_at, call_site = caller_location(2)
             index = len(records)
@@ -403,7 +470,7 @@ class ModuleCapture:
             if not kwargs and len(args) == 1 and first_name is not None and isinstance(args[0], tensor_type):
                 inputs = [summary_of(args[0], first_name, index, "inputs")]
             else:
-                inputs = summarize_arguments(args, kwargs, parameter_names, index) if args or kwargs else []
+                inputs = capture._summarize_arguments(args, kwargs, parameter_names, index) if args or kwargs else []
             record = ModuleCall(
                 index,
                 path,
@@ -416,15 +483,14 @@ class ModuleCapture:
                 call_site,
                 inputs,
             )
-            if retain is not None:
-                retain(path, calls, args, kwargs)
-            calls += 1
-            if device is not None:
-                record.device = device
+            if capture.retained is not None:
+                capture._retain(path, calls, args, kwargs)
+            if devices:
+                record.device = devices.get(path)
             records.append(record)
             stack.append(index)
             try:
-                output = call_impl(module, *args, **kwargs)
+                output = call_impl(module_ref(), *args, **kwargs)
             finally:
                 # a call that raises keeps its record, with no outputs, in the order it ended
                 stack.pop()
@@ -433,7 +499,7 @@ class ModuleCapture:
             if isinstance(output, tensor_type):
                 record.outputs = [summary_of(output, "", index, "outputs")]
             else:
-                record.outputs = summarize_output(output, index)
+                record.outputs = capture._summarize_output(output, index)
             return output
 
         return capturing_call

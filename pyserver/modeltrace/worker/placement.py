@@ -135,7 +135,11 @@ def module_devices(model: nn.Module) -> dict[str, str]:
     """Where each module of a model dispatched by accelerate runs: its hook's execution device (inherited by
     modules without a hook of their own), with where its weights are kept between calls when that is elsewhere.
     Empty for a model accelerate did not dispatch (a single-device trace)."""
-    device_map = getattr(model, "hf_device_map", None)
+    # NOTE: transformers sets it as an instance attribute; `getattr` through `nn.Module.__getattr__` raises and
+    # catches an AttributeError for every model without one (~40 µs before a tiny model's capture)
+    device_map = model.__dict__.get("hf_device_map")
+    if device_map is None and type(model).__getattr__ is not nn.Module.__getattr__:
+        device_map = getattr(model, "hf_device_map", None)  # a wrapper that forwards attributes (PEFT)
     if not isinstance(device_map, dict) or not device_map:
         return {}
     keys = sorted(device_map, key=len, reverse=True)
