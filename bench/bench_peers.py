@@ -20,6 +20,9 @@ call returns is kept until its timer stops. The objects alive after the warm-up 
 those collections take milliseconds:
 
 - `plain`: `model(input_ids)`.
+- `plain, fresh model`: the first forward of a model just built from the CLI rows' recipe (the build untimed),
+  the baseline the CLI rows are also given against (the summary's last columns): the CLI's job builds a fresh
+  model and runs its first forward, which costs more than the warm model's nth at the large size.
 - `capture() stats` / `capture() full`: `modeltrace.capture(model, path[, full_tensors=True])` around the forward,
   as a script or a notebook calls it (construction records, parameters, source hashes, the trace fsynced).
 - `engine stats` / `engine full`: the capture engine alone, as bench/bench_capture.py times it for the worker
@@ -181,9 +184,19 @@ class SizeBench:
                 seed=SEED,
             )
         )
+        self._recipe_module: Any = None
         self._nnsight_model: Any = None
         self.nnsight_layer_envoys: list[Any] = []
         self.nnsight_all_envoys: list[Any] = []
+
+    def recipe_module(self) -> Any:
+        """The CLI's recipe file as a module (loaded once), for the fresh model's plain forward."""
+        if self._recipe_module is None:
+            spec = importlib.util.spec_from_file_location(f"bench_peers_recipe_{self.size}", self.recipe)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            self._recipe_module = module
+        return self._recipe_module
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -218,6 +231,23 @@ class Untimed:
 def run_plain(bench: SizeBench, folder: Path) -> Any:
     with torch.no_grad():
         return bench.model(bench.input_ids)
+
+
+def run_plain_fresh(bench: SizeBench, folder: Path) -> Untimed:
+    """The CLI rows' baseline: the first forward of a model just built by the CLI's recipe (seeded and put in
+    eval mode as the worker's recipe build does), the build untimed. A fresh model's first forward costs more
+    than the warm model's nth (at the large size ~6%, measured in session 18), and the CLI's job runs exactly that
+    one; a user running the model once without ModelTrace pays it too."""
+    started = time.perf_counter()
+    recipe = bench.recipe_module()
+    torch.manual_seed(SEED)
+    model = recipe.build_model().eval()
+    torch.manual_seed(SEED)
+    inputs = recipe.build_inputs(model)
+    forward_started = time.perf_counter()
+    with torch.no_grad():
+        output = model(*inputs)
+    return Untimed(forward_started - started, output)
 
 
 def run_capture(bench: SizeBench, folder: Path, full_tensors: bool) -> Any:
@@ -289,18 +319,21 @@ class Variant:
     run: Callable[[SizeBench, Path], Any]
     column: str
     package: str | None = None
+    # NOTE: a second baseline, where the variant's own forward is not the warm model's (the CLI rows: a fresh one)
+    fresh_baseline: bool = False
 
 
 VARIANTS = {
     variant.name: variant
     for variant in (
         Variant("plain", run_plain, "plain forward"),
+        Variant("plain, fresh model", run_plain_fresh, "plain forward of a freshly built model"),
         Variant("capture() stats", lambda b, f: run_capture(b, f, False), "`capture()` statistics"),
         Variant("engine stats", lambda b, f: run_engine(b, f, False), "engine statistics alone"),
-        Variant("CLI stats", lambda b, f: run_cli_job(b, f, False), "CLI / editor worker statistics"),
+        Variant("CLI stats", lambda b, f: run_cli_job(b, f, False), "CLI / editor worker statistics", None, True),
         Variant("capture() full", lambda b, f: run_capture(b, f, True), "`capture()` full tensors"),
         Variant("engine full", lambda b, f: run_engine(b, f, True), "engine full alone"),
-        Variant("CLI full", lambda b, f: run_cli_job(b, f, True), "CLI / editor worker full tensors"),
+        Variant("CLI full", lambda b, f: run_cli_job(b, f, True), "CLI / editor worker full tensors", None, True),
         Variant("hf debugger repr", lambda b, f: run_hf_debugger(b, f, True), "HF debugger repr"),
         Variant("hf debugger safetensors", lambda b, f: run_hf_debugger(b, f, False), "HF debugger safetensors"),
         Variant("torchlens all", lambda b, f: run_torchlens(b, f, "all"), "TorchLens all", "torchlens"),
@@ -314,8 +347,10 @@ VARIANTS = {
         ),
     )
 }
+FRESH_PLAIN = "plain, fresh model"
 MODELTRACE_VARIANTS = [
     "plain",
+    "plain, fresh model",
     "capture() stats",
     "engine stats",
     "CLI stats",
@@ -454,7 +489,7 @@ def describe(name: str, bench: SizeBench) -> Captured:
         with torch_state_for(name):
             result = VARIANTS[name].run(bench, folder)
         full = name.endswith("full")
-        if name == "plain":
+        if name.startswith("plain"):
             return Captured(len(bench.finish_order), 0, 0, 0, f"{len(bench.finish_order)} module calls run")
         if name.startswith("capture()"):
             return _modeltrace_captured(result.path, full, "")
@@ -528,10 +563,21 @@ class SizeResult:
     def ratio(self, name: str) -> float:
         return statistics.median(self.paired_ratios(name))
 
+    def fresh_ratio(self, name: str) -> float | None:
+        """`name`'s paired median ratio to the fresh model's plain forward, for a variant that runs a fresh model
+        (`Variant.fresh_baseline`) where that baseline was measured; else None."""
+        fresh = self.times_ms.get(FRESH_PLAIN)
+        if fresh is None or not VARIANTS[name].fresh_baseline or name not in self.times_ms:
+            return None
+        return statistics.median(time / plain for time, plain in zip(self.times_ms[name], fresh))
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["paired_ratio_median"] = {name: self.ratio(name) for name in self.times_ms}
         data["median_ms"] = {name: statistics.median(times) for name, times in self.times_ms.items()}
+        data["paired_ratio_to_fresh_plain_median"] = {
+            name: ratio for name in self.times_ms if (ratio := self.fresh_ratio(name)) is not None
+        }
         return data
 
 
@@ -586,7 +632,7 @@ def rss_child(size: str, name: str) -> float:
     bench = SizeBench(size)
     try:
         time_once(name, bench)
-        if name.startswith("CLI"):
+        if name.startswith("CLI") or name == FRESH_PLAIN:
             # NOTE: the CLI's job builds its own model: this process's copy is not what a CLI run holds
             bench.model = None
         freeze_setup_objects()
@@ -635,13 +681,20 @@ def environment_line() -> str:
 def summary_table(results: list[SizeResult]) -> str:
     """The issue's table: one row per size, the paired median ratio to plain of every variant measured."""
     names = [name for name in VARIANTS if name != "plain" and all(name in result.times_ms for result in results)]
+    # NOTE: the variants that run a fresh model (the CLI's) again, against a fresh model's plain forward
+    fresh = [name for name in names if all(result.fresh_ratio(name) is not None for result in results)]
+    columns = [VARIANTS[name].column for name in names] + [
+        f"{VARIANTS[name].column} vs a fresh model's plain forward" for name in fresh
+    ]
     lines = [
-        "| size | plain forward | " + " | ".join(VARIANTS[name].column for name in names) + " |",
-        "|---|---:|" + "---:|" * len(names),
+        "| size | plain forward | " + " | ".join(columns) + " |",
+        "|---|---:|" + "---:|" * len(columns),
     ]
     for result in results:
         plain = statistics.median(result.times_ms["plain"])
-        cells = [f"{result.ratio(name):.2f}×" for name in names]
+        cells = [f"{result.ratio(name):.2f}×" for name in names] + [
+            f"{result.fresh_ratio(name):.2f}×" for name in fresh
+        ]
         lines.append(f"| {result.size} ({result.label}) | {plain:.1f} ms | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -654,8 +707,9 @@ def detail_table(result: SizeResult) -> str:
         f"plain before any tool touched the model {result.plain_untouched_ms:.2f} ms; load average during the "
         f"rounds {min(loads):.2f}–{max(loads):.2f} (median {statistics.median(loads):.2f})",
         "",
-        "| variant | captured | median ms | × plain, paired median [min–max] | peak RSS MB (over plain) |",
-        "|---|---|---:|---:|---:|",
+        "| variant | captured | median ms | × plain, paired median [min–max] | × plain of a fresh model, paired "
+        "median | peak RSS MB (over plain) |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     plain_peak = result.peak_rss_mb.get("plain")
     for name in result.times_ms:
@@ -665,7 +719,8 @@ def detail_table(result: SizeResult) -> str:
             peak = f"{peak:,.0f}" + (f" ({peak - plain_peak:+,.0f})" if isinstance(plain_peak, float) else "")
         lines.append(
             f"| {name} | {result.captured[name].text()} | {statistics.median(result.times_ms[name]):.2f} | "
-            f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] | {peak} |"
+            f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] | "
+            f"{'' if (fresh := result.fresh_ratio(name)) is None else f'{fresh:.2f}'} | {peak} |"
         )
     return "\n".join(lines)
 

@@ -44,15 +44,20 @@ def test_modeltrace_rows_at_tiny_size(tmp_path: Path, capsys: pytest.CaptureFixt
         assert bench_peers.VARIANTS[name].column in summary_header
     summary_row = next(line for line in printed.splitlines() if line.startswith("| tiny (h64, 2 layers, seq 7) |"))
     ratios = [float(cell.strip().rstrip("×")) for cell in summary_row.split("|")[3:-1]]
-    assert len(ratios) == len(variants) - 1
+    # every variant against the warm model's plain forward, then the CLI's two against a fresh model's
+    assert len(ratios) == len(variants) - 1 + 2
     assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), summary_row
+    for name in ("CLI stats", "CLI full"):
+        assert f"{bench_peers.VARIANTS[name].column} vs a fresh model's plain forward" in summary_header
 
     result = json.loads(output.read_text())["sizes"][0]
     assert set(result["paired_ratio_median"]) == set(variants)
     assert all(math.isfinite(ratio) and ratio > 0 for ratio in result["paired_ratio_median"].values())
+    assert set(result["paired_ratio_to_fresh_plain_median"]) == {"CLI stats", "CLI full"}
     captured = result["captured"]
     # every ModelTrace path records the same 32 module calls of the tiny LlamaForCausalLM, and writes a trace
-    for name in bench_peers.MODELTRACE_VARIANTS[1:]:
+    assert captured["plain, fresh model"]["calls"] == 32
+    for name in bench_peers.MODELTRACE_VARIANTS[2:]:
         assert captured[name]["calls"] == captured["plain"]["calls"] == 32, (name, captured[name])
         assert captured[name]["tensors"] > 0 and captured[name]["bytes_written"] > 0, (name, captured[name])
         assert f"| {name} | {captured[name]['what']}" in printed
