@@ -287,6 +287,9 @@ class _ModelWrappers:
 
     def __init__(self) -> None:
         self.live: list[Any] = [None]
+        # NOTE: held while a capture of the model puts its wrappers in place or takes them off: two threads
+        # entering captures of one model at once must not both find its modules free (the wrappers are shared)
+        self.lock = threading.Lock()
         # id of a module -> (the module, weakly; its path, class, instance `forward`, class `_call_impl`; wrapper)
         self._calls: dict[int, tuple[weakref.ref, str, type, Any, Any, Any]] = {}
 
@@ -380,6 +383,7 @@ class ModuleCapture:
         self._devices: dict[str, str] = {}
         self._call_counts: dict[str, int] = {}  # calls of each module path so far: their records' call_index
         self._live: list[Any] | None = None  # the session cell of the wrappers this capture put in place
+        self._wrappers_lock = threading.Lock()  # their model's (`_ModelWrappers.lock`), once they are
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
@@ -397,20 +401,21 @@ class ModuleCapture:
         # NOTE: a model spread over devices by accelerate (`--device-map`) says per module where it runs
         self._devices = module_devices(self.model)
         wrappers = _ModelWrappers.of(self.model)
-        try:
-            for path, module in self.model.named_modules():
-                if "_call_impl" not in module.__dict__:
-                    wrapped.append((module, wrappers.call_for(self, module, path)))
-        except BaseException:
-            wrapped.clear()
-            raise
-        if wrapped:
-            # NOTE: set before the first wrapper is put in place; a capture that wraps nothing (another one holds
-            # every module: captures of the same model do not nest) leaves that one's session alone
-            wrappers.live[0] = (self, self.records, self._stack, self._summary, self._call_counts, self._devices)
-            self._live = wrappers.live
-            for module, call in wrapped:
-                module.__dict__["_call_impl"] = call
+        with wrappers.lock:
+            try:
+                for path, module in self.model.named_modules():
+                    if "_call_impl" not in module.__dict__:
+                        wrapped.append((module, wrappers.call_for(self, module, path)))
+            except BaseException:
+                wrapped.clear()
+                raise
+            if wrapped:
+                # NOTE: set before the first wrapper is put in place; a capture that wraps nothing (another one
+                # holds every module: captures of the same model do not nest) leaves that one's session alone
+                wrappers.live[0] = (self, self.records, self._stack, self._summary, self._call_counts, self._devices)
+                self._live, self._wrappers_lock = wrappers.live, wrappers.lock
+                for module, call in wrapped:
+                    module.__dict__["_call_impl"] = call
         # NOTE: the records and summaries are the only objects a capture adds, and they hold no reference
         # cycles: the cyclic collector (which a plain forward never triggers, and a captured one would a few
         # times) is paused until exit, when whatever the forward left in cycles is collected as usual.
@@ -432,11 +437,13 @@ class ModuleCapture:
                 gc.enable()
 
     def _unwrap(self) -> None:
-        for module, call in self._wrapped:
-            if module.__dict__.get("_call_impl") is call:
-                del module.__dict__["_call_impl"]
-        self._wrapped.clear()
-        if self._live is not None:
+        if self._live is None:
+            return  # NOTE: nothing put in place
+        with self._wrappers_lock:
+            for module, call in self._wrapped:
+                if module.__dict__.get("_call_impl") is call:
+                    del module.__dict__["_call_impl"]
+            self._wrapped.clear()
             if self._live[0] is not None and self._live[0][0] is self:
                 self._live[0] = None
             self._live = None
