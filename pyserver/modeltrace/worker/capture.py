@@ -382,8 +382,7 @@ class ModuleCapture:
         self._collector_was_enabled = False
         self._devices: dict[str, str] = {}
         self._call_counts: dict[str, int] = {}  # calls of each module path so far: their records' call_index
-        self._live: list[Any] | None = None  # the session cell of the wrappers this capture put in place
-        self._wrappers_lock = threading.Lock()  # their model's (`_ModelWrappers.lock`), once they are
+        self._wrappers: _ModelWrappers | None = None  # those of the model, once this capture put some in place
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
 
@@ -413,7 +412,7 @@ class ModuleCapture:
                 # NOTE: set before the first wrapper is put in place; a capture that wraps nothing (another one
                 # holds every module: captures of the same model do not nest) leaves that one's session alone
                 wrappers.live[0] = (self, self.records, self._stack, self._summary, self._call_counts, self._devices)
-                self._live, self._wrappers_lock = wrappers.live, wrappers.lock
+                self._wrappers = wrappers
                 for module, call in wrapped:
                     module.__dict__["_call_impl"] = call
         # NOTE: the records and summaries are the only objects a capture adds, and they hold no reference
@@ -437,16 +436,17 @@ class ModuleCapture:
                 gc.enable()
 
     def _unwrap(self) -> None:
-        if self._live is None:
+        wrappers = self._wrappers
+        if wrappers is None:
             return  # NOTE: nothing put in place
-        with self._wrappers_lock:
+        with wrappers.lock:
             for module, call in self._wrapped:
                 if module.__dict__.get("_call_impl") is call:
                     del module.__dict__["_call_impl"]
             self._wrapped.clear()
-            if self._live[0] is not None and self._live[0][0] is self:
-                self._live[0] = None
-            self._live = None
+            if wrappers.live[0] is not None and wrappers.live[0][0] is self:
+                wrappers.live[0] = None
+            self._wrappers = None
 
     def _make_call(self, module: nn.Module, path: str, live: list[Any]):  # noqa: ANN202
         """The wrapper of `module`'s calls: made once per model and module, reused by the model's later captures
