@@ -31,6 +31,13 @@ those collections take milliseconds:
   recipe that builds this model, in this process, timed from the job's "running …forward" step (the model built
   and placed) to the trace written. Not timed: the worker process's start and imports, the model's build (which
   a user pays without ModelTrace too), and the fsync the worker does after it has answered.
+- `floor: output statistics` (diagnostic): bench_capture.py's floor row, ModuleCapture's wrapping and per call
+  the module's path, its output's shape and the kernel's moments in a list, written as one file: the least any
+  statistics trace of every module call costs. Left out where the native kernel is not built.
+- `C core prototype` (diagnostic): bench/capture_core.py, a per-call core in C recording what the engine records
+  (call tree, call sites, keyed input and output statistics) as rows of plain values, written as one file: what the
+  engine would cost with its per-call path out of the interpreter (tests/python/test_bench_capture_core.py checks it
+  records the same). Left out where it cannot be built (no C compiler or Python headers).
 - `hf debugger repr` / `hf debugger safetensors`: transformers' `model_addition_debugger_context(model,
   debug_path, do_prune_layers=False, use_repr=True / False)`.
 - `torchlens all` / `torchlens none`: `torchlens.trace(model, input_ids, capture=CaptureOptions(layers_to_save=
@@ -261,6 +268,28 @@ def run_engine(bench: SizeBench, folder: Path, full_tensors: bool) -> None:
     _bench_capture_module()._modeltrace(bench.model, bench.input_ids, folder, full_tensors)
 
 
+def run_floor(bench: SizeBench, folder: Path) -> None:
+    _bench_capture_module()._floor(bench.model, bench.input_ids, folder)
+
+
+def _floor_unavailable() -> str | None:
+    return None if _bench_capture_module()._FLOAT32_KERNEL is not None else "no native statistics kernel"
+
+
+@functools.cache
+def _capture_core_module() -> Any:
+    """bench/capture_core.py (the C prototype), loaded once, on the warm-up call."""
+    spec = importlib.util.spec_from_file_location("capture_core", BENCH_FOLDER / "capture_core.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["capture_core"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_core_prototype(bench: SizeBench, folder: Path) -> None:
+    _capture_core_module().run_core(bench.model, bench.input_ids, folder)
+
+
 def run_cli_job(bench: SizeBench, folder: Path, full_tensors: bool) -> Untimed:
     from modeltrace.worker.job import run_trace_job
     from modeltrace.worker.messages import TraceRequest
@@ -321,10 +350,15 @@ class Variant:
     package: str | None = None
     # NOTE: a second baseline, where the variant's own forward is not the warm model's (the CLI rows: a fresh one)
     fresh_baseline: bool = False
+    # NOTE: for a diagnostic row that needs something built here: why it cannot run on this machine, or None
+    unavailable: Callable[[], str | None] | None = None
 
 
 # the CLI rows' second baseline (`run_plain_fresh`)
 FRESH_PLAIN = "plain, fresh model"
+# the two diagnostic rows: what any statistics trace costs at least, and the engine with its per-call path in C
+FLOOR = "floor: output statistics"
+CORE_PROTOTYPE = "C core prototype"
 VARIANTS = {
     variant.name: variant
     for variant in (
@@ -336,6 +370,13 @@ VARIANTS = {
         Variant("capture() full", lambda b, f: run_capture(b, f, True), "`capture()` full tensors"),
         Variant("engine full", lambda b, f: run_engine(b, f, True), "engine full alone"),
         Variant("CLI full", lambda b, f: run_cli_job(b, f, True), "CLI / editor worker full tensors", None, True),
+        Variant(FLOOR, run_floor, "floor: output statistics (diagnostic)", unavailable=_floor_unavailable),
+        Variant(
+            CORE_PROTOTYPE,
+            run_core_prototype,
+            "per-call core in C, prototype (diagnostic)",
+            unavailable=lambda: _capture_core_module().unavailable(),
+        ),
         Variant("hf debugger repr", lambda b, f: run_hf_debugger(b, f, True), "HF debugger repr"),
         Variant("hf debugger safetensors", lambda b, f: run_hf_debugger(b, f, False), "HF debugger safetensors"),
         Variant("torchlens all", lambda b, f: run_torchlens(b, f, "all"), "TorchLens all", "torchlens"),
@@ -349,6 +390,8 @@ VARIANTS = {
         ),
     )
 }
+# NOTE: not paths a user runs: read the ModelTrace rows against them (docs/benchmarks.md)
+DIAGNOSTIC_VARIANTS = [FLOOR, CORE_PROTOTYPE]
 MODELTRACE_VARIANTS = [
     "plain",
     FRESH_PLAIN,
@@ -362,12 +405,17 @@ MODELTRACE_VARIANTS = [
 
 
 def missing_packages(names: list[str]) -> dict[str, str]:
-    """Variant name -> the package it needs that is not installed here."""
-    return {
-        name: VARIANTS[name].package
-        for name in names
-        if VARIANTS[name].package and importlib.util.find_spec(VARIANTS[name].package) is None
-    }
+    """Variant name -> the package it needs that is not installed here, or for a diagnostic row why it cannot
+    run here (no native kernel, no C compiler or Python headers)."""
+    missing = {}
+    for name in names:
+        variant = VARIANTS[name]
+        reason = variant.unavailable() if variant.unavailable is not None else None
+        if reason is not None:
+            missing[name] = reason
+        elif variant.package and importlib.util.find_spec(variant.package) is None:
+            missing[name] = variant.package
+    return missing
 
 
 @contextlib.contextmanager
@@ -499,6 +547,8 @@ def describe(name: str, bench: SizeBench) -> Captured:
             return _modeltrace_captured(folder / "bench.mtrace", full, note)
         if name.startswith("CLI"):
             return _modeltrace_captured(Path(result.result.trace), full, " (fsynced by the worker after answering)")
+        if name in (FLOOR, CORE_PROTOTYPE):
+            return _diagnostic_captured(name, folder)
         if name.startswith("hf debugger"):
             return _hf_debugger_captured(folder / "debug", name.endswith("repr"))
         if name.startswith("torchlens"):
@@ -506,6 +556,24 @@ def describe(name: str, bench: SizeBench) -> Captured:
         return _nnsight_captured(result)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _diagnostic_captured(name: str, folder: Path) -> Captured:
+    """The floor's rows (path, output shape, moments) or the C prototype's table (calls, summaries, sites)."""
+    import msgpack
+
+    if name == FLOOR:
+        rows = msgpack.unpackb((folder / "floor.mtrace" / "rows.msgpack").read_bytes())
+        measured = sum(1 for row in rows if len(row) > 1)
+        what = f"{len(rows)} module calls, moments of {measured} outputs, no source line, no inputs, no call tree"
+        return Captured(len(rows), measured, _folder_bytes(folder / "floor.mtrace"), 0, what)
+    table = msgpack.unpackb((folder / "core.mtrace" / "trace.msgpack").read_bytes())
+    pairs = sum(len(row[7]) + len(row[8]) for row in table["modules"])
+    what = (
+        f"{len(table['modules'])} module calls, statistics of {pairs} input/output tensors (call tree, call sites;"
+        " rows of plain values, no record objects)"
+    )
+    return Captured(len(table["modules"]), pairs, _folder_bytes(folder / "core.mtrace"), 0, what)
 
 
 def _hf_debugger_captured(debug_folder: Path, use_repr: bool) -> Captured:
@@ -730,7 +798,7 @@ def report(results: list[SizeResult], load_before: str, load_after: str, missing
     lines = [environment_line(), f"load average before: {load_before}; after: {load_after}"]
     if missing:
         left_out = ", ".join(f"{name} ({package})" for name, package in missing.items())
-        lines.append(f"left out, not installed here: {left_out}")
+        lines.append(f"left out, not installed or not buildable here: {left_out}")
     lines += ["", summary_table(results)]
     for result in results:
         lines += ["", detail_table(result)]

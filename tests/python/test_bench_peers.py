@@ -35,7 +35,7 @@ def torch_threads() -> Iterator[None]:
 
 def test_modeltrace_rows_at_tiny_size(tmp_path: Path, capsys: pytest.CaptureFixture[str], torch_threads: None):
     output = tmp_path / "peers.json"
-    variants = [*bench_peers.MODELTRACE_VARIANTS, "hf debugger safetensors"]
+    variants = [*bench_peers.MODELTRACE_VARIANTS, *bench_peers.DIAGNOSTIC_VARIANTS, "hf debugger safetensors"]
     assert bench_peers.main(["--sizes", "tiny", "--rounds", "1", "--json", str(output), "--variants", *variants]) == 0
 
     printed = capsys.readouterr().out
@@ -64,6 +64,10 @@ def test_modeltrace_rows_at_tiny_size(tmp_path: Path, capsys: pytest.CaptureFixt
     # full tensors store the parameters once per trace (the engine alone stores none): more bytes than statistics
     assert captured["capture() full"]["bytes_written"] > captured["capture() stats"]["bytes_written"]
     assert captured["hf debugger safetensors"]["tensors"] > 0
+    # the floor measures every call's output; the C prototype records the engine's calls and tensors
+    assert captured[bench_peers.FLOOR]["calls"] == 32 and captured[bench_peers.FLOOR]["tensors"] > 0
+    prototype = captured[bench_peers.CORE_PROTOTYPE]
+    assert prototype["calls"] == 32 and prototype["tensors"] == captured["engine stats"]["tensors"], prototype
 
 
 def test_missing_peers_are_named_not_failed():

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from modeltrace.trace.records import ModuleCall, TensorSummary
-from modeltrace.worker import source_map
+from modeltrace.worker import native, source_map, stats
 from modeltrace.worker.placement import module_devices
 from modeltrace.worker.tensor_stream import TensorStream
 from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu, without_storage
@@ -265,6 +265,15 @@ def _class_forward_names(module_class: type) -> list[str]:
     ]
 
 
+def _capture_core() -> Any:
+    """The extension module whose `Wrapper` and `Session` are the capture's call path in C, or None."""
+    kernels = native.kernels()
+    return kernels.get("capture_core") if kernels else None
+
+
+# NOTE: a subclass that overrides any of these summarises otherwise: its captures keep the Python closure's path
+_SUMMARY_METHODS = ("_summary", "_summarize_arguments", "_summarize_output", "_summarize_all")
+
 # NOTE: argument types that cannot hold tensors, skipped without walking them.
 _SCALAR_TYPES = frozenset({int, float, bool, str, bytes, torch.dtype, torch.device})
 
@@ -300,6 +309,30 @@ class _ModelWrappers:
             if found is None:
                 found = cls._of_model[model] = cls()
             return found
+
+    def calls_for(self, capture: ModuleCapture, named_modules: Iterable[tuple[str, nn.Module]]) -> list[tuple]:
+        """(module, wrapper) for each module not wrapped already (by another capture): `call_for` of each, with its
+        common case (the cached wrapper still fits) inlined, since this runs for every module at every capture."""
+        calls = self._calls if type(capture)._make_call is ModuleCapture._make_call else {}
+        found = []
+        for path, module in named_modules:
+            attributes = module.__dict__
+            if "_call_impl" in attributes:
+                continue
+            entry = calls.get(id(module))
+            module_class = type(module)
+            if (
+                entry is not None
+                and entry[1] == path
+                and entry[0]() is module
+                and entry[2] is module_class
+                and entry[3] is attributes.get("forward")
+                and entry[4] is module_class._call_impl
+            ):
+                found.append((module, entry[5]))
+            else:
+                found.append((module, self.call_for(capture, module, path)))
+        return found
 
     def call_for(self, capture: ModuleCapture, module: nn.Module, path: str) -> Any:
         if type(capture)._make_call is not ModuleCapture._make_call:
@@ -385,6 +418,9 @@ class ModuleCapture:
         self._wrappers: _ModelWrappers | None = None  # those of the model, once this capture put some in place
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
+        # NOTE: what `_summarize_all` summarises each tensor with: `_summary`, or the same in C while the C call
+        # path serves this capture (`_core_session`)
+        self._summary_of = self._summary
 
     @property
     def call_stack(self) -> list[int]:
@@ -402,16 +438,26 @@ class ModuleCapture:
         wrappers = _ModelWrappers.of(self.model)
         with wrappers.lock:
             try:
-                for path, module in self.model.named_modules():
-                    if "_call_impl" not in module.__dict__:
-                        wrapped.append((module, wrappers.call_for(self, module, path)))
+                wrapped.extend(wrappers.calls_for(self, self.model.named_modules()))
             except BaseException:
                 wrapped.clear()
                 raise
             if wrapped:
+                core_session = self._core_session()
+                if core_session is not None:
+                    # NOTE: the Python walks over argument lists and outputs summarise through it too
+                    self._summary_of = core_session.summary
                 # NOTE: set before the first wrapper is put in place; a capture that wraps nothing (another one
                 # holds every module: captures of the same model do not nest) leaves that one's session alone
-                wrappers.live[0] = (self, self.records, self._stack, self._summary, self._call_counts, self._devices)
+                wrappers.live[0] = (
+                    self,
+                    self.records,
+                    self._stack,
+                    self._summary,
+                    self._call_counts,
+                    self._devices,
+                    core_session,
+                )
                 self._wrappers = wrappers
                 for module, call in wrapped:
                     module.__dict__["_call_impl"] = call
@@ -447,6 +493,7 @@ class ModuleCapture:
             if wrappers.live[0] is not None and wrappers.live[0][0] is self:
                 wrappers.live[0] = None
             self._wrappers = None
+            self._summary_of = self._summary
 
     def _make_call(self, module: nn.Module, path: str, live: list[Any]):  # noqa: ANN202
         """The wrapper of `module`'s calls: made once per model and module, reused by the model's later captures
@@ -467,7 +514,7 @@ class ModuleCapture:
             if session is None:
                 # NOTE: a wrapper left where no capture runs (a copy of the module's dict made during a capture)
                 return call_impl(module_ref(), *args, **kwargs)
-            capture, records, stack, summary_of, counts, devices = session
+            capture, records, stack, summary_of, counts, devices, _ = session
             calls = counts.get(path, 0)  # of this module in this capture: its records' call_index
             counts[path] = calls + 1
             # depth 2: caller_location <- capturing_call <- torch's `__call__`, where the walk up starts
@@ -509,7 +556,64 @@ class ModuleCapture:
                 record.outputs = capture._summarize_output(output, index)
             return output
 
-        return capturing_call
+        core = _capture_core()
+        if core is None:
+            return capturing_call
+        # NOTE: the same call in C (`native/capture_core.c`) where the capture hands it a `Session`
+        # (`_core_session`); this closure runs where it does not
+        return core.Wrapper(
+            live,
+            capturing_call,
+            module_ref,
+            call_impl,
+            path,
+            class_name,
+            class_location,
+            first_name,
+            parameter_names,
+        )
+
+    def _core_session(self) -> Any:
+        """The `Session` of the C call path (`native/capture_core.c`) for this capture, or None where the Python
+        closure records instead: full tensors and retained calls (kept by the closure's Python), a subclass
+        that summarises otherwise, no extension module, or statistics taken by another kernel than the module's
+        own (tests switch `stats._native_kernels`: both paths must give the same numbers)."""
+        core = _capture_core()
+        if core is None or self.full_tensors or self.retained is not None:
+            return None
+        if any(getattr(type(self), name) is not getattr(ModuleCapture, name) for name in _SUMMARY_METHODS):
+            return None
+        if stats._native_kernels.get(torch.float32) is not core.f32:
+            return None
+        cache = self.summary_cache
+        return core.Session(
+            self,
+            self.records,
+            self._stack,
+            self._call_counts,
+            self._devices,
+            cache._entries,
+            cache._spans,
+            cache._copies,
+            cache.copy,
+            cache._view_summary,
+            cache.summarize_new,
+            self.pending,
+            self._summarize_arguments,
+            self._summarize_output,
+            ModuleCall,
+            source_map._plumbing_cache,
+            source_map._plumbing,
+            source_map._location_cache,
+            source_map.frame_location,
+            torch.Tensor,
+            nn.Parameter,
+            torch.float32,
+            stats.dtype_name(torch.float32),
+            TensorSummary,
+            cache._late_copies,
+            stats._CANCELLATION_RATIO,
+        )
 
     def _retain(self, path: str, call_index: int, args: tuple, kwargs: dict) -> None:
         """Keep a call's arguments (see `retained`), counting each tensor object once against the budget."""
@@ -566,7 +670,7 @@ class ModuleCapture:
 
     def _summarize_all(self, named_values: Iterable[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
         summaries: list[TensorSummary] = []
-        summary_of = self._summary
+        summary_of = self._summary_of
         for name, value in named_values:
             if isinstance(value, torch.Tensor):
                 if len(summaries) >= MAX_LEAVES_PER_SIDE:

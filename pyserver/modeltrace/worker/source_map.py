@@ -106,20 +106,26 @@ def caller_location(start_depth: int = 2) -> tuple[SourceLocation | None, int | 
     """The first non-plumbing frame above the hook: its location and the bytecode offset of the call."""
     frame: FrameType | None = sys._getframe(start_depth)
     while frame is not None:
-        code = frame.f_code
-        if not _plumbing(code):
-            offset = frame.f_lasti
-            # NOTE: a frame with a local tracer (line capture) reports the line of its last line event, so only
-            # untraced frames, whose line follows from the offset, share the cached location.
-            if frame.f_trace is not None:
-                return SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset)), offset
-            cached = _location_cache.get((id(code), offset))
-            if cached is None or cached[0] is not code:
-                location = SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset))
-                cached = _location_cache[(id(code), offset)] = (code, location)
-            return cached[1], offset
+        if not _plumbing(frame.f_code):
+            return frame_location(frame)
         frame = frame.f_back
     return None, None
+
+
+def frame_location(frame: FrameType) -> tuple[SourceLocation, int]:
+    """Where `frame` is now, and its bytecode offset (the capture's call path in C asks this of a frame of model
+    code whose location it has not cached: `native/capture_core.c`)."""
+    code = frame.f_code
+    offset = frame.f_lasti
+    # NOTE: a frame with a local tracer (line capture) reports the line of its last line event, so only
+    # untraced frames, whose line follows from the offset, share the cached location.
+    if frame.f_trace is not None:
+        return SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset)), offset
+    cached = _location_cache.get((id(code), offset))
+    if cached is None or cached[0] is not code:
+        location = SourceLocation(real_path(code.co_filename), frame.f_lineno, _column(code, offset))
+        cached = _location_cache[(id(code), offset)] = (code, location)
+    return cached[1], offset
 
 
 def model_locations(frame: FrameType | None, limit: int) -> tuple[SourceLocation, ...]:

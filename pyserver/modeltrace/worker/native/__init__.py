@@ -7,7 +7,8 @@ wheel's `modeltrace_moments` extension: baseline flags, one thread); with neithe
 `f32_strided(address, sizes, strides)`, the same for a float32 view read in place (None where it cannot be).
 They come from a Python extension module built from the same file where Python's headers are installed (a call
 costs ~0.1 µs), else from the plain shared library through ctypes (~1 µs, and several times that inside a
-forward pass, with the caches cold).
+forward pass, with the caches cold). The extension module also holds the capture's per-call path
+(`capture_core.c`, included by moments.c), under `kernels()["capture_core"]`: the module itself.
 
 The shared library is cached per user under `$XDG_CACHE_HOME/modeltrace/` (default `~/.cache/modeltrace/`),
 named by a hash of the source, the flags and the compiler, so an edit or another CPU flag set builds a new one.
@@ -23,6 +24,7 @@ else, or if that build fails, the kernel is built single-threaded.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -41,6 +43,8 @@ from modeltrace.native_build import native_setting
 
 
 SOURCE = Path(__file__).with_name("moments.c")
+# NOTE: included by moments.c in the extension module's build: part of what names the cached library
+CORE_SOURCE = Path(__file__).with_name("capture_core.c")
 
 # the dtype kernels take (address, count); "f32_strided" takes (address, sizes, strides) and may return None
 Kernel = Callable[..., tuple[float, float, float, float, float] | None]
@@ -86,7 +90,8 @@ def _build(compiler: str, flags: list[str], openmp_runtime: Path | None, python_
     """Compile `moments.c` into the cache (once per source, flags, compiler, OpenMP runtime and Python)."""
     if python_include is not None:
         flags = [*flags, "-DMODELTRACE_PYTHON_MODULE", f"-I{python_include}"]
-    target, present = cached_library(SOURCE, "moments", [compiler, *flags, str(openmp_runtime)])
+    core = hashlib.sha256(CORE_SOURCE.read_bytes()).hexdigest()
+    target, present = cached_library(SOURCE, "moments", [compiler, *flags, str(openmp_runtime), core])
     if present:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +149,10 @@ def _module_kernels(module: Any) -> dict[str, Kernel]:
     batch = getattr(module, "f32_fingerprints", None)
     if batch is not None:
         kernels["f32_fingerprints"] = batch
+    # NOTE: the capture's per-call path (`capture_core.c`, `worker/capture.py`): the module itself, whose `Wrapper`
+    # and `Session` use its own `f32`; absent from a prebuilt extension older than it and from the ctypes form
+    if hasattr(module, "Wrapper") and hasattr(module, "Session"):
+        kernels["capture_core"] = module
     return kernels
 
 

@@ -575,6 +575,12 @@ static PyObject *py_i64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return call_kernel((moments_kernel)modeltrace_moments_i64, args, nargs);
 }
 
+/* the capture's per-call path (`worker/capture.py`): its `Wrapper` and `Session` types, from Python 3.11 (which
+ * has PyFrame_GetLasti); on an older Python the capture keeps its Python closures */
+#if PY_VERSION_HEX >= 0x030B0000
+#include "capture_core.c"
+#endif
+
 static PyMethodDef methods[] = {
     {"f32", (PyCFunction)(void (*)(void))py_f32, METH_FASTCALL, "moments of float32 values at (address, count)"},
     {"f32_strided", (PyCFunction)(void (*)(void))py_f32_strided, METH_FASTCALL,
@@ -588,5 +594,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "modeltrace_moments", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit_modeltrace_moments(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_modeltrace_moments(void) {
+    PyObject *created = PyModule_Create(&module);
+#if PY_VERSION_HEX >= 0x030B0000
+    if (created != NULL && capture_core_add(created) < 0)
+        Py_CLEAR(created);
+#endif
+    return created;
+}
 #endif

@@ -1,0 +1,933 @@
+/* The capture's per-call path in C (`worker/capture.py`), part of the `modeltrace_moments` extension module
+ * (included by moments.c where it is built against Python's headers).
+ *
+ * `Wrapper` stands in for one module's `_call_impl` while a capture runs, as the Python closure that
+ * `ModuleCapture._make_call` makes would (the closure is kept in it, and runs instead wherever this path does not
+ * apply). `Session` is what a capture that this path serves hands its wrappers: the capture's records, call stack,
+ * call counts and summary cache, and the Python functions for everything off the common path.
+ *
+ * On the common path (one bare tensor argument or none, a tensor returned, statistics only) a call costs what the
+ * closure's Python would in a fraction of the time: the call count, the call site (the first frame of model code,
+ * through `source_map`'s caches), the summaries of a tensor the pass has seen (`SummaryCache`'s dicts, read here)
+ * or of a new contiguous float32 CPU tensor (this module's kernel, then `stats.summary_from_moments`'s arithmetic,
+ * so the numbers are the Python path's to the bit), and the `ModuleCall` record, made as its __init__ would. Every other case calls the same Python
+ * the closure calls (`_summarize_arguments`, `_summarize_output`, `SummaryCache.copy`, `_view_summary`,
+ * `summarize_new`, `source_map.frame_location`), so both paths make the same records, objects and caches.
+ */
+#include <frameobject.h>
+#include <structmember.h>
+
+static PyObject *core_str_version, *core_str_dtype, *core_str_shape, *core_str_data_ptr, *core_str_numel,
+    *core_str_is_contiguous, *core_str_is_cpu, *core_str_is_neg, *core_str_key, *core_str_f_trace,
+    *core_str_finished, *core_str_finish_order, *core_str_device, *core_str_empty, *core_str_inputs,
+    *core_str_outputs, *core_one, *core_zero, *core_str_cpu;
+
+/* the fields of records.TensorSummary and records.ModuleCall, in their order (checked when a Session is made) */
+#define SUMMARY_FIELDS 15
+#define RECORD_FIELDS 12
+static const char *summary_field_names[SUMMARY_FIELDS] = {
+    "key", "shape", "dtype", "device", "mean", "std", "min", "max", "abs_max", "nan_count", "inf_count",
+    "positive_fraction", "tensor", "not_stored", "placement"};
+static const char *record_field_names[RECORD_FIELDS] = {
+    "index", "path", "class_name", "defined_at", "called_at", "call_index", "parent", "finish_order", "call_site",
+    "inputs", "outputs", "device"};
+enum { RECORD_FINISH_ORDER = 7, RECORD_OUTPUTS = 10, RECORD_DEVICE = 11, SUMMARY_PLACEMENT = 14 };
+
+/* The offsets of `names` in a class made by `@dataclass(slots=True)`: each must be a slot of its own. */
+static int slot_offsets(PyObject *type, const char **names, int count, Py_ssize_t *offsets) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "expected a class");
+        return -1;
+    }
+    PyObject *fields = PyObject_GetAttrString(type, "__slots__");
+    if (fields == NULL)
+        return -1;
+    Py_ssize_t found = PySequence_Size(fields);
+    Py_DECREF(fields);
+    if (found != count) {
+        PyErr_Format(PyExc_TypeError, "%s has %zd slots, the C call path knows %d: rebuild it beside the records",
+                     ((PyTypeObject *)type)->tp_name, found, count);
+        return -1;
+    }
+    for (int index = 0; index < count; index++) {
+        PyObject *descriptor = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, names[index]);
+        if (descriptor == NULL || Py_TYPE(descriptor) != &PyMemberDescr_Type ||
+            ((PyMemberDescrObject *)descriptor)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot: the C call path cannot make its records",
+                         ((PyTypeObject *)type)->tp_name, names[index]);
+            return -1;
+        }
+        offsets[index] = ((PyMemberDescrObject *)descriptor)->d_member->offset;
+    }
+    return 0;
+}
+
+/* A new instance of a slotted class with `values` (borrowed) in its fields, as its __init__ would leave it. */
+static PyObject *new_slotted(PyObject *type, const Py_ssize_t *offsets, PyObject **values, int count) {
+    PyObject *object = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
+    if (object == NULL)
+        return NULL;
+    for (int index = 0; index < count; index++) {
+        Py_INCREF(values[index]);
+        *(PyObject **)((char *)object + offsets[index]) = values[index];
+    }
+    return object;
+}
+
+/* Replace one field of an object made by new_slotted (the reference to `value` is taken over). */
+static void set_slot(PyObject *object, Py_ssize_t offset, PyObject *value) {
+    PyObject **slot = (PyObject **)((char *)object + offset);
+    PyObject *old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+static PyObject *slot(PyObject *object, Py_ssize_t offset) { return *(PyObject **)((char *)object + offset); }
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *capture;            /* the ModuleCapture */
+    PyObject *records, *stack, *counts, *devices;
+    PyObject *entries, *spans, *copies; /* SummaryCache._entries, ._spans, ._copies */
+    PyObject *copy;               /* SummaryCache.copy(summary, key) */
+    PyObject *view_summary;       /* SummaryCache._view_summary(entry, tensor, key, version, contiguous) */
+    PyObject *summarize_new;      /* SummaryCache.summarize_new(tensor, key, version, pending) */
+    PyObject *pending;
+    PyObject *summarize_arguments;/* capture._summarize_arguments(args, kwargs, names, index) */
+    PyObject *summarize_output;   /* capture._summarize_output(output, index) */
+    PyObject *module_call;        /* the ModuleCall class */
+    PyObject *plumbing_cache, *plumbing; /* source_map._plumbing_cache, source_map._plumbing(code) */
+    PyObject *location_cache, *frame_location; /* source_map._location_cache, source_map.frame_location(frame) */
+    PyObject *tensor_type, *parameter_type, *float32, *float32_name;
+    PyObject *summary_type;       /* TensorSummary */
+    PyObject *late_copies;        /* SummaryCache._late_copies */
+    double cancellation_ratio;    /* stats._CANCELLATION_RATIO */
+    /* where each field of a TensorSummary and of a ModuleCall lives in the object (their __slots__), so that
+     * the records are made here as their __init__ would make them, without running it */
+    Py_ssize_t summary_offsets[SUMMARY_FIELDS], record_offsets[RECORD_FIELDS];
+} Session;
+
+static int session_init(Session *self, PyObject *args, PyObject *kwds) {
+    PyObject **fields[] = {&self->capture,        &self->records,         &self->stack,
+                           &self->counts,         &self->devices,         &self->entries,
+                           &self->spans,          &self->copies,          &self->copy,
+                           &self->view_summary,   &self->summarize_new,   &self->pending,
+                           &self->summarize_arguments, &self->summarize_output,
+                           &self->module_call,    &self->plumbing_cache,  &self->plumbing,
+                           &self->location_cache, &self->frame_location,  &self->tensor_type,
+                           &self->parameter_type, &self->float32,         &self->float32_name,
+                           &self->summary_type,   &self->late_copies};
+    const Py_ssize_t count = sizeof fields / sizeof fields[0];
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Session takes positional arguments only");
+        return -1;
+    }
+    /* the fields above, then stats._CANCELLATION_RATIO */
+    if (PyTuple_GET_SIZE(args) != count + 1) {
+        PyErr_Format(PyExc_TypeError, "Session takes %zd arguments, got %zd", count + 1, PyTuple_GET_SIZE(args));
+        return -1;
+    }
+    self->cancellation_ratio = PyFloat_AsDouble(PyTuple_GET_ITEM(args, count));
+    if (self->cancellation_ratio == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!PyList_Check(PyTuple_GET_ITEM(args, count - 1))) {
+        PyErr_SetString(PyExc_TypeError, "Session: the late copies must be a list");
+        return -1;
+    }
+    if (slot_offsets(PyTuple_GET_ITEM(args, 14), record_field_names, RECORD_FIELDS, self->record_offsets) < 0 ||
+        slot_offsets(PyTuple_GET_ITEM(args, count - 2), summary_field_names, SUMMARY_FIELDS,
+                     self->summary_offsets) < 0)
+        return -1;
+    if (!PyList_Check(PyTuple_GET_ITEM(args, 1)) || !PyList_Check(PyTuple_GET_ITEM(args, 2)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(args, 3)) || !PyDict_Check(PyTuple_GET_ITEM(args, 4)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(args, 5)) || !PyDict_Check(PyTuple_GET_ITEM(args, 6)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(args, 7)) || !PyDict_Check(PyTuple_GET_ITEM(args, 15)) ||
+        !PyDict_Check(PyTuple_GET_ITEM(args, 17))) {
+        PyErr_SetString(PyExc_TypeError, "Session: records and stack must be lists, the caches dicts");
+        return -1;
+    }
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *value = PyTuple_GET_ITEM(args, index);
+        Py_INCREF(value);
+        Py_XSETREF(*fields[index], value);
+    }
+    return 0;
+}
+
+static int session_traverse(Session *self, visitproc visit, void *arg) {
+    Py_VISIT(self->capture); Py_VISIT(self->records); Py_VISIT(self->stack); Py_VISIT(self->counts);
+    Py_VISIT(self->devices); Py_VISIT(self->entries); Py_VISIT(self->spans); Py_VISIT(self->copies);
+    Py_VISIT(self->copy); Py_VISIT(self->view_summary); Py_VISIT(self->summarize_new); Py_VISIT(self->pending);
+    Py_VISIT(self->summarize_arguments); Py_VISIT(self->summarize_output);
+    Py_VISIT(self->module_call); Py_VISIT(self->plumbing_cache); Py_VISIT(self->plumbing);
+    Py_VISIT(self->location_cache); Py_VISIT(self->frame_location); Py_VISIT(self->tensor_type);
+    Py_VISIT(self->parameter_type); Py_VISIT(self->float32); Py_VISIT(self->float32_name);
+    Py_VISIT(self->summary_type); Py_VISIT(self->late_copies);
+    return 0;
+}
+
+static int session_clear(Session *self) {
+    Py_CLEAR(self->capture); Py_CLEAR(self->records); Py_CLEAR(self->stack); Py_CLEAR(self->counts);
+    Py_CLEAR(self->devices); Py_CLEAR(self->entries); Py_CLEAR(self->spans); Py_CLEAR(self->copies);
+    Py_CLEAR(self->copy); Py_CLEAR(self->view_summary); Py_CLEAR(self->summarize_new); Py_CLEAR(self->pending);
+    Py_CLEAR(self->summarize_arguments); Py_CLEAR(self->summarize_output);
+    Py_CLEAR(self->module_call); Py_CLEAR(self->plumbing_cache); Py_CLEAR(self->plumbing);
+    Py_CLEAR(self->location_cache); Py_CLEAR(self->frame_location); Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->parameter_type); Py_CLEAR(self->float32); Py_CLEAR(self->float32_name);
+    Py_CLEAR(self->summary_type); Py_CLEAR(self->late_copies);
+    return 0;
+}
+
+static void session_dealloc(Session *self) {
+    PyObject_GC_UnTrack(self);
+    session_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *summary_of(Session *session, PyObject *tensor, PyObject *key);
+
+/* Session.summary(tensor, key, index, side): `ModuleCapture._summary` for statistics, for the Python walks over
+ * argument lists and outputs (`_summarize_all`) while this session serves the capture. */
+static PyObject *session_summary(Session *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "summary(tensor, key, index, side)");
+        return NULL;
+    }
+    if (self->entries == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a cleared capture session");
+        return NULL;
+    }
+    return summary_of(self, args[0], args[1]);
+}
+
+static PyMethodDef session_methods[] = {
+    {"summary", (PyCFunction)(void (*)(void))session_summary, METH_FASTCALL,
+     "the summary of a tensor under a key, as ModuleCapture._summary makes it (statistics only)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SessionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "modeltrace_moments.Session",
+    .tp_doc = "What a capture served by the C call path hands its wrappers (see capture_core.c).",
+    .tp_basicsize = sizeof(Session),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)session_init,
+    .tp_traverse = (traverseproc)session_traverse,
+    .tp_clear = (inquiry)session_clear,
+    .tp_dealloc = (destructor)session_dealloc,
+    .tp_methods = session_methods,
+};
+
+/* A tensor's version counter, -1 for an inference tensor (which raises RuntimeError); -2 with another error set. */
+static long tensor_version(PyObject *tensor) {
+    PyObject *value = PyObject_GetAttr(tensor, core_str_version);
+    if (value == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
+            return -2;
+        PyErr_Clear();
+        return -1;
+    }
+    long version = PyLong_AsLong(value);
+    Py_DECREF(value);
+    if (version == -1 && PyErr_Occurred())
+        return -2;
+    return version;
+}
+
+/* entries[id] = (weakref, version, summary), and spans[span] too when `span` is given (a contiguous tensor). */
+static int cache_summary(Session *session, PyObject *identity, PyObject *tensor, long version, PyObject *summary,
+                         PyObject *span) {
+    if (version < 0)
+        return 0;
+    PyObject *reference = PyWeakref_NewRef(tensor, NULL);
+    if (reference == NULL)
+        return -1;
+    PyObject *entry = Py_BuildValue("(NlO)", reference, version, summary);
+    if (entry == NULL)
+        return -1;
+    int status = PyDict_SetItem(session->entries, identity, entry);
+    if (status == 0 && span != NULL)
+        status = PyDict_SetItem(session->spans, span, entry);
+    Py_DECREF(entry);
+    return status;
+}
+
+/* `stats.summary_from_moments` (key, shape, "float32", count, moments): the same summary to the bit, or Py_None
+ * where it gives None (new references). Its arithmetic is Python's, one IEEE operation at a time: the volatile
+ * temporaries keep the compiler from fusing a product into a subtraction (FMA) or reordering, which this build's
+ * flags (-fassociative-math, -fno-signed-zeros) would otherwise allow. */
+static PyObject *summary_from_moments(Session *session, PyObject *key, PyObject *shape, long long count,
+                                      const double *moments) {
+    double total = moments[0], squares = moments[1], minimum = moments[3], maximum = moments[4];
+    volatile double positive_fraction = moments[2] / (double)count;
+    volatile double zero = 0.0;
+    double mean, deviation;
+    if (minimum == maximum && isfinite(total) && isfinite(squares)) {
+        mean = minimum + zero; /* every value equal: `float(minimum) + 0.0`, a -0.0 made 0.0 */
+        deviation = 0.0;
+    } else {
+        volatile double average = total / (double)count;
+        volatile double product = total * average;
+        volatile double difference = squares - product;
+        volatile double variance = difference / (double)(count - 1);
+        volatile double mean_square = average * average;
+        volatile double bound = session->cancellation_ratio * variance;
+        if (!(0 < variance && variance < INFINITY && mean_square <= bound))
+            Py_RETURN_NONE;
+        mean = average;
+        deviation = sqrt(variance);
+    }
+    double negated = -minimum;
+    PyObject *numbers[6] = {PyFloat_FromDouble(mean), PyFloat_FromDouble(deviation), PyFloat_FromDouble(minimum),
+                            PyFloat_FromDouble(maximum), PyFloat_FromDouble(negated > maximum ? negated : maximum),
+                            PyFloat_FromDouble(positive_fraction)};
+    PyObject *summary = NULL;
+    if (numbers[0] && numbers[1] && numbers[2] && numbers[3] && numbers[4] && numbers[5]) {
+        PyObject *values[SUMMARY_FIELDS] = {key,        shape,      session->float32_name, core_str_cpu,
+                                            numbers[0], numbers[1], numbers[2],            numbers[3],
+                                            numbers[4], core_zero,  core_zero,             numbers[5],
+                                            Py_None,    Py_None,    Py_None};
+        summary = new_slotted(session->summary_type, session->summary_offsets, values, SUMMARY_FIELDS);
+    }
+    for (int index = 0; index < 6; index++)
+        Py_XDECREF(numbers[index]);
+    return summary;
+}
+
+/* `SummaryCache.copy(source, key)`: the summary under another key, shared per source and key (new reference). */
+static PyObject *copy_summary(Session *session, PyObject *source, PyObject *key, PyObject *copy_key) {
+    PyObject *values[SUMMARY_FIELDS];
+    values[0] = key;
+    for (int index = 1; index < SUMMARY_FIELDS; index++)
+        values[index] = slot(source, session->summary_offsets[index]);
+    values[SUMMARY_PLACEMENT] = Py_None; /* as the Python method: a copy does not carry a placement */
+    for (int index = 1; index < SUMMARY_FIELDS; index++)
+        if (values[index] == NULL) { /* a field never set: the Python method says what is wrong */
+            return PyObject_CallFunctionObjArgs(session->copy, source, key, NULL);
+        }
+    PyObject *copy = new_slotted(session->summary_type, session->summary_offsets, values, SUMMARY_FIELDS);
+    if (copy == NULL)
+        return NULL;
+    PyObject *pair = PyTuple_Pack(2, source, copy);
+    if (pair == NULL || PyDict_SetItem(session->copies, copy_key, pair) < 0) {
+        Py_XDECREF(pair);
+        Py_DECREF(copy);
+        return NULL;
+    }
+    Py_DECREF(pair);
+    /* statistics still to come (a device tensor's, at PendingStats.resolve): the copy gets them in clear() */
+    if (values[11] == Py_None && values[4] == Py_None) {
+        PyObject *late = PyTuple_Pack(2, source, copy);
+        if (late == NULL || PyList_Append(session->late_copies, late) < 0) {
+            Py_XDECREF(late);
+            Py_DECREF(copy);
+            return NULL;
+        }
+        Py_DECREF(late);
+    }
+    return copy;
+}
+
+/* `SummaryCache._view_summary` for a contiguous `tensor` over the span of a summarised one (`entry`): its summary
+ * copied (not shared) under `key` with the view's own shape, or Py_None where the source is gone or either was
+ * changed since (new references). */
+static PyObject *view_summary(Session *session, PyObject *entry, PyObject *tensor, PyObject *key, long version) {
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3)
+        Py_RETURN_NONE;
+    PyObject *source = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0));
+    long recorded = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    if (recorded == -1 && PyErr_Occurred())
+        return NULL;
+    if (source == Py_None || version < 0 || version != recorded)
+        Py_RETURN_NONE;
+    long source_version = tensor_version(source);
+    if (source_version == -2)
+        return NULL;
+    if (source_version != version)
+        Py_RETURN_NONE;
+    PyObject *cached = PyTuple_GET_ITEM(entry, 2);
+    if (Py_TYPE(cached) != (PyTypeObject *)session->summary_type)
+    {
+        PyObject *version_object = PyLong_FromLong(version);
+        PyObject *view = version_object == NULL ? NULL
+            : PyObject_CallFunctionObjArgs(session->view_summary, entry, tensor, key, version_object, Py_True, NULL);
+        Py_XDECREF(version_object);
+        return view;
+    }
+    PyObject *shape = PyObject_GetAttr(tensor, core_str_shape);
+    PyObject *shape_list = shape ? PySequence_List(shape) : NULL;
+    Py_XDECREF(shape);
+    if (shape_list == NULL)
+        return NULL;
+    PyObject *values[SUMMARY_FIELDS];
+    values[0] = key;
+    for (int index = 1; index < SUMMARY_FIELDS; index++)
+        values[index] = slot(cached, session->summary_offsets[index]);
+    values[1] = shape_list;
+    values[12] = Py_None;                /* tensor: a view is never the stored tensor */
+    values[SUMMARY_PLACEMENT] = Py_None;
+    for (int index = 0; index < SUMMARY_FIELDS; index++)
+        if (values[index] == NULL) {
+            Py_DECREF(shape_list);
+            PyErr_SetString(PyExc_AttributeError, "a summary with a field never set");
+            return NULL;
+        }
+    PyObject *copy = new_slotted(session->summary_type, session->summary_offsets, values, SUMMARY_FIELDS);
+    Py_DECREF(shape_list);
+    if (copy != NULL && values[11] == Py_None && values[4] == Py_None) {
+        PyObject *late = PyTuple_Pack(2, cached, copy);
+        if (late == NULL || PyList_Append(session->late_copies, late) < 0)
+            Py_CLEAR(copy);
+        Py_XDECREF(late);
+    }
+    return copy;
+}
+
+/* SummaryCache.summarize_new's common case (a plain contiguous float32 CPU tensor, nothing shares its span):
+ * the summary, cached; NULL with no error set where the Python method must decide instead. */
+static PyObject *summarize_float32(Session *session, PyObject *tensor, PyObject *key, long version,
+                                   PyObject *identity) {
+    PyTypeObject *type = Py_TYPE(tensor);
+    if ((PyObject *)type != session->tensor_type && (PyObject *)type != session->parameter_type)
+        return NULL;
+    PyObject *result = NULL, *dtype = NULL, *is_cpu = NULL, *address = NULL, *numel = NULL, *contiguous = NULL;
+    PyObject *span = NULL, *negative = NULL, *shape = NULL, *shape_list = NULL;
+    is_cpu = PyObject_GetAttr(tensor, core_str_is_cpu);
+    if (is_cpu != Py_True)
+        goto done;
+    dtype = PyObject_GetAttr(tensor, core_str_dtype);
+    if (dtype == NULL)
+        goto done;
+    address = PyObject_CallMethodNoArgs(tensor, core_str_data_ptr);
+    if (address == NULL) {
+        PyErr_Clear(); /* a tensor without storage: the Python method knows what to do with it */
+        goto done;
+    }
+    numel = PyObject_CallMethodNoArgs(tensor, core_str_numel);
+    contiguous = numel ? PyObject_CallMethodNoArgs(tensor, core_str_is_contiguous) : NULL;
+    if (contiguous == NULL)
+        goto done;
+    span = PyTuple_Pack(3, address, numel, dtype);
+    if (span == NULL)
+        goto done;
+    if (PyDict_GET_SIZE(session->spans) > 0) {
+        PyObject *entry = PyDict_GetItemWithError(session->spans, span);
+        if (entry == NULL && PyErr_Occurred())
+            goto done;
+        if (entry != NULL) {
+            /* a view of a summarised tensor: its summary, with the view's shape (a strided one: the Python
+             * method, which checks that it is dense over the span) */
+            PyObject *view;
+            if (contiguous == Py_True) {
+                view = view_summary(session, entry, tensor, key, version);
+            } else {
+                PyObject *version_object = PyLong_FromLong(version);
+                view = version_object == NULL ? NULL
+                    : PyObject_CallFunctionObjArgs(session->view_summary, entry, tensor, key, version_object,
+                                                   contiguous, NULL);
+                Py_XDECREF(version_object);
+            }
+            if (view == NULL)
+                goto done;
+            if (view == Py_None) {
+                Py_DECREF(view);
+                goto done; /* not shareable: the Python method summarises it */
+            }
+            PyObject *reference = PyWeakref_NewRef(tensor, NULL);
+            PyObject *cached = reference ? Py_BuildValue("(NlO)", reference, version, view) : NULL;
+            if (cached == NULL || PyDict_SetItem(session->entries, identity, cached) < 0) {
+                Py_XDECREF(cached);
+                Py_DECREF(view);
+                goto done;
+            }
+            Py_DECREF(cached);
+            result = view;
+            goto done;
+        }
+    }
+    if (dtype != session->float32 || contiguous != Py_True)
+        goto done;
+    long long count = PyLong_AsLongLong(numel);
+    if (count <= 1 || PyErr_Occurred())
+        goto done;
+    negative = PyObject_CallMethodNoArgs(tensor, core_str_is_neg);
+    if (negative != Py_False)
+        goto done;
+    const float *values = PyLong_AsVoidPtr(address);
+    if (values == NULL)
+        goto done;
+    double out[5];
+    if (count >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        modeltrace_moments_f32(values, count, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        modeltrace_moments_f32(values, count, out);
+    }
+    shape = PyObject_GetAttr(tensor, core_str_shape);
+    shape_list = shape ? PySequence_List(shape) : NULL;
+    if (shape_list == NULL)
+        goto done;
+    PyObject *summary = summary_from_moments(session, key, shape_list, count, out);
+    if (summary == NULL)
+        goto done;
+    if (summary == Py_None) {
+        Py_DECREF(summary); /* not exact from the moments: the Python method's general path */
+        goto done;
+    }
+    if (cache_summary(session, identity, tensor, version, summary, span) < 0) {
+        Py_DECREF(summary);
+        goto done;
+    }
+    result = summary;
+done:
+    Py_XDECREF(dtype); Py_XDECREF(is_cpu); Py_XDECREF(address); Py_XDECREF(numel); Py_XDECREF(contiguous);
+    Py_XDECREF(span); Py_XDECREF(negative); Py_XDECREF(shape); Py_XDECREF(shape_list);
+    return result;
+}
+
+/* `ModuleCapture._summary` for statistics only: the summary of `tensor` under `key` (new reference) or NULL. */
+static PyObject *summary_of(Session *session, PyObject *tensor, PyObject *key) {
+    long version = tensor_version(tensor);
+    if (version == -2)
+        return NULL;
+    PyObject *identity = PyLong_FromVoidPtr(tensor);
+    if (identity == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    PyObject *entry = PyDict_GetItemWithError(session->entries, identity);
+    if (entry == NULL && PyErr_Occurred())
+        goto done;
+    if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3 &&
+        PyLong_AsLong(PyTuple_GET_ITEM(entry, 1)) == version &&
+        PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == tensor) {
+        PyObject *summary = PyTuple_GET_ITEM(entry, 2);
+        PyObject *own_key = PyObject_GetAttr(summary, core_str_key);
+        if (own_key == NULL)
+            goto done;
+        int same = PyObject_RichCompareBool(own_key, key, Py_EQ);
+        Py_DECREF(own_key);
+        if (same < 0)
+            goto done;
+        if (same) {
+            Py_INCREF(summary);
+            result = summary;
+            goto done;
+        }
+        /* under another key: the copy the cache shares per summary and key, else the Python method makes it */
+        PyObject *source_identity = PyLong_FromVoidPtr(summary);
+        PyObject *copy_key = source_identity ? PyTuple_Pack(2, source_identity, key) : NULL;
+        Py_XDECREF(source_identity);
+        if (copy_key == NULL)
+            goto done;
+        PyObject *shared = PyDict_GetItemWithError(session->copies, copy_key);
+        if (shared == NULL && PyErr_Occurred()) {
+            Py_DECREF(copy_key);
+            goto done;
+        }
+        if (shared != NULL && PyTuple_CheckExact(shared) && PyTuple_GET_SIZE(shared) == 2 &&
+            PyTuple_GET_ITEM(shared, 0) == summary) {
+            result = PyTuple_GET_ITEM(shared, 1);
+            Py_INCREF(result);
+        } else if (Py_TYPE(summary) == (PyTypeObject *)session->summary_type) {
+            result = copy_summary(session, summary, key, copy_key);
+        } else {
+            result = PyObject_CallFunctionObjArgs(session->copy, summary, key, NULL);
+        }
+        Py_DECREF(copy_key);
+        goto done;
+    }
+    if (PyErr_Occurred())
+        goto done;
+    result = summarize_float32(session, tensor, key, version, identity);
+    if (result == NULL && !PyErr_Occurred()) {
+        PyObject *version_object = PyLong_FromLong(version);
+        if (version_object != NULL)
+            result = PyObject_CallFunctionObjArgs(session->summarize_new, tensor, key, version_object,
+                                                  session->pending, NULL);
+        Py_XDECREF(version_object);
+    }
+done:
+    Py_DECREF(identity);
+    return result;
+}
+
+/* Whether `code` is plumbing (torch, modeltrace, transformers' wrappers), through source_map's cache: 1, 0, -1. */
+static int is_plumbing(Session *session, PyCodeObject *code) {
+    PyObject *identity = PyLong_FromVoidPtr(code);
+    if (identity == NULL)
+        return -1;
+    PyObject *known = PyDict_GetItemWithError(session->plumbing_cache, identity);
+    Py_DECREF(identity);
+    if (known != NULL && PyTuple_CheckExact(known) && PyTuple_GET_SIZE(known) == 2 &&
+        PyTuple_GET_ITEM(known, 0) == (PyObject *)code)
+        return PyObject_IsTrue(PyTuple_GET_ITEM(known, 1));
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *answer = PyObject_CallOneArg(session->plumbing, (PyObject *)code);
+    if (answer == NULL)
+        return -1;
+    int result = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return result;
+}
+
+/* `source_map.caller_location(2)` from inside the wrapper: sets *location and *offset (new references; None, None
+ * where no frame is model code). Returns -1 with an error set. */
+static int call_site(Session *session, PyObject **location, PyObject **offset) {
+    PyFrameObject *frame = PyEval_GetFrame();
+    Py_XINCREF(frame);
+    while (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int plumbing = is_plumbing(session, code);
+        if (plumbing < 0) {
+            Py_DECREF(code);
+            Py_DECREF(frame);
+            return -1;
+        }
+        if (!plumbing) {
+            int lasti = PyFrame_GetLasti(frame);
+            PyObject *trace = PyObject_GetAttr((PyObject *)frame, core_str_f_trace);
+            PyObject *found = NULL;
+            if (trace == Py_None) {
+                /* an untraced frame: its line follows from the offset, so the cached location is shared */
+                PyObject *identity = PyLong_FromVoidPtr(code);
+                PyObject *lasti_object = PyLong_FromLong(lasti);
+                PyObject *cache_key = identity && lasti_object ? PyTuple_Pack(2, identity, lasti_object) : NULL;
+                PyObject *cached = cache_key ? PyDict_GetItemWithError(session->location_cache, cache_key) : NULL;
+                if (cached != NULL && PyTuple_CheckExact(cached) && PyTuple_GET_SIZE(cached) == 2 &&
+                    PyTuple_GET_ITEM(cached, 0) == (PyObject *)code) {
+                    *location = PyTuple_GET_ITEM(cached, 1);
+                    Py_INCREF(*location);
+                    *offset = lasti_object;
+                    lasti_object = NULL;
+                    found = Py_None;
+                }
+                Py_XDECREF(identity);
+                Py_XDECREF(lasti_object);
+                Py_XDECREF(cache_key);
+            }
+            Py_XDECREF(trace);
+            Py_DECREF(code);
+            if (found == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(frame);
+                    return -1;
+                }
+                /* a traced frame (line capture), or a site not cached yet: the Python function decides */
+                PyObject *pair = PyObject_CallOneArg(session->frame_location, (PyObject *)frame);
+                Py_DECREF(frame);
+                if (pair == NULL)
+                    return -1;
+                if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                    Py_DECREF(pair);
+                    PyErr_SetString(PyExc_TypeError, "frame_location must return (location, offset)");
+                    return -1;
+                }
+                *location = PyTuple_GET_ITEM(pair, 0);
+                *offset = PyTuple_GET_ITEM(pair, 1);
+                Py_INCREF(*location);
+                Py_INCREF(*offset);
+                Py_DECREF(pair);
+                return 0;
+            }
+            Py_DECREF(frame);
+            return 0;
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    *location = Py_None;
+    *offset = Py_None;
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *live;           /* [session]: None, the Python session tuple, or (…, Session) */
+    PyObject *fallback;       /* the Python closure */
+    PyObject *module_ref;     /* weak: the cache of wrappers must not keep the model alive */
+    PyObject *call_impl;      /* the class's `_call_impl` */
+    PyObject *path, *class_name, *class_location, *first_name, *parameter_names;
+} Wrapper;
+
+static int wrapper_init(Wrapper *self, PyObject *args, PyObject *kwds) {
+    PyObject *live, *fallback, *module_ref, *call_impl, *path, *class_name, *class_location, *first_name, *names;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Wrapper takes positional arguments only");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!OOOUUOOO!", &PyList_Type, &live, &fallback, &module_ref, &call_impl, &path,
+                          &class_name, &class_location, &first_name, &PyList_Type, &names))
+        return -1;
+    if (!PyWeakref_CheckRef(module_ref)) {
+        PyErr_SetString(PyExc_TypeError, "Wrapper: module_ref must be a weak reference");
+        return -1;
+    }
+    if (PyList_GET_SIZE(live) != 1) {
+        PyErr_SetString(PyExc_ValueError, "Wrapper: live must be a list of one item");
+        return -1;
+    }
+    PyObject **fields[] = {&self->live,       &self->fallback,       &self->module_ref,
+                           &self->call_impl,  &self->path,           &self->class_name,
+                           &self->class_location, &self->first_name, &self->parameter_names};
+    PyObject *values[] = {live, fallback, module_ref, call_impl, path, class_name, class_location, first_name, names};
+    for (size_t index = 0; index < sizeof values / sizeof values[0]; index++) {
+        Py_INCREF(values[index]);
+        Py_XSETREF(*fields[index], values[index]);
+    }
+    return 0;
+}
+
+static int wrapper_traverse(Wrapper *self, visitproc visit, void *arg) {
+    Py_VISIT(self->live); Py_VISIT(self->fallback); Py_VISIT(self->module_ref); Py_VISIT(self->call_impl);
+    Py_VISIT(self->path); Py_VISIT(self->class_name); Py_VISIT(self->class_location); Py_VISIT(self->first_name);
+    Py_VISIT(self->parameter_names);
+    return 0;
+}
+
+static int wrapper_clear(Wrapper *self) {
+    Py_CLEAR(self->live); Py_CLEAR(self->fallback); Py_CLEAR(self->module_ref); Py_CLEAR(self->call_impl);
+    Py_CLEAR(self->path); Py_CLEAR(self->class_name); Py_CLEAR(self->class_location); Py_CLEAR(self->first_name);
+    Py_CLEAR(self->parameter_names);
+    return 0;
+}
+
+static void wrapper_dealloc(Wrapper *self) {
+    PyObject_GC_UnTrack(self);
+    wrapper_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The summaries of a call's output (new reference to a list) or NULL. */
+static PyObject *output_summaries(Session *session, PyObject *output, Py_ssize_t index) {
+    if (PyObject_TypeCheck(output, (PyTypeObject *)session->tensor_type)) {
+        PyObject *summary = summary_of(session, output, core_str_empty);
+        return summary ? Py_BuildValue("[N]", summary) : NULL;
+    }
+    PyObject *position = PyLong_FromSsize_t(index);
+    PyObject *found = position ? PyObject_CallFunctionObjArgs(session->summarize_output, output, position, NULL)
+                               : NULL;
+    Py_XDECREF(position);
+    return found;
+}
+
+static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
+    if (self->live == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "capture wrapper used after it was cleared");
+        return NULL;
+    }
+    PyObject *session_tuple = PyList_GET_ITEM(self->live, 0);
+    Session *session = NULL;
+    if (PyTuple_CheckExact(session_tuple) && PyTuple_GET_SIZE(session_tuple) > 6 &&
+        Py_TYPE(PyTuple_GET_ITEM(session_tuple, 6)) == &SessionType)
+        session = (Session *)PyTuple_GET_ITEM(session_tuple, 6);
+    if (session == NULL) /* no capture, or one this path does not serve: the closure does as it always did */
+        return PyObject_Call(self->fallback, args, kwargs);
+    PyObject *module = PyWeakref_GET_OBJECT(self->module_ref);
+    if (module == Py_None)
+        return PyObject_Call(self->fallback, args, kwargs);
+    Py_INCREF(session);
+    Py_INCREF(module);
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    int no_kwargs = kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0;
+    PyObject *result = NULL, *location = NULL, *offset = NULL, *inputs = NULL, *record = NULL;
+    PyObject *calls_object = NULL, *index_object = NULL, *parent = NULL;
+    /* the call count of this module in this capture: its record's call_index */
+    PyObject *calls = PyDict_GetItemWithError(session->counts, self->path);
+    if (calls == NULL && PyErr_Occurred())
+        goto done;
+    long call_index = calls == NULL ? 0 : PyLong_AsLong(calls);
+    if (call_index == -1 && PyErr_Occurred())
+        goto done;
+    calls_object = PyLong_FromLong(call_index);
+    PyObject *next = PyLong_FromLong(call_index + 1);
+    if (calls_object == NULL || next == NULL || PyDict_SetItem(session->counts, self->path, next) < 0) {
+        Py_XDECREF(next);
+        goto done;
+    }
+    Py_DECREF(next);
+    if (call_site(session, &location, &offset) < 0)
+        goto done;
+    Py_ssize_t index = PyList_GET_SIZE(session->records);
+    index_object = PyLong_FromSsize_t(index);
+    Py_ssize_t depth = PyList_GET_SIZE(session->stack);
+    if (depth > 0) {
+        parent = PyList_GET_ITEM(session->stack, depth - 1);
+        Py_INCREF(parent);
+    } else {
+        parent = PyLong_FromLong(-1);
+    }
+    if (index_object == NULL || parent == NULL)
+        goto done;
+    /* most modules take one tensor and return one: those skip the generic walks */
+    if (no_kwargs && nargs == 1 && self->first_name != Py_None &&
+        PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0), (PyTypeObject *)session->tensor_type)) {
+        PyObject *summary = summary_of(session, PyTuple_GET_ITEM(args, 0), self->first_name);
+        inputs = summary ? Py_BuildValue("[N]", summary) : NULL;
+    } else if (nargs == 0 && no_kwargs) {
+        inputs = PyList_New(0);
+    } else {
+        PyObject *kwargs_object = kwargs != NULL ? kwargs : Py_None;
+        PyObject *empty = NULL;
+        if (kwargs == NULL)
+            kwargs_object = empty = PyDict_New();
+        inputs = kwargs_object ? PyObject_CallFunctionObjArgs(session->summarize_arguments, args, kwargs_object,
+                                                              self->parameter_names, index_object, NULL)
+                               : NULL;
+        Py_XDECREF(empty);
+    }
+    if (inputs == NULL)
+        goto done;
+    PyObject *record_args[10] = {index_object, self->path, self->class_name, self->class_location, location,
+                                 calls_object, parent, NULL, offset, inputs};
+    PyObject *unfinished = PyLong_FromLong(-1);
+    if (unfinished == NULL)
+        goto done;
+    record_args[7] = unfinished;
+    PyObject *no_outputs = PyList_New(0);
+    if (no_outputs == NULL) {
+        Py_DECREF(unfinished);
+        goto done;
+    }
+    PyObject *record_values[RECORD_FIELDS] = {record_args[0], record_args[1], record_args[2], record_args[3],
+                                              record_args[4], record_args[5], record_args[6], record_args[7],
+                                              record_args[8], record_args[9], no_outputs,     Py_None};
+    record = new_slotted(session->module_call, session->record_offsets, record_values, RECORD_FIELDS);
+    Py_DECREF(unfinished);
+    Py_DECREF(no_outputs);
+    if (record == NULL)
+        goto done;
+    if (PyDict_GET_SIZE(session->devices) > 0) {
+        PyObject *device = PyDict_GetItemWithError(session->devices, self->path);
+        if (device == NULL && PyErr_Occurred())
+            goto done;
+        Py_INCREF(device ? device : Py_None);
+        set_slot(record, session->record_offsets[RECORD_DEVICE], device ? device : Py_None);
+    }
+    if (PyList_Append(session->records, record) < 0 || PyList_Append(session->stack, index_object) < 0)
+        goto done;
+    /* the call itself: torch's `_call_impl` with the module first */
+    PyObject *small[8];
+    PyObject **stack = nargs + 1 <= 8 ? small : PyMem_Malloc((size_t)(nargs + 1) * sizeof(PyObject *));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    stack[0] = module;
+    for (Py_ssize_t position = 0; position < nargs; position++)
+        stack[position + 1] = PyTuple_GET_ITEM(args, position);
+    PyObject *output = PyObject_VectorcallDict(self->call_impl, stack, (size_t)nargs + 1, kwargs);
+    if (stack != small)
+        PyMem_Free(stack);
+    /* a call that raises keeps its record, with no outputs, in the order it ended */
+    PyObject *error_type, *error_value, *error_traceback;
+    PyErr_Fetch(&error_type, &error_value, &error_traceback);
+    Py_ssize_t height = PyList_GET_SIZE(session->stack);
+    int bookkeeping = height > 0 ? PyList_SetSlice(session->stack, height - 1, height, NULL) : 0;
+    PyObject *finished = bookkeeping == 0 ? PyObject_GetAttr(session->capture, core_str_finished) : NULL;
+    PyObject *after = finished ? PyNumber_Add(finished, core_one) : NULL;
+    if (after == NULL || PyObject_SetAttr(session->capture, core_str_finished, after) < 0) {
+        bookkeeping = -1;
+        Py_XDECREF(finished);
+    } else {
+        set_slot(record, session->record_offsets[RECORD_FINISH_ORDER], finished);
+    }
+    Py_XDECREF(after);
+    if (output == NULL || bookkeeping < 0) {
+        if (error_type != NULL) {
+            if (bookkeeping < 0)
+                PyErr_Clear(); /* the call's own error is the one to raise */
+            PyErr_Restore(error_type, error_value, error_traceback);
+        }
+        Py_XDECREF(output);
+        goto done;
+    }
+    PyObject *outputs = output_summaries(session, output, index);
+    if (outputs == NULL) {
+        Py_DECREF(output);
+        goto done;
+    }
+    set_slot(record, session->record_offsets[RECORD_OUTPUTS], outputs);
+    result = output;
+done:
+    Py_XDECREF(location); Py_XDECREF(offset); Py_XDECREF(inputs); Py_XDECREF(record);
+    Py_XDECREF(calls_object); Py_XDECREF(index_object); Py_XDECREF(parent);
+    Py_DECREF(module);
+    Py_DECREF(session);
+    return result;
+}
+
+/* copy.copy and copy.deepcopy keep the wrapper itself, as they keep a function (a module dict copied while a
+ * capture runs) */
+static PyObject *wrapper_copy(PyObject *self, PyObject *unused) {
+    Py_INCREF(self);
+    return self;
+}
+
+static PyMethodDef wrapper_methods[] = {
+    {"__copy__", (PyCFunction)wrapper_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", (PyCFunction)wrapper_copy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef wrapper_members[] = {
+    {"fallback", T_OBJECT, offsetof(Wrapper, fallback), READONLY, "the Python closure this wrapper stands in for"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject WrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "modeltrace_moments.Wrapper",
+    .tp_doc = "A module's `_call_impl` while a capture runs (see capture_core.c).",
+    .tp_basicsize = sizeof(Wrapper),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)wrapper_init,
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_call = (ternaryfunc)wrapper_call,
+    .tp_methods = wrapper_methods,
+    .tp_members = wrapper_members,
+};
+
+static int capture_core_add(PyObject *module) {
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&core_str_version, "_version"},         {&core_str_dtype, "dtype"},
+        {&core_str_shape, "shape"},              {&core_str_data_ptr, "data_ptr"},
+        {&core_str_numel, "numel"},              {&core_str_is_contiguous, "is_contiguous"},
+        {&core_str_is_cpu, "is_cpu"},            {&core_str_is_neg, "is_neg"},
+        {&core_str_key, "key"},                  {&core_str_f_trace, "f_trace"},
+        {&core_str_finished, "_finished"},       {&core_str_finish_order, "finish_order"},
+        {&core_str_device, "device"},            {&core_str_empty, ""},
+        {&core_str_inputs, "inputs"},            {&core_str_outputs, "outputs"},
+    };
+    for (size_t index = 0; index < sizeof names / sizeof names[0]; index++) {
+        *names[index].slot = PyUnicode_InternFromString(names[index].text);
+        if (*names[index].slot == NULL)
+            return -1;
+    }
+    core_one = PyLong_FromLong(1);
+    core_zero = PyLong_FromLong(0);
+    core_str_cpu = PyUnicode_InternFromString("cpu");
+    if (core_one == NULL || core_zero == NULL || core_str_cpu == NULL)
+        return -1;
+    if (PyType_Ready(&SessionType) < 0 || PyType_Ready(&WrapperType) < 0)
+        return -1;
+    Py_INCREF(&SessionType);
+    if (PyModule_AddObject(module, "Session", (PyObject *)&SessionType) < 0) {
+        Py_DECREF(&SessionType);
+        return -1;
+    }
+    Py_INCREF(&WrapperType);
+    if (PyModule_AddObject(module, "Wrapper", (PyObject *)&WrapperType) < 0) {
+        Py_DECREF(&WrapperType);
+        return -1;
+    }
+    return 0;
+}
