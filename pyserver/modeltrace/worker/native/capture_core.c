@@ -19,8 +19,7 @@
 
 static PyObject *core_str_version, *core_str_dtype, *core_str_shape, *core_str_data_ptr, *core_str_numel,
     *core_str_is_contiguous, *core_str_is_cpu, *core_str_is_neg, *core_str_key, *core_str_f_trace,
-    *core_str_finished, *core_str_finish_order, *core_str_device, *core_str_empty, *core_str_inputs,
-    *core_str_outputs, *core_one, *core_zero, *core_str_cpu;
+    *core_str_finished, *core_str_empty, *core_str_cpu, *core_str_slots, *core_one, *core_zero;
 
 /* the fields of records.TensorSummary and records.ModuleCall, in their order (checked when a Session is made) */
 #define SUMMARY_FIELDS 15
@@ -39,7 +38,8 @@ static int slot_offsets(PyObject *type, const char **names, int count, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "expected a class");
         return -1;
     }
-    PyObject *fields = PyObject_GetAttrString(type, "__slots__");
+    /* NOTE: an interned name: a new string per lookup would stay in the type attribute cache */
+    PyObject *fields = PyObject_GetAttr(type, core_str_slots);
     if (fields == NULL)
         return -1;
     Py_ssize_t found = PySequence_Size(fields);
@@ -903,9 +903,8 @@ static int capture_core_add(PyObject *module) {
         {&core_str_numel, "numel"},              {&core_str_is_contiguous, "is_contiguous"},
         {&core_str_is_cpu, "is_cpu"},            {&core_str_is_neg, "is_neg"},
         {&core_str_key, "key"},                  {&core_str_f_trace, "f_trace"},
-        {&core_str_finished, "_finished"},       {&core_str_finish_order, "finish_order"},
-        {&core_str_device, "device"},            {&core_str_empty, ""},
-        {&core_str_inputs, "inputs"},            {&core_str_outputs, "outputs"},
+        {&core_str_finished, "_finished"},       {&core_str_empty, ""},
+        {&core_str_slots, "__slots__"},
     };
     for (size_t index = 0; index < sizeof names / sizeof names[0]; index++) {
         *names[index].slot = PyUnicode_InternFromString(names[index].text);
