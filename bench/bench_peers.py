@@ -24,7 +24,7 @@ those collections take milliseconds:
   the baseline the CLI rows are also given against (the summary's last columns): the CLI's job builds a fresh
   model and runs its first forward, which can cost more than the warm model's nth.
 - `capture() stats` / `capture() full`: `modeltrace.capture(model, path[, full_tensors=True])` around the forward,
-  as a script or a notebook calls it (construction records, parameters, source hashes, the trace fsynced).
+  as a script or a notebook calls it (construction records, parameters, source hashes; flushed to the disk at exit).
 - `engine stats` / `engine full`: the capture engine alone, as bench/bench_capture.py times it for the worker
   (`ModuleCapture`, then the trace written, not fsynced; no construction records, parameters or source hashes).
 - `CLI stats` / `CLI full`: the job the CLI's worker and the editor's worker run (`worker/job.run_trace_job`) on a
