@@ -181,3 +181,42 @@ def test_the_wrapper_is_kept_by_copies_and_leaves_nothing_behind() -> None:
         assert type(wrapper) is CORE.Wrapper
         assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
     assert "_call_impl" not in model.first.__dict__
+
+
+def _tables_both_ways(trace: Trace) -> None:
+    from modeltrace.trace import storage
+
+    assert storage.native_table_rows is CORE.table_rows  # NOTE: set by worker/assemble.py on import
+    python = storage._table_rows(trace.modules, trace.lines, storage._NONE)
+    native = CORE.table_rows(trace.modules, trace.lines, storage._NONE)
+    assert native == python
+
+
+def test_the_tables_are_filled_the_same_in_c(tmp_path: Path) -> None:
+    """`storage._table_rows` and its C twin give the same tables: summaries shared between records, locations,
+    module rows with and without a device, line rows, and the rare fields (a device, NaN and Inf counts, a stored
+    tensor, a reason not stored, a placement after its own row or a new one)."""
+    import modeltrace.worker.assemble  # noqa: F401 - registers the C tables
+    from modeltrace.trace.records import LineRecord, ModuleCall, SourceLocation, TensorSummary
+
+    torch.manual_seed(0)
+    model = _Odd().eval()
+    with torch.no_grad(), ModuleCapture(model) as capture:
+        model(torch.randn(3, 6), torch.arange(6))
+    _tables_both_ways(Trace(model={"class": "_Odd"}, modules=capture.records))
+
+    here = SourceLocation("/models/modeling_odd.py", 12, 4)
+    plain = TensorSummary("", [2, 3], "float32", "cpu", 0.5, 1.0, -1.0, 2.0, 2.0, 0, 0, 0.5)
+    rare = TensorSummary("x", [4], "float16", "cuda:0", None, None, None, None, None, 3, 1, None, "0/outputs/x")
+    skipped = TensorSummary("y", [8], "float32", "cpu", 1.0, 0.0, 1.0, 1.0, 1.0, 0, 0, 1.0, None, "over the limit")
+    placed = TensorSummary("z", [8], "float32", "cpu", 1.5, 2.0, 0.0, 3.0, 3.0, 0, 0, 1.0)
+    placed.placement = {"kind": "replicate", "ranks": 2}
+    both = TensorSummary("w", [8], "bfloat16", "cuda:1", 1.5, 2.0, 0.0, 3.0, 3.0, 2, 0, 1.0)
+    both.placement = {"kind": "shard", "dim": 0, "local_shapes": [[4], [4]], "ranks": []}
+    records = [
+        ModuleCall(0, "", "Odd", here, None, 0, -1, 2, None, [plain, rare], [plain]),
+        ModuleCall(1, "a", "Linear", here, here, 0, 0, 0, 14, [skipped, placed], [both, plain], "cuda:0"),
+        ModuleCall(2, "b", "Linear", None, SourceLocation("/models/modeling_odd.py", 13), 1, 0, 1, 20, [], []),
+    ]
+    lines = [LineRecord("/models/modeling_odd.py", 12, "hidden", 0, plain, 1), LineRecord("/m.py", 3, "v", 1, both)]
+    _tables_both_ways(Trace(model={"class": "Odd"}, modules=records, lines=lines))

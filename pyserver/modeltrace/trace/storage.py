@@ -218,6 +218,33 @@ def _packed_builds(builds_json: list[dict[str, Any]]) -> bytes:
 
 def _table(trace: Trace) -> dict[str, Any]:
     """The table layout of `trace` (see the module docstring)."""
+    fill = native_table_rows if native_table_rows is not None else _table_rows
+    locations, keys, shapes, dtypes, extra, statistics, modules, lines = fill(trace.modules, trace.lines, _NONE)
+    # NOTE: the tables come before the records that point into them: the reader decodes in one pass.
+    return {
+        "schema": trace.schema,
+        "layout": LAYOUT,
+        "model": trace.model,
+        "locations": locations,
+        "summaries": {"keys": keys, "shapes": shapes, "dtypes": dtypes, "extra": extra, "statistics": statistics},
+        "modules": modules,
+        "lines": lines,
+        # NOTE: once per module, not per call: a few hundred small maps, read through `Trace.from_json`.
+        "builds": trace.builds_to_json(),
+        # NOTE: generation and backward traces only (steps, cache, gradients): plain maps, read by `Trace.from_json`.
+        **({"generation": trace.generation.to_json()} if trace.generation is not None else {}),
+        **({"gradients": trace.gradients.to_json()} if trace.gradients is not None else {}),
+    }
+
+
+# NOTE: the same pass in C (`worker/native/capture_core.c`), set by the worker where its native module is built
+# (`worker/assemble.py`); the server never loads that module (it reads traces, it writes none)
+native_table_rows: Callable[[list, list, float], tuple] | None = None
+
+
+def _table_rows(module_records: list[ModuleCall], line_records: list[LineRecord], none: float) -> tuple:
+    """The tables of the records: (locations, summary keys, shapes, dtypes, their rare fields, their statistics
+    as little-endian float64 bytes, module rows, line rows), `none` standing for a statistic that is None."""
     summary_index: dict[int, int] = {}
     keys: list[str] = []
     shapes: list[list[int]] = []
@@ -226,7 +253,6 @@ def _table(trace: Trace) -> dict[str, Any]:
     extra: list[list[Any]] = []  # the rare fields: [index, device, nan_count, inf_count, tensor, not_stored]
     location_index: dict[int, int] = {}
     locations: list[list[Any]] = []
-    none = _NONE
 
     # NOTE: one loop, calling out only for a summary seen the first time: this runs for every record of every
     # trace while the user waits, and a Python call per summary or location costs about as much as packing it.
@@ -274,7 +300,7 @@ def _table(trace: Trace) -> dict[str, Any]:
 
     get = summary_index.get
     modules = []
-    for record in trace.modules:
+    for record in module_records:
         row_locations = []
         for location in (record.defined_at, record.called_at):
             index = None
@@ -310,29 +336,10 @@ def _table(trace: Trace) -> dict[str, Any]:
             index if (index := get(id(record.tensor))) is not None else add(record.tensor),
             record.module_call,
         ]
-        for record in trace.lines
+        for record in line_records
     ]
-    # NOTE: the tables come before the records that point into them: the reader decodes in one pass.
-    return {
-        "schema": trace.schema,
-        "layout": LAYOUT,
-        "model": trace.model,
-        "locations": locations,
-        "summaries": {
-            "keys": keys,
-            "shapes": shapes,
-            "dtypes": dtypes,
-            "extra": extra,
-            "statistics": _little_endian(array.array("d", numbers)).tobytes(),
-        },
-        "modules": modules,
-        "lines": lines,
-        # NOTE: once per module, not per call: a few hundred small maps, read through `Trace.from_json`.
-        "builds": trace.builds_to_json(),
-        # NOTE: generation and backward traces only (steps, cache, gradients): plain maps, read by `Trace.from_json`.
-        **({"generation": trace.generation.to_json()} if trace.generation is not None else {}),
-        **({"gradients": trace.gradients.to_json()} if trace.gradients is not None else {}),
-    }
+    statistics = _little_endian(array.array("d", numbers)).tobytes()
+    return locations, keys, shapes, dtypes, extra, statistics, modules, lines
 
 
 def sync_trace(folder: Path) -> None:

@@ -18,12 +18,18 @@ from typing import Any
 
 import torch
 
+from modeltrace.trace import storage
 from modeltrace.trace.records import Trace
 from modeltrace.trace.storage import TENSORS_FILE, begin_trace, discard_trace, write_trace
 from modeltrace.version import __version__
-from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker.capture import ModuleCapture, _capture_core
 from modeltrace.worker.tensor_stream import TensorStream
 from modeltrace.worker.lines import LineCapture
+
+# NOTE: the trace's tables filled in C (`native/capture_core.c`, `table_rows`) where the worker's native module is
+# built: the same tables as `storage._table_rows`, without a Python step per record and summary
+if _capture_core() is not None:
+    storage.native_table_rows = _capture_core().table_rows
 
 
 def jsonable(value: Any) -> Any:

@@ -896,6 +896,334 @@ static PyTypeObject WrapperType = {
     .tp_members = wrapper_members,
 };
 
+/* --- the trace's tables (`trace/storage._table`), filled from the records in one pass ------------------------- */
+
+static PyObject *table_str[22]; /* attribute names, interned at load */
+enum {
+    T_KEY, T_SHAPE, T_DTYPE, T_DEVICE, T_MEAN, T_STD, T_MIN, T_MAX, T_ABS_MAX, T_NAN, T_INF, T_POSITIVE, T_TENSOR,
+    T_NOT_STORED, T_PLACEMENT, T_FILE, T_LINE, T_COLUMN, T_NAME, T_MODULE_CALL, T_INPUTS, T_OUTPUTS
+};
+static const char *table_names[22] = {
+    "key", "shape", "dtype", "device", "mean", "std", "min", "max", "abs_max", "nan_count", "inf_count",
+    "positive_fraction", "tensor", "not_stored", "placement", "file", "line", "column", "name", "module_call",
+    "inputs", "outputs"};
+/* the fields of a module record's row, in order, before its summaries' indices */
+static PyObject *row_str[9];
+static const char *row_names[9] = {"index", "path", "class_name", "defined_at", "called_at", "call_index",
+                                   "parent", "finish_order", "call_site"};
+static PyObject *str_cpu_row, *str_record_device, *str_line_call_index;
+
+/* The classes the tables read most (TensorSummary, ModuleCall), known by the first of each met, and where their
+ * fields live: read from the slots directly, a `getattr` for any other class (NULL offsets: not known yet). */
+typedef struct {
+    PyObject *type, *refused; /* the class whose slots are known; the last one found without them */
+    Py_ssize_t offsets[SUMMARY_FIELDS > RECORD_FIELDS ? SUMMARY_FIELDS : RECORD_FIELDS];
+} KnownSlots;
+static KnownSlots known_summary, known_record;
+
+static int known(KnownSlots *slots, PyObject *object, const char **names, int count) {
+    PyObject *type = (PyObject *)Py_TYPE(object);
+    if (slots->type != NULL || type == slots->refused)
+        return type == slots->type;
+    if (slot_offsets(type, names, count, slots->offsets) < 0) {
+        PyErr_Clear(); /* not a slotted class of these fields: read by name */
+        Py_INCREF(type);
+        Py_XSETREF(slots->refused, type);
+        return 0;
+    }
+    Py_INCREF(type);
+    slots->type = type;
+    return 1;
+}
+
+/* The field `index` of `object` (new reference): from its slot where its class is known, else by name. */
+static PyObject *field_of(KnownSlots *slots, int is_known, PyObject *object, int index, PyObject *name) {
+    if (is_known) {
+        PyObject *value = slot(object, slots->offsets[index]);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+    }
+    return PyObject_GetAttr(object, name);
+}
+
+typedef struct {
+    PyObject *summary_index, *keys, *shapes, *dtypes, *extra, *location_index, *locations;
+    double *numbers;
+    Py_ssize_t used, allocated;
+} Tables;
+
+static int tables_number(Tables *tables, PyObject *value, double none) {
+    double number = none;
+    if (value != Py_None) {
+        number = PyFloat_AsDouble(value);
+        if (number == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    if (tables->used == tables->allocated) {
+        Py_ssize_t size = tables->allocated ? tables->allocated * 2 : 1024;
+        double *grown = PyMem_Realloc(tables->numbers, (size_t)size * sizeof(double));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        tables->numbers = grown;
+        tables->allocated = size;
+    }
+    tables->numbers[tables->used++] = number;
+    return 0;
+}
+
+/* The index of `summary` in the summaries' tables, added the first time it is seen (new reference), as
+ * `_table.add` does it. */
+static PyObject *tables_summary(Tables *tables, PyObject *summary, double none) {
+    PyObject *identity = PyLong_FromVoidPtr(summary);
+    if (identity == NULL)
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(tables->summary_index, identity);
+    if (found != NULL || PyErr_Occurred()) {
+        Py_DECREF(identity);
+        Py_XINCREF(found);
+        return found;
+    }
+    PyObject *fields[15] = {NULL};
+    PyObject *index = PyLong_FromSsize_t(PyList_GET_SIZE(tables->keys));
+    int status = index != NULL && PyDict_SetItem(tables->summary_index, identity, index) == 0 ? 0 : -1;
+    Py_DECREF(identity);
+    int is_known = known(&known_summary, summary, summary_field_names, SUMMARY_FIELDS);
+    for (int field = 0; field < 15 && status == 0; field++) {
+        fields[field] = field_of(&known_summary, is_known, summary, field, table_str[field]);
+        if (fields[field] == NULL)
+            status = -1;
+    }
+    if (status == 0 && (PyList_Append(tables->keys, fields[T_KEY]) < 0 ||
+                        PyList_Append(tables->shapes, fields[T_SHAPE]) < 0 ||
+                        PyList_Append(tables->dtypes, fields[T_DTYPE]) < 0))
+        status = -1;
+    const int statistics[6] = {T_MEAN, T_STD, T_MIN, T_MAX, T_ABS_MAX, T_POSITIVE};
+    for (int position = 0; position < 6 && status == 0; position++)
+        status = tables_number(tables, fields[statistics[position]], none);
+    if (status == 0) {
+        int other_device = PyObject_RichCompareBool(fields[T_DEVICE], str_cpu_row, Py_NE);
+        int nan = other_device < 0 ? -1 : PyObject_IsTrue(fields[T_NAN]);
+        int inf = nan < 0 ? -1 : PyObject_IsTrue(fields[T_INF]);
+        if (inf < 0) {
+            status = -1;
+        } else {
+            Py_ssize_t used = PyList_GET_SIZE(tables->extra);
+            PyObject *last = used ? PyList_GET_ITEM(tables->extra, used - 1) : NULL;
+            int rare = other_device || nan || inf || fields[T_TENSOR] != Py_None || fields[T_NOT_STORED] != Py_None;
+            int placed = fields[T_PLACEMENT] != Py_None;
+            PyObject *row = NULL;
+            if (rare || placed) {
+                /* a row of its own; a placement (tensor-parallel traces) goes after it, in a new row if needed */
+                int same = 0;
+                if (!rare && last != NULL) {
+                    same = PyObject_RichCompareBool(PyList_GET_ITEM(last, 0), index, Py_EQ);
+                    if (same < 0)
+                        status = -1;
+                }
+                if (status == 0 && (rare || !same)) {
+                    row = PyList_New(6);
+                    if (row == NULL) {
+                        status = -1;
+                    } else {
+                        PyObject *items[6] = {index, fields[T_DEVICE], fields[T_NAN], fields[T_INF], fields[T_TENSOR],
+                                              fields[T_NOT_STORED]};
+                        for (int item = 0; item < 6; item++) {
+                            Py_INCREF(items[item]);
+                            PyList_SET_ITEM(row, item, items[item]);
+                        }
+                        if (PyList_Append(tables->extra, row) < 0)
+                            status = -1;
+                        last = row;
+                        Py_DECREF(row);
+                    }
+                }
+                if (status == 0 && placed && PyList_Append(last, fields[T_PLACEMENT]) < 0)
+                    status = -1;
+            }
+        }
+    }
+    for (int field = 0; field < 15; field++)
+        Py_XDECREF(fields[field]);
+    if (status < 0) {
+        Py_XDECREF(index);
+        return NULL;
+    }
+    return index;
+}
+
+/* The index of a location in the locations' table ([file, line, column]), added the first time it is seen; None
+ * for None (new references). */
+static PyObject *tables_location(Tables *tables, PyObject *location) {
+    if (location == Py_None) {
+        Py_RETURN_NONE;
+    }
+    PyObject *identity = PyLong_FromVoidPtr(location);
+    if (identity == NULL)
+        return NULL;
+    PyObject *found = PyDict_GetItemWithError(tables->location_index, identity);
+    if (found != NULL || PyErr_Occurred()) {
+        Py_DECREF(identity);
+        Py_XINCREF(found);
+        return found;
+    }
+    PyObject *index = PyLong_FromSsize_t(PyList_GET_SIZE(tables->locations));
+    PyObject *file = PyObject_GetAttr(location, table_str[T_FILE]);
+    PyObject *line = file ? PyObject_GetAttr(location, table_str[T_LINE]) : NULL;
+    PyObject *column = line ? PyObject_GetAttr(location, table_str[T_COLUMN]) : NULL;
+    PyObject *row = column ? PyList_New(3) : NULL;
+    int status = -1;
+    if (row != NULL && index != NULL) {
+        PyList_SET_ITEM(row, 0, file);
+        PyList_SET_ITEM(row, 1, line);
+        PyList_SET_ITEM(row, 2, column);
+        file = line = column = NULL;
+        if (PyDict_SetItem(tables->location_index, identity, index) == 0 && PyList_Append(tables->locations, row) == 0)
+            status = 0;
+    }
+    Py_XDECREF(file); Py_XDECREF(line); Py_XDECREF(column); Py_XDECREF(row);
+    Py_DECREF(identity);
+    if (status < 0) {
+        Py_XDECREF(index);
+        return NULL;
+    }
+    return index;
+}
+
+/* [the index of each summary in `summaries`] (new reference). */
+static PyObject *tables_summaries(Tables *tables, PyObject *summaries, double none) {
+    PyObject *sequence = PySequence_Fast(summaries, "a record's summaries must be a list");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    PyObject *indices = PyList_New(count);
+    for (Py_ssize_t position = 0; indices != NULL && position < count; position++) {
+        PyObject *index = tables_summary(tables, PySequence_Fast_GET_ITEM(sequence, position), none);
+        if (index == NULL)
+            Py_CLEAR(indices);
+        else
+            PyList_SET_ITEM(indices, position, index);
+    }
+    Py_DECREF(sequence);
+    return indices;
+}
+
+/* table_rows(modules, lines, none): storage._table's pass over the records, the same tables in the same order:
+ * (locations, keys, shapes, dtypes, extra, the statistics as little-endian float64 bytes, module rows, line rows),
+ * `none` (a float) standing for a statistic that is None. */
+static PyObject *py_table_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "table_rows(modules, lines, none)");
+        return NULL;
+    }
+    double none = PyFloat_AsDouble(args[2]);
+    if (none == -1.0 && PyErr_Occurred())
+        return NULL;
+    Tables tables = {PyDict_New(), PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0), PyDict_New(),
+                     PyList_New(0), NULL, 0, 0};
+    PyObject *modules = PySequence_Fast(args[0], "modules must be a list");
+    PyObject *lines = modules ? PySequence_Fast(args[1], "lines must be a list") : NULL;
+    PyObject *module_rows = lines ? PyList_New(0) : NULL, *line_rows = module_rows ? PyList_New(0) : NULL;
+    PyObject *result = NULL;
+    int status = line_rows != NULL && tables.summary_index && tables.keys && tables.shapes && tables.dtypes &&
+                 tables.extra && tables.location_index && tables.locations ? 0 : -1;
+    for (Py_ssize_t position = 0; status == 0 && position < PySequence_Fast_GET_SIZE(modules); position++) {
+        PyObject *record = PySequence_Fast_GET_ITEM(modules, position);
+        PyObject *row = PyList_New(11);
+        if (row == NULL) {
+            status = -1;
+            break;
+        }
+        int is_known = known(&known_record, record, record_field_names, RECORD_FIELDS);
+        for (int field = 0; field < 9 && status == 0; field++) {
+            PyObject *value = field_of(&known_record, is_known, record, field, row_str[field]);
+            if (value != NULL && (field == 3 || field == 4)) { /* defined_at, called_at: their locations' indices */
+                PyObject *location = tables_location(&tables, value);
+                Py_DECREF(value);
+                value = location;
+            }
+            if (value == NULL)
+                status = -1;
+            else
+                PyList_SET_ITEM(row, field, value);
+        }
+        for (int side = 0; side < 2 && status == 0; side++) {
+            PyObject *summaries =
+                field_of(&known_record, is_known, record, side ? RECORD_OUTPUTS : 9, table_str[side ? T_OUTPUTS : T_INPUTS]);
+            PyObject *indices = summaries ? tables_summaries(&tables, summaries, none) : NULL;
+            Py_XDECREF(summaries);
+            if (indices == NULL)
+                status = -1;
+            else
+                PyList_SET_ITEM(row, 9 + side, indices);
+        }
+        PyObject *device =
+            status == 0 ? field_of(&known_record, is_known, record, RECORD_DEVICE, str_record_device) : NULL;
+        if (device == NULL) {
+            status = -1;
+        } else if (device != Py_None && PyList_Append(row, device) < 0) { /* spread over devices: a twelfth field */
+            status = -1;
+        }
+        Py_XDECREF(device);
+        if (status == 0 && PyList_Append(module_rows, row) < 0)
+            status = -1;
+        Py_DECREF(row); /* NOTE: unfilled items of a row given up are NULL, which its deallocation skips */
+    }
+    for (Py_ssize_t position = 0; status == 0 && position < PySequence_Fast_GET_SIZE(lines); position++) {
+        PyObject *record = PySequence_Fast_GET_ITEM(lines, position);
+        PyObject *tensor = PyObject_GetAttr(record, table_str[T_TENSOR]);
+        PyObject *index = tensor ? tables_summary(&tables, tensor, none) : NULL;
+        Py_XDECREF(tensor);
+        PyObject *row = index ? PyList_New(6) : NULL;
+        PyObject *names[6] = {table_str[T_FILE], table_str[T_LINE], table_str[T_NAME], str_line_call_index, NULL,
+                              table_str[T_MODULE_CALL]};
+        for (int field = 0; row != NULL && field < 6; field++) {
+            PyObject *value = field == 4 ? index : PyObject_GetAttr(record, names[field]);
+            if (field == 4)
+                index = NULL;
+            if (value == NULL) {
+                Py_CLEAR(row);
+                break;
+            }
+            PyList_SET_ITEM(row, field, value);
+        }
+        Py_XDECREF(index);
+        if (row == NULL || PyList_Append(line_rows, row) < 0)
+            status = -1;
+        Py_XDECREF(row);
+    }
+    if (status == 0) {
+        /* little-endian float64, as `array.array("d", numbers)` after `_little_endian` */
+        PyObject *statistics = PyBytes_FromStringAndSize(NULL, tables.used * 8);
+        if (statistics != NULL) {
+            unsigned char *bytes = (unsigned char *)PyBytes_AS_STRING(statistics);
+            for (Py_ssize_t position = 0; position < tables.used; position++) {
+                uint64_t bits;
+                memcpy(&bits, &tables.numbers[position], 8);
+                for (int byte = 0; byte < 8; byte++)
+                    bytes[position * 8 + byte] = (unsigned char)(bits >> (8 * byte));
+            }
+            result = PyTuple_Pack(8, tables.locations, tables.keys, tables.shapes, tables.dtypes, tables.extra,
+                                  statistics, module_rows, line_rows);
+            Py_DECREF(statistics);
+        }
+    }
+    Py_XDECREF(tables.summary_index); Py_XDECREF(tables.keys); Py_XDECREF(tables.shapes);
+    Py_XDECREF(tables.dtypes); Py_XDECREF(tables.extra); Py_XDECREF(tables.location_index);
+    Py_XDECREF(tables.locations); PyMem_Free(tables.numbers);
+    Py_XDECREF(modules); Py_XDECREF(lines); Py_XDECREF(module_rows); Py_XDECREF(line_rows);
+    return result;
+}
+
+static PyMethodDef core_functions[] = {
+    {"table_rows", (PyCFunction)(void (*)(void))py_table_rows, METH_FASTCALL,
+     "storage._table's pass over the records: the summaries', locations' and records' tables"},
+    {NULL, NULL, 0, NULL},
+};
+
 static int capture_core_add(PyObject *module) {
     struct { PyObject **slot; const char *text; } names[] = {
         {&core_str_version, "_version"},         {&core_str_dtype, "dtype"},
@@ -915,6 +1243,18 @@ static int capture_core_add(PyObject *module) {
     core_zero = PyLong_FromLong(0);
     core_str_cpu = PyUnicode_InternFromString("cpu");
     if (core_one == NULL || core_zero == NULL || core_str_cpu == NULL)
+        return -1;
+    for (int index = 0; index < 22; index++)
+        if ((table_str[index] = PyUnicode_InternFromString(table_names[index])) == NULL)
+            return -1;
+    for (int index = 0; index < 9; index++)
+        if ((row_str[index] = PyUnicode_InternFromString(row_names[index])) == NULL)
+            return -1;
+    str_cpu_row = PyUnicode_InternFromString("cpu");
+    str_record_device = PyUnicode_InternFromString("device");
+    str_line_call_index = PyUnicode_InternFromString("call_index");
+    if (str_cpu_row == NULL || str_record_device == NULL || str_line_call_index == NULL ||
+        PyModule_AddFunctions(module, core_functions) < 0)
         return -1;
     if (PyType_Ready(&SessionType) < 0 || PyType_Ready(&WrapperType) < 0)
         return -1;
