@@ -28,8 +28,9 @@ from modeltrace.worker.lines import LineCapture
 
 # NOTE: the trace's tables filled in C (`native/capture_core.c`, `table_rows`) where the worker's native module is
 # built: the same tables as `storage._table_rows`, without a Python step per record and summary
-if _capture_core() is not None:
-    storage.native_table_rows = _capture_core().table_rows
+_CORE = _capture_core()
+if _CORE is not None:
+    storage.native_table_rows = _CORE.table_rows
 
 
 def jsonable(value: Any) -> Any:

@@ -311,9 +311,17 @@ class _ModelWrappers:
             return found
 
     def calls_for(self, capture: ModuleCapture, named_modules: Iterable[tuple[str, nn.Module]]) -> list[tuple]:
-        """(module, wrapper) for each module not wrapped already (by another capture): `call_for` of each, with its
-        common case (the cached wrapper still fits) inlined, since this runs for every module at every capture."""
-        calls = self._calls if type(capture)._make_call is ModuleCapture._make_call else {}
+        """(module, wrapper) for each module not wrapped already (by another capture): the cached wrapper while it
+        still fits the module (same path, class, instance `forward` and class `_call_impl`), else a new one. This
+        runs for every module at every capture, so the check is inline."""
+        if type(capture)._make_call is not ModuleCapture._make_call:
+            # a subclass's own wrappers: never reused
+            return [
+                (module, capture._make_call(module, path, self.live))
+                for path, module in named_modules
+                if "_call_impl" not in module.__dict__
+            ]
+        calls = self._calls
         found = []
         for path, module in named_modules:
             attributes = module.__dict__
@@ -321,40 +329,24 @@ class _ModelWrappers:
                 continue
             entry = calls.get(id(module))
             module_class = type(module)
+            forward = attributes.get("forward")
+            call_impl = module_class._call_impl
             if (
                 entry is not None
                 and entry[1] == path
                 and entry[0]() is module
                 and entry[2] is module_class
-                and entry[3] is attributes.get("forward")
-                and entry[4] is module_class._call_impl
+                and entry[3] is forward
+                and entry[4] is call_impl
             ):
                 found.append((module, entry[5]))
-            else:
-                found.append((module, self.call_for(capture, module, path)))
+                continue
+            if len(calls) > _MAX_CACHED_WRAPPERS:
+                calls = self._calls = {key: kept for key, kept in calls.items() if kept[0]() is not None}
+            call = capture._make_call(module, path, self.live)
+            calls[id(module)] = (weakref.ref(module), path, module_class, forward, call_impl, call)
+            found.append((module, call))
         return found
-
-    def call_for(self, capture: ModuleCapture, module: nn.Module, path: str) -> Any:
-        if type(capture)._make_call is not ModuleCapture._make_call:
-            return capture._make_call(module, path, self.live)  # a subclass's own wrapper: not reused
-        module_class = type(module)
-        forward = module.__dict__.get("forward")
-        call_impl = module_class._call_impl
-        entry = self._calls.get(id(module))
-        if (
-            entry is not None
-            and entry[0]() is module
-            and entry[1] == path
-            and entry[2] is module_class
-            and entry[3] is forward
-            and entry[4] is call_impl
-        ):
-            return entry[5]
-        if len(self._calls) > _MAX_CACHED_WRAPPERS:
-            self._calls = {key: kept for key, kept in self._calls.items() if kept[0]() is not None}
-        call = capture._make_call(module, path, self.live)
-        self._calls[id(module)] = (weakref.ref(module), path, module_class, forward, call_impl, call)
-        return call
 
 
 # NOTE: past this many wrappers cached for one model, those of modules that no longer exist are dropped (a

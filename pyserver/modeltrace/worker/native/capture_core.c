@@ -784,20 +784,16 @@ static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
     }
     if (inputs == NULL)
         goto done;
-    PyObject *record_args[10] = {index_object, self->path, self->class_name, self->class_location, location,
-                                 calls_object, parent, NULL, offset, inputs};
     PyObject *unfinished = PyLong_FromLong(-1);
-    if (unfinished == NULL)
-        goto done;
-    record_args[7] = unfinished;
-    PyObject *no_outputs = PyList_New(0);
+    PyObject *no_outputs = unfinished ? PyList_New(0) : NULL;
     if (no_outputs == NULL) {
-        Py_DECREF(unfinished);
+        Py_XDECREF(unfinished);
         goto done;
     }
-    PyObject *record_values[RECORD_FIELDS] = {record_args[0], record_args[1], record_args[2], record_args[3],
-                                              record_args[4], record_args[5], record_args[6], record_args[7],
-                                              record_args[8], record_args[9], no_outputs,     Py_None};
+    /* ModuleCall(index, path, class_name, defined_at, called_at, call_index, parent, -1, call_site, inputs) */
+    PyObject *record_values[RECORD_FIELDS] = {index_object, self->path,   self->class_name, self->class_location,
+                                              location,     calls_object, parent,           unfinished,
+                                              offset,       inputs,       no_outputs,       Py_None};
     record = new_slotted(session->module_call, session->record_offsets, record_values, RECORD_FIELDS);
     Py_DECREF(unfinished);
     Py_DECREF(no_outputs);
