@@ -5,12 +5,15 @@ line capture beside it)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutput
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from modeltrace.trace.records import Trace
@@ -106,6 +109,82 @@ def test_views_dtypes_and_in_place_changes_trace_the_same_both_ways() -> None:
     with torch.inference_mode():  # NOTE: inference tensors have no version counter: never cached
         inference_hidden = torch.randn(3, 6)
     _same_both_ways(model, lambda: model(inference_hidden, ids))
+
+
+class _Reversed(dict):
+    """A mapping whose `items()` is its own: the walk must follow it, not the dict underneath."""
+
+    def items(self):  # noqa: ANN201
+        return list(super().items())[::-1]
+
+
+class _Pair(NamedTuple):
+    first: torch.Tensor
+    second: object
+
+
+class _Colour(enum.Enum):
+    RED = 1
+
+
+class _Takes(nn.Module):
+    """Takes and returns whatever it is given: its arguments and output are walked as containers."""
+
+    def forward(self, hidden: torch.Tensor, *rest: object, **named: object) -> object:
+        return named.get("give_back", hidden)
+
+
+class _Containers(nn.Module):
+    """Arguments past the parameter names, keyword arguments holding nested dicts, lists, tuples, a named tuple,
+    a dict subclass with its own `items()`, non-string keys, values with no tensors, more than a side's limit of
+    tensors and nesting deeper than the walk follows; outputs as a ModelOutput, a tuple of dicts and None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.takes = _Takes()
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, hidden: torch.Tensor) -> object:
+        projected = self.proj(hidden)
+        deep: object = projected
+        for _ in range(6):
+            deep = [deep, {"side": hidden}]
+        self.takes(
+            hidden,
+            projected,
+            [hidden, (projected, None)],
+            "text",
+            mapping={"a": projected, 3: [hidden, {"b": projected.T}], _Colour.RED: hidden},
+            pair=_Pair(projected, (hidden, 7)),
+            reversed_=_Reversed(x=hidden, y=projected),
+            plain=(1, 2.5, "s", torch.float32, torch.device("cpu"), None, True),
+            deep=deep,
+        )
+        self.takes(hidden, many=[torch.full((2,), float(index)) for index in range(40)])
+        self.takes(hidden, first=[projected] * 30, then={"more": [hidden] * 5})
+        self.takes(hidden, give_back=BaseModelOutput(last_hidden_state=projected, hidden_states=(hidden, projected)))
+        self.takes(hidden, give_back=({"k": projected}, [hidden, {"n": (projected,)}]))
+        self.takes(hidden, give_back=None)
+        return self.takes(hidden, give_back=_Pair(projected, {"z": hidden}))
+
+
+def test_arguments_and_outputs_in_containers_trace_the_same_both_ways() -> None:
+    torch.manual_seed(0)
+    model = _Containers()
+    hidden = torch.randn(3, 6)
+    _same_both_ways(model, lambda: model(hidden))
+    with torch.no_grad(), ModuleCapture(model) as capture:
+        model(hidden)
+    keys = [[summary.key for summary in record.inputs] for record in capture.records if record.path == "takes"]
+    assert keys[0][:4] == ["hidden", "args.1", "args.2.0", "args.2.1.0"]
+    assert "mapping.3.1.b" in keys[0] and "mapping._Colour.RED" in keys[0]
+    assert keys[0].index("reversed_.y") < keys[0].index("reversed_.x")
+    assert len(keys[1]) == 32 and keys[1][-1] == "many.30"  # the side's limit
+    assert keys[2][-1] == "then.more.0" and len(keys[2]) == 32
+    assert not any(key.count(".") > 4 for key in keys[0])  # nesting past the walk's depth is not followed
+    outputs = [[summary.key for summary in record.outputs] for record in capture.records if record.path == "takes"]
+    assert outputs[3] == ["last_hidden_state", "hidden_states.0", "hidden_states.1"]
+    assert outputs[4] == ["0.k", "1.0", "1.1.n.0"] and outputs[5] == [] and outputs[6] == ["0", "1.z"]
 
 
 class _Raising(nn.Module):

@@ -6,13 +6,14 @@
  * apply). `Session` is what a capture that this path serves hands its wrappers: the capture's records, call stack,
  * call counts and summary cache, and the Python functions for everything off the common path.
  *
- * On the common path (one bare tensor argument or none, a tensor returned, statistics only) a call costs what the
- * closure's Python would in a fraction of the time: the call count, the call site (the first frame of model code,
- * through `source_map`'s caches), the summaries of a tensor the pass has seen (`SummaryCache`'s dicts, read here)
- * or of a new contiguous float32 CPU tensor (this module's kernel, then `stats.summary_from_moments`'s arithmetic,
- * so the numbers are the Python path's to the bit), and the `ModuleCall` record, made as its __init__ would. Every other case calls the same Python
- * the closure calls (`_summarize_arguments`, `_summarize_output`, `SummaryCache.copy`, `_view_summary`,
- * `summarize_new`, `source_map.frame_location`), so both paths make the same records, objects and caches.
+ * With statistics only, a call costs what the closure's Python would in a fraction of the time: the call count,
+ * the call site (the first frame of model code, through `source_map`'s caches), the walk over its arguments and
+ * output (`_summarize_arguments`, `_summarize_all` and `iter_tensor_leaves`: the same keys, order and limits), the
+ * summaries of a tensor the pass has seen (`SummaryCache`'s dicts, read here) or of a new contiguous float32 CPU
+ * tensor (this module's kernel, then `stats.summary_from_moments`'s arithmetic, so the numbers are the Python
+ * path's to the bit), and the `ModuleCall` record, made as its __init__ would. Every other case calls the same
+ * Python the closure calls (`SummaryCache.copy`, `_view_summary`, `summarize_new`, `source_map.frame_location`),
+ * so both paths make the same records, objects and caches.
  */
 #include <frameobject.h>
 #include <structmember.h>
@@ -93,8 +94,7 @@ typedef struct {
     PyObject *view_summary;       /* SummaryCache._view_summary(entry, tensor, key, version, contiguous) */
     PyObject *summarize_new;      /* SummaryCache.summarize_new(tensor, key, version, pending) */
     PyObject *pending;
-    PyObject *summarize_arguments;/* capture._summarize_arguments(args, kwargs, names, index) */
-    PyObject *summarize_output;   /* capture._summarize_output(output, index) */
+    PyObject *max_leaves_object, *max_nesting_object; /* capture.MAX_LEAVES_PER_SIDE, capture.MAX_NESTING */
     PyObject *module_call;        /* the ModuleCall class */
     PyObject *plumbing_cache, *plumbing; /* source_map._plumbing_cache, source_map._plumbing(code) */
     PyObject *location_cache, *frame_location; /* source_map._location_cache, source_map.frame_location(frame) */
@@ -102,6 +102,7 @@ typedef struct {
     PyObject *summary_type;       /* TensorSummary */
     PyObject *late_copies;        /* SummaryCache._late_copies */
     double cancellation_ratio;    /* stats._CANCELLATION_RATIO */
+    Py_ssize_t max_leaves, max_nesting;
     /* where each field of a TensorSummary and of a ModuleCall lives in the object (their __slots__), so that
      * the records are made here as their __init__ would make them, without running it */
     Py_ssize_t summary_offsets[SUMMARY_FIELDS], record_offsets[RECORD_FIELDS];
@@ -112,7 +113,7 @@ static int session_init(Session *self, PyObject *args, PyObject *kwds) {
                            &self->counts,         &self->devices,         &self->entries,
                            &self->spans,          &self->copies,          &self->copy,
                            &self->view_summary,   &self->summarize_new,   &self->pending,
-                           &self->summarize_arguments, &self->summarize_output,
+                           &self->max_leaves_object, &self->max_nesting_object,
                            &self->module_call,    &self->plumbing_cache,  &self->plumbing,
                            &self->location_cache, &self->frame_location,  &self->tensor_type,
                            &self->parameter_type, &self->float32,         &self->float32_name,
@@ -130,6 +131,13 @@ static int session_init(Session *self, PyObject *args, PyObject *kwds) {
     self->cancellation_ratio = PyFloat_AsDouble(PyTuple_GET_ITEM(args, count));
     if (self->cancellation_ratio == -1.0 && PyErr_Occurred())
         return -1;
+    self->max_leaves = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 12));
+    self->max_nesting = self->max_leaves < 0 ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 13));
+    if (self->max_leaves < 0 || self->max_nesting < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "Session: the limits on leaves and nesting must be counts");
+        return -1;
+    }
     if (!PyList_Check(PyTuple_GET_ITEM(args, count - 1))) {
         PyErr_SetString(PyExc_TypeError, "Session: the late copies must be a list");
         return -1;
@@ -158,7 +166,7 @@ static int session_traverse(Session *self, visitproc visit, void *arg) {
     Py_VISIT(self->capture); Py_VISIT(self->records); Py_VISIT(self->stack); Py_VISIT(self->counts);
     Py_VISIT(self->devices); Py_VISIT(self->entries); Py_VISIT(self->spans); Py_VISIT(self->copies);
     Py_VISIT(self->copy); Py_VISIT(self->view_summary); Py_VISIT(self->summarize_new); Py_VISIT(self->pending);
-    Py_VISIT(self->summarize_arguments); Py_VISIT(self->summarize_output);
+    Py_VISIT(self->max_leaves_object); Py_VISIT(self->max_nesting_object);
     Py_VISIT(self->module_call); Py_VISIT(self->plumbing_cache); Py_VISIT(self->plumbing);
     Py_VISIT(self->location_cache); Py_VISIT(self->frame_location); Py_VISIT(self->tensor_type);
     Py_VISIT(self->parameter_type); Py_VISIT(self->float32); Py_VISIT(self->float32_name);
@@ -170,7 +178,7 @@ static int session_clear(Session *self) {
     Py_CLEAR(self->capture); Py_CLEAR(self->records); Py_CLEAR(self->stack); Py_CLEAR(self->counts);
     Py_CLEAR(self->devices); Py_CLEAR(self->entries); Py_CLEAR(self->spans); Py_CLEAR(self->copies);
     Py_CLEAR(self->copy); Py_CLEAR(self->view_summary); Py_CLEAR(self->summarize_new); Py_CLEAR(self->pending);
-    Py_CLEAR(self->summarize_arguments); Py_CLEAR(self->summarize_output);
+    Py_CLEAR(self->max_leaves_object); Py_CLEAR(self->max_nesting_object);
     Py_CLEAR(self->module_call); Py_CLEAR(self->plumbing_cache); Py_CLEAR(self->plumbing);
     Py_CLEAR(self->location_cache); Py_CLEAR(self->frame_location); Py_CLEAR(self->tensor_type);
     Py_CLEAR(self->parameter_type); Py_CLEAR(self->float32); Py_CLEAR(self->float32_name);
@@ -431,8 +439,10 @@ static PyObject *summarize_float32(Session *session, PyObject *tensor, PyObject 
             if (view == NULL)
                 goto done;
             if (view == Py_None) {
+                /* not shareable (most often a tensor gone whose memory the allocator gave this one): summarised
+                 * anew below, as the Python method does, and its span entry replaced */
                 Py_DECREF(view);
-                goto done; /* not shareable: the Python method summarises it */
+                goto fresh;
             }
             PyObject *reference = PyWeakref_NewRef(tensor, NULL);
             PyObject *cached = reference ? Py_BuildValue("(NlO)", reference, version, view) : NULL;
@@ -446,6 +456,7 @@ static PyObject *summarize_float32(Session *session, PyObject *tensor, PyObject 
             goto done;
         }
     }
+fresh:
     if (dtype != session->float32 || contiguous != Py_True)
         goto done;
     long long count = PyLong_AsLongLong(numel);
@@ -704,17 +715,163 @@ static void wrapper_dealloc(Wrapper *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+
+/* ModuleCapture._summarize_all and iter_tensor_leaves, in C: the summaries of the tensors a call's arguments or
+ * output hold, appended to `summaries` in the order and under the keys the Python walk gives them, at most
+ * `max_leaves` of them, containers followed `max_nesting` deep. Each returns 0 to go on, 1 once the side is full
+ * (the walk stops there, as the Python one returns), -1 on an error. */
+static int walk_leaves(Session *session, PyObject *summaries, PyObject *value, PyObject *prefix,
+                       Py_ssize_t depth);
+
+static int add_leaf(Session *session, PyObject *summaries, PyObject *tensor, PyObject *key) {
+    if (PyList_GET_SIZE(summaries) >= session->max_leaves)
+        return 1;
+    PyObject *summary = summary_of(session, tensor, key);
+    if (summary == NULL)
+        return -1;
+    int status = PyList_Append(summaries, summary);
+    Py_DECREF(summary);
+    return status;
+}
+
+/* `f"{prefix}.{name}" if prefix else str(name)` (new reference) */
+static PyObject *leaf_key(PyObject *prefix, PyObject *name) {
+    if (PyUnicode_GET_LENGTH(prefix) == 0)
+        return PyObject_Str(name);
+    PyObject *formatted = PyObject_Format(name, core_str_empty);
+    if (formatted == NULL)
+        return NULL;
+    PyObject *key = PyUnicode_FromFormat("%U.%U", prefix, formatted);
+    Py_DECREF(formatted);
+    return key;
+}
+
+/* one item of a container: a tensor is a leaf, anything else is walked one level deeper */
+static int walk_item(Session *session, PyObject *summaries, PyObject *prefix, PyObject *name, PyObject *item,
+                     Py_ssize_t depth) {
+    PyObject *key = leaf_key(prefix, name);
+    if (key == NULL)
+        return -1;
+    int status = PyObject_TypeCheck(item, (PyTypeObject *)session->tensor_type)
+                     ? add_leaf(session, summaries, item, key)
+                     : walk_leaves(session, summaries, item, key, depth + 1);
+    Py_DECREF(key);
+    return status;
+}
+
+static int walk_leaves(Session *session, PyObject *summaries, PyObject *value, PyObject *prefix,
+                       Py_ssize_t depth) {
+    if (depth >= session->max_nesting)
+        return 0;
+    int status = 0;
+    if (PyDict_CheckExact(value)) {
+        PyObject *name, *item;
+        Py_ssize_t position = 0;
+        while (status == 0 && PyDict_Next(value, &position, &name, &item)) {
+            Py_INCREF(name);
+            Py_INCREF(item);
+            status = walk_item(session, summaries, prefix, name, item, depth);
+            Py_DECREF(name);
+            Py_DECREF(item);
+        }
+        return status;
+    }
+    if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
+        for (Py_ssize_t index = 0; status == 0 && index < PySequence_Fast_GET_SIZE(value); index++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(value, index);
+            PyObject *name = PyLong_FromSsize_t(index);
+            if (name == NULL)
+                return -1;
+            Py_INCREF(item);
+            status = walk_item(session, summaries, prefix, name, item, depth);
+            Py_DECREF(item);
+            Py_DECREF(name);
+        }
+        return status;
+    }
+    /* a subclass (transformers' ModelOutput, a named tuple): walked through its own `items()` or iterator */
+    int is_dict = PyDict_Check(value);
+    if (!is_dict && !PyTuple_Check(value) && !PyList_Check(value))
+        return 0;
+    PyObject *items = is_dict ? PyObject_CallMethod(value, "items", NULL) : NULL;
+    PyObject *iterator = PyObject_GetIter(is_dict ? items : value);
+    Py_XDECREF(items);
+    if (iterator == NULL)
+        return -1;
+    PyObject *item;
+    for (Py_ssize_t index = 0; status == 0 && (item = PyIter_Next(iterator)) != NULL; index++) {
+        if (is_dict) {
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a mapping's items() gave something other than pairs");
+                status = -1;
+            } else {
+                status = walk_item(session, summaries, prefix, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                   depth);
+            }
+        } else {
+            PyObject *name = PyLong_FromSsize_t(index);
+            status = name == NULL ? -1 : walk_item(session, summaries, prefix, name, item, depth);
+            Py_XDECREF(name);
+        }
+        Py_DECREF(item);
+    }
+    Py_DECREF(iterator);
+    return status < 0 || PyErr_Occurred() ? -1 : status;
+}
+
+/* one named argument (or the output, named ""): a tensor, nothing (None, a number, a string: no tensors in
+ * them), or a container walked */
+static int walk_named(Session *session, PyObject *summaries, PyObject *name, PyObject *value) {
+    if (PyObject_TypeCheck(value, (PyTypeObject *)session->tensor_type))
+        return add_leaf(session, summaries, value, name);
+    if (value == Py_None)
+        return 0;
+    return walk_leaves(session, summaries, value, name, 0);
+}
+
+/* `ModuleCapture._summarize_arguments`: positional arguments under `forward`'s parameter names (`args.N` past
+ * them), then the keyword arguments (new reference to a list) */
+static PyObject *argument_summaries(Session *session, PyObject *args, PyObject *kwargs, PyObject *names) {
+    PyObject *summaries = PyList_New(0);
+    if (summaries == NULL)
+        return NULL;
+    Py_ssize_t named = PyList_CheckExact(names) ? PyList_GET_SIZE(names) : 0;
+    int status = 0;
+    for (Py_ssize_t position = 0; status == 0 && position < PyTuple_GET_SIZE(args); position++) {
+        PyObject *name = position < named ? PyList_GET_ITEM(names, position) : NULL;
+        if (name != NULL)
+            Py_INCREF(name);
+        else
+            name = PyUnicode_FromFormat("args.%zd", position);
+        status = name == NULL ? -1 : walk_named(session, summaries, name, PyTuple_GET_ITEM(args, position));
+        Py_XDECREF(name);
+    }
+    if (kwargs != NULL) {
+        PyObject *name, *value;
+        Py_ssize_t position = 0;
+        while (status == 0 && PyDict_Next(kwargs, &position, &name, &value)) {
+            Py_INCREF(name);
+            Py_INCREF(value);
+            status = walk_named(session, summaries, name, value);
+            Py_DECREF(name);
+            Py_DECREF(value);
+        }
+    }
+    if (status < 0)
+        Py_CLEAR(summaries);
+    return summaries;
+}
+
 /* The summaries of a call's output (new reference to a list) or NULL. */
-static PyObject *output_summaries(Session *session, PyObject *output, Py_ssize_t index) {
+static PyObject *output_summaries(Session *session, PyObject *output) {
     if (PyObject_TypeCheck(output, (PyTypeObject *)session->tensor_type)) {
         PyObject *summary = summary_of(session, output, core_str_empty);
         return summary ? Py_BuildValue("[N]", summary) : NULL;
     }
-    PyObject *position = PyLong_FromSsize_t(index);
-    PyObject *found = position ? PyObject_CallFunctionObjArgs(session->summarize_output, output, position, NULL)
-                               : NULL;
-    Py_XDECREF(position);
-    return found;
+    PyObject *summaries = PyList_New(0);
+    if (summaries != NULL && walk_named(session, summaries, core_str_empty, output) < 0)
+        Py_CLEAR(summaries);
+    return summaries;
 }
 
 static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
@@ -773,14 +930,7 @@ static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
     } else if (nargs == 0 && no_kwargs) {
         inputs = PyList_New(0);
     } else {
-        PyObject *kwargs_object = kwargs != NULL ? kwargs : Py_None;
-        PyObject *empty = NULL;
-        if (kwargs == NULL)
-            kwargs_object = empty = PyDict_New();
-        inputs = kwargs_object ? PyObject_CallFunctionObjArgs(session->summarize_arguments, args, kwargs_object,
-                                                              self->parameter_names, index_object, NULL)
-                               : NULL;
-        Py_XDECREF(empty);
+        inputs = argument_summaries(session, args, kwargs, self->parameter_names);
     }
     if (inputs == NULL)
         goto done;
@@ -844,7 +994,7 @@ static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
         Py_XDECREF(output);
         goto done;
     }
-    PyObject *outputs = output_summaries(session, output, index);
+    PyObject *outputs = output_summaries(session, output);
     if (outputs == NULL) {
         Py_DECREF(output);
         goto done;
