@@ -7,7 +7,18 @@ import pytest
 import torch
 from torch import nn
 
-from modeltrace.worker.capture import ModuleCapture
+from modeltrace.worker import capture as capture_module
+from modeltrace.worker.capture import ModuleCapture, named_modules
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def _entry_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: entering and leaving in C (`native/capture_core.c`, where the extension module is built),
+    and in Python, as a build without it does."""
+    if request.param == "python":
+        monkeypatch.setattr(capture_module, "_capture_core", lambda: None)
+    elif capture_module._capture_core() is None:
+        pytest.skip("no extension module with the C capture path here")
 
 
 class Failing(nn.Module):
@@ -135,3 +146,40 @@ def test_the_reused_wrappers_do_not_keep_a_model_alive() -> None:
     del model
     gc.collect()
     assert reference() is None
+
+
+class _Shared(nn.Module):
+    """One module under two names, an empty slot, nested containers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.again = self.first
+        self.empty = None
+        self.blocks = nn.Sequential(nn.ModuleDict({"a": nn.ReLU(), "b": nn.Sequential(nn.Identity())}), self.first)
+
+
+class _OwnWalk(nn.Module):
+    """A module that walks its children its own way: the walk must follow it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = nn.Linear(2, 2)
+        self.hidden = nn.Linear(2, 2)
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):  # noqa: ANN001, ANN201
+        yield prefix, self
+        yield (f"{prefix}.seen" if prefix else "seen"), self.seen
+
+
+def test_the_modules_are_walked_as_torch_walks_them() -> None:
+    shared = _Shared()
+    core = capture_module._capture_core()
+    if core is not None:  # NOTE: walked in C, not handed back to Python
+        assert core.named_modules(shared, nn.Module.named_modules) == list(shared.named_modules())
+        assert core.named_modules(_OwnWalk(), nn.Module.named_modules) is None
+    shared.register_module("own", _OwnWalk())
+    for model in (shared, shared.blocks, _OwnWalk(), nn.Linear(2, 2)):
+        assert named_modules(model) == list(model.named_modules())
+    assert [path for path, _ in named_modules(shared)][:3] == ["", "first", "blocks"]
+    assert "own.hidden" not in [path for path, _ in named_modules(shared)]

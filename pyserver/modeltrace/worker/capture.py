@@ -271,6 +271,29 @@ def _capture_core() -> Any:
     return kernels.get("capture_core") if kernels else None
 
 
+def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`list(model.named_modules())`, walked in C where the extension module is built and every module keeps
+    torch's walk (a capture walks the model at entry, and `worker/reuse.py` after it: torch's nested generators
+    cost ~0.5 µs a module, more than a tiny model's forward spends in some of them)."""
+    core = _capture_core()
+    found = core.named_modules(model, nn.Module.named_modules) if core is not None else None
+    return found if found is not None else list(model.named_modules())
+
+
+def _put_wrappers(wrapped: list[tuple[nn.Module, Any]], put: bool) -> None:
+    """Each wrapper set as its module's `_call_impl` (`put`), or taken off where it is still the one there."""
+    core = _capture_core()
+    if core is not None:
+        core.put_wrappers(wrapped, put)
+    elif put:
+        for module, call in wrapped:
+            module.__dict__["_call_impl"] = call
+    else:
+        for module, call in wrapped:
+            if module.__dict__.get("_call_impl") is call:
+                del module.__dict__["_call_impl"]
+
+
 # NOTE: a subclass that overrides any of these summarises otherwise: its captures keep the Python closure's path
 _SUMMARY_METHODS = ("_summary", "_summarize_arguments", "_summarize_output", "_summarize_all")
 
@@ -310,10 +333,11 @@ class _ModelWrappers:
                 found = cls._of_model[model] = cls()
             return found
 
-    def calls_for(self, capture: ModuleCapture, named_modules: Iterable[tuple[str, nn.Module]]) -> list[tuple]:
+    def calls_for(self, capture: ModuleCapture, named_modules: list[tuple[str, nn.Module]]) -> list[tuple]:
         """(module, wrapper) for each module not wrapped already (by another capture): the cached wrapper while it
         still fits the module (same path, class, instance `forward` and class `_call_impl`), else a new one. This
-        runs for every module at every capture, so the check is inline."""
+        runs for every module at every capture: the check is one pass in C where the extension module is built
+        (`fitting_wrappers`), else inline."""
         if type(capture)._make_call is not ModuleCapture._make_call:
             # a subclass's own wrappers: never reused
             return [
@@ -321,6 +345,12 @@ class _ModelWrappers:
                 for path, module in named_modules
                 if "_call_impl" not in module.__dict__
             ]
+        core = _capture_core()
+        if core is not None:
+            found, misses = core.fitting_wrappers(self._calls, named_modules)
+            for path, module in misses:
+                found.append((module, self._new_call(capture, module, path)))
+            return found
         calls = self._calls
         found = []
         for path, module in named_modules:
@@ -341,12 +371,24 @@ class _ModelWrappers:
             ):
                 found.append((module, entry[5]))
                 continue
-            if len(calls) > _MAX_CACHED_WRAPPERS:
-                calls = self._calls = {key: kept for key, kept in calls.items() if kept[0]() is not None}
-            call = capture._make_call(module, path, self.live)
-            calls[id(module)] = (weakref.ref(module), path, module_class, forward, call_impl, call)
-            found.append((module, call))
+            found.append((module, self._new_call(capture, module, path)))
         return found
+
+    def _new_call(self, capture: ModuleCapture, module: nn.Module, path: str) -> Any:
+        """A new wrapper of `module`, cached for the model's later captures."""
+        if len(self._calls) > _MAX_CACHED_WRAPPERS:
+            self._calls = {key: kept for key, kept in self._calls.items() if kept[0]() is not None}
+        call = capture._make_call(module, path, self.live)
+        module_class = type(module)
+        self._calls[id(module)] = (
+            weakref.ref(module),
+            path,
+            module_class,
+            module.__dict__.get("forward"),
+            module_class._call_impl,
+            call,
+        )
+        return call
 
 
 # NOTE: past this many wrappers cached for one model, those of modules that no longer exist are dropped (a
@@ -430,7 +472,7 @@ class ModuleCapture:
         wrappers = _ModelWrappers.of(self.model)
         with wrappers.lock:
             try:
-                wrapped.extend(wrappers.calls_for(self, self.model.named_modules()))
+                wrapped.extend(wrappers.calls_for(self, named_modules(self.model)))
             except BaseException:
                 wrapped.clear()
                 raise
@@ -451,8 +493,7 @@ class ModuleCapture:
                     core_session,
                 )
                 self._wrappers = wrappers
-                for module, call in wrapped:
-                    module.__dict__["_call_impl"] = call
+                _put_wrappers(wrapped, True)
         # NOTE: the records and summaries are the only objects a capture adds, and they hold no reference
         # cycles: the cyclic collector (which a plain forward never triggers, and a captured one would a few
         # times) is paused until exit, when whatever the forward left in cycles is collected as usual.
@@ -478,9 +519,7 @@ class ModuleCapture:
         if wrappers is None:
             return  # NOTE: nothing put in place
         with wrappers.lock:
-            for module, call in self._wrapped:
-                if module.__dict__.get("_call_impl") is call:
-                    del module.__dict__["_call_impl"]
+            _put_wrappers(self._wrapped, False)
             self._wrapped.clear()
             if wrappers.live[0] is not None and wrappers.live[0][0] is self:
                 wrappers.live[0] = None

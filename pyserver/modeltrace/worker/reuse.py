@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from modeltrace.worker.capture import named_modules
+
 
 @dataclass
 class ChangeCheck:
@@ -78,7 +80,7 @@ _FACTS: weakref.WeakKeyDictionary[nn.Module, ModelFacts] = weakref.WeakKeyDictio
 
 def model_facts(model: nn.Module) -> ModelFacts:
     """The model's facts: the ones worked out at an earlier capture when its change check is equal, else new."""
-    modules = list(model.modules())
+    modules = [module for _, module in named_modules(model)]
     files = model_files(modules)
     check = _change_check(model, modules, files)
     facts = _FACTS.get(model)

@@ -1364,9 +1364,219 @@ static PyObject *py_table_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     return result;
 }
 
+
+/* ---- Entering and leaving a capture: the model's modules walked, their cached wrappers checked, put in place
+ * and taken off (`_ModelWrappers`, `ModuleCapture.__enter__` and `_unwrap`), each one pass in C. ---- */
+
+static PyObject *core_str_modules, *core_str_call_impl, *core_str_forward, *core_str_named_modules;
+
+/* `module.__dict__` (new reference), NULL with an error for an object without one */
+static PyObject *instance_dict(PyObject *module) { return PyObject_GenericGetDict(module, NULL); }
+
+/* 1 where `module`'s class keeps torch's `named_modules` and holds its children in an exact dict under
+ * `_modules` (stored in `*children`, new reference) keyed by strings: the walk below is then the one torch's
+ * method makes; 0 where not (the caller walks in Python), -1 on an error */
+static int torch_children(PyObject *module, PyObject *named_modules, PyObject **children) {
+    /* looked up in the class's MRO as attribute access does, through the interpreter's method cache, without
+     * the AttributeError a miss costs (about a µs each) */
+    PyTypeObject *type = Py_TYPE(module);
+    if (_PyType_Lookup(type, core_str_named_modules) != named_modules)
+        return 0;
+    if (_PyType_Lookup(type, core_str_modules) != NULL) /* a class-level `_modules`: not torch's layout */
+        return 0;
+    PyObject *attributes = instance_dict(module);
+    if (attributes == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *found = PyDict_GetItemWithError(attributes, core_str_modules);
+    Py_XINCREF(found);
+    Py_DECREF(attributes);
+    if (found == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyDict_CheckExact(found)) {
+        Py_DECREF(found);
+        return 0;
+    }
+    *children = found;
+    return 1;
+}
+
+/* torch's `named_modules(memo, prefix)`: (prefix, module), then each child's walk; 1 where a module is not one
+ * this walk knows (the caller walks in Python instead), 0 done, -1 on an error */
+static int walk_modules(PyObject *module, PyObject *prefix, PyObject *memo, PyObject *out, PyObject *named_modules) {
+    int seen = PySet_Contains(memo, module);
+    if (seen != 0)
+        return seen < 0 ? -1 : 0;
+    PyObject *children = NULL;
+    int known = torch_children(module, named_modules, &children);
+    if (known <= 0)
+        return known < 0 ? -1 : 1;
+    PyObject *pair = PyTuple_Pack(2, prefix, module);
+    int status = pair == NULL || PySet_Add(memo, module) < 0 || PyList_Append(out, pair) < 0 ? -1 : 0;
+    Py_XDECREF(pair);
+    if (status == 0 && Py_EnterRecursiveCall(" walking a model's modules") < 0)
+        status = -1;
+    else if (status == 0) {
+        PyObject *name, *child;
+        Py_ssize_t position = 0;
+        while (status == 0 && PyDict_Next(children, &position, &name, &child)) {
+            if (child == Py_None)
+                continue;
+            if (!PyUnicode_CheckExact(name)) {
+                status = 1;
+                break;
+            }
+            Py_INCREF(child);
+            PyObject *path = PyUnicode_GET_LENGTH(prefix) == 0 ? (Py_INCREF(name), name)
+                                                               : PyUnicode_FromFormat("%U.%U", prefix, name);
+            status = path == NULL ? -1 : walk_modules(child, path, memo, out, named_modules);
+            Py_XDECREF(path);
+            Py_DECREF(child);
+        }
+        Py_LeaveRecursiveCall();
+    }
+    Py_DECREF(children);
+    return status;
+}
+
+/* named_modules(model, nn.Module.named_modules): `list(model.named_modules())` where every module keeps torch's
+ * walk, else None */
+static PyObject *py_named_modules(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "named_modules(model, nn.Module.named_modules)");
+        return NULL;
+    }
+    PyObject *memo = PySet_New(NULL), *out = PyList_New(0);
+    int status = memo == NULL || out == NULL ? -1 : walk_modules(args[0], core_str_empty, memo, out, args[1]);
+    Py_XDECREF(memo);
+    if (status != 0) {
+        Py_XDECREF(out);
+        if (status < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* fitting_wrappers(cached, named): `_ModelWrappers.calls_for`'s check, for the (path, module) pairs of `named`:
+ * (hits, misses), hits the (module, cached wrapper) pairs of modules whose entry in `cached` (id of a module ->
+ * (weak reference, path, class, instance `forward`, class `_call_impl`, wrapper)) still fits, misses the (path,
+ * module) pairs that need a new one. A module that holds a wrapper already (another capture's) is in neither. */
+static PyObject *py_fitting_wrappers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "fitting_wrappers(cached: dict, named: list)");
+        return NULL;
+    }
+    PyObject *cached = args[0], *named = args[1];
+    PyObject *hits = PyList_New(0), *misses = PyList_New(0);
+    if (hits == NULL || misses == NULL)
+        goto failed;
+    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(named); index++) {
+        PyObject *pair = PyList_GET_ITEM(named, index);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "fitting_wrappers: named holds (path, module) pairs");
+            goto failed;
+        }
+        PyObject *path = PyTuple_GET_ITEM(pair, 0), *module = PyTuple_GET_ITEM(pair, 1);
+        PyObject *attributes = instance_dict(module);
+        if (attributes == NULL)
+            goto failed;
+        int wrapped = PyDict_Contains(attributes, core_str_call_impl);
+        PyObject *forward = wrapped == 0 ? PyDict_GetItemWithError(attributes, core_str_forward) : NULL;
+        Py_XINCREF(forward);
+        Py_DECREF(attributes);
+        if (wrapped < 0 || (forward == NULL && PyErr_Occurred()))
+            goto failed;
+        if (wrapped)
+            continue;
+        if (forward == NULL)
+            forward = Py_NewRef(Py_None);
+        PyObject *identity = PyLong_FromVoidPtr(module);
+        PyObject *entry = identity ? PyDict_GetItemWithError(cached, identity) : NULL;
+        Py_XDECREF(identity);
+        if (entry == NULL && PyErr_Occurred()) {
+            Py_DECREF(forward);
+            goto failed;
+        }
+        PyObject *call_impl = PyObject_GetAttr((PyObject *)Py_TYPE(module), core_str_call_impl);
+        if (call_impl == NULL) {
+            Py_DECREF(forward);
+            goto failed;
+        }
+        int fits = 0;
+        if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 6 &&
+            PyWeakref_CheckRef(PyTuple_GET_ITEM(entry, 0))) {
+            fits = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), path, Py_EQ);
+            if (fits > 0)
+                fits = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == module &&
+                       PyTuple_GET_ITEM(entry, 2) == (PyObject *)Py_TYPE(module) &&
+                       PyTuple_GET_ITEM(entry, 3) == forward && PyTuple_GET_ITEM(entry, 4) == call_impl;
+        }
+        Py_DECREF(call_impl);
+        Py_DECREF(forward);
+        if (fits < 0)
+            goto failed;
+        PyObject *found = fits ? PyTuple_Pack(2, module, PyTuple_GET_ITEM(entry, 5)) : Py_NewRef(pair);
+        if (found == NULL || PyList_Append(fits ? hits : misses, found) < 0) {
+            Py_XDECREF(found);
+            goto failed;
+        }
+        Py_DECREF(found);
+    }
+    return Py_BuildValue("(NN)", hits, misses);
+failed:
+    Py_XDECREF(hits);
+    Py_XDECREF(misses);
+    return NULL;
+}
+
+/* put_wrappers(wrapped, put): with `put` true, each (module, wrapper) pair's wrapper set as the module's
+ * `_call_impl` in its instance dict (where `nn.Module.__call__` finds it first); else taken off again, where it
+ * is still the one there */
+static PyObject *py_put_wrappers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "put_wrappers(wrapped: list, put: bool)");
+        return NULL;
+    }
+    int put = PyObject_IsTrue(args[1]);
+    if (put < 0)
+        return NULL;
+    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(args[0]); index++) {
+        PyObject *pair = PyList_GET_ITEM(args[0], index);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "put_wrappers: wrapped holds (module, wrapper) pairs");
+            return NULL;
+        }
+        PyObject *attributes = instance_dict(PyTuple_GET_ITEM(pair, 0));
+        if (attributes == NULL)
+            return NULL;
+        int status = 0;
+        if (put) {
+            status = PyDict_SetItem(attributes, core_str_call_impl, PyTuple_GET_ITEM(pair, 1));
+        } else {
+            PyObject *there = PyDict_GetItemWithError(attributes, core_str_call_impl);
+            if (there == PyTuple_GET_ITEM(pair, 1))
+                status = PyDict_DelItem(attributes, core_str_call_impl);
+            else if (there == NULL && PyErr_Occurred())
+                status = -1;
+        }
+        Py_DECREF(attributes);
+        if (status < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_functions[] = {
     {"table_rows", (PyCFunction)(void (*)(void))py_table_rows, METH_FASTCALL,
      "storage._table's pass over the records: the summaries', locations' and records' tables"},
+    {"named_modules", (PyCFunction)(void (*)(void))py_named_modules, METH_FASTCALL,
+     "list(model.named_modules()) where every module keeps torch's walk, else None"},
+    {"fitting_wrappers", (PyCFunction)(void (*)(void))py_fitting_wrappers, METH_FASTCALL,
+     "(hits, misses) of a model's cached wrappers for its (path, module) pairs"},
+    {"put_wrappers", (PyCFunction)(void (*)(void))py_put_wrappers, METH_FASTCALL,
+     "put (module, wrapper) pairs' wrappers in place as `_call_impl`, or take them off"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1378,7 +1588,9 @@ static int capture_core_add(PyObject *module) {
         {&core_str_is_cpu, "is_cpu"},            {&core_str_is_neg, "is_neg"},
         {&core_str_key, "key"},                  {&core_str_f_trace, "f_trace"},
         {&core_str_finished, "_finished"},       {&core_str_empty, ""},
-        {&core_str_slots, "__slots__"},
+        {&core_str_slots, "__slots__"},          {&core_str_modules, "_modules"},
+        {&core_str_call_impl, "_call_impl"},     {&core_str_forward, "forward"},
+        {&core_str_named_modules, "named_modules"},
     };
     for (size_t index = 0; index < sizeof names / sizeof names[0]; index++) {
         *names[index].slot = PyUnicode_InternFromString(names[index].text);
