@@ -97,12 +97,19 @@ def test_a_setting_reassigned_between_captures_is_recorded(tmp_path: Path, store
     assert norm.settings["variance_epsilon"] == 0.125
 
 
-def test_other_tools_call_state_keeps_the_facts_and_a_private_scalar_does_not(tmp_path: Path, store: Path) -> None:
+@pytest.mark.parametrize("walk", ["c", "python"])
+def test_other_tools_call_state_keeps_the_facts_and_a_private_scalar_does_not(
+    tmp_path: Path, store: Path, walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tools that run the model keep per-call state in private attributes (transformers' model debugger replaces
     `_call_tree` and `_debugger_model_call_stack` at every call): the facts are reused across it, while a private
-    scalar an `extra_repr` may print, reassigned, makes them anew."""
+    scalar an `extra_repr` may print, reassigned, makes them anew; the check walks the modules in C where the
+    extension module is built, in Python without it."""
+    from modeltrace.worker import reuse
     from modeltrace.worker.reuse import model_facts
 
+    if walk == "python":
+        monkeypatch.setattr(reuse, "_capture_core", lambda: None)
     model = _model()
     _capture(model, tmp_path / "first.mtrace")
     facts = model_facts(model)
@@ -317,3 +324,32 @@ def test_the_digest_waits_for_the_forward_and_is_not_made_after_a_failed_one(
     failed = parameter_store.WeightWork(model, 1000.0)
     assert failed.forward_exited(RuntimeError, RuntimeError("the forward failed"), None) is False
     assert failed._finished.wait(10) and digested == [model]
+
+
+def test_the_change_checks_walk_is_the_same_in_c_and_python() -> None:
+    """The C walk (`watched_state`) sees what the Python one does: the same objects in the same order (modules,
+    watched names, settings), the same tensor states, and none where a buffer has no version counter."""
+    from modeltrace.worker import reuse
+    from modeltrace.worker.capture import _capture_core
+
+    core = _capture_core()
+    if core is None:
+        pytest.skip("no extension module here")
+    model = _model()
+    model.norm._eps_scale = 0.5
+    model.layers[0].label = "first"
+    modules = list(model.modules())
+
+    def both() -> tuple:
+        native = core.watched_state(modules, model, reuse._PLAIN_TYPES, reuse._CANONICAL, reuse._WATCHED_LIMIT)
+        python = reuse._watched_state(model, modules)
+        return native, python
+
+    native, python = both()
+    assert [id(value) for value in native[0]] == [id(value) for value in python[0]]
+    assert native[1] == python[1] and len(native[1]) == len(list(model.parameters())) + len(list(model.buffers()))
+    with torch.inference_mode():
+        model.norm.register_buffer("frozen", torch.ones(2))
+    native, python = both()
+    assert native[1] is None and python[1] is None
+    assert [id(value) for value in native[0]] == [id(value) for value in python[0]]

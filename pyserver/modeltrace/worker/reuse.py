@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modeltrace.worker.capture import named_modules
+from modeltrace.worker.capture import _capture_core, named_modules
 
 
 @dataclass
@@ -92,6 +92,30 @@ def model_facts(model: nn.Module) -> ModelFacts:
 
 
 def _change_check(model: nn.Module, modules: list[nn.Module], files: list[str]) -> ChangeCheck:
+    core = _capture_core()
+    # NOTE: the walk below in one pass in C where the extension module is built (a few µs a module in Python)
+    state = core.watched_state(modules, model, _PLAIN_TYPES, _CANONICAL, _WATCHED_LIMIT) if core else None
+    alive, tensors = state if state is not None else _watched_state(model, modules)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "__dict__"):
+        alive.extend(vars(config).values())
+    identities = tuple(map(id, alive))
+    if id(model) in identities:  # NOTE: searched in C; the root is left out (above) in the rare model that holds it
+        alive = [value for value in alive if value is not model]
+        identities = tuple(map(id, alive))
+    stamps = []
+    for file in files:
+        try:
+            status = os.stat(file)
+            stamps.append((file, status.st_mtime_ns, status.st_size))
+        except OSError:
+            stamps.append((file, -1, -1))
+    return ChangeCheck(identities, tuple(tensors) if tensors is not None else None, tuple(stamps), alive)
+
+
+def _watched_state(model: nn.Module, modules: list[nn.Module]) -> tuple[list[Any], list | None]:
+    """Per module (the model itself left out) the module, its watched attribute names and their values; each
+    parameter's and buffer's identity, data pointer, version and shape, or None where one has no version."""
     alive: list[Any] = []
     tensors: list[tuple[int, int, int, torch.Size]] | None = []
     for module in modules:
@@ -108,21 +132,7 @@ def _change_check(model: nn.Module, modules: list[nn.Module], files: list[str]) 
                 tensors.append((id(tensor), tensor.data_ptr(), tensor._version, tensor.shape))
             except RuntimeError:  # an inference-mode tensor has no version counter: never reused
                 tensors = None
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "__dict__"):
-        alive.extend(vars(config).values())
-    identities = tuple(map(id, alive))
-    if id(model) in identities:  # NOTE: searched in C; the root is left out (above) in the rare model that holds it
-        alive = [value for value in alive if value is not model]
-        identities = tuple(map(id, alive))
-    stamps = []
-    for file in files:
-        try:
-            status = os.stat(file)
-            stamps.append((file, status.st_mtime_ns, status.st_size))
-        except OSError:
-            stamps.append((file, -1, -1))
-    return ChangeCheck(identities, tuple(tensors) if tensors is not None else None, tuple(stamps), alive)
+    return alive, tensors
 
 
 def _watched(names: tuple[str, ...], kinds: tuple[type, ...]) -> tuple[tuple[str, ...], Callable[[dict], tuple]]:

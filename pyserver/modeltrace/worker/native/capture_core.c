@@ -1568,6 +1568,127 @@ static PyObject *py_put_wrappers(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+
+/* ---- The change check of a captured model's reused facts (`worker/reuse.py` `_change_check`), its walk over
+ * the modules in one pass. ---- */
+
+static PyObject *core_str_parameters, *core_str_buffers;
+
+/* Appends to `tensors` (id, data_ptr(), _version, shape) of each tensor in the dict `held`; 1 where one has no
+ * version counter or storage (a RuntimeError: an inference-mode tensor; the check is then never equal), 0, -1 */
+static int add_tensor_states(PyObject *held, PyObject *tensors) {
+    PyObject *name, *tensor;
+    Py_ssize_t position = 0;
+    while (PyDict_Next(held, &position, &name, &tensor)) {
+        if (tensor == Py_None)
+            continue;
+        Py_INCREF(tensor);
+        PyObject *identity = PyLong_FromVoidPtr(tensor);
+        PyObject *address = identity ? PyObject_CallMethodNoArgs(tensor, core_str_data_ptr) : NULL;
+        PyObject *version = address ? PyObject_GetAttr(tensor, core_str_version) : NULL;
+        PyObject *shape = version ? PyObject_GetAttr(tensor, core_str_shape) : NULL;
+        PyObject *state = shape ? PyTuple_Pack(4, identity, address, version, shape) : NULL;
+        Py_XDECREF(identity); Py_XDECREF(address); Py_XDECREF(version); Py_XDECREF(shape);
+        Py_DECREF(tensor);
+        if (state == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
+                return -1;
+            PyErr_Clear();
+            return 1;
+        }
+        int status = PyList_Append(tensors, state);
+        Py_DECREF(state);
+        if (status < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* watched_state(modules, model, plain_types, canonical, limit): for `_change_check`, (alive, tensors): per module
+ * (the model itself left out) the module, the canonical tuple of its watched attribute names (`canonical`, cleared
+ * past `limit` entries) and their values, in the order of its `__dict__`; and each parameter's and buffer's
+ * state, or None where one has none. None where a module is not laid out as torch's (the caller checks in
+ * Python). */
+static PyObject *py_watched_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyAnySet_Check(args[2]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "watched_state(modules, model, plain_types, canonical, limit)");
+        return NULL;
+    }
+    PyObject *modules = args[0], *model = args[1], *plain_types = args[2], *canonical = args[3];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *alive = PyList_New(0), *tensors = PyList_New(0), *names = NULL, *values = NULL;
+    PyObject *result = NULL;
+    if (alive == NULL || tensors == NULL)
+        goto done;
+    for (Py_ssize_t index = 0; index < PyList_GET_SIZE(modules); index++) {
+        PyObject *module = PyList_GET_ITEM(modules, index);
+        if (module != model && PyList_Append(alive, module) < 0)
+            goto done;
+        PyObject *attributes = instance_dict(module);
+        if (attributes == NULL)
+            goto done;
+        names = PyList_New(0);
+        values = PyList_New(0);
+        int status = names && values ? 0 : -1;
+        PyObject *name, *value;
+        Py_ssize_t position = 0;
+        while (status == 0 && PyDict_Next(attributes, &position, &name, &value)) {
+            if (!PyUnicode_CheckExact(name)) {
+                status = 1;
+                break;
+            }
+            int watched = PyUnicode_GET_LENGTH(name) == 0 || PyUnicode_READ_CHAR(name, 0) != '_';
+            if (!watched)
+                watched = PySet_Contains(plain_types, (PyObject *)Py_TYPE(value));
+            if (watched < 0 || (watched && (PyList_Append(names, name) < 0 || PyList_Append(values, value) < 0)))
+                status = -1;
+        }
+        PyObject *held[2] = {NULL, NULL};
+        if (status == 0) {
+            held[0] = PyDict_GetItemWithError(attributes, core_str_parameters);
+            held[1] = held[0] ? PyDict_GetItemWithError(attributes, core_str_buffers) : NULL;
+            if (held[1] == NULL || !PyDict_CheckExact(held[0]) || !PyDict_CheckExact(held[1]))
+                status = PyErr_Occurred() ? -1 : 1;
+            Py_XINCREF(held[0]);
+            Py_XINCREF(held[1]);
+        }
+        Py_DECREF(attributes);
+        if (status == 0) {
+            PyObject *key = PyList_AsTuple(names);
+            if (key != NULL && PyDict_GET_SIZE(canonical) >= limit)
+                PyDict_Clear(canonical);
+            PyObject *shared = key ? PyDict_SetDefault(canonical, key, key) : NULL;
+            Py_XDECREF(key);
+            if (shared == NULL || PyList_Append(alive, shared) < 0 ||
+                PyList_SetSlice(alive, PyList_GET_SIZE(alive), PyList_GET_SIZE(alive), values) < 0)
+                status = -1;
+        }
+        for (int which = 0; status == 0 && which < 2 && tensors != Py_None; which++) {
+            int found = add_tensor_states(held[which], tensors);
+            if (found < 0)
+                status = -1;
+            else if (found > 0)
+                Py_SETREF(tensors, Py_NewRef(Py_None));
+        }
+        Py_XDECREF(held[0]);
+        Py_XDECREF(held[1]);
+        Py_CLEAR(names);
+        Py_CLEAR(values);
+        if (status < 0)
+            goto done;
+        if (status > 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, alive, tensors);
+done:
+    Py_XDECREF(alive); Py_XDECREF(tensors); Py_XDECREF(names); Py_XDECREF(values);
+    return result;
+}
+
 static PyMethodDef core_functions[] = {
     {"table_rows", (PyCFunction)(void (*)(void))py_table_rows, METH_FASTCALL,
      "storage._table's pass over the records: the summaries', locations' and records' tables"},
@@ -1577,6 +1698,8 @@ static PyMethodDef core_functions[] = {
      "(hits, misses) of a model's cached wrappers for its (path, module) pairs"},
     {"put_wrappers", (PyCFunction)(void (*)(void))py_put_wrappers, METH_FASTCALL,
      "put (module, wrapper) pairs' wrappers in place as `_call_impl`, or take them off"},
+    {"watched_state", (PyCFunction)(void (*)(void))py_watched_state, METH_FASTCALL,
+     "the change check's walk over a model's modules: (alive, tensor states), or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1590,7 +1713,8 @@ static int capture_core_add(PyObject *module) {
         {&core_str_finished, "_finished"},       {&core_str_empty, ""},
         {&core_str_slots, "__slots__"},          {&core_str_modules, "_modules"},
         {&core_str_call_impl, "_call_impl"},     {&core_str_forward, "forward"},
-        {&core_str_named_modules, "named_modules"},
+        {&core_str_named_modules, "named_modules"}, {&core_str_parameters, "_parameters"},
+        {&core_str_buffers, "_buffers"},
     };
     for (size_t index = 0; index < sizeof names / sizeof names[0]; index++) {
         *names[index].slot = PyUnicode_InternFromString(names[index].text);
