@@ -35,6 +35,7 @@ from torch import nn
 from modeltrace.trace.records import ModuleBuild, ParameterRecord, SourceLocation
 from modeltrace.worker import source_map
 from modeltrace.worker.assignments import assignment_lines
+from modeltrace.worker.capture import named_modules
 from modeltrace.worker.stats import summarize, summary_from_moments, without_storage
 
 
@@ -221,7 +222,7 @@ class ParameterFingerprints:
         self._read: list | None = None
         self.elements = 0  # of every tensor planned (a tied one once per holder)
         seen: dict[int, str] = {}
-        for path, module in list(model.named_modules()):
+        for path, module in named_modules(model):
             self._paths.append(path)
             for kind, name, tensor, shared_with, _ in _own_tensors(module, path, seen):
                 self.elements += tensor.numel()
@@ -323,7 +324,7 @@ def _record_builds(
     # NOTE: the worker fingerprints the parameters on a second thread while the forward runs (`WeightWork`):
     # every dict of the model is read through a copy (`list(...)`, atomic under the GIL), never iterated while
     # model code may add to it
-    for path, module in list(model.named_modules()):
+    for path, module in named_modules(model):
         for child_name, child in list(module._modules.items()):
             if child is not None:
                 parents.setdefault(f"{path}.{child_name}" if path else child_name, (module, child_name))
