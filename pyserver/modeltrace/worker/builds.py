@@ -235,8 +235,10 @@ class ParameterFingerprints:
     def _item(self, tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int]:
         count = tensor.numel()
         if count > MAX_EXACT_STATISTICS:
-            view = statistics_view(tensor)
-            sizes, strides = tuple(view.shape), tuple(view.stride())
+            # NOTE: `statistics_view`'s sizes and strides, worked out without making the view (two torch calls per
+            # weight): a batched tensor is contiguous, so its flat view starts where it does
+            stride, run = statistics_sample(tuple(tensor.shape))
+            sizes, strides = (count // stride, run), (stride, 1)
         else:
             sizes, strides = (count,), (1,)
         positions = sample_index(count, *tensor.shape) if tensor.dim() == 2 else sample_positions(count)
