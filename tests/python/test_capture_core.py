@@ -187,6 +187,25 @@ def test_arguments_and_outputs_in_containers_trace_the_same_both_ways() -> None:
     assert outputs[4] == ["0.k", "1.0", "1.1.n.0"] and outputs[5] == [] and outputs[6] == ["0", "1.z"]
 
 
+class _BrokenItems(dict):
+    def items(self):  # noqa: ANN201
+        raise KeyError("items of a broken mapping")
+
+
+def test_a_mapping_whose_items_raise_fails_the_call_the_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _Takes().eval()
+    hidden = torch.randn(2, 3)
+    for python in (True, False):
+        with monkeypatch.context() as patched:
+            if python:
+                patched.setattr(ModuleCapture, "_core_session", lambda self: None)
+            with pytest.raises(KeyError, match="items of a broken mapping"):
+                with torch.no_grad(), ModuleCapture(model) as capture:
+                    assert (capture._wrappers.live[0][6] is None) is python
+                    model(hidden, broken=_BrokenItems(x=hidden))
+        assert not any("_call_impl" in module.__dict__ for module in model.modules())
+
+
 class _Raising(nn.Module):
     def __init__(self) -> None:
         super().__init__()

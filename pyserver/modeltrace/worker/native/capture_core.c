@@ -794,6 +794,8 @@ static int walk_leaves(Session *session, PyObject *summaries, PyObject *value, P
     if (!is_dict && !PyTuple_Check(value) && !PyList_Check(value))
         return 0;
     PyObject *items = is_dict ? PyObject_CallMethod(value, "items", NULL) : NULL;
+    if (is_dict && items == NULL)
+        return -1; /* its `items()` raised: raised from the call, as the Python walk does */
     PyObject *iterator = PyObject_GetIter(is_dict ? items : value);
     Py_XDECREF(items);
     if (iterator == NULL)
