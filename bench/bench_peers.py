@@ -48,7 +48,13 @@ those collections take milliseconds:
   order): references to the outputs, nothing copied, no statistics, nothing written.
 
 Timing: plain forwards before any tool touched the model, a warm-up round of every variant, then R rounds, each
-running every variant once in a rotating order (so that load noise hits all alike). Reported: the median over
+running every variant once in an order shuffled anew each round (`round_order`, seeded: the same orders every
+run), so that load noise hits all alike, each timed call right after an untimed call of the same variant
+(`SETTLE`). What ran just before a call moves its time: at tiny a plain forward took 1.21 ms after a plain
+forward and 1.59 ms after the CLI's full-tensors job, at medium `capture()` 100-102 ms after most variants and
+110 ms after a fresh model's build. A rotation gave each variant the same predecessor in every round, so that
+each ratio carried its own predecessor's effect; settled, every variant is timed as it runs in a loop of its
+own, as a user runs it (docs/benchmarks.md, "What ran before a call"). Reported: the median over
 rounds of each variant's time divided by plain's time in the same round (min–max beside it), and median ms.
 What each tool captured comes from one more, untimed call of each. The 1-minute load average is read before,
 after every round and after the run: on a shared machine only a low load means anything.
@@ -68,6 +74,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -121,7 +128,7 @@ class LlamaSize:
 
 LLAMA_SIZES = {
     "tiny": LlamaSize(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, sequence=7, rounds=41),
-    "medium": LlamaSize(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, sequence=128, rounds=15),
+    "medium": LlamaSize(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, sequence=128, rounds=25),
     "large": LlamaSize(hidden=1024, intermediate=3072, layers=12, heads=16, kv_heads=8, sequence=256, rounds=9),
 }
 
@@ -436,11 +443,26 @@ def torch_state_for(name: str) -> Iterator[None]:
         unwrap_torch()
 
 
+# NOTE: each timed call right after an untimed one of the same variant (`time_once`)
+SETTLE = True
+
+
 def time_once(name: str, bench: SizeBench) -> float:
-    """Seconds of one call of variant `name`, in a fresh folder, less what it reports as not its cost."""
+    """Seconds of one call of variant `name`, in a fresh folder, less what it reports as not its cost. With
+    `SETTLE`, right after an untimed call of the same variant (in a folder of its own, removed before the timed
+    call starts): the timed call finds the process as that variant leaves it, as when a user runs it in a loop,
+    not as whichever other tool ran last left it (see `round_order`)."""
     folder = Path(tempfile.mkdtemp(prefix="call_", dir=bench.folder))
     try:
         with torch_state_for(name):
+            if SETTLE:
+                settle_folder = Path(tempfile.mkdtemp(prefix="settle_", dir=bench.folder))
+                try:
+                    gc.collect()
+                    os.sync()
+                    VARIANTS[name].run(bench, settle_folder)  # NOTE: its result dropped here, as a timed one's
+                finally:
+                    shutil.rmtree(settle_folder, ignore_errors=True)
             gc.collect()
             os.sync()  # NOTE: flush what earlier calls wrote and deleted, so that a call pays for its own writes only
             started = time.perf_counter()
@@ -650,8 +672,27 @@ class SizeResult:
         return data
 
 
+# NOTE: fixed, so that two runs of the same code time the same orders
+ORDER_SEED = 33
+
+
+def round_order(names: list[str], rounds: int, seed: int = ORDER_SEED) -> list[list[str]]:
+    """Each round's order of `names`: a fresh shuffle per round, not a rotation. In a rotation every variant has
+    the same predecessor in every round, and the predecessor's leftovers (memory it freed, files it wrote and
+    deleted, caches it filled) then bias that variant's ratio in every round alike; shuffled, each variant follows
+    every other about equally often, and the paired median sees that as noise, the same for all."""
+    generator = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        order = list(names)
+        generator.shuffle(order)
+        orders.append(order)
+    return orders
+
+
 def measure(size: str, rounds: int, names: list[str]) -> SizeResult:
-    """Time `names` (plain first) at `size` in interleaved, rotating rounds; check the model's output unchanged."""
+    """Time `names` (plain first) at `size` in interleaved rounds, each in its own shuffled order; check the
+    model's output unchanged."""
     bench = SizeBench(size)
     try:
         with torch.no_grad():
@@ -665,9 +706,9 @@ def measure(size: str, rounds: int, names: list[str]) -> SizeResult:
         freeze_setup_objects()
         times: dict[str, list[float]] = {name: [] for name in names}
         load_per_round = []
-        for round_index in range(rounds):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
+        orders = round_order(names, rounds)
+        for round_index, order in enumerate(orders):
+            for name in order:
                 times[name].append(time_once(name, bench) * 1e3)
             load_per_round.append(os.getloadavg()[0])
             print(f"  {size}: round {round_index + 1}/{rounds}, load {load_per_round[-1]:.2f}", file=sys.stderr)
@@ -808,7 +849,7 @@ def report(results: list[SizeResult], load_before: str, load_after: str, missing
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=list(LLAMA_SIZES))
-    parser.add_argument("--rounds", type=int, help="rounds at every size (default: tiny 41, medium 15, large 9)")
+    parser.add_argument("--rounds", type=int, help="rounds at every size (default: tiny 41, medium 25, large 9)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT")
     parser.add_argument("--rss", action="store_true", help="peak RSS of each variant, each in a fresh process")
     parser.add_argument("--rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)

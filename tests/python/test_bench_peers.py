@@ -75,3 +75,16 @@ def test_missing_peers_are_named_not_failed():
     assert set(missing.values()) <= {"torchlens", "nnsight"}
     for name, package in missing.items():
         assert importlib.util.find_spec(package) is None, name
+
+
+def test_each_round_runs_every_variant_once_after_varied_predecessors():
+    names = list(bench_peers.VARIANTS)
+    orders = bench_peers.round_order(names, 41)
+    assert orders == bench_peers.round_order(names, 41)  # the same orders in every run: two runs compare
+    assert all(sorted(order) == sorted(names) for order in orders)
+    # a rotation gave each variant one predecessor for all rounds (what ran before a call moves its time)
+    predecessors: dict[str, set[str]] = {name: set() for name in names}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            predecessors[after].add(before)
+    assert all(len(before) >= len(names) // 2 for before in predecessors.values()), predecessors
