@@ -293,14 +293,16 @@ def _record_from_read(
     """`_fingerprint`'s record for a tensor the native batch read: its moments and its sample's values."""
     count, shape = tensor.numel(), list(tensor.shape)
     stride = run = 1
-    view = tensor
+    elements = count
     if count > MAX_EXACT_STATISTICS:
         stride, run = statistics_sample(tuple(shape))
-        view = statistics_view(tensor)
-    summary = summary_from_moments(name, shape, "float32", view.numel(), read[:5])
+        # NOTE: the view's size, worked out (`statistics_view`: `count // stride` runs): the view is made only
+        # for the general path below, not for every large weight (a torch call each)
+        elements = count // stride * run
+    summary = summary_from_moments(name, shape, "float32", elements, read[:5])
     if summary is None:
         # NOTE: equal values (a norm's weight of ones), a cancelling variance or a non-finite sum: the general path
-        summary = summarize(view, name)
+        summary = summarize(statistics_view(tensor) if count > MAX_EXACT_STATISTICS else tensor, name)
         summary.shape = shape
     record = ParameterRecord(
         name=name, kind=kind, summary=summary, shared_with=shared_with, statistics_stride=stride, statistics_run=run

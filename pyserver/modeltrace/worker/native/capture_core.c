@@ -227,6 +227,33 @@ static PyTypeObject SessionType = {
     .tp_methods = session_methods,
 };
 
+/* What the weak reference `ref` points to, as a new (strong) reference; NULL, with no error set, where it is gone
+ * or `ref` is not a weak reference. Strong, because a borrowed target can be freed under the caller by any call
+ * that runs Python or allocates (a collection); `PyWeakref_GetRef` where there is one (3.13: the borrowing
+ * `PyWeakref_GET_OBJECT` is deprecated there, to be removed). */
+static PyObject *weak_target(PyObject *ref) {
+    if (!PyWeakref_Check(ref))
+        return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return target;
+#else
+    PyObject *target = PyWeakref_GET_OBJECT(ref);
+    return target == Py_None ? NULL : Py_NewRef(target);
+#endif
+}
+
+/* Whether the weak reference `ref` points to `object` (an identity test: nothing is kept). */
+static int weak_target_is(PyObject *ref, PyObject *object) {
+    PyObject *target = weak_target(ref);
+    Py_XDECREF(target);
+    return target == object;
+}
+
 /* A tensor's version counter, -1 for an inference tensor (which raises RuntimeError); -2 with another error set. */
 static long tensor_version(PyObject *tensor) {
     PyObject *value = PyObject_GetAttr(tensor, core_str_version);
@@ -343,13 +370,16 @@ static PyObject *copy_summary(Session *session, PyObject *source, PyObject *key,
 static PyObject *view_summary(Session *session, PyObject *entry, PyObject *tensor, PyObject *key, long version) {
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3)
         Py_RETURN_NONE;
-    PyObject *source = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0));
     long recorded = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
     if (recorded == -1 && PyErr_Occurred())
         return NULL;
-    if (source == Py_None || version < 0 || version != recorded)
+    if (version < 0 || version != recorded)
+        Py_RETURN_NONE;
+    PyObject *source = weak_target(PyTuple_GET_ITEM(entry, 0));
+    if (source == NULL)
         Py_RETURN_NONE;
     long source_version = tensor_version(source);
+    Py_DECREF(source);
     if (source_version == -2)
         return NULL;
     if (source_version != version)
@@ -512,7 +542,7 @@ static PyObject *summary_of(Session *session, PyObject *tensor, PyObject *key) {
         goto done;
     if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3 &&
         PyLong_AsLong(PyTuple_GET_ITEM(entry, 1)) == version &&
-        PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == tensor) {
+        weak_target_is(PyTuple_GET_ITEM(entry, 0), tensor)) {
         PyObject *summary = PyTuple_GET_ITEM(entry, 2);
         PyObject *own_key = PyObject_GetAttr(summary, core_str_key);
         if (own_key == NULL)
@@ -888,11 +918,10 @@ static PyObject *wrapper_call(Wrapper *self, PyObject *args, PyObject *kwargs) {
         session = (Session *)PyTuple_GET_ITEM(session_tuple, 6);
     if (session == NULL) /* no capture, or one this path does not serve: the closure does as it always did */
         return PyObject_Call(self->fallback, args, kwargs);
-    PyObject *module = PyWeakref_GET_OBJECT(self->module_ref);
-    if (module == Py_None)
+    PyObject *module = weak_target(self->module_ref); /* a new reference, released at the end as before */
+    if (module == NULL)
         return PyObject_Call(self->fallback, args, kwargs);
     Py_INCREF(session);
-    Py_INCREF(module);
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     int no_kwargs = kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0;
     PyObject *result = NULL, *location = NULL, *offset = NULL, *inputs = NULL, *record = NULL;
@@ -1511,7 +1540,7 @@ static PyObject *py_fitting_wrappers(PyObject *self, PyObject *const *args, Py_s
             PyWeakref_CheckRef(PyTuple_GET_ITEM(entry, 0))) {
             fits = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), path, Py_EQ);
             if (fits > 0)
-                fits = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == module &&
+                fits = weak_target_is(PyTuple_GET_ITEM(entry, 0), module) &&
                        PyTuple_GET_ITEM(entry, 2) == (PyObject *)Py_TYPE(module) &&
                        PyTuple_GET_ITEM(entry, 3) == forward && PyTuple_GET_ITEM(entry, 4) == call_impl;
         }
