@@ -183,3 +183,44 @@ def test_the_modules_are_walked_as_torch_walks_them() -> None:
         assert named_modules(model) == list(model.named_modules())
     assert [path for path, _ in named_modules(shared)][:3] == ["", "first", "blocks"]
     assert "own.hidden" not in [path for path, _ in named_modules(shared)]
+
+
+def test_a_capture_is_freed_when_its_last_reference_goes_without_the_cyclic_collector() -> None:
+    """No reference cycle through the capture (a bound method of it kept on it was one): its records, and with full
+    tensors the tensors it kept, go when the caller drops it, not at some later collection."""
+    import gc
+    import weakref
+
+    model = Model().eval()
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for full_tensors in (False, True):
+            with ModuleCapture(model, full_tensors=full_tensors) as capture:
+                model(torch.randn(2, 4))
+            assert len(capture.records) == 3
+            assert bool(capture.tensors) == full_tensors
+            gone = weakref.ref(capture)
+            kept = [weakref.ref(tensor) for tensor in capture.tensors.values()]
+            del capture
+            assert gone() is None
+            assert all(tensor() is None for tensor in kept)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_forgotten_wrappers_are_made_again_by_the_next_capture() -> None:
+    """`forget_wrappers` (a worker's job, which captures its model once) drops the model's cached wrappers; a later
+    capture of the same model still records every call."""
+    model = Model().eval()
+    with ModuleCapture(model):
+        model(torch.randn(2, 4))
+    assert model in capture_module._ModelWrappers._of_model
+    capture_module.forget_wrappers(model)
+    assert model not in capture_module._ModelWrappers._of_model
+    with ModuleCapture(model) as capture:
+        model(torch.randn(2, 4))
+    assert [record.path for record in capture.records] == ["", "first", "second"]
+    assert _wrapped(model) == []

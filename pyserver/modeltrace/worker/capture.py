@@ -15,7 +15,7 @@ import gc
 import inspect
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -326,6 +326,12 @@ class _ModelWrappers:
         self._calls: dict[int, tuple[weakref.ref, str, type, Any, Any, Any]] = {}
 
     @classmethod
+    def forget(cls, model: nn.Module) -> None:
+        """Drop `model`'s wrappers, which nothing will reuse (`forget_wrappers`)."""
+        with cls._lock:
+            cls._of_model.pop(model, None)
+
+    @classmethod
     def of(cls, model: nn.Module) -> _ModelWrappers:
         with cls._lock:  # NOTE: captures of different models may enter on several threads at once
             found = cls._of_model.get(model)
@@ -391,6 +397,13 @@ class _ModelWrappers:
         return call
 
 
+def forget_wrappers(model: nn.Module) -> None:
+    """Drop the wrappers cached for `model`'s later captures, where there will be none (a worker's job captures
+    the model it built once): they would otherwise stay as long as the model, a closure, its cells and a weak
+    reference per module, for the cyclic collector to walk (a tiny Llama: ~600 objects)."""
+    _ModelWrappers.forget(model)
+
+
 # NOTE: past this many wrappers cached for one model, those of modules that no longer exist are dropped (a
 # model whose submodules are replaced between captures)
 _MAX_CACHED_WRAPPERS = 4096
@@ -452,9 +465,11 @@ class ModuleCapture:
         self._wrappers: _ModelWrappers | None = None  # those of the model, once this capture put some in place
         self.summary_cache = SummaryCache()
         self.pending = PendingStats()
-        # NOTE: what `_summarize_all` summarises each tensor with: `_summary`, or the same in C while the C call
-        # path serves this capture (`_core_session`)
-        self._summary_of = self._summary
+        # NOTE: what `_summarize_all` summarises each tensor with: the same in C while the C call path serves this
+        # capture (`_core_session`), else None for `_summary`. Never `self._summary` kept here: a bound method of
+        # the capture held by the capture is a reference cycle, and every capture, with all its records, was then
+        # left for the cyclic collector to find (a CLI job's whole fresh model with it)
+        self._summary_of: Callable[..., TensorSummary] | None = None
 
     @property
     def call_stack(self) -> list[int]:
@@ -524,7 +539,7 @@ class ModuleCapture:
             if wrappers.live[0] is not None and wrappers.live[0][0] is self:
                 wrappers.live[0] = None
             self._wrappers = None
-            self._summary_of = self._summary
+            self._summary_of = None
 
     def _make_call(self, module: nn.Module, path: str, live: list[Any]):  # noqa: ANN202
         """The wrapper of `module`'s calls: made once per model and module, reused by the model's later captures
@@ -701,7 +716,7 @@ class ModuleCapture:
 
     def _summarize_all(self, named_values: Iterable[tuple[str, Any]], index: int, side: str) -> list[TensorSummary]:
         summaries: list[TensorSummary] = []
-        summary_of = self._summary_of
+        summary_of = self._summary_of or self._summary
         for name, value in named_values:
             if isinstance(value, torch.Tensor):
                 if len(summaries) >= MAX_LEAVES_PER_SIDE:
