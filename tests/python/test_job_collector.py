@@ -1,4 +1,4 @@
-"""The worker's job pauses the cyclic collector from its model's build to its end (`job._collector_paused`): what
+"""The worker's job pauses the cyclic collector from when its model is built to its end (`job._collector_paused`): what
 it makes meanwhile holds no reference cycles and goes when the job returns. Whatever the job does, the caller
 gets the collector back as it was."""
 

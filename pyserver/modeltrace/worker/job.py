@@ -125,8 +125,8 @@ def _run_trace(
     except Exception as error:
         raise JobFailed(error, "build") from error
     try:
-        # NOTE: the collector paused for the rest of the job, which ends a worker's child (the CLI's process,
-        # the editor's forked child): what it makes from here on (the fingerprints' plan, the wrappers, the
+        # NOTE: the collector paused for the rest of the job, which ends a worker's child (the CLI's and the
+        # editor's worker fork one per trace): what it makes from here on (the fingerprints' plan, the wrappers, the
         # records, the construction records, the trace's tables) holds no reference cycles, and goes when
         # `_run_built` returns. Each collection meanwhile walked all of it (a tiny Llama: 4 collections, ~0.3 ms
         # beside a 1.5 ms forward); resumed once that frame is gone, nothing of it is walked.
