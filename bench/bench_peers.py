@@ -50,7 +50,7 @@ those collections take milliseconds:
 Timing: plain forwards before any tool touched the model, a warm-up round of every variant, then R rounds, each
 running every variant once in an order shuffled anew each round (`round_order`, seeded: the same orders every
 run), so that load noise hits all alike, each timed call right after an untimed call of the same variant
-(`SETTLE`). What ran just before a call moves its time: at tiny a plain forward took 1.21 ms after a plain
+(`time_once`). What ran just before a call moves its time: at tiny a plain forward took 1.21 ms after a plain
 forward and 1.59 ms after the CLI's full-tensors job, at medium `capture()` 100-102 ms after most variants and
 110 ms after a fresh model's build. A rotation gave each variant the same predecessor in every round, so that
 each ratio carried its own predecessor's effect; settled, every variant is timed as it runs in a loop of its
@@ -445,26 +445,21 @@ def torch_state_for(name: str) -> Iterator[None]:
         unwrap_torch()
 
 
-# NOTE: each timed call right after an untimed one of the same variant (`time_once`)
-SETTLE = True
-
-
 def time_once(name: str, bench: SizeBench) -> float:
-    """Seconds of one call of variant `name`, in a fresh folder, less what it reports as not its cost. With
-    `SETTLE`, right after an untimed call of the same variant (in a folder of its own, removed before the timed
+    """Seconds of one call of variant `name`, in a fresh folder, less what it reports as not its cost. Right
+    after an untimed call of the same variant (in a folder of its own, removed before the timed
     call starts): the timed call finds the process as that variant leaves it, as when a user runs it in a loop,
     not as whichever other tool ran last left it (see `round_order`)."""
     folder = Path(tempfile.mkdtemp(prefix="call_", dir=bench.folder))
     try:
         with torch_state_for(name):
-            if SETTLE:
-                settle_folder = Path(tempfile.mkdtemp(prefix="settle_", dir=bench.folder))
-                try:
-                    gc.collect()
-                    os.sync()
-                    VARIANTS[name].run(bench, settle_folder)  # NOTE: its result dropped here, as a timed one's
-                finally:
-                    shutil.rmtree(settle_folder, ignore_errors=True)
+            settle_folder = Path(tempfile.mkdtemp(prefix="settle_", dir=bench.folder))
+            try:
+                gc.collect()
+                os.sync()
+                VARIANTS[name].run(bench, settle_folder)  # NOTE: its result dropped here, as a timed one's
+            finally:
+                shutil.rmtree(settle_folder, ignore_errors=True)
             gc.collect()
             os.sync()  # NOTE: flush what earlier calls wrote and deleted, so that a call pays for its own writes only
             started = time.perf_counter()
