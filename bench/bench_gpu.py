@@ -8,16 +8,21 @@ forward, for a medium and a 1B-size Llama in bfloat16 and float32. Run by `bench
 - medium: hidden 512, intermediate 1536, 8 layers, 8 heads (4 KV), sequence 128;
 - 1b: Llama-3.2-1B's shape: hidden 2048, intermediate 8192, 16 layers, 32 heads (8 KV), vocabulary 128256,
   sequence 512.
-Each variant is timed with `torch.cuda.synchronize()` on both sides, interleaved in rotating order after a warm-up;
-`× plain` is the median over rounds of variant / plain timed in the same round.
+Each variant is timed with `torch.cuda.synchronize()` on both sides, in a shuffled order per round after a warm-up;
+`× plain` is the median over rounds of variant / plain timed in the same round. The engine alone (`ModuleCapture`)
+and the library's `modeltrace.capture()`, which writes the whole `.mtrace` (parameters to the shared store once
+per content, in a temporary `MODELTRACE_PARAMETER_STORE`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,10 +58,12 @@ def build(size: str, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]
 
 
 def measure(size: str, dtype_name: str, rounds: int) -> dict:
+    import modeltrace
     from modeltrace.worker.capture import ModuleCapture
     from modeltrace.worker.protocol import DEFAULT_MAX_TENSOR_MB, DEFAULT_MAX_TRACE_MB
 
     model, input_ids = build(size, DTYPES[dtype_name])
+    trace_folder = Path(tempfile.mkdtemp(prefix="bench-gpu-")) / "capture.mtrace"
 
     def plain() -> None:
         with torch.no_grad():
@@ -64,6 +71,11 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
 
     def stats() -> None:
         with torch.no_grad(), ModuleCapture(model):
+            model(input_ids)
+
+    def library(full_tensors: bool) -> None:
+        # the library's path: `modeltrace.capture` writes a whole .mtrace (parameters to the shared store)
+        with torch.no_grad(), modeltrace.capture(model, trace_folder, full_tensors=full_tensors):
             model(input_ids)
 
     def full() -> None:
@@ -78,15 +90,23 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
         ):
             model(input_ids)
 
-    variants = {"plain": plain, "stats": stats, "full tensors": full}
+    variants = {
+        "plain": plain,
+        "stats": stats,
+        "full tensors": full,
+        "capture() stats": lambda: library(False),
+        "capture() full": lambda: library(True),
+    }
     for function in variants.values():
         for _ in range(2):
             function()
     rows = []
     names = list(variants)
-    for round_index in range(rounds):
+    order = random.Random(33)  # a shuffled order per round: no variant always follows the same one
+    for _ in range(rounds):
         times = {}
-        for name in names[round_index % 3 :] + names[: round_index % 3]:
+        order.shuffle(names)
+        for name in names:
             torch.cuda.synchronize()
             started = time.perf_counter()
             variants[name]()
@@ -99,6 +119,8 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
         "plain_ms": 1000 * statistics.median(row["plain"] for row in rows),
         "stats_x": statistics.median(row["stats"] / row["plain"] for row in rows),
         "full_x": statistics.median(row["full tensors"] / row["plain"] for row in rows),
+        "capture_stats_x": statistics.median(row["capture() stats"] / row["plain"] for row in rows),
+        "capture_full_x": statistics.median(row["capture() full"] / row["plain"] for row in rows),
     }
 
 
@@ -111,17 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_gpu: no CUDA device", file=sys.stderr)
         return 2
     rounds = 4 if arguments.quick else 10
+    # the parameters `capture(full_tensors=True)` stores go to a temporary store, not the user's cache
+    os.environ.setdefault("MODELTRACE_PARAMETER_STORE", tempfile.mkdtemp(prefix="bench-gpu-store-"))
     results = []
     for size in SIZES:
         for dtype in DTYPES:
             results.append(measure(size, dtype, rounds))
             torch.cuda.empty_cache()  # the model of the last measure is gone with its closures
     print(f"\n{torch.cuda.get_device_name(0)}, torch {torch.__version__}\n")
-    print("| model | dtype | plain ms | stats × plain | full tensors × plain |")
-    print("|---|---|---|---|---|")
+    print("| model | dtype | plain ms | engine stats | engine full tensors | capture() stats | capture() full |")
+    print("|---|---|---|---|---|---|---|")
     for row in results:
         print(
-            f"| {row['size']} | {row['dtype']} | {row['plain_ms']:.2f} | {row['stats_x']:.2f}× | {row['full_x']:.2f}× |"
+            f"| {row['size']} | {row['dtype']} | {row['plain_ms']:.2f} | {row['stats_x']:.2f}× | {row['full_x']:.2f}× "
+            f"| {row['capture_stats_x']:.2f}× | {row['capture_full_x']:.2f}× |"
         )
     if arguments.json:
         Path(arguments.json).write_text(json.dumps(results, indent=1))

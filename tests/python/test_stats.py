@@ -254,6 +254,31 @@ def test_nan_and_inf_are_counted_and_excluded(size: int, with_pending: bool) -> 
     assert summary.positive_fraction == pytest.approx(positives / size, rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_the_device_path_gives_the_cpu_paths_numbers(dtype: torch.dtype, kernel: str) -> None:
+    """`PendingStats.add` is what a tensor off the CPU (CUDA, MPS) takes: its reductions run on the tensor's own
+    device and are fetched in one batch at `resolve`. Driven here with CPU tensors, so that a machine without a
+    GPU runs it: the same numbers as the CPU's own path, special values included, and no statistics where no
+    value is finite."""
+    tensor = torch.randn(SMALL, generator=torch.Generator().manual_seed(6)).mul(100).to(dtype)
+    if dtype.is_floating_point:
+        tensor[3], tensor[20], tensor[22] = float("nan"), float("inf"), -float("inf")
+    for values in (tensor, torch.full((6,), float("nan"))):
+        pending = PendingStats()
+        summary = stats.TensorSummary("x", list(values.shape), str(values.dtype), "cpu")
+        pending.add(summary, stats._statistics_input(values))
+        pending.resolve()
+        expected = _summarize(values)
+        assert (summary.nan_count, summary.inf_count) == (expected.nan_count, expected.inf_count)
+        assert (summary.min, summary.max, summary.abs_max) == (expected.min, expected.max, expected.abs_max)
+        assert summary.positive_fraction == pytest.approx(expected.positive_fraction, rel=1e-12)
+        if expected.mean is None:
+            assert (summary.mean, summary.std) == (None, None)
+        else:
+            assert summary.mean == pytest.approx(expected.mean, rel=1e-6)
+            assert summary.std == pytest.approx(expected.std, rel=1e-6)
+
+
 def test_all_nan_has_counts_and_no_statistics() -> None:
     summary = _summarize(torch.full((4, 5), float("nan")))
     assert (summary.nan_count, summary.inf_count) == (20, 0)

@@ -38,7 +38,7 @@ from modeltrace.worker.messages import (
     WorkerError,
     WorkerProtocolError,
 )
-from modeltrace.worker.moving import move_built
+from modeltrace.worker.moving import inputs_to_placed_model, move_built
 from modeltrace.worker.parameter_store import WeightWork, store_parameters
 from modeltrace.worker.replay import keep_candidate, run_replay_job
 from modeltrace.worker.source_map import indexed_files, real_path
@@ -165,6 +165,8 @@ def _run_built(
     # map is where accelerate put it (its hooks move the inputs), in the dtype it was loaded in
     if not built.shape_only and not request.device_map:
         move_built(built, request.device, request.dtype)
+    elif request.device_map:
+        inputs_to_placed_model(built)
     built_at = time.perf_counter()
     generate_steps = request.generate
     if generate_steps:

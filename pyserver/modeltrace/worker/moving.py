@@ -35,6 +35,27 @@ def move_built(built: BuiltModel, device: str, dtype_name: str) -> None:
     built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
 
 
+def inputs_to_placed_model(built: BuiltModel) -> None:
+    """A model loaded with a device map: where accelerate put it whole on one device, `dispatch_model` only
+    moved it there (`model.to`) and added no hook that would move the inputs, so the example inputs, built on
+    the CPU, go to that device (in their own dtypes). A model spread over devices or offloaded keeps its
+    inputs where they are: its hooks move them to each module's device."""
+    if built.model.__dict__.get("_hf_hook") is not None:
+        return
+    devices = {tensor.device for tensor in built.model.parameters()}
+    if len(devices) != 1:
+        return
+    (device,) = devices
+    if device.type in ("cpu", "meta"):
+        return
+
+    def move(value: Any) -> Any:
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    built.args = tuple(move(value) for value in built.args)
+    built.kwargs = {name: move(value) for name, value in built.kwargs.items()}
+
+
 def _in_place(model: torch.nn.Module, target: torch.device, dtype: torch.dtype) -> bool:
     """Whether every parameter and buffer is already on `target`, its floating ones in `dtype`: the common case
     (a model built on the CPU in float32 and traced there), where `_apply`'s two walks over every module and

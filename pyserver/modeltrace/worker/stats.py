@@ -534,9 +534,12 @@ class PendingStats:
         finite = torch.where(finite_mask, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).double()
         nan_count = torch.isnan(flat).sum()
         inf_count = flat.numel() - finite_mask.sum() - nan_count
+        # NOTE: the fill is float64's largest value, given as a scalar to a float64 tensor (a 0-d tensor of it
+        # made without a dtype is float32, and torch refuses the conversion)
         big = torch.finfo(torch.float64).max
-        minimum = torch.where(finite_mask, flat.double(), torch.full((), big, device=flat.device)).min()
-        maximum = torch.where(finite_mask, flat.double(), torch.full((), -big, device=flat.device)).max()
+        as_double = flat.double()
+        minimum = as_double.masked_fill(~finite_mask, big).amin()
+        maximum = as_double.masked_fill(~finite_mask, -big).amax()
         row = torch.stack(
             [
                 finite.sum(),
