@@ -256,10 +256,10 @@ def test_nan_and_inf_are_counted_and_excluded(size: int, with_pending: bool) -> 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
 def test_the_device_path_gives_the_cpu_paths_numbers(dtype: torch.dtype, kernel: str) -> None:
-    """`PendingStats.add` is what a tensor off the CPU (CUDA, MPS) takes: its reductions run on the tensor's own
-    device and are fetched in one batch at `resolve`. Driven here with CPU tensors, so that a machine without a
-    GPU runs it: the same numbers as the CPU's own path, special values included, and no statistics where no
-    value is finite."""
+    """`PendingStats.add` is what a tensor off the CPU (CUDA, MPS) takes when it is not staged: its reductions
+    run on the tensor's own device and are fetched in one batch at `resolve`. Driven here with CPU tensors, so
+    that a machine without a GPU runs it: the same numbers as the CPU's own path, special values included, and
+    no statistics where no value is finite."""
     tensor = torch.randn(SMALL, generator=torch.Generator().manual_seed(6)).mul(100).to(dtype)
     if dtype.is_floating_point:
         tensor[3], tensor[20], tensor[22] = float("nan"), float("inf"), -float("inf")
@@ -268,15 +268,60 @@ def test_the_device_path_gives_the_cpu_paths_numbers(dtype: torch.dtype, kernel:
         summary = stats.TensorSummary("x", list(values.shape), str(values.dtype), "cpu")
         pending.add(summary, stats._statistics_input(values))
         pending.resolve()
-        expected = _summarize(values)
-        assert (summary.nan_count, summary.inf_count) == (expected.nan_count, expected.inf_count)
-        assert (summary.min, summary.max, summary.abs_max) == (expected.min, expected.max, expected.abs_max)
-        assert summary.positive_fraction == pytest.approx(expected.positive_fraction, rel=1e-12)
-        if expected.mean is None:
-            assert (summary.mean, summary.std) == (None, None)
-        else:
-            assert summary.mean == pytest.approx(expected.mean, rel=1e-6)
-            assert summary.std == pytest.approx(expected.std, rel=1e-6)
+        _assert_same_summary(summary, _summarize(values), values)
+
+
+def test_staged_device_tensors_get_the_cpu_paths_numbers(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PendingStats.add_device` stages float32 and half-precision tensors (a copy each, from a block's start)
+    and reduces a stage at a time, block by block; driven with CPU tensors, small blocks and a small stage, so
+    that tensors fill several stages and end mid-block, one is too large for any and takes `add`, and integers
+    are never staged. Views, special values, all-NaN and single values
+    included; every summary as the CPU's path makes it, in the order given."""
+    monkeypatch.setattr(stats, "_BLOCK", 64)
+    monkeypatch.setattr(stats, "_STAGE_ELEMENTS", 16 * 64)
+    draw = torch.Generator().manual_seed(7)
+    special = torch.randn(300, generator=draw)
+    special[[3, 50]], special[7], special[9] = float("nan"), float("inf"), -float("inf")
+    tensors = [
+        torch.randn(7, 64, generator=draw),  # 448 elements
+        torch.randn(64, 7, generator=draw).to(torch.bfloat16).t(),  # a transposed view
+        special,
+        torch.full((5,), float("nan"), dtype=torch.float16),
+        torch.randn(1500, generator=draw),  # larger than a stage
+        torch.tensor(2.5),
+        torch.arange(-3, 40),  # int64: `add`
+        torch.randn(600, generator=draw).mul(1e4).add(1e6),  # a large mean
+    ]
+    pending = PendingStats()
+    summaries = []
+    for index, tensor in enumerate(tensors):
+        summary = stats.TensorSummary(f"t{index}", list(tensor.shape), str(tensor.dtype), "cpu")
+        pending.add_device(summary, tensor)
+        summaries.append(summary)
+    assert pending._staged, "no stage was reduced before resolve: the stages are not being filled"
+    pending.resolve()
+    for tensor, summary in zip(tensors, summaries):
+        _assert_same_summary(summary, _summarize(tensor), tensor)
+    assert not pending._staged and not pending._stages and not pending._rows
+
+
+def _assert_same_summary(summary, expected, values: torch.Tensor) -> None:
+    """Counts, extremes and the positive fraction as the CPU's path gives them (`expected`), exactly; the moments
+    against float64 over the finite values, which the device path sums exactly widened (the CPU's kernel sums
+    float32 in float32 blocks, within `_moment_bounds` only)."""
+    assert (summary.nan_count, summary.inf_count) == (expected.nan_count, expected.inf_count)
+    assert (summary.min, summary.max, summary.abs_max) == (expected.min, expected.max, expected.abs_max)
+    assert summary.positive_fraction == pytest.approx(expected.positive_fraction, rel=1e-12)
+    finite = values.reshape(-1).double()
+    finite = finite[torch.isfinite(finite)]
+    if finite.numel() == 0:
+        assert (summary.mean, summary.std) == (None, None)
+        return
+    assert summary.mean == pytest.approx(finite.mean().item(), rel=1e-9, abs=1e-12)
+    if finite.numel() == 1:
+        assert math.isnan(summary.std)
+    else:
+        assert summary.std == pytest.approx(finite.std().item(), rel=1e-9)
 
 
 def test_all_nan_has_counts_and_no_statistics() -> None:

@@ -24,7 +24,7 @@ from torch import nn
 from modeltrace.trace.records import ModuleCall, TensorSummary
 from modeltrace.worker import native, source_map, stats
 from modeltrace.worker.placement import module_devices
-from modeltrace.worker.tensor_stream import TensorStream
+from modeltrace.worker.tensor_stream import TensorStream, copy_to_host
 from modeltrace.worker.stats import PendingStats, is_dense, summarize, summarize_plain_cpu, without_storage
 
 
@@ -456,6 +456,7 @@ class ModuleCapture:
         self.skipped = 0
         self.records: list[ModuleCall] = []
         self.tensors: dict[str, torch.Tensor] = {}
+        self._device_copies: list[Any] = []  # the events of CUDA tensors' copies into `tensors`
         self._stack: list[int] = []
         self._finished = 0
         self._wrapped: list[tuple[nn.Module, Any]] = []
@@ -522,6 +523,9 @@ class ModuleCapture:
         try:
             self._unwrap()
             self.pending.resolve()
+            for copied in self._device_copies:
+                copied.synchronize()
+            self._device_copies.clear()
             self.summary_cache.clear()
             if self.stream is not None and self.full_tensors:
                 self.stream.guard.__exit__(*exc_info)
@@ -698,7 +702,12 @@ class ModuleCapture:
                 return
         else:
             summary.tensor = name
-            self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+            if tensor.device.type == "cuda":
+                # NOTE: into pinned memory without waiting for the GPU; `__exit__` waits for the copies
+                self.tensors[name], copied = copy_to_host(tensor.detach())
+                self._device_copies.append(copied)
+            else:
+                self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
             self.stored_bytes += size
             return
         self.skipped += 1

@@ -24,7 +24,9 @@ keep that correct and bounded:
   queue, and is raised by the next `put` (stopping the forward) or by `finish`, as one `ModelTraceError`
   naming the folder; the caller discards the temporary folder, so no half-written trace is left.
 
-Device tensors are copied to the CPU when captured (that copy has to happen anyway; the copy cannot change).
+Device tensors are copied to the CPU when captured (that copy has to happen anyway; the copy cannot change). A
+CUDA tensor's copy goes into pinned memory without waiting (`copy_to_host`): the forward's kernels stay queued
+on the GPU, and the writer waits for the copy's event before it writes the bytes.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class _Entry:
     data: memoryview | None  # its bytes, in place (a contiguous tensor); None: the writer makes it contiguous
     writing: bool = False  # taken by the writer
     written: bool = False
+    copied: Any = None  # a CUDA tensor's copy: the event the writer waits for before its bytes are there
 
 
 def _version(tensor: torch.Tensor) -> int:
@@ -125,13 +128,13 @@ class TensorStream:
             return False
         tensor = tensor.detach()
         size = tensor.numel() * tensor.element_size()
-        version, storage = _version(tensor), 0
+        version, storage, copied = _version(tensor), 0, None
         if tensor.device.type != "cpu":
-            tensor = tensor.to("cpu")  # the copy that has to happen: nothing can change it after
+            tensor, copied = copy_to_host(tensor)  # the copy that has to happen: nothing can change it after
             version = -1
         elif size:
             storage = tensor.untyped_storage().data_ptr()
-        entry = _Entry(name, tensor, summary, size, version, storage, code, _bytes_of(tensor, size))
+        entry = _Entry(name, tensor, summary, size, version, storage, code, _bytes_of(tensor, size), copied=copied)
         condition = self._condition
         with condition:
             if self.error is None and self.queued_bytes and self.queued_bytes + size > self.memory_budget:
@@ -275,6 +278,9 @@ class TensorStream:
             # one (each strided tensor of a batch was written with another's bytes or garbage: ConvNeXt's
             # permuted outputs, EnCodec's transposed ones)
             copies = [tensor.contiguous() if entry.data is None else None for entry, tensor in zip(batch, tensors)]
+            for entry in batch:
+                if entry.copied is not None:
+                    entry.copied.synchronize()  # the device's copy into this pinned memory has landed
             self.files.write_many(
                 (entry.name, entry.code, tensor.shape, _bytes_of(copy, entry.size) if copy is not None else entry.data)
                 for entry, tensor, copy in zip(batch, tensors, copies)
@@ -311,9 +317,25 @@ class TensorStream:
                     siblings.remove(entry)
                 if not siblings:
                     del self._by_storage[entry.storage]
-        entry.tensor, entry.data = _RELEASED, None
+        entry.tensor, entry.data, entry.copied = _RELEASED, None, None
         self.queued_bytes -= entry.size
         self._condition.notify_all()
+
+
+def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """A CPU copy of a device tensor, and for a CUDA one the event after which its bytes are there.
+
+    A CUDA tensor goes into pinned memory with `non_blocking`: the capturing thread does not wait for the GPU
+    (a plain `.to("cpu")` synchronises the stream per tensor, and a GPU forward is a queue of kernels: each wait
+    drains it). Pinned blocks come from torch's caching host allocator, reused once the writer drops them; the
+    stream's memory budget bounds how many are held."""
+    if tensor.device.type != "cuda":
+        return tensor.to("cpu"), None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(tensor.device))
+    return host, copied
 
 
 def _bytes_of(tensor: torch.Tensor, size: int) -> memoryview | None:
