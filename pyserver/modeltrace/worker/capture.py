@@ -704,8 +704,10 @@ class ModuleCapture:
             summary.tensor = name
             if tensor.device.type == "cuda":
                 # NOTE: into pinned memory without waiting for the GPU; `__exit__` waits for the copies
-                self.tensors[name], copied = copy_to_host(tensor.detach())
-                self._device_copies.append(copied)
+                host, copied = copy_to_host(tensor.detach())
+                self.tensors[name] = host.contiguous()
+                if copied is not None:
+                    self._device_copies.append(copied)
             else:
                 self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
             self.stored_bytes += size

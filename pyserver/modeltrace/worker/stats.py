@@ -532,11 +532,13 @@ class PendingStats:
         self._small_summaries, self._small_arrays, self._small_elements = [], [], 0
 
     def add_device(self, summary: TensorSummary, tensor: torch.Tensor) -> None:
-        """A tensor off the CPU: float32 and half-precision tensors up to `_STAGE_ELEMENTS` are copied (and
+        """A tensor off the CPU: plain float32 and half-precision tensors up to `_STAGE_ELEMENTS` are copied (and
         widened to float64) into their device's stage, reduced a stage at a time (`_DeviceStage`); the rest
         take `add`'s reductions of their own."""
         count = tensor.numel()
-        if tensor.dtype not in _STAGED_DTYPES or count > _STAGE_ELEMENTS:
+        # NOTE: a subclass (DTensor, a tensor wrapper) is reduced by its own operations, not copied into a stage
+        plain = type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
+        if not plain or tensor.dtype not in _STAGED_DTYPES or count > _STAGE_ELEMENTS:
             self.add(summary, _statistics_input(tensor))
             return
         device = tensor.device

@@ -329,8 +329,8 @@ def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     (a plain `.to("cpu")` synchronises the stream per tensor, and a GPU forward is a queue of kernels: each wait
     drains it). Pinned blocks come from torch's caching host allocator, reused once the writer drops them; the
     stream's memory budget bounds how many are held."""
-    if tensor.device.type != "cuda":
-        return tensor.to("cpu"), None
+    if tensor.device.type != "cuda" or not (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter):
+        return tensor.to("cpu"), None  # NOTE: a subclass (DTensor) is moved by its own `to`
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     copied = torch.cuda.Event()
