@@ -271,14 +271,30 @@ def test_the_device_path_gives_the_cpu_paths_numbers(dtype: torch.dtype, kernel:
         _assert_same_summary(summary, _summarize(values), values)
 
 
-def test_staged_device_tensors_get_the_cpu_paths_numbers(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("without_float64", [False, True], ids=["float64", "no-float64"])
+@pytest.mark.parametrize("out_of_memory", [None, "stage", "reduce"])
+def test_staged_device_tensors_get_the_cpu_paths_numbers(
+    kernel: str, monkeypatch: pytest.MonkeyPatch, without_float64: bool, out_of_memory: str | None
+) -> None:
     """`PendingStats.add_device` stages float32 and half-precision tensors (a copy each, from a block's start)
     and reduces a stage at a time, block by block; driven with CPU tensors, small blocks and a small stage, so
     that tensors fill several stages and end mid-block, one is too large for any and takes `add`, and integers
     are never staged. Views, special values, all-NaN and single values
-    included; every summary as the CPU's path makes it, in the order given."""
+    included; every summary as the CPU's path makes it, in the order given. Also as on a device without float64
+    (MPS: `_NO_FLOAT64`, the stage and `add` in float32), and where the device has no memory for a stage or for
+    reducing it (the tensors then go one by one)."""
     monkeypatch.setattr(stats, "_BLOCK", 64)
     monkeypatch.setattr(stats, "_STAGE_ELEMENTS", 16 * 64)
+    if without_float64:
+        monkeypatch.setattr(stats, "_NO_FLOAT64", {"cpu": "as MPS, for this test"})
+
+    def out_of_device_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory (the test's)")
+
+    if out_of_memory == "stage":
+        monkeypatch.setattr(stats._DeviceStage, "__init__", out_of_device_memory)
+    elif out_of_memory == "reduce":
+        monkeypatch.setattr(stats._DeviceStage, "reduce", out_of_device_memory)
     draw = torch.Generator().manual_seed(7)
     special = torch.randn(300, generator=draw)
     special[[3, 50]], special[7], special[9] = float("nan"), float("inf"), -float("inf")
@@ -298,14 +314,15 @@ def test_staged_device_tensors_get_the_cpu_paths_numbers(kernel: str, monkeypatc
         summary = stats.TensorSummary(f"t{index}", list(tensor.shape), str(tensor.dtype), "cpu")
         pending.add_device(summary, tensor)
         summaries.append(summary)
-    assert pending._staged, "no stage was reduced before resolve: the stages are not being filled"
+    if out_of_memory is None:
+        assert pending._staged, "no stage was reduced before resolve: the stages are not being filled"
     pending.resolve()
     for tensor, summary in zip(tensors, summaries):
-        _assert_same_summary(summary, _summarize(tensor), tensor)
+        _assert_same_summary(summary, _summarize(tensor), tensor, 1e-5 if without_float64 else 1e-9)
     assert not pending._staged and not pending._stages and not pending._rows
 
 
-def _assert_same_summary(summary, expected, values: torch.Tensor) -> None:
+def _assert_same_summary(summary, expected, values: torch.Tensor, tolerance: float = 1e-9) -> None:
     """Counts, extremes and the positive fraction as the CPU's path gives them (`expected`), exactly; the moments
     against float64 over the finite values, which the device path sums exactly widened (the CPU's kernel sums
     float32 in float32 blocks, within `_moment_bounds` only)."""
@@ -317,11 +334,11 @@ def _assert_same_summary(summary, expected, values: torch.Tensor) -> None:
     if finite.numel() == 0:
         assert (summary.mean, summary.std) == (None, None)
         return
-    assert summary.mean == pytest.approx(finite.mean().item(), rel=1e-9, abs=1e-12)
+    assert summary.mean == pytest.approx(finite.mean().item(), rel=tolerance, abs=1e-12)
     if finite.numel() == 1:
         assert math.isnan(summary.std)
     else:
-        assert summary.std == pytest.approx(finite.std().item(), rel=1e-9)
+        assert summary.std == pytest.approx(finite.std().item(), rel=tolerance)
 
 
 def test_all_nan_has_counts_and_no_statistics() -> None:

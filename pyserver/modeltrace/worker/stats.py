@@ -91,8 +91,8 @@ def _device_name(device: torch.device) -> str:
     return name
 
 
-def _statistics_input(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat floating view of `tensor` suited to reductions (float32 for half precision and integers)."""
+def _statistics_input(tensor: torch.Tensor, wide: torch.dtype = torch.float64) -> torch.Tensor:
+    """A flat floating view of `tensor` suited to reductions: float32 for half precision, `wide` for integers."""
     flat = tensor.detach().reshape(-1)
     if flat.dtype in (torch.float32, torch.float64):
         return flat
@@ -100,7 +100,16 @@ def _statistics_input(tensor: torch.Tensor) -> torch.Tensor:
         return flat.abs()
     if flat.dtype.is_floating_point:
         return flat.float()
-    return flat.double()
+    return flat.to(wide)
+
+
+# NOTE: device types without float64 arithmetic, with the reason: their statistics are summed in float32 on the
+# device (per block of `_BLOCK` values, centred; the blocks meet in float64 on the CPU). Not run on hardware here.
+_NO_FLOAT64 = {"mps": "Metal has no float64: torch refuses to make a float64 MPS tensor"}
+
+
+def _wide_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type in _NO_FLOAT64 else torch.float64
 
 
 # NOTE: quantized dtypes: their memory holds integers and a scale, not the values
@@ -196,7 +205,10 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
     if pending is not None:
         pending.add_device(summary, tensor.detach())
         return summary
-    _fill_on_cpu(summary, _statistics_input(tensor))
+    flat = _statistics_input(tensor, _wide_dtype(tensor.device))
+    if tensor.device.type in _NO_FLOAT64:
+        flat = flat.cpu()  # NOTE: `_fill_on_cpu` widens to float64, which such a device cannot
+    _fill_on_cpu(summary, flat)
     return summary
 
 
@@ -514,6 +526,7 @@ class PendingStats:
         self._rows: list[torch.Tensor] = []
         self._stages: dict[torch.device, _DeviceStage] = {}
         self._staged: list[_ReducedStage] = []
+        self._unstaged: set[torch.device] = set()
         self._buffer = _ComparisonBuffer()
         self._small_summaries: list[TensorSummary] = []
         self._small_arrays: list[np.ndarray] = []
@@ -533,43 +546,63 @@ class PendingStats:
 
     def add_device(self, summary: TensorSummary, tensor: torch.Tensor) -> None:
         """A tensor off the CPU: plain float32 and half-precision tensors up to `_STAGE_ELEMENTS` are copied (and
-        widened to float64) into their device's stage, reduced a stage at a time (`_DeviceStage`); the rest
-        take `add`'s reductions of their own."""
+        widened) into their device's stage, reduced a stage at a time (`_DeviceStage`); the rest take `add`'s
+        reductions of their own, as every tensor of a device that had no memory left for a stage does."""
         count = tensor.numel()
+        device = tensor.device
         # NOTE: a subclass (DTensor, a tensor wrapper) is reduced by its own operations, not copied into a stage
         plain = type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
-        if not plain or tensor.dtype not in _STAGED_DTYPES or count > _STAGE_ELEMENTS:
-            self.add(summary, _statistics_input(tensor))
+        if not plain or tensor.dtype not in _STAGED_DTYPES or count > _STAGE_ELEMENTS or device in self._unstaged:
+            self.add(summary, _statistics_input(tensor, _wide_dtype(device)))
             return
-        device = tensor.device
         stage = self._stages.get(device)
         if stage is None or not stage.has_room(count):
             if stage is not None:
-                self._staged.append(stage.reduce())
-            stage = self._stages[device] = _DeviceStage(device)
+                self._reduce(self._stages.pop(device))
+            try:
+                stage = self._stages[device] = _DeviceStage(device)
+            except torch.OutOfMemoryError:
+                # NOTE: a model that fills its device leaves no room for a stage: this capture reduces that
+                # device's tensors one by one, as it did before stages (more launches, no memory of its own)
+                self._unstaged.add(device)
+                self.add(summary, _statistics_input(tensor, _wide_dtype(device)))
+                return
         stage.append(summary, tensor)
 
+    def _reduce(self, stage: _DeviceStage) -> None:
+        try:
+            self._staged.append(stage.reduce())
+        except torch.OutOfMemoryError:
+            # NOTE: no memory for the stage's temporaries: its tensors one by one, read from the stage
+            for summary, start, length in stage.tensors():
+                self.add(summary, stage.buffer[start : start + length])
+
     def add(self, summary: TensorSummary, flat: torch.Tensor) -> None:
+        wide = _wide_dtype(flat.device)
         finite_mask = torch.isfinite(flat)
-        finite = torch.where(finite_mask, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).double()
+        finite = torch.where(finite_mask, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).to(wide)
         nan_count = torch.isnan(flat).sum()
         inf_count = flat.numel() - finite_mask.sum() - nan_count
-        # NOTE: the fill is float64's largest value, given as a scalar to a float64 tensor (a 0-d tensor of it
-        # made without a dtype is float32, and torch refuses the conversion)
-        big = torch.finfo(torch.float64).max
-        as_double = flat.double()
-        minimum = as_double.masked_fill(~finite_mask, big).amin()
-        maximum = as_double.masked_fill(~finite_mask, -big).amax()
+        # NOTE: the fill is the wide dtype's largest value, given as a scalar to a tensor of that dtype (a 0-d
+        # tensor of float64's made without a dtype is float32, and torch refuses the conversion)
+        big = torch.finfo(wide).max
+        as_wide = flat.to(wide)
+        minimum = as_wide.masked_fill(~finite_mask, big).amin()
+        maximum = as_wide.masked_fill(~finite_mask, -big).amax()
+        count, total = finite_mask.sum().to(wide), finite.sum()
+        # NOTE: squared deviations from the mean, not raw squares: a mean far from zero then costs the variance
+        # no precision (float32 sums on a device without float64)
+        centred = finite.sub(total / count.clamp(min=1)).masked_fill_(~finite_mask, 0.0)
         row = torch.stack(
             [
-                finite.sum(),
-                torch.dot(finite, finite),
+                total,
+                torch.dot(centred, centred),
                 minimum,
                 maximum,
-                (flat > 0).sum().double(),
-                nan_count.double(),
-                inf_count.double(),
-                finite_mask.sum().double(),
+                (flat > 0).sum().to(wide),
+                nan_count.to(wide),
+                inf_count.to(wide),
+                count,
             ]
         )
         self._summaries.append(summary)
@@ -578,7 +611,9 @@ class PendingStats:
     def resolve(self) -> None:
         self._resolve_small()
         self._buffer = _ComparisonBuffer()
-        self._staged.extend(stage.reduce() for stage in self._stages.values() if stage.summaries)
+        for stage in self._stages.values():
+            if stage.summaries:
+                self._reduce(stage)
         self._stages.clear()
         if not self._rows and not self._staged:
             return
@@ -593,11 +628,12 @@ class PendingStats:
             )
         # NOTE: the stages' [blocks, 7] partials and `add`'s [tensors, 8] rows, flattened into one copy per device
         on_host = {
-            device: torch.cat([part.reshape(-1) for part in parts]).cpu().numpy() for device, parts in fetched.items()
+            device: torch.cat([part.reshape(-1) for part in parts]).cpu().numpy().astype(np.float64, copy=False)
+            for device, parts in fetched.items()
         }
         taken = dict.fromkeys(on_host, 0)  # elements of each device's array read so far, in the order cat put them
         summaries: list[TensorSummary] = []
-        rows: list[list[float]] = []
+        rows: list[list[float]] = []  # total, sum of squared deviations, min, max, positives, NaNs, Infs, count
         for stage in self._staged:
             device, start = stage.partials.device, taken[stage.partials.device]
             taken[device] = start + stage.partials.numel()
@@ -607,13 +643,13 @@ class PendingStats:
             device = self._rows[0].device
             summaries.extend(self._summaries)
             rows.extend(on_host[device][taken[device] :].reshape(-1, 8).tolist())
-        for summary, (total, squares, minimum, maximum, positives, nans, infs, count) in zip(summaries, rows):
+        for summary, (total, deviations, minimum, maximum, positives, nans, infs, count) in zip(summaries, rows):
             summary.nan_count, summary.inf_count = int(nans), int(infs)
             summary.positive_fraction = positives / (count + nans + infs)
             if count == 0:
                 continue
             mean = total / count
-            variance = (squares - total * mean) / (count - 1) if count > 1 else float("nan")
+            variance = deviations / (count - 1) if count > 1 else float("nan")
             summary.mean, summary.std = mean, math.sqrt(variance) if variance >= 0 else float("nan")
             summary.min, summary.max = minimum, maximum
             summary.abs_max = max(abs(minimum), abs(maximum))
@@ -624,25 +660,27 @@ class PendingStats:
 
 # NOTE: the device path's stage. A forward on a GPU is bound by kernel launches (a medium Llama's 7-13 ms on an
 # H200); `add`'s reductions are ~14 launches per tensor, which made statistics cost 8× the forward there. A
-# staged tensor costs one launch (a copy that also widens it), and a stage is reduced in ~22 launches, whatever
+# staged tensor costs one launch (a copy that also widens it), and a stage is reduced in ~25 launches, whatever
 # number of tensors it holds: each tensor starts on a block of `_BLOCK` elements, the stage is reduced block by
 # block on the device (`torch.segment_reduce` reduces each segment on one GPU thread: 40× the forward at 1B),
-# and the blocks of each tensor are added up on the CPU at `resolve`. The stage starts as NaN, so a tensor's
+# and the blocks of each tensor meet on the CPU at `resolve`, in float64: each block gives its sum, count and the
+# sum of its values' squared deviations from its own mean, combined as Chan, Golub and LeVeque's pairwise
+# update does (a mean far from zero costs the variance no precision). The stage starts as NaN, so a tensor's
 # last block is padded with values that only the NaN count sees, and that padding is taken off it. float32 and
-# half precision widen to float64 exactly: min, max and the counts are exact, and the moments are summed in
-# float64, as on the CPU. A stage holds `_STAGE_ELEMENTS` (64 MB of float64); reducing it takes ~18 bytes per
-# element more, briefly.
+# half precision widen to float64 exactly: min, max and the counts are exact, and the block sums are float64
+# (float32 on a device without it: `_NO_FLOAT64`). A stage holds `_STAGE_ELEMENTS` (64 MB of float64); reducing
+# it takes ~19 bytes per element more, briefly; without that memory the stage's tensors go one by one.
 _STAGED_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _BLOCK = 4096
 _STAGE_ELEMENTS = 2048 * _BLOCK
 
 
 class _DeviceStage:
-    """Copies of one device's tensors in one float64 buffer, each from a block's start; `reduce` makes each
-    block's partial statistics."""
+    """Copies of one device's tensors in one buffer, each from a block's start; `reduce` makes each block's
+    partial statistics."""
 
     def __init__(self, device: torch.device) -> None:
-        self.buffer = torch.full((_STAGE_ELEMENTS,), math.nan, dtype=torch.float64, device=device)
+        self.buffer = torch.full((_STAGE_ELEMENTS,), math.nan, dtype=_wide_dtype(device), device=device)
         self.used = 0  # a whole number of blocks
         self.first_blocks: list[int] = []
         self.lengths: list[int] = []
@@ -660,21 +698,29 @@ class _DeviceStage:
         self.summaries.append(summary)
         self.used += _span(count)
 
+    def tensors(self) -> list[tuple[TensorSummary, int, int]]:
+        """Each staged tensor's summary, first element and length in the buffer."""
+        return [
+            (summary, first * _BLOCK, length)
+            for summary, first, length in zip(self.summaries, self.first_blocks, self.lengths)
+        ]
+
     def reduce(self) -> _ReducedStage:
-        """Each block's sum, sum of squares, min and max of its finite values, and its positive, NaN and finite
-        counts, [blocks, 7] float64 on the device; nothing waits for them."""
+        """Each block's sum, count and squared deviations from its mean, min and max of its finite values, and its
+        positive and NaN counts, [blocks, 7] on the device; nothing waits for them."""
         blocks = self.buffer[: self.used].view(-1, _BLOCK)
         finite = torch.isfinite(blocks)
-        work = torch.where(finite, blocks, 0.0)
+        not_finite = finite.logical_not()
+        count = finite.sum(1).to(blocks.dtype)
+        work = blocks.masked_fill(not_finite, 0.0)
         total = work.sum(1)
-        squares = work.mul_(work).sum(1)
+        block_mean = (total / count.clamp(min=1)).unsqueeze(1)
+        deviations = work.sub_(block_mean).masked_fill_(not_finite, 0.0).square_().sum(1)
         del work
         minimum = torch.where(finite, blocks, math.inf).amin(1)
         maximum = torch.where(finite, blocks, -math.inf).amax(1)
-        positives, nans, count = blocks.gt(0).sum(1), torch.isnan(blocks).sum(1), finite.sum(1)
-        partials = torch.stack(
-            [total, squares, minimum, maximum, positives.double(), nans.double(), count.double()], 1
-        )
+        positives, nans = blocks.gt(0).sum(1).to(blocks.dtype), torch.isnan(blocks).sum(1).to(blocks.dtype)
+        partials = torch.stack([total, deviations, minimum, maximum, positives, nans, count], 1)
         return _ReducedStage(self.summaries, partials, self.first_blocks, self.lengths)
 
 
@@ -691,13 +737,20 @@ class _ReducedStage:
     lengths: list[int]
 
     def rows(self, partials: np.ndarray) -> list[list[float]]:
-        """Each tensor's row in `PendingStats.add`'s layout, from its blocks' partials (fetched)."""
+        """Each tensor's row (`resolve`'s layout) from its blocks' partials, fetched as float64."""
         starts = np.asarray(self.first_blocks)
         lengths = np.asarray(self.lengths, dtype=np.float64)
-        total, squares, positives, nans, count = (
-            np.add.reduceat(partials[:, column], starts) for column in (0, 1, 4, 5, 6)
-        )
+        block_total, block_deviations, block_count = partials[:, 0], partials[:, 1], partials[:, 6]
+        total, positives, nans, count = (np.add.reduceat(partials[:, column], starts) for column in (0, 4, 5, 6))
         minimum = np.minimum.reduceat(partials[:, 2], starts)
         maximum = np.maximum.reduceat(partials[:, 3], starts)
         nans = nans - (np.diff(np.append(starts, len(partials))) * _BLOCK - lengths)  # the padding's NaNs
-        return np.stack([total, squares, minimum, maximum, positives, nans, lengths - count - nans, count], 1).tolist()
+        # NOTE: the blocks' deviations about the tensor's mean: each block's own, plus its count times the square
+        # of its mean's distance from the tensor's (Chan, Golub and LeVeque)
+        owner = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(partials))))
+        mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+        block_mean = np.divide(block_total, block_count, out=np.zeros_like(block_total), where=block_count > 0)
+        spread = block_deviations + block_count * (block_mean - mean[owner]) ** 2
+        deviations = np.add.reduceat(spread, starts)
+        infs = lengths - count - nans
+        return np.stack([total, deviations, minimum, maximum, positives, nans, infs, count], 1).tolist()

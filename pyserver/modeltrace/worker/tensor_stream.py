@@ -331,7 +331,10 @@ def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     stream's memory budget bounds how many are held."""
     if tensor.device.type != "cuda" or not (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter):
         return tensor.to("cpu"), None  # NOTE: a subclass (DTensor) is moved by its own `to`
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    try:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    except RuntimeError:  # NOTE: no page-locked memory to be had (a container's limit): the waiting copy
+        return tensor.to("cpu"), None
     host.copy_(tensor, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record(torch.cuda.current_stream(tensor.device))
