@@ -1,6 +1,6 @@
-"""The worker's job pauses the cyclic collector from when its model is built to its end (`job._collector_paused`): what
-it makes meanwhile holds no reference cycles and goes when the job returns. Whatever the job does, the caller
-gets the collector back as it was."""
+"""The worker's job pauses the cyclic collector from when its model is built to its end
+(`collector.collector_paused`): what it makes meanwhile holds no reference cycles and goes when the job returns.
+Whatever the job does, the caller gets the collector back as it was."""
 
 from __future__ import annotations
 

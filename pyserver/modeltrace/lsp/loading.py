@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from modeltrace.collector import collector_paused
 from modeltrace.errors import TraceFormatError
 from modeltrace.lsp.store import DocumentTrace, build_document_trace
 from modeltrace.trace.parameter_store import parameters_note
@@ -93,13 +94,8 @@ def load_trace(owner: str, uri: str, trace_path: str) -> DocumentTrace:
     """Read and index a trace for the document `uri` (CPU work: run it off the event loop)."""
     # NOTE: loading creates a million objects and no garbage; the collector would run hundreds of times for
     # nothing (a third of the loading time).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return build_document_trace(owner, uri, trace_path, read_trace(trace_path, inputs=False))
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def library_folders() -> list[str]:
@@ -115,18 +111,13 @@ def load_trace_here(
     """`load_trace` for a trace captured elsewhere ("Load Trace…"): its records are pointed at the files found
     here (`trace.relocate`: under `roots`, among the open documents, or installed packages at their recorded
     path), and it is marked stale when one of them changed since the capture."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         trace = read_trace(trace_path, inputs=False)
         matches = locate_sources(trace, roots, open_texts, library_folders())
         relocate(trace, matches)
         # NOTE: only the files found here are read; a recorded path found nowhere here is never opened.
         found = {match.found for match in matches if match.found is not None}
         loaded = build_document_trace(owner, uri, trace_path, trace, readable=found.__contains__)
-    finally:
-        if was_enabled:
-            gc.enable()
     loaded.stale = any(match.changed for match in matches if match.found in loaded.files)
     # NOTE: a trace whose parameters' store file is gone still shows its activations; the user is told
     loaded.parameters_note = parameters_note(trace, trace_path)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import atexit
-import gc
 import itertools
 import math
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import msgpack
 
+from modeltrace.collector import collector_paused
 from modeltrace.errors import ModelTraceError, TraceFormatError
 from modeltrace.trace.validation import validate_header, validate_trace
 from modeltrace.trace.records import SCHEMA, LineRecord, ModuleCall, SourceLocation, TensorSummary, Trace
@@ -180,9 +180,7 @@ _STATISTICS = ("mean", "std", "min", "max", "abs_max", "positive_fraction")
 def _pack(trace: Trace) -> bytes:
     # NOTE: the tables are thousands of small acyclic objects made and dropped at once: the cyclic collector,
     # which they would set off a few times for nothing, is paused meanwhile.
-    collector_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         table = _table(trace)
         if trace.builds_json is None:
             return msgpack.packb(table, use_bin_type=True)
@@ -194,9 +192,6 @@ def _pack(trace: Trace) -> bytes:
             parts.append(packer.pack(key))
             parts.append(_packed_builds(trace.builds_json) if key == "builds" else packer.pack(value))
         return b"".join(parts)
-    finally:
-        if collector_was_enabled:
-            gc.enable()
 
 
 # id of a reused `builds_json` list -> (that list, its msgpack bytes); the last few only (one per model captured)
