@@ -123,6 +123,12 @@ _QUANTIZED_DTYPES = frozenset(
 _MAX_DENSIFIED_ELEMENTS = 1 << 24
 
 
+def is_plain(tensor: torch.Tensor) -> bool:
+    """A plain tensor or parameter, not a subclass (DTensor, a fake or functional tensor, a wrapper): only a plain
+    one's memory is read directly or copied by ModelTrace; a subclass goes through its own operations."""
+    return type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
+
+
 def without_storage(tensor: torch.Tensor) -> str | None:
     """What kind of tensor `tensor` is when it has no ordinary strided storage to read ("sparse_coo",
     "sparse_csr", …, "nested", "quantized"), None for an ordinary one (meta tensors are ordinary: shape only)."""
@@ -183,6 +189,7 @@ def summarize(tensor: torch.Tensor, key: str, pending: PendingStats | None = Non
     kind = without_storage(tensor)
     if kind is not None:
         return summarize_without_storage(tensor, key, kind, pending)
+    # NOTE: `is_plain`, inlined: this runs per tensor per call
     if (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter) and tensor.is_cpu:
         return summarize_plain_cpu(
             tensor, key, tensor.dtype, tensor.data_ptr(), tensor.numel(), tensor.is_contiguous(), pending
@@ -551,8 +558,12 @@ class PendingStats:
         count = tensor.numel()
         device = tensor.device
         # NOTE: a subclass (DTensor, a tensor wrapper) is reduced by its own operations, not copied into a stage
-        plain = type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
-        if not plain or tensor.dtype not in _STAGED_DTYPES or count > _STAGE_ELEMENTS or device in self._unstaged:
+        if (
+            not is_plain(tensor)
+            or tensor.dtype not in _STAGED_DTYPES
+            or count > _STAGE_ELEMENTS
+            or device in self._unstaged
+        ):
             self.add(summary, _statistics_input(tensor, _wide_dtype(device)))
             return
         stage = self._stages.get(device)

@@ -47,7 +47,7 @@ from modeltrace.errors import ModelTraceError
 from modeltrace.trace.records import TensorSummary
 from modeltrace.trace.tensors import DTYPE_CODES, StreamingSafetensorsWriter
 from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB  # noqa: F401 - re-exported for the worker
-from modeltrace.worker.stats import without_storage
+from modeltrace.worker.stats import is_plain, without_storage
 
 
 # torch dtypes that have a safetensors code beyond the ones `trace/tensors.py` reads as NumPy arrays
@@ -329,7 +329,7 @@ def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
     (a plain `.to("cpu")` synchronises the stream per tensor, and a GPU forward is a queue of kernels: each wait
     drains it). Pinned blocks come from torch's caching host allocator, reused once the writer drops them; the
     stream's memory budget bounds how many are held."""
-    if tensor.device.type != "cuda" or not (type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter):
+    if tensor.device.type != "cuda" or not is_plain(tensor):
         return tensor.to("cpu"), None  # NOTE: a subclass (DTensor) is moved by its own `to`
     try:
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
