@@ -14,8 +14,8 @@ batch 1), run under `torch.no_grad()`:
   sequence 256 (vocabulary 1024, so about 1B parameters in the layers: 3.9 GB in float32)
 
 Every variant is timed from before entering its context to after leaving it, so it includes what the user waits
-for (files written; fsync where the writer does it before returning). Variants run interleaved, in a rotating order,
-for N rounds after a warm-up, each call in a fresh temporary folder created, deleted and `os.sync`ed outside the
+for (files written; fsync where the writer does it before returning). Variants run interleaved, in an order shuffled
+anew each round (`rounds.py`), for N rounds after a warm-up, each call in a fresh temporary folder created, deleted and `os.sync`ed outside the
 timing:
 
 - `plain`: `model(input_ids)`.
@@ -78,6 +78,7 @@ import torch
 import transformers
 
 import modeltrace
+from rounds import round_order
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
 from transformers.model_debugging_utils import model_addition_debugger_context
@@ -295,9 +296,8 @@ def measure(size: str, rounds: int, warmup: int) -> dict:
         assert torch.equal(model(input_ids).last_hidden_state, reference), "a variant changed the model's output"
     times: dict[str, list[float]] = {name: [] for name in names}
     writing: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+    for order in round_order(names, rounds):
+        for name in order:
             total, written = _time_once(named[name], model, input_ids)
             times[name].append(total)
             writing[name].append(written)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from rounds import round_order
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, sequence
     "medium": (512, 1536, 8, 8, 4, 1024, 128),
@@ -102,11 +102,9 @@ def measure(size: str, dtype_name: str, rounds: int) -> dict:
             function()
     rows = []
     names = list(variants)
-    order = random.Random(33)  # a shuffled order per round: no variant always follows the same one
-    for _ in range(rounds):
+    for order in round_order(names, rounds):  # NOTE: shuffled per round: no variant always follows the same one
         times = {}
-        order.shuffle(names)
-        for name in names:
+        for name in order:
             torch.cuda.synchronize()
             started = time.perf_counter()
             variants[name]()

@@ -6,7 +6,7 @@ Models as in `bench_capture.py` (transformers' `LlamaModel`, random weights, eag
 grad): tiny (hidden 64, 2 layers, sequence 7) and medium (hidden 512, 8 layers, sequence 128). Line capture
 follows transformers' `modeling_llama.py` (every function of that file: attention, decoder layer, MLP,
 RMSNorm, rotary embedding), with statistics, as `modeltrace trace --lines` does. Variants are interleaved in
-a rotating order; ratios are medians of per-round ratios to the plain forward of the same round.
+an order shuffled anew each round (`rounds.py`); ratios are medians of per-round ratios to the plain forward of the same round.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.lines import LineCapture
+from rounds import round_order
 
 
 SIZES = {"tiny": (64, 128, 2, 4, 2, 7, 150), "medium": (512, 1536, 8, 8, 4, 128, 12)}
@@ -78,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 function()
         rounds = options.rounds or SIZES[size][6]
         names = list(variants)
-        for round_index in range(rounds):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
+        for order in round_order(names, rounds):
+            for name in order:
                 # NOTE: as in bench_capture.py, every call starts from a collected heap: the records of the call
                 # before would otherwise set off the cyclic collector inside whichever variant runs next.
                 gc.collect()

@@ -14,7 +14,7 @@ the peers benchmark, `bench/bench_peers.py`):
 - large: hidden 1024, intermediate 3072, 12 layers, 16 heads (8 KV), sequence 256
 
 Variants, each timed from before it starts to after its trace is in place (files written and renamed: what the
-caller waits for), interleaved in a rotating order for N rounds after a warm-up round, each in a fresh folder
+caller waits for), interleaved in an order shuffled anew each round (`rounds.py`) for N rounds after a warm-up round, each in a fresh folder
 deleted outside the timing:
 
 - `plain`: `model(input_ids)`.
@@ -74,6 +74,7 @@ from modeltrace.worker.capture import ModuleCapture
 from modeltrace.worker.job import _run_built
 from modeltrace.worker.messages import TraceRequest
 from modeltrace.worker.protocol import DEFAULT_TENSOR_MEMORY_MB
+from rounds import round_order
 
 
 try:
@@ -225,8 +226,7 @@ def measure(size: str, rounds: int) -> dict:
     for name in names:  # warm-up: imports, kernels, and the parameter store's file of these weights
         _timed(name, models[name], input_ids)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        order = names[round_index % len(names) :] + names[: round_index % len(names)]
+    for order in round_order(names, rounds):
         for name in order:
             times[name].append(_timed(name, models[name], input_ids))
     plain = times["plain"]

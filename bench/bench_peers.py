@@ -74,7 +74,6 @@ import importlib.util
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
@@ -92,6 +91,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import modeltrace
+from rounds import round_order
 
 BENCH_FOLDER = Path(__file__).resolve().parent
 VOCAB = 1024
@@ -667,24 +667,6 @@ class SizeResult:
             name: ratio for name in self.times_ms if (ratio := self.fresh_ratio(name)) is not None
         }
         return data
-
-
-# NOTE: fixed, so that two runs of the same code time the same orders
-ORDER_SEED = 33
-
-
-def round_order(names: list[str], rounds: int, seed: int = ORDER_SEED) -> list[list[str]]:
-    """Each round's order of `names`: a fresh shuffle per round, not a rotation. In a rotation every variant has
-    the same predecessor in every round, and the predecessor's leftovers (memory it freed, files it wrote and
-    deleted, caches it filled) then bias that variant's ratio in every round alike; shuffled, each variant follows
-    every other about equally often, and the paired median sees that as noise, the same for all."""
-    generator = random.Random(seed)
-    orders = []
-    for _ in range(rounds):
-        order = list(names)
-        generator.shuffle(order)
-        orders.append(order)
-    return orders
 
 
 def measure(size: str, rounds: int, names: list[str]) -> SizeResult:

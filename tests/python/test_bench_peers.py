@@ -17,10 +17,13 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+# NOTE: as when it runs as a script: its folder on `sys.path` (its shared `rounds.py`)
+sys.path.insert(0, str(ROOT / "bench"))
 _spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "bench_peers.py")
 bench_peers = importlib.util.module_from_spec(_spec)
 sys.modules["bench_peers"] = bench_peers  # NOTE: its dataclasses look their module up there
 _spec.loader.exec_module(bench_peers)
+rounds = sys.modules["rounds"]
 
 
 @pytest.fixture
@@ -79,8 +82,8 @@ def test_missing_peers_are_named_not_failed():
 
 def test_each_round_runs_every_variant_once_after_varied_predecessors():
     names = list(bench_peers.VARIANTS)
-    orders = bench_peers.round_order(names, 41)
-    assert orders == bench_peers.round_order(names, 41)  # the same orders in every run: two runs compare
+    orders = rounds.round_order(names, 41)
+    assert orders == rounds.round_order(names, 41)  # the same orders in every run: two runs compare
     assert all(sorted(order) == sorted(names) for order in orders)
     # a rotation gave each variant one predecessor for all rounds (what ran before a call moves its time)
     predecessors: dict[str, set[str]] = {name: set() for name in names}
