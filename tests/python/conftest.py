@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -29,6 +31,23 @@ if "MODELTRACE_PARAMETER_STORE" not in os.environ or (_store_maker is not None a
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PACKAGE = REPO_ROOT / "examples" / "tiny_llama"
 EXAMPLE_MODELING_FILE = EXAMPLE_PACKAGE / "modeling_tiny_llama.py"
+
+
+BENCH_FOLDER = REPO_ROOT / "bench"
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """`bench/<name>.py` as a module (loaded once), as it runs as a script: with its folder on `sys.path`, where
+    the scripts share `rounds.py`. bench/ is no package."""
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(BENCH_FOLDER) not in sys.path:
+        sys.path.insert(0, str(BENCH_FOLDER))
+    spec = importlib.util.spec_from_file_location(name, BENCH_FOLDER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # NOTE: dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def line_of(file: Path, snippet: str, occurrence: int = 0) -> int:

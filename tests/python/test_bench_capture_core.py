@@ -4,30 +4,16 @@ or its row in bench_peers.py would time less work than the engine does."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_bench_script
 from modeltrace.worker.capture import ModuleCapture
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):  # noqa: ANN202
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # NOTE: dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-capture_core = _load("capture_core")
-bench_peers = _load("bench_peers")
+capture_core = load_bench_script("capture_core")
+bench_peers = load_bench_script("bench_peers")
 
 pytestmark = pytest.mark.skipif(capture_core.unavailable() is not None, reason=str(capture_core.unavailable()))
 

@@ -9,21 +9,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-# NOTE: as when it runs as a script: its folder on `sys.path` (its shared `rounds.py`)
-sys.path.insert(0, str(ROOT / "bench"))
-_spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "bench_peers.py")
-bench_peers = importlib.util.module_from_spec(_spec)
-sys.modules["bench_peers"] = bench_peers  # NOTE: its dataclasses look their module up there
-_spec.loader.exec_module(bench_peers)
-rounds = sys.modules["rounds"]
+from conftest import load_bench_script
+
+bench_peers = load_bench_script("bench_peers")
+rounds = load_bench_script("rounds")
 
 
 @pytest.fixture

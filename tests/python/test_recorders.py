@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_bench_script
 from modeltrace.cli import main
 from modeltrace.recorders import analyze_source, apply_fixes
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_recorders", ROOT / "bench" / "bench_recorders.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_bench_script("bench_recorders")
 
 TRANSFORMERS = Path(next(iter(importlib.util.find_spec("transformers").submodule_search_locations))) / "models"
 
