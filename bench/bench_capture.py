@@ -14,9 +14,9 @@ batch 1), run under `torch.no_grad()`:
   sequence 256 (vocabulary 1024, so about 1B parameters in the layers: 3.9 GB in float32)
 
 Every variant is timed from before entering its context to after leaving it, so it includes what the user waits
-for (files written; fsync where the writer does it before returning). Variants run interleaved, in an order shuffled
-anew each round (`rounds.py`), for N rounds after a warm-up, each call in a fresh temporary folder created, deleted and `os.sync`ed outside the
-timing:
+for (files written; fsync where the writer does it before returning). Variants run interleaved, in an order
+shuffled anew each round (`rounds.py`), for N rounds after a warm-up, each call in a fresh temporary folder
+created, deleted and `os.sync`ed outside the timing:
 
 - `plain`: `model(input_ids)`.
 - `call wrapping` (diagnostic): ModuleCapture's own `_call_impl` on every module, doing nothing but calling

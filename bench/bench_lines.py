@@ -6,7 +6,8 @@ Models as in `bench_capture.py` (transformers' `LlamaModel`, random weights, eag
 grad): tiny (hidden 64, 2 layers, sequence 7) and medium (hidden 512, 8 layers, sequence 128). Line capture
 follows transformers' `modeling_llama.py` (every function of that file: attention, decoder layer, MLP,
 RMSNorm, rotary embedding), with statistics, as `modeltrace trace --lines` does. Variants are interleaved in
-an order shuffled anew each round (`rounds.py`); ratios are medians of per-round ratios to the plain forward of the same round.
+an order shuffled anew each round (`rounds.py`); ratios are medians of per-round ratios to the plain forward of
+the same round.
 """
 
 from __future__ import annotations

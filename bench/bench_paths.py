@@ -14,8 +14,8 @@ the peers benchmark, `bench/bench_peers.py`):
 - large: hidden 1024, intermediate 3072, 12 layers, 16 heads (8 KV), sequence 256
 
 Variants, each timed from before it starts to after its trace is in place (files written and renamed: what the
-caller waits for), interleaved in an order shuffled anew each round (`rounds.py`) for N rounds after a warm-up round, each in a fresh folder
-deleted outside the timing:
+caller waits for), interleaved in an order shuffled anew each round (`rounds.py`) for N rounds after a warm-up
+round, each in a fresh folder deleted outside the timing:
 
 - `plain`: `model(input_ids)`.
 - `engine stats` / `engine full`: the engine alone, as the README's capture figures measure it: `ModuleCapture`
