@@ -261,10 +261,14 @@ def divergence_diagnostic(
     start = len(text) - len(text.lstrip())
     units = ls.workspace.position_codec.client_num_units
     check = divergence.get("check")
+    # NOTE: the scale-aware measures, as the CLI's report gives them: where the reference's values are small, an
+    # absolute difference under the ~1e-3 tolerance can still be a divergence (the check scales with them)
+    rel_err, cosine = divergence.get("rel_err"), divergence.get("cosine")
+    scale = f", relative error {format_number(rel_err)}, cosine {cosine:.6f}" if None not in (rel_err, cosine) else ""
     message = (
         f"First divergence from the reference: {divergence['path']} ({divergence['class']}): "
         f"max abs diff {format_number(divergence.get('max_abs_diff'))}, "
-        f"max rel diff {format_number(divergence.get('max_rel_diff'))}" + (f" ({check} check)" if check else "")
+        f"max rel diff {format_number(divergence.get('max_rel_diff'))}{scale}" + (f" ({check} check)" if check else "")
     )
     span = divergence.get("lines")
     if span and span["start"] != span["end"] and not (divergence.get("after") and divergence.get("before")):

@@ -107,7 +107,8 @@ async def test_the_port_diverges_from_its_reference_in_the_attention(client: Lan
     assert warning.range.start.line == attention and warning.range.start.character == 8
     assert warning.message == (
         "First divergence from the reference: layers.0.self_attn (TinyLlamaPortAttention): max abs diff 0.01073, "
-        "max rel diff 0.9239 (full check); it arises after layers.0.self_attn.v_proj "
+        "max rel diff 0.9239, relative error 0.01153, cosine 0.999934 (full check); it arises after "
+        "layers.0.self_attn.v_proj "
         f"(line {line_of(modeling_file, 'value_states = self.v_proj(') + 1}) (still matches) and before "
         f"layers.0.self_attn.o_proj (line {line_of(modeling_file, 'attn_output = self.o_proj(') + 1}) (already differs)"
     )
