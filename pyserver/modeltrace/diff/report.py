@@ -28,7 +28,7 @@ from modeltrace.diff.result import (
     ReplayResult,
 )
 from modeltrace.diff.settings import ParameterDifference, SettingDifference
-from modeltrace.diff.tolerances import DEFAULT_ATOL, DEFAULT_REL_TOL, DEFAULT_RTOL
+from modeltrace.diff.tolerances import DEFAULT_ATOL, DEFAULT_REL_TOL, DEFAULT_RTOL, scale_measures
 from modeltrace.trace.records import SourceLocation, SourceRange, TensorSummary
 
 
@@ -730,11 +730,7 @@ def render_text(result: DiffResult, verbose: bool = True) -> str:
                 "statistics": "statistics only, a weaker check",
                 "shape": "shapes only",
             }.get(module.check or "", "")
-            scale = (
-                f", relative error {_format_number(module.rel_err)}, cosine {module.cosine:.6f}"
-                if module.rel_err is not None and module.cosine is not None
-                else ""
-            )
+            scale = scale_measures(module.rel_err, module.cosine, _format_number)
             add(
                 f"  {inputs}, outputs differ: max abs diff {_format_number(module.max_abs_diff)}, "
                 f"max rel diff {_format_number(module.max_rel_diff)}{scale}" + (f" ({check})" if check else "")

@@ -9,6 +9,8 @@ of the two dtypes decides). How the comparison applies them: `verdict` (full ten
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from modeltrace.diff.result import DiffOptions
 
 
@@ -52,3 +54,10 @@ def dtype_tolerances(
 def lower_precision(ref_dtype: str, cand_dtype: str) -> str:
     """The lower precision of two dtypes (the one whose tolerances apply to the pair)."""
     return min((ref_dtype, cand_dtype), key=lambda name: _PRECISION_RANK.get(name, 2))
+
+
+def scale_measures(rel_err: float | None, cosine: float | None, number: Callable[[float], str]) -> str:
+    """`, relative error X, cosine Y` after a divergence's max differences (the report's text and the editor's
+    warning), "" where either is unknown. The relative error is what `rel_tol` bounds: where the reference's
+    values are small, an absolute difference under atol can still be a divergence, and this says by how much."""
+    return f", relative error {number(rel_err)}, cosine {cosine:.6f}" if None not in (rel_err, cosine) else ""

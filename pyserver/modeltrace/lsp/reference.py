@@ -261,10 +261,9 @@ def divergence_diagnostic(
     start = len(text) - len(text.lstrip())
     units = ls.workspace.position_codec.client_num_units
     check = divergence.get("check")
-    # NOTE: the scale-aware measures, as the CLI's report gives them: where the reference's values are small, an
-    # absolute difference under the ~1e-3 tolerance can still be a divergence (the check scales with them)
-    rel_err, cosine = divergence.get("rel_err"), divergence.get("cosine")
-    scale = f", relative error {format_number(rel_err)}, cosine {cosine:.6f}" if None not in (rel_err, cosine) else ""
+    from modeltrace.diff.tolerances import scale_measures  # NOTE: imported late, as `compute_diff`'s
+
+    scale = scale_measures(divergence.get("rel_err"), divergence.get("cosine"), format_number)
     message = (
         f"First divergence from the reference: {divergence['path']} ({divergence['class']}): "
         f"max abs diff {format_number(divergence.get('max_abs_diff'))}, "
