@@ -7,8 +7,12 @@ timings are the server's, not a client library's):
 - a synthetic 3,000-line file with 50,000 traced module calls, shown with `modelTrace.loadTrace`, then
   200 `textDocument/inlayHint` requests over random 60-line ranges and 200 over the whole file;
 - the server's resident memory (RSS) with that trace loaded;
-- the example model traced cold (worker start included), then re-traced on save (`traceOnSave`): the time
-  from `didSave` to the server's `workspace/inlayHint/refresh` (new hints ready), median of 5.
+- the example model re-traced on save (`traceOnSave`): the time from `didSave` to the server's
+  `workspace/inlayHint/refresh` (new hints ready), median of 5;
+- the first trace of the example in a fresh server, from the command to its answer, three ways, each in a server
+  of its own, alternated `--first-traces` times: asked once the worker that opening the file started is ready (a
+  user who reads the file first), asked the moment the file opens (the worker still importing torch), and with
+  `startWorkerOnOpen` off (the worker started by the trace, as before that setting).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class Connection:
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.next_id = 0
         self.refreshed = asyncio.Event()
+        self.worker_ready = asyncio.Event()
         self.reader = asyncio.get_running_loop().create_task(self._read_forever())
 
     @classmethod
@@ -133,6 +138,8 @@ class Connection:
                 if message["method"] == "workspace/inlayHint/refresh":
                     self.refreshed.set()
                 self._write({"id": message["id"], "result": None})
+            elif message["method"] == "window/logMessage" and "trace worker ready" in message["params"]["message"]:
+                self.worker_ready.set()
             elif message["method"] == "window/showMessage":
                 print("server:", message["params"]["message"], file=sys.stderr)
 
@@ -152,7 +159,7 @@ class Connection:
         self.reader.cancel()
 
 
-async def start_server(trace_directory: Path) -> Connection:
+async def start_server(trace_directory: Path, start_worker_on_open: bool = True) -> Connection:
     connection = await Connection.start(sys.executable, "-m", "modeltrace", "serve")
     await connection.request(
         "initialize",
@@ -164,7 +171,7 @@ async def start_server(trace_directory: Path) -> Connection:
                 "workspace": {"inlayHint": {"refreshSupport": True}, "codeLens": {"refreshSupport": True}},
             },
             "initializationOptions": {
-                "settings": {"traceOnSave": True},
+                "settings": {"traceOnSave": True, "startWorkerOnOpen": start_worker_on_open},
                 "workspaceTrusted": True,
                 "traceDirectory": str(trace_directory),
             },
@@ -268,15 +275,16 @@ async def measure_trace_file(connection: Connection, folder: Path, rows: list[tu
     )
 
 
-async def measure_retrace(connection: Connection, folder: Path, rows: list[tuple[str, str, str]]) -> None:
+def copy_example(folder: Path) -> Path:
     package = folder / "tiny_llama"
-    shutil.copytree(EXAMPLE_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    modeling_file = package / "modeling_tiny_llama.py"
-    uri = open_document(connection, modeling_file)
+    if not package.exists():
+        shutil.copytree(EXAMPLE_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    return package / "modeling_tiny_llama.py"
 
-    started = time.perf_counter()
+
+async def measure_retrace(connection: Connection, folder: Path, rows: list[tuple[str, str, str]]) -> None:
+    uri = open_document(connection, copy_example(folder))
     result = await execute(connection, "modelTrace.trace", uri)
-    cold = time.perf_counter() - started
     assert result["ok"], result
 
     warm = []
@@ -286,7 +294,6 @@ async def measure_retrace(connection: Connection, folder: Path, rows: list[tuple
         connection.notify("textDocument/didSave", {"textDocument": {"uri": uri}})
         await asyncio.wait_for(connection.refreshed.wait(), 120)
         warm.append(time.perf_counter() - started)
-    rows.append(("first trace of the example, cold (worker start + trace)", f"{cold:.2f} s", "–"))
     rows.append(
         (
             f"re-trace on save until new hints (median of {RETRACES}; min–max)",
@@ -296,18 +303,60 @@ async def measure_retrace(connection: Connection, folder: Path, rows: list[tuple
     )
 
 
+# how the first trace of a fresh server is asked for: (row label, startWorkerOnOpen, wait for the worker first)
+FIRST_TRACES = (
+    ("first trace, asked once the worker that opening the file started is ready", True, True),
+    ("first trace, asked the moment the file opens", True, False),
+    ("first trace, `startWorkerOnOpen` off (the trace starts the worker)", False, False),
+)
+
+
+async def first_trace(folder: Path, start_worker_on_open: bool, wait_for_worker: bool) -> float:
+    """Seconds from the trace command to its answer, in a fresh server that has just opened the example."""
+    connection = await start_server(folder / "traces", start_worker_on_open)
+    try:
+        uri = open_document(connection, copy_example(folder))
+        if wait_for_worker:
+            await asyncio.wait_for(connection.worker_ready.wait(), 300)
+        started = time.perf_counter()
+        result = await execute(connection, "modelTrace.trace", uri)
+        elapsed = time.perf_counter() - started
+        assert result["ok"], result
+        return elapsed
+    finally:
+        await connection.close()
+
+
+async def measure_first_traces(folder: Path, rounds: int, rows: list[tuple[str, str, str]]) -> None:
+    times: dict[str, list[float]] = {label: [] for label, _, _ in FIRST_TRACES}
+    for _ in range(rounds):
+        for label, start_worker_on_open, wait_for_worker in FIRST_TRACES:  # NOTE: alternated, so load hits all alike
+            times[label].append(await first_trace(folder, start_worker_on_open, wait_for_worker))
+    for label, values in times.items():
+        rows.append(
+            (
+                f"{label} (median of {rounds}; min–max)",
+                f"{statistics.median(values):.2f} s ({min(values):.2f}–{max(values):.2f})",
+                "–",
+            )
+        )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args()
+    parser.add_argument("--first-traces", type=int, default=3, help="rounds of the first-trace measurement")
+    arguments = parser.parse_args()
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="modeltrace-bench-") as temporary:
         folder = Path(temporary)
-        connection = await start_server(folder / "traces")
+        # NOTE: the worker started by the trace, not on open: its imports would run beside the hint timings
+        connection = await start_server(folder / "traces", start_worker_on_open=False)
         try:
             await measure_trace_file(connection, folder, rows)
             await measure_retrace(connection, folder, rows)
         finally:
             await connection.close()
+        await measure_first_traces(folder, arguments.first_traces, rows)
     load = os.getloadavg()[0]
     machine = f"{psutil.cpu_count()} CPUs, load average {load:.1f}, Python {sys.version.split()[0]}"
     print(f"| measure ({machine}) | result | target |")

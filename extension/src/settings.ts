@@ -26,6 +26,8 @@ export interface ModelTraceSettings {
     /** The traced run's sizes, or the model's full sizes (a shape-only run of the unshrunk config, cached per file). */
     hintSizes: HintSizes;
     traceOnSave: boolean;
+    /** Start the trace worker when a model file opens in a trusted workspace (the first trace then does not wait). */
+    startWorkerOnOpen: boolean;
     /** Line-level capture: tensors assigned on each line, not only module outputs. */
     lines: boolean;
     /** Other files whose lines are captured too (helpers the model calls into); relative: the workspace's. */
@@ -80,6 +82,7 @@ export const defaultSettings: Readonly<ModelTraceSettings> = {
     hintPlacement: "afterName",
     hintSizes: "traced",
     traceOnSave: false,
+    startWorkerOnOpen: true,
     lines: true,
     follow: [],
     timeout: 120,
@@ -133,6 +136,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
     const python: unknown = configuration.get("python");
     const device: unknown = configuration.get("device");
     const traceOnSave: unknown = configuration.get("traceOnSave");
+    const startWorkerOnOpen: unknown = configuration.get("startWorkerOnOpen");
     const lines: unknown = configuration.get("lines");
     const follow: unknown = configuration.get("follow");
     const timeout: unknown = configuration.get("timeout");
@@ -163,6 +167,7 @@ export function readSettings(configuration: Pick<vscode.WorkspaceConfiguration, 
         hintPlacement: oneOf(configuration.get("hintPlacement"), hintPlacements, defaultSettings.hintPlacement),
         hintSizes: oneOf(configuration.get("hintSizes"), hintSizes, defaultSettings.hintSizes),
         traceOnSave: typeof traceOnSave === "boolean" ? traceOnSave : defaultSettings.traceOnSave,
+        startWorkerOnOpen: typeof startWorkerOnOpen === "boolean" ? startWorkerOnOpen : defaultSettings.startWorkerOnOpen,
         lines: typeof lines === "boolean" ? lines : defaultSettings.lines,
         follow: Array.isArray(follow)
             ? follow.filter((item: unknown): item is string => typeof item === "string" && item.trim() !== "").map((item) => item.trim())

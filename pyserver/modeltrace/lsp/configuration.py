@@ -34,3 +34,6 @@ def did_change_configuration(ls: ModelTraceServer, params: types.DidChangeConfig
     if "workspaceTrusted" in values:
         ls.workspace_trusted = values["workspaceTrusted"] is not False
     ls.apply_settings(ls.settings.updated(values))
+    # NOTE: a workspace trusted just now, another interpreter (a new worker) or the setting turned on: the model
+    # files already open start the worker as opening them would have
+    ls.start_worker_ahead()

@@ -2,8 +2,8 @@
 
 Settings, workspace trust, the sessions of the traced documents (`session`), what is parsed from open documents
 and the trace worker. The server never imports torch: tracing happens in the worker process
-(`modeltrace.worker`), started on the first trace and kept warm; the server only reads the trace files it
-writes. The features (one module each, wired in `server`) take this object; none imports another.
+(`modeltrace.worker`), started when a model file opens in a trusted workspace (`start_worker_ahead`), else by
+the first trace, and kept warm; the server only reads the trace files it writes. The features (one module each, wired in `server`) take this object; none imports another.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import modeltrace
 from modeltrace.lsp.classes import ModuleClass, find_module_classes
 from modeltrace.lsp.session import Sessions
 from modeltrace.lsp.settings import Settings
-from modeltrace.errors import ModelTraceError
+from modeltrace.errors import ModelTraceError, TraceFailed
 from modeltrace.lsp.wire import converter
 from modeltrace.modular.regenerate import RegeneratedFolders
 from modeltrace.worker.client import WorkerClient
@@ -63,6 +64,8 @@ class ModelTraceServer(LanguageServer):
         # NOTE: the worker runs one trace at a time, and a diff reads a trace folder the next trace would replace.
         self.trace_lock = asyncio.Lock()
         self._worker: WorkerClient | None = None
+        # The worker `start_worker_ahead` last started (or tried to): each worker is started ahead at most once.
+        self._started_ahead: WorkerClient | None = None
         self._path_cache: dict[str, str | None] = {}
         # The latest text of each open document, by path: what gutter marks and diagnostics on it refer to, and
         # what the next edit is diffed against to move them (`stale`).
@@ -90,6 +93,49 @@ class ModelTraceServer(LanguageServer):
         if self._worker is None:
             self._worker = WorkerClient(python=self.settings.python, on_log=self._worker_log)
         return self._worker
+
+    def start_worker_ahead(self, uris: list[str] | None = None) -> None:
+        """Start the worker now, on a thread, when one of the documents `uris` (default: every open one) holds a
+        module class and the workspace is trusted (`startWorkerOnOpen`).
+
+        Importing torch and transformers takes 3-5 s here (more on a cold disk): started when the user opens a
+        model file, the worker is ready by the time they ask for a trace, which then takes a fraction of a
+        second instead. Once per worker: one that could not start, or has stopped since, is started by the next
+        trace, which says why it cannot. An untrusted workspace never gets here (`worker()` is its gate: the
+        interpreter may be the workspace's own)."""
+        if not (self.workspace_trusted and self.settings.start_worker_on_open):
+            return
+        worker = self.worker()
+        if worker is self._started_ahead or worker.running:
+            return
+        candidates = list(self.workspace.text_documents) if uris is None else uris
+        if not any(self._holds_module_class(uri) for uri in candidates):
+            return
+        self._started_ahead = worker
+        task = asyncio.get_running_loop().create_task(self._start_ahead(worker))
+        # NOTE: the loop keeps only weak references to tasks; hold this one until it is done.
+        self.background_tasks.add(task)
+        task.add_done_callback(self.background_tasks.discard)
+
+    async def _start_ahead(self, worker: WorkerClient) -> None:
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(worker.start)
+        except TraceFailed as failure:
+            # NOTE: no message box: nothing was asked for yet; the first trace reports the same failure
+            self.log(f"ModelTrace: the trace worker did not start ahead of a trace: {failure}")
+            return
+        except OSError as error:
+            self.log(f"ModelTrace: the trace worker did not start ahead of a trace ({worker.python}): {error}")
+            return
+        self.log(
+            f"ModelTrace: trace worker ready ({worker.python}, {time.monotonic() - started:.1f} s), "
+            "started when a model file opened"
+        )
+
+    def _holds_module_class(self, uri: str) -> bool:
+        """A Python file on disk with an `nn.Module` class (what the "Trace forward" lens is shown on)."""
+        return self.document_path(uri) is not None and bool(self.document_classes(uri))
 
     def _worker_log(self, line: str) -> None:
         # NOTE: called from the worker's stderr thread; prints and warnings of the model code land here.

@@ -45,7 +45,9 @@ def _follow(ls: ModelTraceServer, uri: str, lines: list[str] | None, closed: boo
 
 
 def did_open(ls: ModelTraceServer, params: types.DidOpenTextDocumentParams) -> None:
+    """Follow the opened document; a model file in a trusted workspace starts the worker for its first trace."""
     _follow(ls, params.text_document.uri, split_lines(params.text_document.text))
+    ls.start_worker_ahead([params.text_document.uri])
 
 
 def did_change(ls: ModelTraceServer, params: types.DidChangeTextDocumentParams) -> None:

@@ -68,6 +68,9 @@ class Settings:
     hint_placement: HintPlacement = HintPlacement.AFTER_NAME
     hint_sizes: HintSizes = HintSizes.TRACED
     trace_on_save: bool = False
+    # Start the worker (torch and transformers imported) when a model file opens in a trusted workspace, so that
+    # the first trace does not wait seconds for it; False: on the first trace.
+    start_worker_on_open: bool = True
     # NOTE: the same default as the editor's setting (package.json, compared by a test): every client gets line hints
     lines: bool = True
     # Other files whose lines are captured too (helpers the model calls into); relative to the workspace root.
@@ -239,6 +242,7 @@ _SETTINGS = {
     "hintPlacement": ("hint_placement", HintPlacement),
     "hintSizes": ("hint_sizes", HintSizes),
     "traceOnSave": ("trace_on_save", _boolean),
+    "startWorkerOnOpen": ("start_worker_on_open", _boolean),
     "lines": ("lines", _boolean),
     "follow": ("follow", _paths),
     "timeout": ("timeout", _seconds),

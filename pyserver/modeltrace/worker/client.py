@@ -39,6 +39,8 @@ from modeltrace.worker.protocol import ProtocolError, encode_frame, read_frame
 
 # NOTE: importing torch + transformers on a loaded 2-core machine can take well over ten seconds.
 STARTUP_TIMEOUT_SECONDS = 180.0
+# What a trace's progress says while it waits for the worker to start.
+STARTING_MESSAGE = "starting the trace worker (importing torch and transformers)"
 # Grace beyond the trace's own timeout (enforced inside the worker) before the whole worker is killed.
 HARD_TIMEOUT_GRACE_SECONDS = 30.0
 
@@ -56,6 +58,10 @@ class WorkerClient:
         self.environment = environment
         self.on_log = on_log
         self._process: subprocess.Popen | None = None
+        # NOTE: held while the worker starts, so that a trace asked for during a start begun ahead of it (the
+        # editor starts the worker when a model file opens) waits for that start's `ready` instead of reading it
+        self._start_lock = threading.Lock()
+        self._ready = False
         self._write_lock = threading.Lock()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
         self._child_pid: int | None = None
@@ -64,14 +70,23 @@ class WorkerClient:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def ready(self) -> bool:
+        """Started, with torch imported, and not stopped since."""
+        return self._ready and self.running
+
     def start(self) -> None:
-        """Start the worker and wait until it has torch imported."""
-        if self.running:
-            return
+        """Start the worker and wait until it has torch imported (from any thread: a second caller waits for the
+        first one's start)."""
+        with self._start_lock:
+            if not self.running:
+                self._start()
+
+    def _start(self) -> None:
         environment = dict(os.environ if self.environment is None else self.environment)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environment.get("PYTHONPATH")]))
-        self._process = subprocess.Popen(
+        self._process = process = subprocess.Popen(
             [self.python, "-m", "modeltrace.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -79,10 +94,10 @@ class WorkerClient:
             env=environment,
             start_new_session=True,
         )
-        threading.Thread(target=self._drain_stderr, args=(self._process,), daemon=True).start()
+        threading.Thread(target=self._drain_stderr, args=(process,), daemon=True).start()
         try:
-            ready = self._read(STARTUP_TIMEOUT_SECONDS)
-        except (EOFError, ProtocolError):
+            ready = self._read(STARTUP_TIMEOUT_SECONDS, process)
+        except (EOFError, ProtocolError, ValueError):  # NOTE: ValueError: closed meanwhile (`close`)
             ready = None
         if not isinstance(ready, Ready):
             last_line = self._stderr_tail[-1].strip() if self._stderr_tail else None
@@ -98,6 +113,7 @@ class WorkerClient:
             )
             self.close()
             raise TraceFailed(error)
+        self._ready = True
 
     def _drain_stderr(self, process: subprocess.Popen) -> None:
         assert process.stderr is not None
@@ -116,14 +132,15 @@ class WorkerClient:
             self._process.stdin.write(encode_frame(message.to_frame()))
             self._process.stdin.flush()
 
-    def _read(self, timeout: float) -> Message | None:
+    def _read(self, timeout: float, process: subprocess.Popen | None = None) -> Message | None:
         """The next message, or None if the worker stayed silent for `timeout` seconds.
 
         Raises EOFError when the worker closed its output (it died, or broke off a frame), `ProtocolError` (a
         `WorkerProtocolError` naming the key) for a frame that is not one of the worker's replies.
         """
-        assert self._process is not None and self._process.stdout is not None
-        fd = self._process.stdout.fileno()
+        process = process or self._process
+        assert process is not None and process.stdout is not None
+        fd = process.stdout.fileno()
         readable, _, _ = select.select([fd], [], [], max(timeout, 0))
         if not readable:
             return None
@@ -162,6 +179,8 @@ class WorkerClient:
         )
 
     def _run(self, request: TraceRequest, on_progress: Callable[[str], None] | None) -> TraceResult | ReplayAnswer:
+        if on_progress is not None and not self.ready:
+            on_progress(STARTING_MESSAGE)
         self.start()
         timeout = request.timeout
         try:
@@ -233,6 +252,7 @@ class WorkerClient:
     def close(self) -> None:
         """Stop the worker (politely, then by force)."""
         process, self._process = self._process, None
+        self._ready = False
         if process is None:
             return
         if process.poll() is None:

@@ -19,6 +19,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.hintPlacement", "endOfLine");
         vscodeFake.settings.set("modelTrace.hintSizes", "full");
         vscodeFake.settings.set("modelTrace.traceOnSave", true);
+        vscodeFake.settings.set("modelTrace.startWorkerOnOpen", false);
         vscodeFake.settings.set("modelTrace.lines", true);
         vscodeFake.settings.set("modelTrace.follow", [" helpers/rope.py ", ""]);
         vscodeFake.settings.set("modelTrace.timeout", 30);
@@ -53,6 +54,7 @@ describe("settings", () => {
                 hintPlacement: "endOfLine",
                 hintSizes: "full",
                 traceOnSave: true,
+                startWorkerOnOpen: false,
                 lines: true,
                 follow: ["helpers/rope.py"],
                 timeout: 30,
@@ -90,6 +92,7 @@ describe("settings", () => {
         vscodeFake.settings.set("modelTrace.hintSizes", "huge");
         vscodeFake.settings.set("modelTrace.notifications", "no");
         vscodeFake.settings.set("modelTrace.traceOnSave", "yes");
+        vscodeFake.settings.set("modelTrace.startWorkerOnOpen", "no");
         vscodeFake.settings.set("modelTrace.lines", "no");
         vscodeFake.settings.set("modelTrace.timeout", -5);
         vscodeFake.settings.set("modelTrace.shapeOnly", "yes");
