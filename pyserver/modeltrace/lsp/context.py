@@ -121,12 +121,11 @@ class ModelTraceServer(LanguageServer):
         started = time.monotonic()
         try:
             await asyncio.to_thread(worker.start)
-        except TraceFailed as failure:
-            # NOTE: no message box: nothing was asked for yet; the first trace reports the same failure
-            self.log(f"ModelTrace: the trace worker did not start ahead of a trace: {failure}")
-            return
-        except OSError as error:
-            self.log(f"ModelTrace: the trace worker did not start ahead of a trace ({worker.python}): {error}")
+        except (TraceFailed, OSError) as error:
+            # NOTE: no message box: nothing was asked for yet, and the first trace reports the same failure; a
+            # worker stopped meanwhile (another interpreter set) is not a failure to report at all
+            if worker is self._worker:
+                self.log(f"ModelTrace: the trace worker ({worker.python}) did not start ahead of a trace: {error}")
             return
         self.log(
             f"ModelTrace: trace worker ready ({worker.python}, {time.monotonic() - started:.1f} s), "

@@ -69,6 +69,12 @@ async def test_a_python_without_torch_gets_a_clear_message(restricted_client: La
     assert "No module named 'torch'" in result["message"]
     assert client.messages[-1].type == types.MessageType.Error
     assert await inlay_hints(client, uri) == {}
+    # Trusting the workspace with the model file open started the worker ahead of the trace: it failed the same
+    # way, said only in the log (nothing had been asked for yet)
+    ahead = await wait_until(
+        lambda: [entry.message for entry in client.log_messages if "did not start ahead of a trace" in entry.message]
+    )
+    assert "No module named 'torch'" in ahead[0]
 
 
 async def test_a_python_that_does_not_exist_gets_a_clear_message(restricted_client: LanguageClient) -> None:
