@@ -3,7 +3,8 @@
 Settings, workspace trust, the sessions of the traced documents (`session`), what is parsed from open documents
 and the trace worker. The server never imports torch: tracing happens in the worker process
 (`modeltrace.worker`), started when a model file opens in a trusted workspace (`start_worker_ahead`), else by
-the first trace, and kept warm; the server only reads the trace files it writes. The features (one module each, wired in `server`) take this object; none imports another.
+the first trace, and kept warm; the server only reads the trace files it writes. The features (one module each,
+wired in `server`) take this object; none imports another.
 """
 
 from __future__ import annotations
