@@ -6,7 +6,8 @@
 # 2. runs the CUDA tests (tests/python/test_cuda.py; they skip where there is no CUDA, so `make test` never needs
 #    a GPU): the engine, `modeltrace.capture()` and the CLI's worker on the GPU, each against the CPU;
 # 3. runs the capture benchmark (bench/bench_gpu.py) on a medium and a 1B-size Llama in bfloat16 and float32 and
-#    prints the table of ratios to the plain forward (GPU_JSON=FILE also writes it as JSON).
+#    prints the table of ratios to the plain forward, then what `capture()` spends after its block, phase by phase
+#    (GPU_JSON=FILE also writes both as JSON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
