@@ -58,12 +58,12 @@ def synchronize(device: str) -> None:
 
 
 @contextlib.contextmanager
-def phases_timed(device: str, into: dict[str, list[float]]) -> Iterator[Callable[[bool], None]]:
-    """While active, each of `CAPTURE_PHASES` appends its seconds (to the device's end) to `into[name]` when the
-    switch this yields is on (the timed calls only)."""
+def phases_timed(device: str) -> Iterator[Callable[[dict[str, list[float]] | None], None]]:
+    """While active, each of `CAPTURE_PHASES` appends its seconds (to the device's end) to the dict that the
+    setter this yields was last given (`into[phase]`); given None, nothing is recorded (untimed calls)."""
     import importlib
 
-    recording = [False]
+    into: list[dict[str, list[float]] | None] = [None]
     originals: list[tuple[Any, str, Any]] = []
 
     def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,9 +73,9 @@ def phases_timed(device: str, into: dict[str, list[float]]) -> Iterator[Callable
             try:
                 return function(*args, **kwargs)
             finally:
-                if recording[0]:
+                if into[0] is not None:
                     synchronize(device)
-                    into.setdefault(name, []).append(time.perf_counter() - started)
+                    into[0].setdefault(name, []).append(time.perf_counter() - started)
 
         return call
 
@@ -84,11 +84,11 @@ def phases_timed(device: str, into: dict[str, list[float]]) -> Iterator[Callable
         originals.append((module, attribute, getattr(module, attribute)))
         setattr(module, attribute, timed(name, getattr(module, attribute)))
 
-    def switch(on: bool) -> None:
-        recording[0] = on
+    def record_into(target: dict[str, list[float]] | None) -> None:
+        into[0] = target
 
     try:
-        yield switch
+        yield record_into
     finally:
         for module, attribute, original in originals:
             setattr(module, attribute, original)
@@ -163,18 +163,18 @@ def measure(size: str, dtype_name: str, rounds: int, device: str = "cuda") -> di
         for function in variants.values():
             for _ in range(2):
                 function()
-        for order in round_order(names, rounds):  # NOTE: shuffled per round: no variant always follows the same one
-            times = {}
-            for name in order:
-                with phases_timed(device, phases.get(name, {})) as record:
+        with phases_timed(device) as record_into:
+            for order in round_order(names, rounds):  # NOTE: shuffled per round: no variant follows the same one
+                times = {}
+                for name in order:
                     synchronize(device)
-                    record(True)
+                    record_into(phases.get(name))  # NOTE: None for the variants that are not `capture()`
                     started = time.perf_counter()
                     variants[name]()
                     synchronize(device)
                     times[name] = time.perf_counter() - started
-                    record(False)
-            rows.append(times)
+                    record_into(None)
+                rows.append(times)
     finally:
         shutil.rmtree(trace_folder.parent, ignore_errors=True)
     return {

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
+import psutil
 import pytest
 import pytest_lsp
 from lsprotocol import types
@@ -55,19 +55,14 @@ async def starting_client(lsp_client: LanguageClient, tmp_path_factory: pytest.T
 
 
 def worker_processes(server_pid: int) -> list[int]:
-    """The server's child processes that run `modeltrace.worker` (its trace children are the worker's own)."""
+    """The server's live child processes that run `modeltrace.worker` (its trace children are the worker's own)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for process in psutil.Process(server_pid).children():
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            command = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
+            if process.status() != psutil.STATUS_ZOMBIE and "modeltrace.worker" in process.cmdline():
+                found.append(process.pid)
+        except psutil.NoSuchProcess:
             continue  # NOTE: gone meanwhile
-        parent = int(stat.rpartition(")")[2].split()[1])
-        if parent == server_pid and b"modeltrace.worker" in command:
-            found.append(int(entry))
     return found
 
 
